@@ -1,0 +1,272 @@
+"""Domain values to and from plain JSON-ready dicts (the ledger's stored form and NATS payloads).
+
+Decoding is strict: a missing or mistyped field raises ``InvalidArgument`` naming the field path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any, TypeVar
+
+from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.ids import AllocationId, CardUuid, NodeName
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import (
+    Allocation,
+    AllocState,
+    Card,
+    CardShare,
+    Grant,
+    Health,
+    Isolation,
+    Link,
+    Node,
+    Owner,
+    OwnerKind,
+    PcieLevel,
+    Request,
+)
+
+Json = dict[str, Any]
+T = TypeVar("T")
+E = TypeVar("E", bound=Enum)
+
+
+class Reader:
+    """Typed access to a JSON object that names the path of whatever is wrong."""
+
+    def __init__(self, raw: object, path: str = "") -> None:
+        if not isinstance(raw, Mapping):
+            raise InvalidArgument(path or "body", f"must be an object, got {type(raw).__name__}")
+        self.raw = raw
+        self.path = path
+
+    def _name(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def _get(self, key: str, kind: type[T] | tuple[type, ...], default: Any) -> Any:
+        if key not in self.raw or self.raw[key] is None:
+            if default is _REQUIRED:
+                raise InvalidArgument(self._name(key), "is required")
+            return default
+        value = self.raw[key]
+        if isinstance(value, bool) and kind in (int, float, (int, float)):
+            raise InvalidArgument(self._name(key), f"must be a number, got {value!r}")
+        if not isinstance(value, kind):
+            raise InvalidArgument(self._name(key), f"has the wrong type {type(value).__name__}")
+        return value
+
+    def text(self, key: str, default: Any = None) -> Any:
+        return self._get(key, str, _REQUIRED if default is None else default)
+
+    def integer(self, key: str, default: Any = None) -> Any:
+        return self._get(key, int, _REQUIRED if default is None else default)
+
+    def opt_int(self, key: str) -> int | None:
+        value: int | None = self._get(key, int, None)
+        return value
+
+    def number(self, key: str, default: Any = None) -> Any:
+        value = self._get(key, (int, float), _REQUIRED if default is None else default)
+        return None if value is None else float(value)
+
+    def opt_number(self, key: str) -> float | None:
+        value = self._get(key, (int, float), None)
+        return None if value is None else float(value)
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        value: bool = self._get(key, bool, default)
+        return value
+
+    def enum(self, key: str, kind: type[E], default: E | None = None) -> E:
+        raw = self._get(key, (str, int), _REQUIRED if default is None else default)
+        if isinstance(raw, kind):
+            return raw
+        try:
+            return kind(raw)
+        except ValueError:
+            choices = "|".join(str(m.value) for m in kind)
+            raise InvalidArgument(self._name(key), f"must be one of {choices}, got {raw!r}") from None
+
+    def mapping(self, key: str) -> Mapping[str, object]:
+        value: Mapping[str, object] = self._get(key, Mapping, {})
+        return value
+
+    def obj(self, key: str) -> Reader:
+        return Reader(self._get(key, Mapping, _REQUIRED), self._name(key))
+
+    def items(self, key: str, decode: Callable[[Reader], T]) -> tuple[T, ...]:
+        values = self._get(key, list, [])
+        return tuple(decode(Reader(v, f"{self._name(key)}[{i}]")) for i, v in enumerate(values))
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        values = self._get(key, list, [])
+        for i, v in enumerate(values):
+            if not isinstance(v, str):
+                raise InvalidArgument(f"{self._name(key)}[{i}]", "must be a string")
+        return tuple(values)
+
+    def wrap(self, build: Callable[[], T]) -> T:
+        """Run a constructor whose own validation names a bare field; prefix our path."""
+        try:
+            return build()
+        except InvalidArgument as err:
+            if self.path:
+                raise InvalidArgument(f"{self.path}.{err.field}", err.problem) from err
+            raise
+
+
+_REQUIRED: Any = object()
+
+
+def card_to(card: Card) -> Json:
+    return {
+        "uuid": card.uuid,
+        "index": card.index,
+        "model": card.model,
+        "memory_mib": card.memory_mib,
+        "numa": card.numa,
+        "health": card.health.value,
+        "minor": card.minor,
+        "pci_bus_id": card.pci_bus_id,
+    }
+
+
+def card_from(r: Reader) -> Card:
+    return Card(
+        uuid=CardUuid(r.text("uuid")),
+        index=r.integer("index"),
+        model=r.text("model"),
+        memory_mib=r.integer("memory_mib"),
+        numa=r.opt_int("numa"),
+        health=r.enum("health", Health, Health.HEALTHY),
+        minor=r.opt_int("minor"),
+        pci_bus_id=r.text("pci_bus_id", ""),
+    )
+
+
+def link_to(link: Link) -> Json:
+    return {"a": link.a, "b": link.b, "nvlinks": link.nvlinks, "pcie": int(link.pcie)}
+
+
+def link_from(r: Reader) -> Link:
+    return Link(r.integer("a"), r.integer("b"), r.integer("nvlinks", 0), r.enum("pcie", PcieLevel, PcieLevel.SYSTEM))
+
+
+def node_to(node: Node) -> Json:
+    return {
+        "name": node.name,
+        "cards": [card_to(c) for c in node.cards],
+        "links": [link_to(ln) for ln in node.links],
+        "cpu_milli": node.cpu_milli,
+        "memory_mib": node.memory_mib,
+        "labels": dict(node.labels),
+    }
+
+
+def node_from(r: Reader) -> Node:
+    labels = r.mapping("labels")
+    return Node(
+        name=NodeName(r.text("name")),
+        cards=r.items("cards", card_from),
+        links=r.items("links", link_from),
+        cpu_milli=r.integer("cpu_milli", 0),
+        memory_mib=r.integer("memory_mib", 0),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+    )
+
+
+def request_to(request: Request) -> Json:
+    return {
+        "count": request.count,
+        "mem_mib": request.mem_mib,
+        "core_milli": request.core_milli,
+        "models": sorted(request.models),
+    }
+
+
+def request_from(r: Reader) -> Request:
+    return r.wrap(
+        lambda: Request(
+            count=r.integer("count", 1),
+            mem_mib=r.opt_int("mem_mib"),
+            core_milli=r.opt_int("core_milli"),
+            models=frozenset(r.strings("models")),
+        )
+    )
+
+
+def owner_to(owner: Owner) -> Json:
+    return {"kind": owner.kind.value, "id": owner.id, "namespace": owner.namespace, "name": owner.name}
+
+
+def owner_from(r: Reader) -> Owner:
+    return r.wrap(
+        lambda: Owner(r.enum("kind", OwnerKind), r.text("id"), r.text("namespace", ""), r.text("name", ""))
+    )
+
+
+def share_to(share: CardShare) -> Json:
+    return {
+        "uuid": share.uuid,
+        "index": share.index,
+        "mem_mib": share.mem_mib,
+        "core_milli": share.core_milli,
+        "exclusive": share.exclusive,
+    }
+
+
+def share_from(r: Reader) -> CardShare:
+    return CardShare(
+        CardUuid(r.text("uuid")), r.integer("index"), r.integer("mem_mib"), r.integer("core_milli"), r.flag("exclusive")
+    )
+
+
+def grant_to(grant: Grant) -> Json:
+    return {"container": grant.container, "cards": [share_to(s) for s in grant.cards], "init": grant.init}
+
+
+def grant_from(r: Reader) -> Grant:
+    return Grant(r.text("container", ""), r.items("cards", share_from), r.flag("init"))
+
+
+def allocation_to(a: Allocation) -> Json:
+    return {
+        "id": a.id,
+        "owner": owner_to(a.owner),
+        "node": a.node,
+        "grants": [grant_to(g) for g in a.grants],
+        "state": a.state.value,
+        "isolation": a.isolation.value,
+        "created_at": a.created_at,
+        "updated_at": a.updated_at,
+        "lease_expires_at": a.lease_expires_at,
+        "requests": [request_to(q) for q in a.requests],
+        "reason": a.reason,
+    }
+
+
+def allocation_from(r: Reader) -> Allocation:
+    return Allocation(
+        id=AllocationId(r.text("id")),
+        owner=owner_from(r.obj("owner")),
+        node=NodeName(r.text("node")),
+        grants=r.items("grants", grant_from),
+        state=r.enum("state", AllocState),
+        isolation=r.enum("isolation", Isolation, Isolation.NONE),
+        created_at=r.number("created_at", 0.0),
+        updated_at=r.number("updated_at", 0.0),
+        lease_expires_at=r.opt_number("lease_expires_at"),
+        requests=r.items("requests", request_from),
+        reason=r.text("reason", ""),
+    )
+
+
+def ledger_to(ledger: NodeLedger) -> Json:
+    return {"node": node_to(ledger.node), "allocations": [allocation_to(a) for a in ledger.allocations]}
+
+
+def ledger_from(raw: object) -> NodeLedger:
+    r = Reader(raw)
+    return NodeLedger(node_from(r.obj("node")), r.items("allocations", allocation_from))

@@ -1,0 +1,51 @@
+"""Ledger events: what changed between two values of a node's ledger."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from gpuledger_core.ids import NodeName
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Allocation, AllocState, Node
+
+
+class EventKind(StrEnum):
+    RESERVED = "reserved"
+    BOUND = "bound"
+    RELEASED = "released"
+    NODE = "node"  # the node's inventory (cards, health, links) changed
+    NODE_REMOVED = "node_removed"
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEvent:
+    kind: EventKind
+    node: NodeName
+    revision: int
+    allocation: Allocation | None = None
+    inventory: Node | None = None
+
+
+_KIND_OF_STATE = {
+    AllocState.RESERVED: EventKind.RESERVED,
+    AllocState.BOUND: EventKind.BOUND,
+    AllocState.RELEASED: EventKind.RELEASED,
+}
+
+
+def diff(old: NodeLedger | None, new: NodeLedger | None, revision: int) -> tuple[LedgerEvent, ...]:
+    """The events that turn ``old`` into ``new``, allocations in the order they appear."""
+    if new is None:
+        return () if old is None else (LedgerEvent(EventKind.NODE_REMOVED, old.node.name, revision),)
+    events: list[LedgerEvent] = []
+    name = new.node.name
+    if old is None or old.node != new.node:
+        events.append(LedgerEvent(EventKind.NODE, name, revision, inventory=new.node))
+    before = {a.id: a for a in old.allocations} if old else {}
+    for allocation in new.allocations:
+        previous = before.get(allocation.id)
+        if previous is None or previous.state is not allocation.state:
+            kind = _KIND_OF_STATE[allocation.state]
+            events.append(LedgerEvent(kind, name, revision, allocation=allocation))
+    return tuple(events)

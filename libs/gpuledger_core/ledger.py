@@ -1,0 +1,146 @@
+"""The ledger of one node and its state transitions, as pure functions.
+
+A ``NodeLedger`` is the value stored under the node's key; every change is a new value, written
+by the caller with compare-and-set on the key's revision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument, NotFound
+from gpuledger_core.ids import AllocationId, CardUuid
+from gpuledger_core.model import Allocation, AllocState, CardShare, Node
+from gpuledger_core.usage import CardUse, allocation_use, free_of, node_use
+
+RELEASED_RETENTION_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLedger:
+    node: Node
+    allocations: tuple[Allocation, ...] = ()
+
+    def get(self, allocation_id: AllocationId) -> Allocation | None:
+        return next((a for a in self.allocations if a.id == allocation_id), None)
+
+    def live(self) -> tuple[Allocation, ...]:
+        return tuple(a for a in self.allocations if a.live)
+
+    def of_owner(self, owner_key: str) -> Allocation | None:
+        return next((a for a in self.allocations if a.live and a.owner.key == owner_key), None)
+
+    def use(self) -> dict[CardUuid, CardUse]:
+        return node_use(self.allocations)
+
+    def _swap(self, allocation: Allocation) -> NodeLedger:
+        kept = tuple(a if a.id != allocation.id else allocation for a in self.allocations)
+        return replace(self, allocations=kept)
+
+
+def reserve(ledger: NodeLedger, allocation: Allocation) -> NodeLedger:
+    """Add a new allocation, or raise ``Exhausted`` naming the card that lacks room."""
+    if allocation.node != ledger.node.name:
+        raise InvalidArgument("node", f"allocation is for {allocation.node}, not {ledger.node.name}")
+    if ledger.get(allocation.id) is not None:
+        raise FailedPrecondition(f"allocation {allocation.id} already exists")
+    use = ledger.use()
+    for share in _merged(allocation):
+        problem = share_problem(ledger.node, use.get(share.uuid), share)
+        if problem:
+            raise Exhausted(problem)
+    return replace(ledger, allocations=(*ledger.allocations, allocation))
+
+
+def _merged(allocation: Allocation) -> Iterable[CardShare]:
+    """The allocation's total hold per card, as one share each."""
+    for uuid, use in allocation_use(allocation).items():
+        index = next(s.index for s in allocation.shares() if s.uuid == uuid)
+        yield CardShare(uuid, index, use.mem_mib, use.core_milli, use.exclusive)
+
+
+def share_problem(node: Node, use: CardUse | None, share: CardShare) -> str:
+    """Why ``share`` does not fit on its card now; empty when it fits."""
+    card = node.card(share.uuid)
+    if card is None:
+        return f"card {share.uuid} is not on node {node.name}"
+    label = f"card {card.index} ({card.uuid}) on {node.name}"
+    if not card.healthy:
+        return f"{label} is unhealthy"
+    free = free_of(card, use)
+    if share.exclusive:
+        return "" if free.idle else f"{label} is held by {use.holders if use else 0} other(s)"
+    if share.mem_mib > free.mem_mib:
+        return f"{label} has {free.mem_mib} MiB free, needs {share.mem_mib} MiB"
+    if share.core_milli > free.core_milli:
+        return (
+            f"{label} has {free.core_milli / 10:g}% compute free, "
+            f"needs {share.core_milli / 10:g}%"
+        )
+    return ""
+
+
+def commit(ledger: NodeLedger, allocation_id: AllocationId, now: float) -> NodeLedger:
+    """reserved -> bound (the lease ends); bound stays bound."""
+    found = _existing(ledger, allocation_id)
+    if found.state is AllocState.BOUND:
+        return ledger
+    if found.state is AllocState.RELEASED:
+        raise FailedPrecondition(f"allocation {allocation_id} was released ({found.reason})")
+    bound = replace(found, state=AllocState.BOUND, updated_at=now, lease_expires_at=None)
+    return ledger._swap(bound)
+
+
+def release(
+    ledger: NodeLedger, allocation_id: AllocationId, now: float, reason: str = "released"
+) -> NodeLedger:
+    """Any live state -> released. Releasing a released allocation changes nothing."""
+    found = _existing(ledger, allocation_id)
+    if not found.live:
+        return ledger
+    gone = replace(
+        found, state=AllocState.RELEASED, updated_at=now, lease_expires_at=None, reason=reason
+    )
+    return ledger._swap(gone)
+
+
+def expire(ledger: NodeLedger, now: float) -> NodeLedger:
+    """Release every reservation whose lease has run out."""
+    for allocation in ledger.allocations:
+        lease = allocation.lease_expires_at
+        if allocation.state is AllocState.RESERVED and lease is not None and lease <= now:
+            ledger = release(ledger, allocation.id, now, reason="lease expired")
+    return ledger
+
+
+def prune(ledger: NodeLedger, now: float, keep_s: float = RELEASED_RETENTION_S) -> NodeLedger:
+    """Forget released allocations older than ``keep_s`` so the key stays small."""
+    kept = tuple(a for a in ledger.allocations if a.live or now - a.updated_at < keep_s)
+    return ledger if len(kept) == len(ledger.allocations) else replace(ledger, allocations=kept)
+
+
+def tidy(ledger: NodeLedger, now: float) -> NodeLedger:
+    """What every write does first: expire leases, forget old releases."""
+    return prune(expire(ledger, now), now)
+
+
+def with_node(ledger: NodeLedger, node: Node) -> NodeLedger:
+    """New inventory for the node; allocations stay (a vanished card keeps its holders)."""
+    return replace(ledger, node=node)
+
+
+def next_lease_expiry(ledger: NodeLedger) -> float | None:
+    leases = [
+        a.lease_expires_at
+        for a in ledger.allocations
+        if a.state is AllocState.RESERVED and a.lease_expires_at is not None
+    ]
+    return min(leases, default=None)
+
+
+def _existing(ledger: NodeLedger, allocation_id: AllocationId) -> Allocation:
+    found = ledger.get(allocation_id)
+    if found is None:
+        raise NotFound(f"allocation {allocation_id} is not on node {ledger.node.name}")
+    return found

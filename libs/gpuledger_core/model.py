@@ -1,0 +1,185 @@
+"""Domain values: nodes, cards, links, requests and allocations.
+
+Compute is counted in per-mille of a card (``CORE_WHOLE`` = 1000 is the whole card), so that the
+API's percent (x10) and the trace's ``gpu_milli`` both map onto it exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum, StrEnum
+
+from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.ids import AllocationId, CardUuid, NodeName
+
+CORE_WHOLE = 1000
+MAX_CARDS_PER_REQUEST = 64
+
+
+class PcieLevel(IntEnum):
+    """How two cards reach each other over PCIe, best first (NVML topology levels)."""
+
+    SAME_BOARD = 0
+    SINGLE_SWITCH = 10
+    MULTI_SWITCH = 20
+    HOST_BRIDGE = 30
+    NUMA_NODE = 40
+    SYSTEM = 50
+
+
+class Health(StrEnum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+
+
+class AllocState(StrEnum):
+    RESERVED = "reserved"
+    BOUND = "bound"
+    RELEASED = "released"
+
+
+class Isolation(StrEnum):
+    NONE = "none"
+    MPS = "mps"
+
+
+class OwnerKind(StrEnum):
+    POD = "pod"
+    TOOL = "tool"
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """The connection between the cards with indexes ``a`` < ``b`` on one node."""
+
+    a: int
+    b: int
+    nvlinks: int = 0
+    pcie: PcieLevel = PcieLevel.SYSTEM
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    uuid: CardUuid
+    index: int
+    model: str
+    memory_mib: int
+    numa: int | None = None
+    health: Health = Health.HEALTHY
+    minor: int | None = None
+    pci_bus_id: str = ""
+
+    @property
+    def healthy(self) -> bool:
+        return self.health is Health.HEALTHY
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: NodeName
+    cards: tuple[Card, ...]
+    links: tuple[Link, ...] = ()
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def card(self, uuid: CardUuid) -> Card | None:
+        return next((c for c in self.cards if c.uuid == uuid), None)
+
+    def link(self, a: int, b: int) -> Link:
+        lo, hi = min(a, b), max(a, b)
+        found = next((ln for ln in self.links if ln.a == lo and ln.b == hi), None)
+        return found or Link(lo, hi)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What one container (or tool) asks for: ``count`` cards, each with the same share.
+
+    With neither ``mem_mib`` nor ``core_milli`` the cards are exclusive.
+    """
+
+    count: int = 1
+    mem_mib: int | None = None
+    core_milli: int | None = None
+    models: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.count <= MAX_CARDS_PER_REQUEST:
+            raise InvalidArgument("gpu", f"must be 1..{MAX_CARDS_PER_REQUEST} cards, got {self.count}")
+        if self.mem_mib is not None and self.mem_mib <= 0:
+            raise InvalidArgument("gpu-mem", f"must be a positive number of MiB, got {self.mem_mib}")
+        if self.core_milli is not None and not 1 <= self.core_milli <= CORE_WHOLE:
+            raise InvalidArgument("gpu-core", f"must be 1..100 percent, got {self.core_milli / 10:g}")
+
+    @property
+    def exclusive(self) -> bool:
+        return self.mem_mib is None and self.core_milli is None
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who holds an allocation: a pod (by uid) or an outside tool (by its own id)."""
+
+    kind: OwnerKind
+    id: str
+    namespace: str = ""
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise InvalidArgument("owner.id", "must not be empty")
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}:{self.id}"
+
+    def describe(self) -> str:
+        if self.kind is OwnerKind.POD and self.name:
+            return f"pod {self.namespace}/{self.name}"
+        return f"{self.kind} {self.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class CardShare:
+    """What one allocation holds of one card."""
+
+    uuid: CardUuid
+    index: int
+    mem_mib: int
+    core_milli: int
+    exclusive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The cards of one container of the owner (``container`` is empty for a tool)."""
+
+    container: str
+    cards: tuple[CardShare, ...]
+    init: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    id: AllocationId
+    owner: Owner
+    node: NodeName
+    grants: tuple[Grant, ...]
+    state: AllocState = AllocState.RESERVED
+    isolation: Isolation = Isolation.NONE
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    lease_expires_at: float | None = None
+    requests: tuple[Request, ...] = field(default=())
+    reason: str = ""
+
+    @property
+    def live(self) -> bool:
+        return self.state is not AllocState.RELEASED
+
+    def shares(self) -> tuple[CardShare, ...]:
+        return tuple(share for grant in self.grants for share in grant.cards)

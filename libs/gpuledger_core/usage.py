@@ -1,0 +1,91 @@
+"""How much of each card the live allocations of a node hold."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from gpuledger_core.ids import CardUuid
+from gpuledger_core.model import CORE_WHOLE, Allocation, Card, CardShare
+
+
+@dataclass(frozen=True, slots=True)
+class CardUse:
+    mem_mib: int = 0
+    core_milli: int = 0
+    exclusive: bool = False
+    holders: int = 0
+
+    def plus(self, share: CardShare) -> CardUse:
+        return CardUse(
+            self.mem_mib + share.mem_mib,
+            self.core_milli + share.core_milli,
+            self.exclusive or share.exclusive,
+            self.holders + 1,
+        )
+
+    def most(self, other: CardUse) -> CardUse:
+        return CardUse(
+            max(self.mem_mib, other.mem_mib),
+            max(self.core_milli, other.core_milli),
+            self.exclusive or other.exclusive,
+            max(self.holders, other.holders),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CardFree:
+    """What is left of a card for a new holder."""
+
+    mem_mib: int
+    core_milli: int
+    idle: bool  # nobody holds any of it: it can be taken exclusively
+
+    def fits(self, mem_mib: int, core_milli: int) -> bool:
+        return self.mem_mib >= mem_mib and self.core_milli >= core_milli
+
+
+def allocation_use(allocation: Allocation) -> dict[CardUuid, CardUse]:
+    """One allocation's hold on each card.
+
+    Init containers run one at a time before the app containers, so a card carries the larger of
+    the biggest init share and the sum of the app shares (kubelet reuses init devices likewise).
+    """
+    apps: dict[CardUuid, CardUse] = {}
+    inits: dict[CardUuid, CardUse] = {}
+    for grant in allocation.grants:
+        for share in grant.cards:
+            if grant.init:
+                inits[share.uuid] = inits.get(share.uuid, CardUse()).most(CardUse().plus(share))
+            else:
+                apps[share.uuid] = apps.get(share.uuid, CardUse()).plus(share)
+    for uuid, use in inits.items():
+        apps[uuid] = apps.get(uuid, CardUse()).most(use)
+    return apps
+
+
+def node_use(allocations: Iterable[Allocation]) -> dict[CardUuid, CardUse]:
+    """The sum of every live allocation's hold on each card."""
+    total: dict[CardUuid, CardUse] = {}
+    for allocation in allocations:
+        if not allocation.live:
+            continue
+        for uuid, use in allocation_use(allocation).items():
+            seen = total.get(uuid, CardUse())
+            total[uuid] = CardUse(
+                seen.mem_mib + use.mem_mib,
+                seen.core_milli + use.core_milli,
+                seen.exclusive or use.exclusive,
+                seen.holders + 1,
+            )
+    return total
+
+
+def free_of(card: Card, use: CardUse | None) -> CardFree:
+    if use is None or use.holders == 0:
+        return CardFree(card.memory_mib, CORE_WHOLE, idle=True)
+    if use.exclusive:
+        return CardFree(0, 0, idle=False)
+    return CardFree(
+        max(0, card.memory_mib - use.mem_mib), max(0, CORE_WHOLE - use.core_milli), idle=False
+    )

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
+from gpuledger_core.events import EventKind, LedgerEvent
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import (
     Allocation,
@@ -270,3 +271,26 @@ def ledger_to(ledger: NodeLedger) -> Json:
 def ledger_from(raw: object) -> NodeLedger:
     r = Reader(raw)
     return NodeLedger(node_from(r.obj("node")), r.items("allocations", allocation_from))
+
+
+def event_to(event: LedgerEvent) -> Json:
+    return {
+        "kind": event.kind.value,
+        "node": event.node,
+        "revision": event.revision,
+        "allocation": allocation_to(event.allocation) if event.allocation else None,
+        "inventory": node_to(event.inventory) if event.inventory else None,
+    }
+
+
+def event_from(raw: object) -> LedgerEvent:
+    r = Reader(raw)
+    allocation = r.obj("allocation") if r.raw.get("allocation") is not None else None
+    inventory = r.obj("inventory") if r.raw.get("inventory") is not None else None
+    return LedgerEvent(
+        kind=r.enum("kind", EventKind),
+        node=NodeName(r.text("node")),
+        revision=r.integer("revision", 0),
+        allocation=allocation_from(allocation) if allocation else None,
+        inventory=node_from(inventory) if inventory else None,
+    )

@@ -1,0 +1,1 @@
+"""Shared adapters and helpers for the services: NATS, settings, logging, the fleet file."""

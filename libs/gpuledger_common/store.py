@@ -71,6 +71,7 @@ class LedgerStore:
     max_attempts: int = 12
     clock: Callable[[], float] = time.time
     stats: CasStats = field(default_factory=CasStats)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     @classmethod
     async def open(cls, nc: Client, *, replicas: int = 1, max_attempts: int = 12) -> LedgerStore:
@@ -95,8 +96,14 @@ class LedgerStore:
 
         The transition sees the ledger after expired leases and old releases are tidied away,
         and may raise (nothing is written then). Returns what was written, or the unchanged
-        state when the transition changed nothing.
+        state when the transition changed nothing. Writes to one node from this process take
+        turns, so compare-and-set only ever races with other processes.
         """
+        lock = self._locks.setdefault(node, asyncio.Lock())
+        async with lock:
+            return await self._mutate(node, transition)
+
+    async def _mutate(self, node: str, transition: Transition) -> Written:
         for attempt in range(1, self.max_attempts + 1):
             current, revision = await self.read(node)
             now = self.clock()
@@ -111,7 +118,7 @@ class LedgerStore:
             except KeyWrongLastSequenceError:
                 self.stats.conflicts += 1
                 CAS_CONFLICTS.inc()
-                await asyncio.sleep(random.uniform(0, 0.002 * attempt))
+                await asyncio.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
                 continue
             self.stats.writes += 1
             events = diff(current, new, written)

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Set up and run gpuledger on a fresh machine that has only python3 and git.
+
+    python3 dev.py up     # create .venv, install, run the whole stack on a simulated fleet
+    python3 dev.py test   # install tox into .venv and run it (every check and test)
+
+Any further arguments go to ``gpuledger dev up`` or to ``tox``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / "bin"
+CONSTRAINTS = ROOT / "constraints.txt"
+
+
+def run(*cmd: str | Path) -> None:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT)
+
+
+def ensure_venv() -> None:
+    if (BIN / "python").exists():
+        return
+    try:
+        venv.create(VENV, with_pip=True)
+    except (subprocess.CalledProcessError, OSError):
+        # Debian ships venv's pip bootstrap separately (python3-venv).
+        shutil.rmtree(VENV, ignore_errors=True)
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            sys.exit("python3 cannot create a virtual environment: install python3-venv (apt-get install python3-venv)")
+        ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+        run("apt-get", "update", "-q")
+        run("apt-get", "install", "-y", "-q", "python3-venv", f"python{ver}-venv")
+        venv.create(VENV, with_pip=True)
+
+
+def install(*extra: str) -> None:
+    ensure_venv()
+    run(BIN / "python", "-m", "pip", "install", "-q", "--upgrade", "pip")
+    run(BIN / "python", "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "-e", ".", *extra)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("up", "test"):
+        print(__doc__)
+        return 2
+    if argv[0] == "up":
+        install()
+        os.execv(BIN / "gpuledger", [str(BIN / "gpuledger"), "dev", "up", *argv[1:]])
+    install("tox")
+    return subprocess.run([str(BIN / "tox"), *argv[1:]], cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

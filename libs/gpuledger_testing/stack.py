@@ -1,0 +1,76 @@
+"""Run allocator replicas in-process against a real nats-server, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from grpclib.client import Channel
+
+from gpuledger_common.natsserver import free_port
+from gpuledger_proto.gpuledger.allocator import v1 as pb
+from gpuledger_allocator.app import serve
+from gpuledger_allocator.settings import AllocatorSettings
+
+T = TypeVar("T")
+
+
+async def wait_for(check: Callable[[], Awaitable[T | None]], timeout: float = 10.0, what: str = "condition") -> T:
+    """Poll ``check`` until it returns something other than None/False."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: Exception | None = None
+    while loop.time() < deadline:
+        try:
+            result = await check()
+            if result is not None and result is not False:
+                return result
+        except Exception as err:  # not ready yet
+            last = err
+        await asyncio.sleep(0.02)
+    raise TimeoutError(f"{what} not reached within {timeout:g}s (last error: {last})")
+
+
+@dataclass
+class RunningAllocator:
+    settings: AllocatorSettings
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+    channels: list[Channel] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.settings.grpc_port}"
+
+    def stub(self) -> pb.AllocatorStub:
+        channel = Channel("127.0.0.1", self.settings.grpc_port)
+        self.channels.append(channel)
+        return pb.AllocatorStub(channel, timeout=10.0)
+
+    async def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+        self.stop.set()
+        await asyncio.wait_for(self.task, 15)
+
+
+@contextlib.asynccontextmanager
+async def running_allocator(nats_url: str, **overrides: Any) -> AsyncIterator[RunningAllocator]:
+    values: dict[str, Any] = {
+        "nats_url": nats_url, "grpc_host": "127.0.0.1", "grpc_port": free_port(),
+        "http_host": "127.0.0.1", "http_port": 0, "stale_after_s": 3600.0, "sweep_interval_s": 0.2,
+    }
+    values.update(overrides)
+    settings = AllocatorSettings(**values)
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(settings, stop))
+    running = RunningAllocator(settings, stop, task)
+    try:
+        stub = running.stub()
+        await wait_for(lambda: stub.get_cluster(pb.GetClusterRequest()), what="allocator gRPC")
+        yield running
+    finally:
+        await running.close()

@@ -1,0 +1,56 @@
+"""The allocator's internal NATS API: the same operations, the error envelope for bad input."""
+
+from __future__ import annotations
+
+import pytest
+from nats.aio.client import Client
+
+from gpuledger_core.errors import Exhausted, InvalidArgument, NotFound
+from gpuledger_common import bus
+from gpuledger_testing.stack import RunningAllocator
+
+SUBJECT = "gpuledger.v1.allocator"
+
+
+def body(owner: str, **request: object) -> dict[str, object]:
+    return {"owner": {"kind": "tool", "id": owner}, "containers": [{"container": "", "request": request}], "commit": True}
+
+
+async def test_allocate_and_release_over_nats(allocator: RunningAllocator, nc: Client) -> None:
+    result = await bus.request(nc, f"{SUBJECT}.allocate", body("n1", count=1, mem_mib=1000, models=["Tesla P4"]))
+    allocation = result["allocation"]
+    assert (allocation["node"], allocation["state"], result["existing"]) == ("p4-0", "bound", False)
+    got = await bus.request(nc, f"{SUBJECT}.get", {"allocation_id": allocation["id"]})
+    assert got["allocation"]["id"] == allocation["id"]
+    listed = await bus.request(nc, f"{SUBJECT}.list", {"node": "p4-0"})
+    assert [a["id"] for a in listed["allocations"]] == [allocation["id"]]
+    released = await bus.request(nc, f"{SUBJECT}.release", {"allocation_id": allocation["id"]})
+    assert released["allocation"]["state"] == "released"
+    cluster = await bus.request(nc, f"{SUBJECT}.cluster", {"node": "p4-0"})
+    assert all(c["free_mem_mib"] == 7611 for c in cluster["nodes"][0]["cards"])
+
+
+@pytest.mark.parametrize(
+    ("verb", "payload", "error", "text"),
+    [
+        ("allocate", {"owner": {"kind": "tool"}}, InvalidArgument, "owner.id"),
+        ("allocate", body("x", count="two"), InvalidArgument, "containers[0].request.count"),
+        ("allocate", body("x", count=1, mem_mib=-5), InvalidArgument, "gpu-mem"),
+        ("allocate", [1, 2], InvalidArgument, "body"),
+        ("allocate", body("x", count=1, mem_mib=999999), Exhausted, "short of 999999 MiB"),
+        ("get", {"allocation_id": "a-nope"}, NotFound, "a-nope"),
+        ("get", {}, InvalidArgument, "allocation_id"),
+    ],
+)
+async def test_errors_come_back_typed(
+    allocator: RunningAllocator, nc: Client, verb: str, payload: object, error: type[Exception], text: str
+) -> None:
+    with pytest.raises(error) as caught:
+        await bus.request(nc, f"{SUBJECT}.{verb}", payload)
+    assert text in str(caught.value)
+
+
+async def test_malformed_json_is_invalid_argument(allocator: RunningAllocator, nc: Client) -> None:
+    msg = await nc.request(f"{SUBJECT}.allocate", b"{not json", timeout=5)
+    reply = bus.decode(msg.data)
+    assert reply["ok"] is False and reply["error"]["code"] == "invalid_argument"

@@ -7,9 +7,9 @@ from collections.abc import Iterable
 
 from nats.aio.client import Client
 
+from gpuledger_common.bus import SUBJECT_PREFIX, encode
 from gpuledger_core import codec
 from gpuledger_core.model import Node
-from gpuledger_common.bus import SUBJECT_PREFIX, encode
 
 
 def inventory_subject(node: str) -> str:

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
+from gpuledger_common.profiles import PROFILES, CardSpec, Profile
 from gpuledger_core.ids import CardUuid, NodeName
 from gpuledger_core.model import Card, Link, Node, PcieLevel
-from gpuledger_common.profiles import PROFILES, CardSpec, Profile
 
 NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
 _UUID_NAMESPACE = uuid.UUID("6b1f3c52-5a0e-4b8e-9a43-3f2b8f7e0c11")
@@ -107,7 +107,7 @@ class _Cursor:
                 raise FleetError(self.path, self.line, self._name(key), "is required")
             return default
         value = self.raw[key]
-        if isinstance(value, bool) and kind is int or not isinstance(value, kind):
+        if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
             expected = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
             raise self.fail(key, f"must be {expected}, got {value!r}")
         return value
@@ -139,7 +139,7 @@ def load_fleet(path: str | Path) -> Fleet:
 
 def parse_fleet(text: str, path: str = "<fleet>") -> Fleet:
     try:
-        raw = yaml.load(text, Loader=_Loader)  # noqa: S506 - SafeLoader subclass
+        raw = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = mark.line + 1 if mark else 0

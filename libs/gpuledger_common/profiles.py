@@ -35,9 +35,7 @@ def _pcie(a: int, b: int, numa: Callable[[int], int | None], same: PcieLevel) ->
 
 
 def _uniform(count: int, nvlinks: int, numa: Callable[[int], int | None], same: PcieLevel) -> tuple[Link, ...]:
-    return tuple(
-        Link(a, b, nvlinks, _pcie(a, b, numa, same)) for a in range(count) for b in range(a + 1, count)
-    )
+    return tuple(Link(a, b, nvlinks, _pcie(a, b, numa, same)) for a in range(count) for b in range(a + 1, count))
 
 
 def _halves(i: int) -> int:
@@ -56,8 +54,22 @@ def _a100_sxm_8() -> Profile:
 
 # DGX-1 with V100: hybrid cube-mesh; (a, b, links). Every GPU has six links in all.
 _DGX1_EDGES = (
-    (0, 1, 1), (0, 2, 1), (0, 3, 2), (0, 4, 2), (1, 2, 2), (1, 3, 1), (1, 5, 2), (2, 3, 2),
-    (2, 6, 1), (3, 7, 1), (4, 5, 1), (4, 6, 1), (4, 7, 2), (5, 6, 2), (5, 7, 1), (6, 7, 2),
+    (0, 1, 1),
+    (0, 2, 1),
+    (0, 3, 2),
+    (0, 4, 2),
+    (1, 2, 2),
+    (1, 3, 1),
+    (1, 5, 2),
+    (2, 3, 2),
+    (2, 6, 1),
+    (3, 7, 1),
+    (4, 5, 1),
+    (4, 6, 1),
+    (4, 7, 2),
+    (5, 6, 2),
+    (5, 7, 1),
+    (6, 7, 2),
 )
 
 
@@ -77,7 +89,9 @@ def _a100_pcie_4() -> Profile:
     cards = tuple(CardSpec("NVIDIA A100-PCIE-40GB", 40960, 0) for _ in range(4))
     bridged = {(0, 1), (2, 3)}
     links = tuple(
-        Link(a, b, 4 if (a, b) in bridged else 0, PcieLevel.SINGLE_SWITCH if (a, b) in bridged else PcieLevel.HOST_BRIDGE)
+        Link(
+            a, b, 4 if (a, b) in bridged else 0, PcieLevel.SINGLE_SWITCH if (a, b) in bridged else PcieLevel.HOST_BRIDGE
+        )
         for a in range(4)
         for b in range(a + 1, 4)
     )
@@ -94,9 +108,7 @@ def _tesla_p4_2() -> Profile:
 
 
 def _a100_mig_1() -> Profile:
-    return Profile(
-        "a100-mig-1", (CardSpec("NVIDIA A100-SXM4-40GB", 40960, 0),), (), 32000, 262144, mig=True
-    )
+    return Profile("a100-mig-1", (CardSpec("NVIDIA A100-SXM4-40GB", 40960, 0),), (), 32000, 262144, mig=True)
 
 
 PROFILES: dict[str, Callable[[], Profile]] = {

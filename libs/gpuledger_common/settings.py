@@ -38,7 +38,9 @@ def _convert(name: str, kind: type, raw: str) -> Any:
         raise SettingsError(f"{name}: {raw!r} is not a valid {kind.__name__}") from None
 
 
-def load(cls: type[S], argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, prog: str | None = None) -> S:
+def load(
+    cls: type[S], argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, prog: str | None = None
+) -> S:
     env = os.environ if env is None else env
     hints = get_type_hints(cls)
     parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)

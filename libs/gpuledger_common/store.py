@@ -22,14 +22,14 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from gpuledger_common.bus import SUBJECT_PREFIX, encode
+from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
 from gpuledger_core import codec
 from gpuledger_core.errors import Conflict, Unavailable
 from gpuledger_core.events import LedgerEvent, diff
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, tidy
 from gpuledger_core.model import Owner
-from gpuledger_common.bus import SUBJECT_PREFIX, encode
-from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ class LedgerStore:
                 ledger = None if deleted else codec.ledger_from(_json(entry.value))
                 yield node, ledger, entry.revision or 0
         finally:
-            await watcher.stop()
+            await watcher.stop()  # type: ignore[no-untyped-call]
 
     # --- the owner index: one allocation per owner, whichever replica got there first ---
 
@@ -199,6 +199,8 @@ class LedgerStore:
         if not entry.value:
             return None
         raw = _json(entry.value)
+        if not isinstance(raw, dict):
+            return None
         return AllocationId(raw["allocation"]), NodeName(raw["node"]), entry.revision or 0
 
     async def claim_owner(self, owner: Owner, allocation: AllocationId, node: str) -> bool:

@@ -10,10 +10,9 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from gpuledger_core.errors import InvalidArgument
-from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.events import EventKind, LedgerEvent
+from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.status import CardStatus, Holder, NodeStatus
 from gpuledger_core.model import (
     Allocation,
     AllocState,
@@ -29,6 +28,7 @@ from gpuledger_core.model import (
     PcieLevel,
     Request,
 )
+from gpuledger_core.status import CardStatus, Holder, NodeStatus
 
 Json = dict[str, Any]
 T = TypeVar("T")
@@ -339,6 +339,8 @@ def node_status_from(raw: object) -> NodeStatus:
     r = Reader(raw)
 
     def card_status(cr: Reader) -> CardStatus:
-        return CardStatus(card_from(cr), cr.integer("free_mem_mib"), cr.integer("free_core_milli"), cr.items("holders", holder_from))
+        free_mem, free_core = cr.integer("free_mem_mib"), cr.integer("free_core_milli")
+        return CardStatus(card_from(cr), free_mem, free_core, cr.items("holders", holder_from))
 
-    return NodeStatus(NodeName(r.text("name")), r.items("cards", card_status), r.flag("stale"), r.integer("revision", 0))
+    name, stale = NodeName(r.text("name")), r.flag("stale")
+    return NodeStatus(name, r.items("cards", card_status), stale, r.integer("revision", 0))

@@ -10,10 +10,10 @@ from typing import Any, TypeVar
 
 from grpclib.client import Channel
 
-from gpuledger_common.natsserver import free_port
-from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_allocator.app import serve
 from gpuledger_allocator.settings import AllocatorSettings
+from gpuledger_common.natsserver import free_port
+from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 T = TypeVar("T")
 
@@ -60,8 +60,13 @@ class RunningAllocator:
 @contextlib.asynccontextmanager
 async def running_allocator(nats_url: str, **overrides: Any) -> AsyncIterator[RunningAllocator]:
     values: dict[str, Any] = {
-        "nats_url": nats_url, "grpc_host": "127.0.0.1", "grpc_port": free_port(),
-        "http_host": "127.0.0.1", "http_port": 0, "stale_after_s": 3600.0, "sweep_interval_s": 0.2,
+        "nats_url": nats_url,
+        "grpc_host": "127.0.0.1",
+        "grpc_port": free_port(),
+        "http_host": "127.0.0.1",
+        "http_port": 0,
+        "stale_after_s": 3600.0,
+        "sweep_interval_s": 0.2,
     }
     values.update(overrides)
     settings = AllocatorSettings(**values)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from gpuledger_common import logs
-from gpuledger_common.settings import SettingsError, load
 from gpuledger_allocator.app import serve
 from gpuledger_allocator.settings import AllocatorSettings
+from gpuledger_common import logs
+from gpuledger_common.settings import SettingsError, load
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,13 +9,13 @@ from typing import TypeVar
 from grpclib import GRPCError
 from grpclib.const import Status
 
+from gpuledger_allocator.queries import AllocationFilter, cluster, list_allocations
+from gpuledger_allocator.service import AllocateCall, AllocatorService
+from gpuledger_common import pbconvert as conv
 from gpuledger_core import errors
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.model import Isolation
-from gpuledger_common import pbconvert as conv
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_allocator.queries import AllocationFilter, cluster, list_allocations
-from gpuledger_allocator.service import AllocateCall, AllocatorService
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,7 +47,7 @@ def _id(value: str) -> AllocationId:
     return AllocationId(value)
 
 
-class AllocatorApi(pb.AllocatorBase):
+class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
     def __init__(self, service: AllocatorService) -> None:
         self.service = service
 
@@ -101,9 +101,9 @@ class AllocatorApi(pb.AllocatorBase):
     async def watch(self, watch_request: pb.WatchRequest) -> AsyncIterator[pb.LedgerEvent]:
         queue = self.service.view.subscribe()
         try:
-            for event in self.service.view.snapshot_events():
-                if not watch_request.node or event.node == watch_request.node:
-                    yield conv.event_to(event)
+            for past in self.service.view.snapshot_events():
+                if not watch_request.node or past.node == watch_request.node:
+                    yield conv.event_to(past)
             while True:
                 event = await queue.get()
                 if event is None:

@@ -6,12 +6,12 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from gpuledger_core import codec
-from gpuledger_core.codec import Reader
-from gpuledger_common.bus import SUBJECT_PREFIX, Handler, Responder
 from gpuledger_allocator import wire
 from gpuledger_allocator.queries import AllocationFilter, cluster, list_allocations
 from gpuledger_allocator.service import AllocatorService
+from gpuledger_common.bus import SUBJECT_PREFIX, Handler, Responder
+from gpuledger_core import codec
+from gpuledger_core.codec import Reader
 
 PREFIX = f"{SUBJECT_PREFIX}.allocator"
 QUEUE = "allocator"
@@ -41,8 +41,11 @@ def handlers(service: AllocatorService) -> dict[str, Handler]:
     async def listing(body: Any) -> Any:
         r = Reader(body)
         where = AllocationFilter(
-            r.text("node", ""), r.text("owner_kind", ""), r.text("owner_id", ""),
-            r.text("namespace", ""), r.flag("include_released"),
+            r.text("node", ""),
+            r.text("owner_kind", ""),
+            r.text("owner_id", ""),
+            r.text("namespace", ""),
+            r.flag("include_released"),
         )
         return {"allocations": [codec.allocation_to(a) for a in list_allocations(service.view, where)]}
 
@@ -52,8 +55,13 @@ def handlers(service: AllocatorService) -> dict[str, Handler]:
         return {"nodes": [codec.node_status_to(n) for n in nodes]}
 
     return {
-        "allocate": allocate, "reserve": reserve, "commit": commit, "release": release,
-        "get": get, "list": listing, "cluster": cluster_status,
+        "allocate": allocate,
+        "reserve": reserve,
+        "commit": commit,
+        "release": release,
+        "get": get,
+        "list": listing,
+        "cluster": cluster_status,
     }
 
 

@@ -9,10 +9,6 @@ import signal
 
 from grpclib.server import Server
 
-from gpuledger_common import bus
-from gpuledger_common.ops import bound_port, ops_app, start_http
-from gpuledger_common.settings import describe
-from gpuledger_common.store import LedgerStore
 from gpuledger_allocator.api_grpc import AllocatorApi
 from gpuledger_allocator.api_nats import serve_nats
 from gpuledger_allocator.ingest import Ingest
@@ -20,6 +16,10 @@ from gpuledger_allocator.placer import BuiltinPlacer
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
 from gpuledger_allocator.view import ClusterView
+from gpuledger_common import bus
+from gpuledger_common.ops import bound_port, ops_app, start_http
+from gpuledger_common.settings import describe
+from gpuledger_common.store import LedgerStore
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,15 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             responders = await serve_nats(nc, service)
             grpc = Server([AllocatorApi(service)])
             await grpc.start(settings.grpc_host, settings.grpc_port)
-            http = await start_http(ops_app(lambda: "" if nc.is_connected else "NATS disconnected"), settings.http_host, settings.http_port)
+            http = await start_http(
+                ops_app(lambda: "" if nc.is_connected else "NATS disconnected"), settings.http_host, settings.http_port
+            )
             log.info(
                 "gpuledger-allocator ready: gRPC on %s:%d, http on %s:%d",
-                settings.grpc_host, _grpc_port(grpc), settings.http_host, bound_port(http),
+                settings.grpc_host,
+                _grpc_port(grpc),
+                settings.http_host,
+                bound_port(http),
             )
             await stop.wait()
             log.info("gpuledger-allocator stopping")
@@ -64,7 +69,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
 
 
 def _grpc_port(server: Server) -> int:
-    sockets = server._server.sockets if server._server else ()  # noqa: SLF001 - grpclib keeps it private
+    sockets = getattr(server._server, "sockets", None) or ()  # noqa: SLF001 - grpclib keeps it private
     port: int = sockets[0].getsockname()[1] if sockets else 0
     return port
 

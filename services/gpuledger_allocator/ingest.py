@@ -10,15 +10,15 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from gpuledger_allocator.view import ClusterView
+from gpuledger_common.bus import SUBJECT_PREFIX, decode
+from gpuledger_common.store import LedgerStore
 from gpuledger_core import codec
 from gpuledger_core.codec import Reader
 from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger, with_node
 from gpuledger_core.model import Node
-from gpuledger_common.bus import SUBJECT_PREFIX, decode
-from gpuledger_common.store import LedgerStore
-from gpuledger_allocator.view import ClusterView
 
 log = logging.getLogger(__name__)
 INVENTORY = f"{SUBJECT_PREFIX}.inventory.*"

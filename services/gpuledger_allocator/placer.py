@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gpuledger_allocator.view import ClusterView
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.usage import free_of
-from gpuledger_allocator.view import ClusterView
 
 
 def _free_share(ledger: NodeLedger) -> float:

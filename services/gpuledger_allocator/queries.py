@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuledger_allocator.view import ClusterView
 from gpuledger_core.model import Allocation
 from gpuledger_core.status import NodeStatus, node_status
-from gpuledger_allocator.view import ClusterView
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from gpuledger_allocator.view import ClusterView
+from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Conflict, Exhausted, InvalidArgument, NotFound
 from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, commit, release, reserve
 from gpuledger_core.model import Allocation, AllocState, Isolation, Owner
-from gpuledger_common.store import LedgerStore
-from gpuledger_allocator.view import ClusterView
 
 log = logging.getLogger(__name__)
 MAX_OWNER_ROUNDS = 3
@@ -84,7 +84,9 @@ class AllocatorService:
                 return existing, True
             now = self.clock()
             lease = allocation.lease_expires_at or now + self.lease_s
-            fresh = replace(allocation, state=AllocState.RESERVED, created_at=now, updated_at=now, lease_expires_at=lease)
+            fresh = replace(
+                allocation, state=AllocState.RESERVED, created_at=now, updated_at=now, lease_expires_at=lease
+            )
             await self.store.mutate(allocation.node, _reserve_fn(fresh))
             if await self.store.claim_owner(fresh.owner, fresh.id, fresh.node):
                 return fresh, False
@@ -116,7 +118,9 @@ class AllocatorService:
         now = self.clock()
         tidied = 0
         for name, ledger in list(self.view.ledgers.items()):
-            if any(a.state is AllocState.RESERVED and (a.lease_expires_at or now + 1) <= now for a in ledger.allocations):
+            if any(
+                a.state is AllocState.RESERVED and (a.lease_expires_at or now + 1) <= now for a in ledger.allocations
+            ):
                 await self.store.mutate(name, lambda current: current)  # mutate tidies first
                 tidied += 1
         return tidied
@@ -183,9 +187,15 @@ class AllocatorService:
             grants = fit_node(current, call.asks)
             now = self.clock()
             allocation = Allocation(
-                id=allocation_id, owner=call.owner, node=node, grants=grants,
-                state=AllocState.RESERVED, isolation=call.isolation,
-                created_at=now, updated_at=now, lease_expires_at=now + lease_s,
+                id=allocation_id,
+                owner=call.owner,
+                node=node,
+                grants=grants,
+                state=AllocState.RESERVED,
+                isolation=call.isolation,
+                created_at=now,
+                updated_at=now,
+                lease_expires_at=now + lease_s,
                 requests=tuple(a.request for a in call.asks),
             )
             return reserve(current, allocation)

@@ -37,4 +37,8 @@ class AllocatorSettings:
         require(self.cas_attempts >= 1, "cas_attempts", "must be at least 1")
         require(self.bucket_replicas in (1, 3, 5), "bucket_replicas", "must be 1, 3 or 5")
         require(self.log_format in ("text", "json"), "log_format", "must be text or json")
-        require(self.log_level in ("debug", "info", "warning", "error"), "log_level", "must be debug, info, warning or error")
+        require(
+            self.log_level in ("debug", "info", "warning", "error"),
+            "log_level",
+            "must be debug, info, warning or error",
+        )

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpuledger_common.store import LedgerStore
 from gpuledger_core.events import LedgerEvent, diff
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation
-from gpuledger_common.store import LedgerStore
 
 log = logging.getLogger(__name__)
 RETRY_S = 1.0

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuledger_allocator.service import AllocateCall
 from gpuledger_core import codec
 from gpuledger_core.codec import Reader
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.model import Allocation, Isolation
-from gpuledger_allocator.service import AllocateCall
 
 
 def ask_from(r: Reader) -> ContainerAsk:

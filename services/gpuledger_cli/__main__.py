@@ -6,14 +6,16 @@ import argparse
 import asyncio
 import sys
 
-from gpuledger_core.errors import GpuledgerError, InvalidArgument
 from gpuledger_cli import commands, devup
+from gpuledger_core.errors import GpuledgerError, InvalidArgument
 
 EXIT_CODES = {"invalid_argument": 2, "not_found": 3, "resource_exhausted": 4, "unavailable": 5}
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="gpuledger", description="Schedules and shares GPUs around a global ledger of cards.")
+    top = argparse.ArgumentParser(
+        prog="gpuledger", description="Schedules and shares GPUs around a global ledger of cards."
+    )
     sub = top.add_subparsers(dest="command", required=True)
     commands.register(sub)
     devup.register(sub)

@@ -7,13 +7,13 @@ import json
 import uuid
 from typing import Any
 
+from gpuledger_cli import render
+from gpuledger_cli.client import allocator
+from gpuledger_common import pbconvert as conv
 from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.model import CORE_WHOLE
-from gpuledger_common import pbconvert as conv
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_cli import render
-from gpuledger_cli.client import allocator
 
 DEFAULT_SERVER = "127.0.0.1:50051"
 
@@ -55,8 +55,10 @@ def _request(args: argparse.Namespace) -> pb.ResourceRequest:
     if core is not None and not 1 <= core <= 100:
         raise InvalidArgument("--gpu-core", f"must be 1..100 percent, got {core}")
     return pb.ResourceRequest(
-        gpu=args.gpu, gpu_mem_mib=args.gpu_mem,
-        gpu_core_permille=None if core is None else core * CORE_WHOLE // 100, models=args.model,
+        gpu=args.gpu,
+        gpu_mem_mib=args.gpu_mem,
+        gpu_core_permille=None if core is None else core * CORE_WHOLE // 100,
+        models=args.model,
     )
 
 
@@ -65,7 +67,10 @@ async def alloc(args: argparse.Namespace) -> int:
     request = pb.AllocateRequest(
         owner=pb.Owner(kind="tool", id=owner),
         containers=[pb.ContainerRequest(container="", request=_request(args))],
-        isolation=args.isolation, lease_seconds=args.lease, commit=not args.reserve_only, node=args.node,
+        isolation=args.isolation,
+        lease_seconds=args.lease,
+        commit=not args.reserve_only,
+        node=args.node,
     )
     async with allocator(args.server) as api:
         reply = await api.allocate(request)

@@ -19,14 +19,14 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
-from gpuledger_common import bus
-from gpuledger_common.announce import announce
-from gpuledger_common.fleet import Fleet, FleetError, load_fleet
-from gpuledger_common.natsserver import embedded_nats, free_port
 from gpuledger_cli import render
 from gpuledger_cli.client import allocator
 from gpuledger_cli.scenario import run_scenario
+from gpuledger_common import bus
 from gpuledger_common import pbconvert as conv
+from gpuledger_common.announce import announce
+from gpuledger_common.fleet import Fleet, FleetError, load_fleet
+from gpuledger_common.natsserver import embedded_nats, free_port
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 DEFAULT_FLEET = Path(__file__).resolve().parents[2] / "deploy" / "fleet" / "dev.yaml"
@@ -105,10 +105,24 @@ async def _allocator_process(nats_url: str, grpc_port: int) -> AsyncIterator[asy
     log = tempfile.NamedTemporaryFile(prefix="gpuledger-allocator-", suffix=".log", delete=False)  # noqa: SIM115
     say(f"allocator log: {log.name}")
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuledger_allocator",
-        "--nats-url", nats_url, "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
-        "--http-host", "127.0.0.1", "--http-port", "0", "--stale-after-s", "60",
-        stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        sys.executable,
+        "-m",
+        "gpuledger_allocator",
+        "--nats-url",
+        nats_url,
+        "--grpc-host",
+        "127.0.0.1",
+        "--grpc-port",
+        str(grpc_port),
+        "--http-host",
+        "127.0.0.1",
+        "--http-port",
+        "0",
+        "--stale-after-s",
+        "60",
+        stdout=log,
+        stderr=log,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
         yield process

@@ -38,15 +38,17 @@ def cluster(nodes: Sequence[NodeStatus]) -> str:
     for node in nodes:
         for c in node.cards:
             holders = "; ".join(holder(h) for h in c.holders) or "-"
-            rows.append([
-                node.name + (" (stale)" if node.stale else ""),
-                str(c.card.index),
-                c.card.model,
-                f"{c.free_mem_mib}/{c.card.memory_mib}",
-                f"{c.free_core_milli / 10:g}%",
-                c.card.health.value,
-                holders,
-            ])
+            rows.append(
+                [
+                    node.name + (" (stale)" if node.stale else ""),
+                    str(c.card.index),
+                    c.card.model,
+                    f"{c.free_mem_mib}/{c.card.memory_mib}",
+                    f"{c.free_core_milli / 10:g}%",
+                    c.card.health.value,
+                    holders,
+                ]
+            )
     if not rows:
         return "no cards in the ledger"
     cards = sum(len(n.cards) for n in nodes)
@@ -64,5 +66,7 @@ def allocation(a: Allocation) -> str:
             for s in g.cards
         )
         parts.append(f"{g.container + ': ' if g.container else ''}{cards}")
-    lease = f", lease until {time.strftime('%H:%M:%S', time.localtime(a.lease_expires_at))}" if a.lease_expires_at else ""
+    lease = (
+        f", lease until {time.strftime('%H:%M:%S', time.localtime(a.lease_expires_at))}" if a.lease_expires_at else ""
+    )
     return f"{a.id} {a.state.value} on {a.node} for {a.owner.describe()}: {'; '.join(parts)}{lease}"

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpuledger_cli.client import allocator
 from gpuledger_core.errors import Exhausted, GpuledgerError
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_cli.client import allocator
 
 UNIT_MIB = 256
 
@@ -22,7 +22,8 @@ async def _alloc(server: str, owner: str, node: str, request: pb.ResourceRequest
             pb.AllocateRequest(
                 owner=pb.Owner(kind="tool", id=owner, name=owner),
                 containers=[pb.ContainerRequest(request=request)],
-                commit=True, node=node,
+                commit=True,
+                node=node,
             )
         )
     return reply.allocation
@@ -54,8 +55,11 @@ async def run_scenario(server: str, say: Callable[[str], None]) -> bool:
         a = await _alloc(server, f"p4-{name}", "p4-0", _units(units))
         placed.append(a.grants[0].cards[0].index)
     two_and_one = sorted(placed.count(i) for i in set(placed)) == [1, 2]
-    check(two_and_one, f"p4-0: apps of 4, 20, 20 units on cards {placed} (two on one card, one on the other)",
-          f"p4-0: apps landed on cards {placed}")
+    check(
+        two_and_one,
+        f"p4-0: apps of 4, 20, 20 units on cards {placed} (two on one card, one on the other)",
+        f"p4-0: apps landed on cards {placed}",
+    )
 
     try:
         a = await _alloc(server, "train-4", "h100-0", pb.ResourceRequest(gpu=4))

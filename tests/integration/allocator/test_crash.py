@@ -12,11 +12,11 @@ from grpclib.client import Channel
 from grpclib.exceptions import StreamTerminatedError
 from nats.aio.client import Client
 
-from gpuledger_core.model import AllocState
 from gpuledger_common.announce import announce
 from gpuledger_common.fleet import Fleet
 from gpuledger_common.natsserver import NatsServer, free_port
 from gpuledger_common.store import LedgerStore
+from gpuledger_core.model import AllocState
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.stack import running_allocator, wait_for
 
@@ -26,9 +26,21 @@ LEASE_S = 1
 async def test_sigkill_mid_work(nats_server: NatsServer, nc: Client, fleet: Fleet) -> None:
     port = free_port()
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuledger_allocator", "--nats-url", nats_server.url,
-        "--grpc-host", "127.0.0.1", "--grpc-port", str(port), "--http-port", "0",
-        "--sweep-interval-s", "3600", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        sys.executable,
+        "-m",
+        "gpuledger_allocator",
+        "--nats-url",
+        nats_server.url,
+        "--grpc-host",
+        "127.0.0.1",
+        "--grpc-port",
+        str(port),
+        "--http-port",
+        "0",
+        "--sweep-interval-s",
+        "3600",
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     channel = Channel("127.0.0.1", port)
     api = pb.AllocatorStub(channel, timeout=5)
@@ -44,11 +56,12 @@ async def test_sigkill_mid_work(nats_server: NatsServer, nc: Client, fleet: Flee
                 request = pb.AllocateRequest(
                     owner=pb.Owner(kind="tool", id=f"w{w}-{i}"),
                     containers=[pb.ContainerRequest(request=pb.ResourceRequest(gpu=1, gpu_mem_mib=64))],
-                    commit=commit, lease_seconds=LEASE_S,
+                    commit=commit,
+                    lease_seconds=LEASE_S,
                 )
                 try:
                     reply = await api.allocate(request)
-                except (GRPCError, StreamTerminatedError, OSError, asyncio.TimeoutError):
+                except (TimeoutError, GRPCError, StreamTerminatedError, OSError):
                     return  # the allocator died under us
                 if commit:
                     committed.append(reply.allocation.id)

@@ -12,11 +12,15 @@ from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.stack import RunningAllocator, wait_for
 
 
-def tool(owner: str, request: pb.ResourceRequest, *, node: str = "", commit: bool = True, lease: int = 0) -> pb.AllocateRequest:
+def tool(
+    owner: str, request: pb.ResourceRequest, *, node: str = "", commit: bool = True, lease: int = 0
+) -> pb.AllocateRequest:
     return pb.AllocateRequest(
         owner=pb.Owner(kind="tool", id=owner),
         containers=[pb.ContainerRequest(request=request)],
-        node=node, commit=commit, lease_seconds=lease,
+        node=node,
+        commit=commit,
+        lease_seconds=lease,
     )
 
 
@@ -74,7 +78,11 @@ async def test_exclusive_multi_card_on_one_node(allocator: RunningAllocator) -> 
     [
         (tool("x", pb.ResourceRequest(gpu=0)), Status.INVALID_ARGUMENT, "containers[0].request.gpu"),
         (tool("x", pb.ResourceRequest(gpu=1, gpu_core_permille=1500)), Status.INVALID_ARGUMENT, "gpu-core"),
-        (pb.AllocateRequest(containers=[pb.ContainerRequest(request=pb.ResourceRequest(gpu=1))]), Status.INVALID_ARGUMENT, "owner"),
+        (
+            pb.AllocateRequest(containers=[pb.ContainerRequest(request=pb.ResourceRequest(gpu=1))]),
+            Status.INVALID_ARGUMENT,
+            "owner",
+        ),
         (pb.AllocateRequest(owner=pb.Owner(kind="robot", id="r")), Status.INVALID_ARGUMENT, "owner.kind"),
         (pb.AllocateRequest(owner=pb.Owner(kind="tool", id="r")), Status.INVALID_ARGUMENT, "containers"),
         (tool("x", pb.ResourceRequest(gpu=9)), Status.RESOURCE_EXHAUSTED, "h100-0: 8 healthy card(s) of the 9 needed"),
@@ -125,7 +133,7 @@ async def test_reservation_expires_after_its_lease(allocator: RunningAllocator) 
 
     async def released() -> bool:
         got = await api.get_allocation(pb.GetAllocationRequest(allocation_id=a.id))
-        return got.state == "released" and got.reason == "lease expired"
+        return bool(got.state == "released" and got.reason == "lease expired")
 
     await wait_for(released, timeout=10, what="lease expiry")
     cluster = await api.get_cluster(pb.GetClusterRequest(node="rtx-0"))

@@ -5,15 +5,19 @@ from __future__ import annotations
 import pytest
 from nats.aio.client import Client
 
-from gpuledger_core.errors import Exhausted, InvalidArgument, NotFound
 from gpuledger_common import bus
+from gpuledger_core.errors import Exhausted, InvalidArgument, NotFound
 from gpuledger_testing.stack import RunningAllocator
 
 SUBJECT = "gpuledger.v1.allocator"
 
 
 def body(owner: str, **request: object) -> dict[str, object]:
-    return {"owner": {"kind": "tool", "id": owner}, "containers": [{"container": "", "request": request}], "commit": True}
+    return {
+        "owner": {"kind": "tool", "id": owner},
+        "containers": [{"container": "", "request": request}],
+        "commit": True,
+    }
 
 
 async def test_allocate_and_release_over_nats(allocator: RunningAllocator, nc: Client) -> None:

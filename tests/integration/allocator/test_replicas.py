@@ -10,10 +10,10 @@ from grpclib import GRPCError
 from grpclib.const import Status
 from nats.aio.client import Client
 
-from gpuledger_core.model import CORE_WHOLE
 from gpuledger_common.fleet import Fleet
 from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
+from gpuledger_core.model import CORE_WHOLE
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.stack import RunningAllocator, running_allocator
 
@@ -40,7 +40,9 @@ async def client(seed: int, replicas: list[RunningAllocator], granted: list[str]
     for i in range(ROUNDS):
         api = rng.choice(replicas).stub()
         owner = pb.Owner(kind="tool", id=f"c{seed}-{i}")
-        request = pb.AllocateRequest(owner=owner, containers=[pb.ContainerRequest(request=random_request(rng))], commit=True)
+        request = pb.AllocateRequest(
+            owner=owner, containers=[pb.ContainerRequest(request=random_request(rng))], commit=True
+        )
         try:
             reply = await api.allocate(request)
             held.append(reply.allocation.id)

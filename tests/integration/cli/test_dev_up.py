@@ -12,7 +12,10 @@ import pytest
 def test_dev_up_once_runs_the_scenario() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "gpuledger_cli", "dev", "up", "--once"],
-        capture_output=True, text=True, timeout=110, check=False,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "scenario passed" in done.stdout
@@ -28,7 +31,10 @@ def test_bad_fleet_file_stops_before_anything_starts(tmp_path: object) -> None:
     bad.write_text("nodes:\n  - name: n1\n    profile: nope\n")
     done = subprocess.run(
         [sys.executable, "-m", "gpuledger_cli", "dev", "up", "--once", "--fleet", str(bad)],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert done.returncode == 2
     assert f"{bad}:3: nodes[0].profile: unknown profile 'nope'" in done.stderr

@@ -15,6 +15,7 @@ from gpuledger_core.model import Allocation, AllocState, CardShare, Node
 from gpuledger_core.usage import CardUse, allocation_use, free_of, node_use
 
 RELEASED_RETENTION_S = 600.0
+RELEASED_KEPT = 16  # the most released allocations a node's key remembers
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +116,11 @@ def expire(ledger: NodeLedger, now: float) -> NodeLedger:
 
 
 def prune(ledger: NodeLedger, now: float, keep_s: float = RELEASED_RETENTION_S) -> NodeLedger:
-    """Forget released allocations older than ``keep_s`` so the key stays small."""
-    kept = tuple(a for a in ledger.allocations if a.live or now - a.updated_at < keep_s)
+    """Forget released allocations older than ``keep_s``, or beyond the newest
+    ``RELEASED_KEPT``, so the key stays small (a re-release within that window still succeeds)."""
+    released = [a for a in ledger.allocations if not a.live and now - a.updated_at < keep_s]
+    recent = {a.id for a in sorted(released, key=lambda a: a.updated_at)[-RELEASED_KEPT:]}
+    kept = tuple(a for a in ledger.allocations if a.live or a.id in recent)
     return ledger if len(kept) == len(ledger.allocations) else replace(ledger, allocations=kept)
 
 

@@ -94,8 +94,8 @@ class AllocatorService:
             await self.store.mutate(fresh.node, undo)
         raise Conflict(f"{allocation.owner.describe()}: the owner index kept changing; retry")
 
-    async def commit(self, allocation_id: AllocationId) -> Allocation:
-        node = await self._node_of(allocation_id)
+    async def commit(self, allocation_id: AllocationId, node: NodeName | None = None) -> Allocation:
+        node = node or await self._node_of(allocation_id)
         written = await self.store.mutate(node, lambda ledger: commit(_must(ledger, node), allocation_id, self.clock()))
         return _find(written.new, allocation_id)
 
@@ -149,7 +149,7 @@ class AllocatorService:
 
     async def _finish(self, allocation: Allocation, want_commit: bool) -> Allocation:
         if want_commit and allocation.state is AllocState.RESERVED:
-            return await self.commit(allocation.id)
+            return await self.commit(allocation.id, allocation.node)
         return allocation
 
     async def _reserve_somewhere(self, call: AllocateCall, lease_s: float) -> Allocation:

@@ -72,6 +72,7 @@ class LedgerStore:
     clock: Callable[[], float] = time.time
     stats: CasStats = field(default_factory=CasStats)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    _known: dict[str, tuple[NodeLedger | None, int]] = field(default_factory=dict)
 
     @classmethod
     async def open(cls, nc: Client, *, replicas: int = 1, max_attempts: int = 12) -> LedgerStore:
@@ -87,9 +88,25 @@ class LedgerStore:
             return None, 0
         except Exception as err:
             raise Unavailable(f"cannot read the ledger of {node}: {err}") from err
-        if entry.value is None:
-            return None, entry.revision or 0
-        return codec.ledger_from(_json(entry.value)), entry.revision or 0
+        ledger = codec.ledger_from(_json(entry.value)) if entry.value else None
+        self.remember(node, ledger, entry.revision or 0)
+        return ledger, entry.revision or 0
+
+    def _decoded(self, node: str, data: bytes, revision: int) -> NodeLedger:
+        """The ledger in ``data``; our own writes come back from a watch already decoded."""
+        known = self._known.get(node)
+        if known is not None and known[1] == revision and known[0] is not None:
+            return known[0]
+        return codec.ledger_from(_json(data))
+
+    def remember(self, node: str, ledger: NodeLedger | None, revision: int) -> None:
+        """Note a value of the node's key seen elsewhere (a watch), if it is newer than ours.
+
+        ``mutate`` starts from the newest value it knows instead of reading the key again; a
+        stale one only costs a failed compare-and-set and a fresh read.
+        """
+        if revision >= self._known.get(node, (None, 0))[1]:
+            self._known[node] = (ledger, revision)
 
     async def mutate(self, node: str, transition: Transition) -> Written:
         """Apply ``transition`` to the node's current ledger with compare-and-set.
@@ -105,7 +122,8 @@ class LedgerStore:
 
     async def _mutate(self, node: str, transition: Transition) -> Written:
         for attempt in range(1, self.max_attempts + 1):
-            current, revision = await self.read(node)
+            known = self._known.get(node) if attempt == 1 else None
+            current, revision = known if known is not None else await self.read(node)
             now = self.clock()
             base = tidy(current, now) if current is not None else None
             new = transition(base)
@@ -121,6 +139,7 @@ class LedgerStore:
                 await asyncio.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
                 continue
             self.stats.writes += 1
+            self.remember(node, new, written)
             events = diff(current, new, written)
             await self._publish(events)
             return Written(current, new, written, events)
@@ -181,9 +200,9 @@ class LedgerStore:
                         return
                     continue
                 node = NodeName(entry.key.removeprefix("node."))
+                revision = entry.revision or 0
                 deleted = entry.operation in ("DEL", "PURGE") or not entry.value
-                ledger = None if deleted else codec.ledger_from(_json(entry.value))
-                yield node, ledger, entry.revision or 0
+                yield node, None if deleted else self._decoded(node, entry.value, revision), revision
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
 
@@ -203,18 +222,21 @@ class LedgerStore:
             return None
         return AllocationId(raw["allocation"]), NodeName(raw["node"]), entry.revision or 0
 
-    async def claim_owner(self, owner: Owner, allocation: AllocationId, node: str) -> bool:
-        """Record ``allocation`` as the owner's; False if the owner already has a record."""
+    async def claim_owner(self, owner: Owner, allocation: AllocationId, node: str, revision: int = 0) -> int | None:
+        """Record ``allocation`` as the owner's: a new record (``revision`` 0) or a change of the
+        record at ``revision``. Returns the record's new revision, or None if someone else's
+        record is in the way."""
         data = encode({"allocation": allocation, "node": node, "owner": owner.key})
         try:
-            await self.owners.create(owner_key(owner), data)
+            if revision:
+                return await self.owners.update(owner_key(owner), data, last=revision)
+            return await self.owners.create(owner_key(owner), data)
         except KeyWrongLastSequenceError:
-            return False
+            return None
         except Exception as err:
             if "wrong last sequence" in str(err) or "key exists" in str(err):
-                return False
+                return None
             raise Unavailable(f"cannot write the owner index: {err}") from err
-        return True
 
     async def forget_owner(self, owner: Owner, revision: int) -> None:
         """Drop the owner's record if it is still the one read at ``revision``."""

@@ -15,7 +15,7 @@ from gpuledger_core.model import Allocation, AllocState, CardShare, Node
 from gpuledger_core.usage import CardUse, allocation_use, free_of, node_use
 
 RELEASED_RETENTION_S = 600.0
-RELEASED_KEPT = 16  # the most released allocations a node's key remembers
+RELEASED_KEPT = 8  # the most released allocations a node's key remembers
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,7 +69,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
 
 
 def _grpc_port(server: Server) -> int:
-    sockets = getattr(server._server, "sockets", None) or ()  # noqa: SLF001 - grpclib keeps it private
+    sockets = getattr(server._server, "sockets", None) or ()
     port: int = sockets[0].getsockname()[1] if sockets else 0
     return port
 

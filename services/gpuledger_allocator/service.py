@@ -6,6 +6,7 @@ idempotent across replicas (reserve first, then claim the owner; the loser rolls
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -63,36 +64,67 @@ class AllocatorService:
     clock: Callable[[], float] = time.time
 
     async def allocate(self, call: AllocateCall) -> tuple[Allocation, bool]:
+        """Reserve (and with ``commit``, commit) cards for the owner; the owner's existing
+        allocation if it has one. The reservation and the owner's claim are written at once."""
         lease = self._lease(call.lease_s)
         for _ in range(MAX_OWNER_ROUNDS):
-            existing = await self._owned(call.owner)
-            if existing is not None:
-                return (await self._finish(existing, call.commit)), True
-            allocation = await self._reserve_somewhere(call, lease)
-            if await self.store.claim_owner(call.owner, allocation.id, allocation.node):
-                return (await self._finish(allocation, call.commit)), False
-            # Another replica served the same owner first: keep theirs, undo ours.
-            undo = _release_fn(allocation.node, allocation.id, self.clock(), "duplicate request")
-            await self.store.mutate(allocation.node, undo)
+            nodes = await self._nodes_for(call)
+            allocation_id = new_allocation_id()
+            first = nodes[0] if nodes else NodeName("")
+            claimed, reserved = await asyncio.gather(
+                self.store.claim_owner(call.owner, allocation_id, first),
+                self._reserve_on(call, nodes, allocation_id, lease),
+                return_exceptions=True,
+            )
+            outcome = await self._settle(call.owner, claimed, reserved, first)
+            if outcome is not None:
+                return (await self._finish(outcome[0], call.commit)), outcome[1]
         raise Conflict(f"{call.owner.describe()}: the owner index kept changing; retry")
 
     async def reserve_exact(self, allocation: Allocation) -> tuple[Allocation, bool]:
         """Reserve cards already chosen by the caller (placement's bind): one CAS, or Exhausted."""
         for _ in range(MAX_OWNER_ROUNDS):
-            existing = await self._owned(allocation.owner)
-            if existing is not None:
-                return existing, True
             now = self.clock()
             lease = allocation.lease_expires_at or now + self.lease_s
             fresh = replace(
                 allocation, state=AllocState.RESERVED, created_at=now, updated_at=now, lease_expires_at=lease
             )
-            await self.store.mutate(allocation.node, _reserve_fn(fresh))
-            if await self.store.claim_owner(fresh.owner, fresh.id, fresh.node):
-                return fresh, False
-            undo = _release_fn(fresh.node, fresh.id, self.clock(), "duplicate request")
-            await self.store.mutate(fresh.node, undo)
+            claimed, reserved = await asyncio.gather(
+                self.store.claim_owner(fresh.owner, fresh.id, fresh.node),
+                self._write_reservation(fresh),
+                return_exceptions=True,
+            )
+            outcome = await self._settle(fresh.owner, claimed, reserved, fresh.node)
+            if outcome is not None:
+                return outcome
         raise Conflict(f"{allocation.owner.describe()}: the owner index kept changing; retry")
+
+    async def _write_reservation(self, allocation: Allocation) -> Allocation:
+        await self.store.mutate(allocation.node, _reserve_fn(allocation))
+        return allocation
+
+    async def _settle(
+        self,
+        owner: Owner,
+        claimed: int | BaseException | None,
+        reserved: Allocation | BaseException,
+        claimed_node: NodeName,
+    ) -> tuple[Allocation, bool] | None:
+        """Reconcile the two concurrent writes: (allocation, existing), or None to try again."""
+        if isinstance(claimed, BaseException) or claimed is None:
+            if isinstance(reserved, Allocation):  # ours is not needed, or cannot be recorded
+                undo = _release_fn(reserved.node, reserved.id, self.clock(), "duplicate request")
+                await self.store.mutate(reserved.node, undo)
+            if isinstance(claimed, BaseException):
+                raise claimed
+            existing = await self._owned(owner)
+            return None if existing is None else (existing, True)
+        if isinstance(reserved, BaseException):
+            await self.store.forget_owner(owner, claimed)
+            raise reserved
+        if reserved.node != claimed_node:  # the claim named the first node tried; correct it
+            await self.store.claim_owner(owner, reserved.id, reserved.node, claimed)
+        return reserved, False
 
     async def commit(self, allocation_id: AllocationId, node: NodeName | None = None) -> Allocation:
         node = node or await self._node_of(allocation_id)
@@ -101,12 +133,23 @@ class AllocatorService:
 
     async def release(self, allocation_id: AllocationId, reason: str = "released") -> Allocation:
         node = await self._node_of(allocation_id)
-        written = await self.store.mutate(node, _release_fn(node, allocation_id, self.clock(), reason))
+        known = self.view.allocation(allocation_id)
+        written, _ = await asyncio.gather(
+            self.store.mutate(node, _release_fn(node, allocation_id, self.clock(), reason)),
+            self._forget(known.owner if known else None, allocation_id),
+        )
         released = _find(written.new, allocation_id)
-        owned = await self.store.owner_of(released.owner)
-        if owned is not None and owned[0] == allocation_id:
-            await self.store.forget_owner(released.owner, owned[2])
+        if known is None:
+            await self._forget(released.owner, allocation_id)
         return released
+
+    async def _forget(self, owner: Owner | None, allocation_id: AllocationId) -> None:
+        """Drop the owner's record if it names this allocation, so the owner may allocate anew."""
+        if owner is None:
+            return
+        record = await self.store.owner_of(owner)
+        if record is not None and record[0] == allocation_id:
+            await self.store.forget_owner(owner, record[2])
 
     async def get(self, allocation_id: AllocationId) -> Allocation:
         node = await self._node_of(allocation_id)
@@ -152,16 +195,21 @@ class AllocatorService:
             return await self.commit(allocation.id, allocation.node)
         return allocation
 
-    async def _reserve_somewhere(self, call: AllocateCall, lease_s: float) -> Allocation:
-        nodes = [call.node] if call.node else await self.placer.candidates(self.view, call.asks)
-        if call.node and call.node not in self.view.ledgers:
-            raise NotFound(f"node {call.node} is not in the ledger")
+    async def _nodes_for(self, call: AllocateCall) -> list[NodeName]:
+        if call.node:
+            if call.node not in self.view.ledgers:
+                raise NotFound(f"node {call.node} is not in the ledger")
+            return [call.node]
+        return await self.placer.candidates(self.view, call.asks)
+
+    async def _reserve_on(
+        self, call: AllocateCall, nodes: Sequence[NodeName], allocation_id: AllocationId, lease_s: float
+    ) -> Allocation:
         reasons: list[str] = [] if nodes else self._why_nowhere(call)
         for node in nodes:
             if self.view.stale(node):
                 reasons.append(f"{node}: stale (no heartbeat for {self.view.stale_after_s:g}s)")
                 continue
-            allocation_id = new_allocation_id()
             try:
                 written = await self.store.mutate(node, self._fit_and_reserve(call, node, allocation_id, lease_s))
             except (Exhausted, Conflict) as err:

@@ -52,6 +52,7 @@ class ClusterView:
     def apply(self, node: NodeName, ledger: NodeLedger | None, revision: int) -> None:
         if revision and revision <= self.revisions.get(node, 0) and ledger is not None:
             return  # an older value than one we already applied (our own write got here first)
+        self.store.remember(node, ledger, revision)
         old = self.ledgers.get(node)
         if ledger is None:
             self.ledgers.pop(node, None)

@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 
 from grpclib.client import Channel
+from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
@@ -27,6 +28,8 @@ from gpuledger_common.natsserver import embedded_nats, free_port
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 NODES = 16
+ALLOCATE = "gpuledger.v1.allocator.allocate"
+RELEASE = "gpuledger.v1.allocator.release"
 ECHO = """
 import asyncio, sys, nats
 async def main():
@@ -44,7 +47,9 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-async def drive(clients: int, seconds: float, op: Callable[[int, int], Awaitable[None]]) -> tuple[list[float], float]:
+async def drive(
+    clients: int, seconds: float, op: Callable[[int, int], Awaitable[None]]
+) -> tuple[list[float], float]:
     latencies: list[float] = []
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
@@ -69,7 +74,8 @@ def cas_counters(http_port: int) -> tuple[float, float]:
         if line.startswith("gpuledger_ledger_cas_"):
             name, value = line.rsplit(" ", 1)
             values[name] = float(value)
-    return values.get("gpuledger_ledger_cas_attempts_total", 0.0), values.get("gpuledger_ledger_cas_conflicts_total", 0.0)
+    attempts = values.get("gpuledger_ledger_cas_attempts_total", 0.0)
+    return attempts, values.get("gpuledger_ledger_cas_conflicts_total", 0.0)
 
 
 async def main(seconds: float) -> None:
@@ -99,7 +105,7 @@ async def main(seconds: float) -> None:
                 await p.wait()
 
 
-async def _ready(api: pb.AllocatorStub, nc: object) -> None:
+async def _ready(api: pb.AllocatorStub, nc: Client) -> None:
     for _ in range(300):
         try:
             await api.get_cluster(pb.GetClusterRequest())
@@ -109,58 +115,68 @@ async def _ready(api: pb.AllocatorStub, nc: object) -> None:
     raise SystemExit("allocator did not start")
 
 
-async def report(nc: object, api: pb.AllocatorStub, seconds: float, http_port: int) -> None:
-    from nats.aio.client import Client
+def alloc_body(owner: str) -> dict[str, object]:
+    return {
+        "owner": {"kind": "tool", "id": owner},
+        "containers": [{"container": "", "request": {"count": 1, "mem_mib": 1024}}],
+        "commit": True,
+    }
 
-    assert isinstance(nc, Client)
-    rows = []
-    for clients in (1, 16):
 
-        async def echo(c: int, i: int) -> None:
-            await nc.request("bench.echo", b'{"x":1}', timeout=10)
+def grpc_request(owner: str) -> pb.AllocateRequest:
+    return pb.AllocateRequest(
+        owner=pb.Owner(kind="tool", id=owner),
+        containers=[pb.ContainerRequest(request=pb.ResourceRequest(gpu=1, gpu_mem_mib=1024))],
+        commit=True,
+    )
 
-        async def via_nats(c: int, i: int) -> None:
-            body = {
-                "owner": {"kind": "tool", "id": f"nats-{clients}-{c}-{i}"},
-                "containers": [{"container": "", "request": {"count": 1, "mem_mib": 1024}}],
-                "commit": True,
-            }
-            t0 = time.perf_counter()
-            result = await bus.request(nc, "gpuledger.v1.allocator.allocate", body, timeout=30)
-            single.append(time.perf_counter() - t0)
-            await bus.request(nc, "gpuledger.v1.allocator.release", {"allocation_id": result["allocation"]["id"]}, timeout=30)
 
-        async def via_grpc(c: int, i: int) -> None:
-            reply = await api.allocate(
-                pb.AllocateRequest(
-                    owner=pb.Owner(kind="tool", id=f"grpc-{clients}-{c}-{i}"),
-                    containers=[pb.ContainerRequest(request=pb.ResourceRequest(gpu=1, gpu_mem_mib=1024))],
-                    commit=True,
-                )
-            )
-            await api.release(pb.ReleaseRequest(allocation_id=reply.allocation.id))
+def row(clients: int, path: str, latencies: list[float], elapsed: float | None, echo_p50: float) -> str:
+    p50 = statistics.median(latencies) * 1000
+    rate = f"{len(latencies) / elapsed:.0f}" if elapsed else "-"
+    return f"| {clients} | {path} | {rate} | {p50:.2f} | {pct(latencies, 0.99):.2f} | {p50 / echo_p50:.2f} |"
 
-        echo_lat, echo_t = await drive(clients, seconds, echo)
-        single: list[float] = []
-        a0, c0 = cas_counters(http_port)
-        nats_lat, nats_t = await drive(clients, seconds, via_nats)
-        a1, c1 = cas_counters(http_port)
-        grpc_lat, grpc_t = await drive(clients, seconds, via_grpc)
-        rounds = len(nats_lat)
-        writes = 3 * rounds  # reserve, commit, release
-        rows.append((clients, echo_lat, echo_t, nats_lat, nats_t, single, grpc_lat, grpc_t, (a1 - a0) / max(1, writes), c1 - c0))
 
+async def measure(nc: Client, api: pb.AllocatorStub, clients: int, seconds: float, http_port: int) -> list[str]:
+    single: list[float] = []
+
+    async def echo(c: int, i: int) -> None:
+        await nc.request("bench.echo", b'{"x":1}', timeout=10)
+
+    async def via_nats(c: int, i: int) -> None:
+        t0 = time.perf_counter()
+        result = await bus.request(nc, ALLOCATE, alloc_body(f"nats-{clients}-{c}-{i}"), timeout=30)
+        single.append(time.perf_counter() - t0)
+        await bus.request(nc, RELEASE, {"allocation_id": result["allocation"]["id"]}, timeout=30)
+
+    async def via_grpc(c: int, i: int) -> None:
+        reply = await api.allocate(grpc_request(f"grpc-{clients}-{c}-{i}"))
+        await api.release(pb.ReleaseRequest(allocation_id=reply.allocation.id))
+
+    echo_lat, echo_t = await drive(clients, seconds, echo)
+    a0, c0 = cas_counters(http_port)
+    nats_lat, nats_t = await drive(clients, seconds, via_nats)
+    a1, c1 = cas_counters(http_port)
+    grpc_lat, grpc_t = await drive(clients, seconds, via_grpc)
+    e50 = statistics.median(echo_lat) * 1000
+    writes = 3 * len(nats_lat)  # reserve, commit, release
+    return [
+        row(clients, "raw nats echo", echo_lat, echo_t, e50),
+        row(clients, "allocate (one NATS request)", single, None, e50),
+        row(clients, "allocate+release via NATS", nats_lat, nats_t, e50),
+        row(clients, "allocate+release via gRPC", grpc_lat, grpc_t, e50),
+        f"<!-- {clients} client(s): CAS attempts per ledger write {(a1 - a0) / max(1, writes):.3f}, "
+        f"{c1 - c0:.0f} conflicts -->",
+    ]
+
+
+async def report(nc: Client, api: pb.AllocatorStub, seconds: float, http_port: int) -> None:
+    lines = [line for clients in (1, 16) for line in await measure(nc, api, clients, seconds, http_port)]
     print(f"allocator benchmark: {NODES} nodes x 8 cards, {seconds:g}s per measurement, one allocator process\n")
     print("| clients | path | ops/s | p50 ms | p99 ms | p50 / echo p50 |")
     print("|---|---|---|---|---|---|")
-    for clients, echo_lat, echo_t, nats_lat, nats_t, single, grpc_lat, grpc_t, cas, conflicts in rows:
-        e50 = statistics.median(echo_lat) * 1000
-        print(f"| {clients} | raw nats echo | {len(echo_lat) / echo_t:.0f} | {e50:.2f} | {pct(echo_lat, 0.99):.2f} | 1.00 |")
-        print(f"| {clients} | allocate (one NATS request) | - | {statistics.median(single) * 1000:.2f} | {pct(single, 0.99):.2f} | {statistics.median(single) * 1000 / e50:.2f} |")
-        print(f"| {clients} | allocate+release via NATS | {len(nats_lat) / nats_t:.0f} | {statistics.median(nats_lat) * 1000:.2f} | {pct(nats_lat, 0.99):.2f} | {statistics.median(nats_lat) * 1000 / e50:.2f} |")
-        print(f"| {clients} | allocate+release via gRPC | {len(grpc_lat) / grpc_t:.0f} | {statistics.median(grpc_lat) * 1000:.2f} | {pct(grpc_lat, 0.99):.2f} | {statistics.median(grpc_lat) * 1000 / e50:.2f} |")
-    for clients, *_, cas, conflicts in rows:
-        print(f"\n{clients} client(s): CAS attempts per ledger write {cas:.3f} ({conflicts:.0f} conflicts)")
+    print("\n".join(line for line in lines if line.startswith("|")))
+    print("\n".join(line.removeprefix("<!-- ").removesuffix(" -->") for line in lines if line.startswith("<!--")))
 
 
 if __name__ == "__main__":

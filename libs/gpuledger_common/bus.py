@@ -35,7 +35,7 @@ async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> Clien
         log.warning("nats error: %s", err)
 
     async def on_disconnect() -> None:
-        log.warning("nats disconnected from %s; reconnecting", url)
+        log.info("nats disconnected from %s", url)
 
     async def on_reconnect() -> None:
         log.info("nats reconnected to %s", url)

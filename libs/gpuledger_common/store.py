@@ -120,6 +120,11 @@ class LedgerStore:
         async with lock:
             return await self._mutate(node, transition)
 
+    def busy(self, node: str) -> bool:
+        """Whether this process is writing the node's key right now."""
+        lock = self._locks.get(node)
+        return lock is not None and lock.locked()
+
     async def _mutate(self, node: str, transition: Transition) -> Written:
         for attempt in range(1, self.max_attempts + 1):
             known = self._known.get(node) if attempt == 1 else None

@@ -24,11 +24,13 @@ def _free_share(ledger: NodeLedger) -> float:
 
 class BuiltinPlacer:
     async def candidates(self, view: ClusterView, asks: Sequence[ContainerAsk]) -> list[NodeName]:
-        fitting: list[tuple[float, NodeName]] = []
+        fitting: list[tuple[bool, float, NodeName]] = []
         for name, ledger in view.ledgers.items():
             try:
                 fit_node(ledger, asks)
             except Exhausted:
                 continue
-            fitting.append((_free_share(ledger), name))
-        return [name for _, name in sorted(fitting)]
+            fitting.append((view.store.busy(name), _free_share(ledger), name))
+        # Fullest first; a node this process is writing right now goes after the idle ones, so
+        # concurrent requests spread instead of queueing on one key.
+        return [name for *_, name in sorted(fitting)]

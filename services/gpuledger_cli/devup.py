@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator
+from importlib import resources
 from pathlib import Path
 
 from nats.aio.client import Client
@@ -29,7 +30,7 @@ from gpuledger_common.fleet import Fleet, FleetError, load_fleet
 from gpuledger_common.natsserver import embedded_nats, free_port
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
-DEFAULT_FLEET = Path(__file__).resolve().parents[2] / "deploy" / "fleet" / "dev.yaml"
+DEFAULT_FLEET = Path(str(resources.files("gpuledger_common") / "fleets" / "dev.yaml"))
 HEARTBEAT_S = 5.0
 
 

@@ -25,9 +25,7 @@ def uuid_of(index: int) -> CardUuid:
     return CardUuid(f"GPU-{index:04d}")
 
 
-def card(
-    index: int, memory_mib: int = 8000, *, model: str = MODEL, healthy: bool = True
-) -> Card:
+def card(index: int, memory_mib: int = 8000, *, model: str = MODEL, healthy: bool = True) -> Card:
     health = Health.HEALTHY if healthy else Health.UNHEALTHY
     return Card(uuid_of(index), index, model, memory_mib, numa=0, health=health, minor=index)
 

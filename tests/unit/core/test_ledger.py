@@ -8,6 +8,7 @@ import pytest
 from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import (
+    RELEASED_KEPT,
     RELEASED_RETENTION_S,
     NodeLedger,
     commit,
@@ -69,9 +70,7 @@ def test_reserving_an_id_twice_fails() -> None:
         ([], CardShare(CardUuid("GPU-gone"), 9, 1, 1), "card GPU-gone is not on node node-a"),
     ],
 )
-def test_reserve_names_the_card_and_what_it_lacks(
-    held: list[CardShare], wanted: CardShare, message: str
-) -> None:
+def test_reserve_names_the_card_and_what_it_lacks(held: list[CardShare], wanted: CardShare, message: str) -> None:
     before = ledger(8000)
     for i, s in enumerate(held):
         before = reserve(before, holding(f"h{i}", s))
@@ -96,9 +95,7 @@ def test_reserve_checks_the_allocation_as_a_whole_per_card() -> None:
 
 
 def test_reserve_counts_init_containers_as_the_larger_share() -> None:
-    pod = allocation(
-        "a", Grant("init", (share(0, 6000),), init=True), Grant("app", (share(0, 5000),))
-    )
+    pod = allocation("a", Grant("init", (share(0, 6000),), init=True), Grant("app", (share(0, 5000),)))
     after = reserve(ledger(8000), pod)
     assert after.use()[uuid_of(0)].mem_mib == 6000
 
@@ -141,7 +138,10 @@ def test_release_records_when_and_why() -> None:
     gone = release(held, A, now=7.0, reason="pod deleted").get(A)
     assert gone is not None
     assert (gone.state, gone.updated_at, gone.reason, gone.lease_expires_at) == (
-        AllocState.RELEASED, 7.0, "pod deleted", None,
+        AllocState.RELEASED,
+        7.0,
+        "pod deleted",
+        None,
     )
 
 
@@ -197,14 +197,23 @@ def test_prune_forgets_old_releases_and_keeps_live_ones() -> None:
     assert [a.id for a in prune(state, now=1e9).allocations] == [C]
 
 
+def test_prune_remembers_only_the_newest_releases() -> None:
+    state = ledger(8000)
+    for i in range(RELEASED_KEPT + 3):
+        state = reserve(state, holding(f"r{i}", share(0, 1)))
+    state = reserve(state, holding("live", share(0, 1)))
+    for i in reversed(range(RELEASED_KEPT + 3)):  # r0 is released last, so it is the newest
+        state = release(state, AllocationId(f"r{i}"), now=100.0 - i)
+    kept = [a.id for a in prune(state, now=101.0).allocations]
+    assert kept == [f"r{i}" for i in range(RELEASED_KEPT)] + ["live"]
+
+
 def test_tidy_expires_then_prunes() -> None:
     state = reserve(ledger(8000), holding("a", share(0, 1), lease=10.0))
     state = reserve(state, holding("b", share(0, 1)))
     state = release(state, B, now=1.0)
     tidied = tidy(state, now=1.0 + RELEASED_RETENTION_S)
-    assert [(a.id, a.state, a.reason) for a in tidied.allocations] == [
-        (A, AllocState.RELEASED, "lease expired")
-    ]
+    assert [(a.id, a.state, a.reason) for a in tidied.allocations] == [(A, AllocState.RELEASED, "lease expired")]
 
 
 def test_with_node_keeps_allocations_on_new_inventory() -> None:

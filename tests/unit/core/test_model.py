@@ -12,38 +12,34 @@ from .builders import node
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "field", "problem"),
+    ("count", "mem_mib", "core_milli", "field", "problem"),
     [
-        ({"count": 0}, "gpu", "must be 1..64 cards, got 0"),
-        ({"count": 65}, "gpu", "must be 1..64 cards, got 65"),
-        ({"count": -1}, "gpu", "must be 1..64 cards, got -1"),
-        ({"mem_mib": 0}, "gpu-mem", "must be a positive number of MiB, got 0"),
-        ({"mem_mib": -512}, "gpu-mem", "must be a positive number of MiB, got -512"),
-        ({"core_milli": 0}, "gpu-core", "must be 1..100 percent, got 0"),
-        ({"core_milli": 1001}, "gpu-core", "must be 1..100 percent, got 100.1"),
-        ({"mem_mib": 1, "core_milli": -5}, "gpu-core", "must be 1..100 percent, got -0.5"),
+        (0, None, None, "gpu", "must be 1..64 cards, got 0"),
+        (65, None, None, "gpu", "must be 1..64 cards, got 65"),
+        (-1, None, None, "gpu", "must be 1..64 cards, got -1"),
+        (1, 0, None, "gpu-mem", "must be a positive number of MiB, got 0"),
+        (1, -512, None, "gpu-mem", "must be a positive number of MiB, got -512"),
+        (1, None, 0, "gpu-core", "must be 1..100 percent, got 0"),
+        (1, None, 1001, "gpu-core", "must be 1..100 percent, got 100.1"),
+        (1, 1, -5, "gpu-core", "must be 1..100 percent, got -0.5"),
     ],
 )
-def test_a_bad_request_names_its_field(kwargs: dict[str, int], field: str, problem: str) -> None:
+def test_a_bad_request_names_its_field(
+    count: int, mem_mib: int | None, core_milli: int | None, field: str, problem: str
+) -> None:
     with pytest.raises(InvalidArgument) as caught:
-        Request(**kwargs)
+        Request(count, mem_mib, core_milli)
     assert (caught.value.field, caught.value.problem) == (field, problem)
     assert str(caught.value) == f"{field}: {problem}"
 
 
 @pytest.mark.parametrize(
-    "kwargs",
-    [
-        {"count": 1},
-        {"count": 64},
-        {"mem_mib": 1},
-        {"core_milli": 1},
-        {"core_milli": 1000},
-        {"count": 3, "mem_mib": 4096, "core_milli": 250},
-    ],
+    ("count", "mem_mib", "core_milli"),
+    [(1, None, None), (64, None, None), (1, 1, None), (1, None, 1), (1, None, 1000), (3, 4096, 250)],
 )
-def test_requests_at_the_limits_are_accepted(kwargs: dict[str, int]) -> None:
-    assert Request(**kwargs).count == kwargs.get("count", 1)
+def test_requests_at_the_limits_are_accepted(count: int, mem_mib: int | None, core_milli: int | None) -> None:
+    made = Request(count, mem_mib, core_milli)
+    assert (made.count, made.mem_mib, made.core_milli) == (count, mem_mib, core_milli)
 
 
 @pytest.mark.parametrize(

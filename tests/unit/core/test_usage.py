@@ -34,9 +34,7 @@ def test_an_init_container_counts_as_the_larger_of_itself_and_the_apps(
 
 
 def test_an_init_container_on_another_card_holds_that_card_too() -> None:
-    pod = allocation(
-        "a", Grant("init", (share(1, 900, 90),), init=True), Grant("app", (share(0, 100, 10),))
-    )
+    pod = allocation("a", Grant("init", (share(1, 900, 90),), init=True), Grant("app", (share(0, 100, 10),)))
     use = allocation_use(pod)
     assert use[uuid_of(0)].mem_mib == 100
     assert use[uuid_of(1)].mem_mib == 900

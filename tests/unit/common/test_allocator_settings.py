@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import pytest
+
+from gpuledger_allocator.settings import AllocatorSettings
+from gpuledger_common.settings import SettingsError, describe, load
+
+
+def test_the_defaults_are_valid() -> None:
+    settings = load(AllocatorSettings, [], {})
+    assert settings == AllocatorSettings()
+    assert settings.nats_url.startswith("nats://")
+    assert describe(settings)["grpc_port"] == 50051
+
+
+@pytest.mark.parametrize(
+    ("env", "field"),
+    [
+        ({"GPULEDGER_NATS_URL": "http://127.0.0.1:4222"}, "nats_url"),
+        ({"GPULEDGER_GRPC_PORT": "65536"}, "grpc_port"),
+        ({"GPULEDGER_HTTP_PORT": "-1"}, "http_port"),
+        ({"GPULEDGER_LEASE_S": "0"}, "lease_s"),
+        ({"GPULEDGER_LEASE_S": "120", "GPULEDGER_MAX_LEASE_S": "60"}, "max_lease_s"),
+        ({"GPULEDGER_STALE_AFTER_S": "0"}, "stale_after_s"),
+        ({"GPULEDGER_SWEEP_INTERVAL_S": "-2"}, "sweep_interval_s"),
+        ({"GPULEDGER_CAS_ATTEMPTS": "0"}, "cas_attempts"),
+        ({"GPULEDGER_BUCKET_REPLICAS": "2"}, "bucket_replicas"),
+        ({"GPULEDGER_LOG_FORMAT": "xml"}, "log_format"),
+        ({"GPULEDGER_LOG_LEVEL": "trace"}, "log_level"),
+    ],
+)
+def test_a_bad_setting_is_rejected_naming_the_field(env: dict[str, str], field: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load(AllocatorSettings, [], env)
+    assert str(caught.value).startswith(f"{field}: ")
+
+
+def test_a_non_nats_url_is_rejected_at_construction() -> None:
+    with pytest.raises(SettingsError, match=r"^nats_url: 'http://x' is not a nats:// URL$"):
+        AllocatorSettings(nats_url="http://x")
+
+
+@pytest.mark.parametrize("url", ["nats://a:4222", "tls://a:4222"])
+def test_nats_and_tls_urls_are_accepted(url: str) -> None:
+    assert load(AllocatorSettings, ["--nats-url", url], {}).nats_url == url
+
+
+def test_ports_may_be_zero_for_any_free_port() -> None:
+    settings = load(AllocatorSettings, ["--grpc-port", "0", "--http-port", "0"], {})
+    assert (settings.grpc_port, settings.http_port) == (0, 0)

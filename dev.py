@@ -43,6 +43,16 @@ def ensure_venv() -> None:
         venv.create(VENV, with_pip=True)
 
 
+def ensure_chromium() -> None:
+    """The dashboard's browser test needs a real Chromium: Debian's package."""
+    if any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        sys.exit("the tests need Chromium: install Debian's chromium package (apt-get install chromium)")
+    run("apt-get", "update", "-q")
+    run("apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium")
+
+
 def install(*extra: str) -> None:
     ensure_venv()
     run(BIN / "python", "-m", "pip", "install", "-q", "--upgrade", "pip")
@@ -57,6 +67,7 @@ def main(argv: list[str]) -> int:
         install()
         os.execv(BIN / "gpuledger", [str(BIN / "gpuledger"), "dev", "up", *argv[1:]])
     install("tox")
+    ensure_chromium()
     return subprocess.run([str(BIN / "tox"), *argv[1:]], cwd=ROOT).returncode
 
 

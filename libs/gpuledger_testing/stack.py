@@ -45,6 +45,10 @@ class RunningAllocator:
     def address(self) -> str:
         return f"127.0.0.1:{self.settings.grpc_port}"
 
+    def http_port(self) -> int:
+        """The port of /healthz, /metrics and the dashboard (the settings may ask for any)."""
+        return self.settings.http_port
+
     def stub(self) -> pb.AllocatorStub:
         channel = Channel("127.0.0.1", self.settings.grpc_port)
         self.channels.append(channel)
@@ -64,7 +68,7 @@ async def running_allocator(nats_url: str, **overrides: Any) -> AsyncIterator[Ru
         "grpc_host": "127.0.0.1",
         "grpc_port": free_port(),
         "http_host": "127.0.0.1",
-        "http_port": 0,
+        "http_port": free_port(),
         "stale_after_s": 3600.0,
         "sweep_interval_s": 0.2,
     }

@@ -11,7 +11,10 @@ from grpclib.server import Server
 
 from gpuledger_allocator.api_grpc import AllocatorApi
 from gpuledger_allocator.api_nats import serve_nats
+from gpuledger_allocator.dashboard import dashboard_app
 from gpuledger_allocator.ingest import Ingest
+from gpuledger_allocator.metrics import register as register_metrics
+from gpuledger_allocator.metrics import unregister as unregister_metrics
 from gpuledger_allocator.placer import BuiltinPlacer
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
@@ -42,8 +45,11 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             responders = await serve_nats(nc, service)
             grpc = Server([AllocatorApi(service)])
             await grpc.start(settings.grpc_host, settings.grpc_port)
+            collector = register_metrics(view)
             http = await start_http(
-                ops_app(lambda: "" if nc.is_connected else "NATS disconnected"), settings.http_host, settings.http_port
+                ops_app(lambda: "" if nc.is_connected else "NATS disconnected", dashboard_app(view)),
+                settings.http_host,
+                settings.http_port,
             )
             log.info(
                 "gpuledger-allocator ready: gRPC on %s:%d, http on %s:%d",
@@ -60,6 +66,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             grpc.close()
             await grpc.wait_closed()
             await http.cleanup()
+            unregister_metrics(collector)
             watching.cancel()
             sweeping.cancel()
     finally:

@@ -41,6 +41,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up.add_argument("--fleet", default=str(DEFAULT_FLEET), help="fleet file (YAML)")
     up.add_argument("--once", action="store_true", help="run the scenario, print the result and exit")
     up.add_argument("--grpc-port", type=int, default=0, help="allocator gRPC port (0: any free port)")
+    up.add_argument("--dashboard-port", type=int, default=8080, help="dashboard port (0: any free port)")
     up.set_defaults(run=dev_up)
 
 
@@ -58,10 +59,12 @@ async def dev_up(args: argparse.Namespace) -> int:
     async with embedded_nats() as nats_server:
         say(f"nats-server with JetStream on {nats_server.url}")
         grpc_port = args.grpc_port or free_port()
-        async with _allocator_process(nats_server.url, grpc_port) as process:
+        http_port = args.dashboard_port or free_port()
+        async with _allocator_process(nats_server.url, grpc_port, http_port) as process:
             server = f"127.0.0.1:{grpc_port}"
             await _wait_ready(server, process)
             say(f"allocator (pid {process.pid}) serving gRPC on {server}")
+            say(f"dashboard on http://127.0.0.1:{http_port}/  (metrics on /metrics)")
             nc = await bus.connect(nats_server.url, "gpuledger-dev")
             try:
                 return await _run(args, fleet, server, nc, process)
@@ -102,7 +105,9 @@ async def _run(
 
 
 @contextlib.asynccontextmanager
-async def _allocator_process(nats_url: str, grpc_port: int) -> AsyncIterator[asyncio.subprocess.Process]:
+async def _allocator_process(
+    nats_url: str, grpc_port: int, http_port: int
+) -> AsyncIterator[asyncio.subprocess.Process]:
     log = tempfile.NamedTemporaryFile(prefix="gpuledger-allocator-", suffix=".log", delete=False)  # noqa: SIM115
     say(f"allocator log: {log.name}")
     process = await asyncio.create_subprocess_exec(
@@ -118,7 +123,7 @@ async def _allocator_process(nats_url: str, grpc_port: int) -> AsyncIterator[asy
         "--http-host",
         "127.0.0.1",
         "--http-port",
-        "0",
+        str(http_port),
         "--stale-after-s",
         "60",
         stdout=log,

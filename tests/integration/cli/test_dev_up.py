@@ -11,7 +11,7 @@ import pytest
 @pytest.mark.timeout(120)
 def test_dev_up_once_runs_the_scenario() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gpuledger_cli", "dev", "up", "--once"],
+        [sys.executable, "-m", "gpuledger_cli", "dev", "up", "--once", "--dashboard-port", "0"],
         capture_output=True,
         text=True,
         timeout=110,

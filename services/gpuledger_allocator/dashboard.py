@@ -1,0 +1,54 @@
+"""The web dashboard: a small static page, the cluster as JSON, and the ledger's events as SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from aiohttp import web
+
+from gpuledger_allocator.queries import cluster
+from gpuledger_allocator.view import ClusterView
+from gpuledger_core import codec
+
+STATIC = Path(__file__).resolve().parent / "static"
+KEEPALIVE_S = 15.0
+
+
+def dashboard_app(view: ClusterView) -> web.Application:
+    app = web.Application()
+
+    async def index(_: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / "index.html")
+
+    async def cluster_json(request: web.Request) -> web.Response:
+        nodes = cluster(view, request.query.get("node", ""), request.query.get("model", ""))
+        return web.json_response({"nodes": [codec.node_status_to(n) for n in nodes]})
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await stream.prepare(request)
+        queue = view.subscribe()
+        try:
+            await stream.write(b": following the ledger\n\n")
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    await stream.write(b": keep-alive\n\n")
+                    continue
+                if event is None:  # fell behind; the page reconnects and refetches
+                    break
+                await stream.write(f"data: {json.dumps(codec.event_to(event))}\n\n".encode())
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            view.unsubscribe(queue)
+        return stream
+
+    app.router.add_get("/", index)
+    app.router.add_get("/api/cluster", cluster_json)
+    app.router.add_get("/api/events", events)
+    app.router.add_static("/static", STATIC)
+    return app

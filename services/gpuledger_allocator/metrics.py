@@ -1,0 +1,57 @@
+"""Per-card metrics, read from the replica's view at scrape time (no stale series)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import REGISTRY, Collector
+
+from gpuledger_allocator.queries import cluster
+from gpuledger_allocator.view import ClusterView
+
+LABELS = ["node", "card", "uuid", "model"]
+
+
+class CardCollector(Collector):
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[Metric]:
+        families = {
+            "memory_total": GaugeMetricFamily(
+                "gpuledger_card_memory_mib", "Card memory as NVML reports it", labels=LABELS
+            ),
+            "memory_free": GaugeMetricFamily(
+                "gpuledger_card_memory_free_mib", "Card memory not held by anyone", labels=LABELS
+            ),
+            "core_free": GaugeMetricFamily(
+                "gpuledger_card_core_free_permille", "Card compute not held, per mille", labels=LABELS
+            ),
+            "holders": GaugeMetricFamily(
+                "gpuledger_card_holders", "Allocations holding a share of the card", labels=LABELS
+            ),
+            "healthy": GaugeMetricFamily("gpuledger_card_healthy", "1 if the card is healthy", labels=LABELS),
+        }
+        stale = GaugeMetricFamily("gpuledger_node_stale", "1 if the node's heartbeat stopped", labels=["node"])
+        for node in cluster(self.view):
+            stale.add_metric([node.name], 1.0 if node.stale else 0.0)
+            for c in node.cards:
+                labels = [node.name, str(c.card.index), c.card.uuid, c.card.model]
+                families["memory_total"].add_metric(labels, c.card.memory_mib)
+                families["memory_free"].add_metric(labels, c.free_mem_mib)
+                families["core_free"].add_metric(labels, c.free_core_milli)
+                families["holders"].add_metric(labels, len(c.holders))
+                families["healthy"].add_metric(labels, 1.0 if c.card.healthy else 0.0)
+        yield from families.values()
+        yield stale
+
+
+def register(view: ClusterView) -> CardCollector:
+    collector = CardCollector(view)
+    REGISTRY.register(collector)
+    return collector
+
+
+def unregister(collector: CardCollector) -> None:
+    REGISTRY.unregister(collector)

@@ -1,0 +1,92 @@
+// The dashboard: every node and card, filled bars for memory and compute, holders on hover and
+// click, health colours; refreshed from /api/cluster whenever the ledger's event stream moves.
+"use strict";
+const $ = (id) => document.getElementById(id);
+let cluster = [];
+let selected = null;
+
+function pct(used, total) { return total > 0 ? Math.round((100 * used) / total) : 0; }
+
+function holderText(h) {
+  const who = h.owner.kind === "pod" && h.owner.name ? `${h.owner.namespace}/${h.owner.name}` : `${h.owner.kind}:${h.owner.id}`;
+  const share = h.exclusive ? "whole card" : `${h.mem_mib} MiB, ${h.core_milli / 10}%`;
+  return `${who}${h.container ? "[" + h.container + "]" : ""} (${share}, ${h.state})`;
+}
+
+function cardElement(node, card) {
+  const el = document.createElement("div");
+  el.className = "card" + (card.health === "healthy" ? "" : " unhealthy");
+  el.dataset.node = node.name;
+  el.dataset.index = card.index;
+  const memUsed = card.memory_mib - card.free_mem_mib;
+  const coreUsed = 1000 - card.free_core_milli;
+  el.title = card.holders.map(holderText).join("\n") || "free";
+  el.innerHTML = `
+    <div class="label"><b>card ${card.index}</b><span>${card.model}</span><span class="health">${card.health}</span></div>
+    <div class="bar mem" title="memory ${memUsed}/${card.memory_mib} MiB"><div style="width:${pct(memUsed, card.memory_mib)}%"></div></div>
+    <div class="bar core" title="compute ${coreUsed / 10}%"><div style="width:${pct(coreUsed, 1000)}%"></div></div>
+    <div class="label"><span class="mem-text">${memUsed}/${card.memory_mib} MiB</span><span class="holders">${card.holders.length} holder(s)</span></div>`;
+  el.addEventListener("click", () => { selected = [node.name, card.index]; showDetails(); });
+  return el;
+}
+
+function render() {
+  const nodeFilter = $("filter-node").value.trim();
+  const modelFilter = $("filter-model").value.trim();
+  const main = $("nodes");
+  main.replaceChildren();
+  let nodes = 0, cards = 0, used = 0;
+  for (const node of cluster) {
+    if (nodeFilter && !node.name.includes(nodeFilter)) continue;
+    const shown = node.cards.filter((c) => !modelFilter || c.model.includes(modelFilter));
+    if (!shown.length) continue;
+    const el = document.createElement("section");
+    el.className = "node" + (node.stale ? " stale" : "");
+    el.dataset.node = node.name;
+    el.innerHTML = `<h2>${node.name}${node.stale ? " (stale)" : ""}</h2>`;
+    for (const card of shown) {
+      el.appendChild(cardElement(node, card));
+      cards += 1;
+      if (card.holders.length) used += 1;
+    }
+    main.appendChild(el);
+    nodes += 1;
+  }
+  $("summary").textContent = `${nodes} node(s), ${cards} card(s), ${used} in use`;
+  showDetails();
+}
+
+function showDetails() {
+  const box = $("details");
+  const node = selected && cluster.find((n) => n.name === selected[0]);
+  const card = node && node.cards.find((c) => c.index === selected[1]);
+  if (!card) { box.hidden = true; return; }
+  const rows = card.holders.map((h) => `<tr><td>${holderText(h)}</td><td>${h.allocation_id}</td></tr>`).join("");
+  box.innerHTML = `<button id="close" title="close">×</button><b>${node.name} card ${card.index}</b> ${card.uuid}<br>${card.model}, ${card.health}, ` +
+    `${card.free_mem_mib} MiB and ${card.free_core_milli / 10}% compute free` +
+    `<table>${rows || "<tr><td>no holders</td></tr>"}</table>`;
+  box.hidden = false;
+  $("close").addEventListener("click", () => { selected = null; box.hidden = true; });
+}
+
+async function refresh() {
+  const reply = await fetch("api/cluster");
+  if (!reply.ok) return;
+  cluster = (await reply.json()).nodes;
+  render();
+}
+
+let pending = null;
+function soon() { if (!pending) pending = setTimeout(() => { pending = null; refresh(); }, 100); }
+
+function follow() {
+  const events = new EventSource("api/events");
+  events.onopen = () => { $("live").className = "on"; soon(); };
+  events.onmessage = soon;
+  events.onerror = () => { $("live").className = "off"; };
+}
+
+$("filter-node").addEventListener("input", render);
+$("filter-model").addEventListener("input", render);
+refresh();
+follow();

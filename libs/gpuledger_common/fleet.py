@@ -77,6 +77,21 @@ def _construct_mapping(loader: _Loader, node: yaml.MappingNode) -> _Lined:
     return mapping
 
 
+class _LinedList(list[Any]):
+    def __init__(self, line: int) -> None:
+        super().__init__()
+        self.line = line
+        self.lines: list[int] = []
+
+
+def _construct_sequence(loader: _Loader, node: yaml.SequenceNode) -> _LinedList:
+    items = _LinedList(node.start_mark.line + 1)
+    for item in node.value:
+        items.append(loader.construct_object(item, deep=True))
+        items.lines.append(item.start_mark.line + 1)
+    return items
+
+
 class _Lined(dict[Any, Any]):
     def __init__(self, line: int) -> None:
         super().__init__()
@@ -85,6 +100,7 @@ class _Lined(dict[Any, Any]):
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 
 
 class _Cursor:
@@ -121,7 +137,14 @@ class _Cursor:
     def children(self, key: str) -> list[_Cursor]:
         items = self.get(key, list, [])
         line = self.raw.lines.get(key, self.line)
-        return [_Cursor(self.path, v, f"{self._name(key)}[{i}]", line) for i, v in enumerate(items)]
+        lines = getattr(items, "lines", [])
+        return [
+            _Cursor(self.path, v, f"{self._name(key)}[{i}]", lines[i] if i < len(lines) else line)
+            for i, v in enumerate(items)
+        ]
+
+    def line_of(self, key: str) -> int:
+        return self.raw.lines.get(key, self.line)
 
     def check_keys(self, allowed: set[str]) -> None:
         for key in self.raw:
@@ -146,14 +169,17 @@ def parse_fleet(text: str, path: str = "<fleet>") -> Fleet:
         raise FleetError(path, line, "fleet", f"not valid YAML: {getattr(err, 'problem', err)}") from err
     top = _Cursor(path, raw, "", 1)
     top.check_keys({"nodes"})
-    nodes = tuple(_node(c) for c in top.children("nodes"))
+    cursors = top.children("nodes")
+    nodes = tuple(_node(c) for c in cursors)
     if not nodes:
         raise FleetError(path, top.line, "nodes", "the fleet has no nodes")
     seen: dict[str, int] = {}
-    for n in nodes:
+    for cursor, n in zip(cursors, nodes, strict=True):
+        line = cursor.line_of("name")
         if n.node.name in seen:
-            raise FleetError(path, n.line, "name", f"node {n.node.name!r} repeats line {seen[n.node.name]}")
-        seen[n.node.name] = n.line
+            problem = f"node {n.node.name!r} repeats line {seen[n.node.name]}"
+            raise FleetError(path, line, f"{cursor.where}.name", problem)
+        seen[n.node.name] = line
     return Fleet(path, nodes)
 
 

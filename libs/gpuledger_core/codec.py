@@ -110,7 +110,10 @@ class Reader:
         return tuple(values)
 
     def wrap(self, build: Callable[[], T]) -> T:
-        """Run a constructor whose own validation names a bare field; prefix our path."""
+        """Run a constructor whose own validation names a bare field; prefix our path.
+
+        Read the fields first (their errors carry the full path already), then ``wrap`` only
+        the constructor."""
         try:
             return build()
         except InvalidArgument as err:
@@ -189,14 +192,9 @@ def request_to(request: Request) -> Json:
 
 
 def request_from(r: Reader) -> Request:
-    return r.wrap(
-        lambda: Request(
-            count=r.integer("count", 1),
-            mem_mib=r.opt_int("mem_mib"),
-            core_milli=r.opt_int("core_milli"),
-            models=frozenset(r.strings("models")),
-        )
-    )
+    count, mem, core = r.integer("count", 1), r.opt_int("mem_mib"), r.opt_int("core_milli")
+    models = frozenset(r.strings("models"))
+    return r.wrap(lambda: Request(count=count, mem_mib=mem, core_milli=core, models=models))
 
 
 def owner_to(owner: Owner) -> Json:
@@ -204,9 +202,9 @@ def owner_to(owner: Owner) -> Json:
 
 
 def owner_from(r: Reader) -> Owner:
-    return r.wrap(
-        lambda: Owner(r.enum("kind", OwnerKind), r.text("id"), r.text("namespace", ""), r.text("name", ""))
-    )
+    kind, owner_id = r.enum("kind", OwnerKind), r.text("id")
+    namespace, name = r.text("namespace", ""), r.text("name", "")
+    return r.wrap(lambda: Owner(kind, owner_id, namespace, name))
 
 
 def share_to(share: CardShare) -> Json:

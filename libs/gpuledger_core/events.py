@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from gpuledger_core.ids import NodeName
@@ -48,4 +48,9 @@ def diff(old: NodeLedger | None, new: NodeLedger | None, revision: int) -> tuple
         if previous is None or previous.state is not allocation.state:
             kind = _KIND_OF_STATE[allocation.state]
             events.append(LedgerEvent(kind, name, revision, allocation=allocation))
+    after = {a.id for a in new.allocations}
+    for allocation in before.values():
+        if allocation.live and allocation.id not in after:  # dropped without a release: say so
+            gone = replace(allocation, state=AllocState.RELEASED, lease_expires_at=None, reason="forgotten")
+            events.append(LedgerEvent(EventKind.RELEASED, name, revision, allocation=gone))
     return tuple(events)

@@ -120,6 +120,9 @@ def prune(ledger: NodeLedger, now: float, keep_s: float = RELEASED_RETENTION_S) 
     ``RELEASED_KEPT``, so the key stays small (a re-release within that window still succeeds)."""
     released = [a for a in ledger.allocations if not a.live and now - a.updated_at < keep_s]
     recent = {a.id for a in sorted(released, key=lambda a: a.updated_at)[-RELEASED_KEPT:]}
+    # Released just now: kept for this write, so its release is seen (and published) once.
+    if keep_s > 0:
+        recent |= {a.id for a in ledger.allocations if not a.live and a.updated_at >= now}
     kept = tuple(a for a in ledger.allocations if a.live or a.id in recent)
     return ledger if len(kept) == len(ledger.allocations) else replace(ledger, allocations=kept)
 

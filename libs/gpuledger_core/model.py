@@ -131,7 +131,7 @@ class Owner:
 
     def __post_init__(self) -> None:
         if not self.id:
-            raise InvalidArgument("owner.id", "must not be empty")
+            raise InvalidArgument("id", "must not be empty")
 
     @property
     def key(self) -> str:

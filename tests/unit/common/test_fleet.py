@@ -161,7 +161,7 @@ BAD_FLEETS = [
             profile: tesla-p4-2
         """,
         6,
-        "name",
+        "nodes[2].name",
         "node 'a' repeats line 2",
     ),
     (

@@ -66,7 +66,7 @@ def test_a_model_selector_allows_only_its_models() -> None:
 def test_an_owner_needs_an_id() -> None:
     with pytest.raises(InvalidArgument) as caught:
         Owner(OwnerKind.TOOL, "")
-    assert caught.value.field == "owner.id"
+    assert caught.value.field == "id"
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             responders = await serve_nats(nc, service)
             grpc = Server([AllocatorApi(service)])
             await grpc.start(settings.grpc_host, settings.grpc_port)
-            collector = register_metrics(view)
+            register_metrics(view)
             http = await start_http(
                 ops_app(lambda: "" if nc.is_connected else "NATS disconnected", dashboard_app(view)),
                 settings.http_host,
@@ -66,7 +66,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             grpc.close()
             await grpc.wait_closed()
             await http.cleanup()
-            unregister_metrics(collector)
+            unregister_metrics(view)
             watching.cancel()
             sweeping.cancel()
     finally:

@@ -14,10 +14,15 @@ LABELS = ["node", "card", "uuid", "model"]
 
 
 class CardCollector(Collector):
-    def __init__(self, view: ClusterView) -> None:
-        self.view = view
+    """Reads the first registered view (a process normally runs one allocator; tests run several)."""
+
+    def __init__(self) -> None:
+        self.views: list[ClusterView] = []
 
     def collect(self) -> Iterator[Metric]:
+        if not self.views:
+            return
+        view = self.views[0]
         families = {
             "memory_total": GaugeMetricFamily(
                 "gpuledger_card_memory_mib", "Card memory as NVML reports it", labels=LABELS
@@ -34,7 +39,7 @@ class CardCollector(Collector):
             "healthy": GaugeMetricFamily("gpuledger_card_healthy", "1 if the card is healthy", labels=LABELS),
         }
         stale = GaugeMetricFamily("gpuledger_node_stale", "1 if the node's heartbeat stopped", labels=["node"])
-        for node in cluster(self.view):
+        for node in cluster(view):
             stale.add_metric([node.name], 1.0 if node.stale else 0.0)
             for c in node.cards:
                 labels = [node.name, str(c.card.index), c.card.uuid, c.card.model]
@@ -47,11 +52,17 @@ class CardCollector(Collector):
         yield stale
 
 
+_COLLECTOR = CardCollector()
+
+
 def register(view: ClusterView) -> CardCollector:
-    collector = CardCollector(view)
-    REGISTRY.register(collector)
-    return collector
+    if not _COLLECTOR.views:
+        REGISTRY.register(_COLLECTOR)
+    _COLLECTOR.views.append(view)
+    return _COLLECTOR
 
 
-def unregister(collector: CardCollector) -> None:
-    REGISTRY.unregister(collector)
+def unregister(view: ClusterView) -> None:
+    _COLLECTOR.views.remove(view)
+    if not _COLLECTOR.views:
+        REGISTRY.unregister(_COLLECTOR)

@@ -106,6 +106,9 @@ def _bool(text: str) -> bool:
 _CONVERT: dict[type, Any] = {int: int, float: float, bool: _bool, str: str}
 
 
+_ALIASES = {"nats_url": ["--nats"]}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpuledger-inventory", description="Per-node GPU inventory and health."
@@ -113,9 +116,9 @@ def _parser() -> argparse.ArgumentParser:
     for f in fields(Settings):
         if f.name == "in_cluster":
             continue
-        flag = "--" + f.name.replace("_", "-")
+        flags = ["--" + f.name.replace("_", "-"), *_ALIASES.get(f.name, [])]
         p.add_argument(
-            flag,
+            *flags,
             dest=f.name,
             default=None,
             metavar=f.name.upper(),

@@ -348,6 +348,14 @@ class FakeNvml:
             raise _nvml.NVMLError_InvalidArgument()
         return found
 
+    def _pair(self, name: str, device1: Any, device2: Any) -> tuple[_Card, _Card]:
+        with self._cond:
+            self._enter(name)
+            a, b = self._resolve(device1), self._resolve(device2, 2)
+        if isinstance(a, _Mig) or isinstance(b, _Mig):
+            raise _nvml.NVMLError_InvalidArgument()
+        return a, b
+
     def _any(self, name: str, handle: Any) -> _Card | _Mig:
         with self._cond:
             self._enter(name)
@@ -430,8 +438,7 @@ class FakeNvml:
     # --- topology ------------------------------------------------------------------------------
 
     def nvmlDeviceGetTopologyCommonAncestor(self, device1: Any, device2: Any) -> int:
-        a = self._card("nvmlDeviceGetTopologyCommonAncestor", device1)
-        b = self._card("nvmlDeviceGetTopologyCommonAncestor", device2)
+        a, b = self._pair("nvmlDeviceGetTopologyCommonAncestor", device1, device2)
         if a is b:
             return int(_nvml.NVML_TOPOLOGY_INTERNAL)
         return int(self._sim.node.link(a.index, b.index).pcie)
@@ -441,8 +448,7 @@ class FakeNvml:
             raise ctypes.ArgumentError(
                 "argument 3: TypeError: Don't know how to convert parameter 3"
             )
-        a = self._card("nvmlDeviceGetP2PStatus", device1)
-        b = self._card("nvmlDeviceGetP2PStatus", device2)
+        a, b = self._pair("nvmlDeviceGetP2PStatus", device1, device2)
         link = self._sim.node.link(a.index, b.index)
         if p2pIndex == _nvml.NVML_P2P_CAPS_INDEX_NVLINK:
             ok = link.nvlinks > 0

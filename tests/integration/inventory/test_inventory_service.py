@@ -237,6 +237,16 @@ async def test_http_endpoints(stack: Stack) -> None:
     assert "gpuledger_inventory_nvml_up 1.0" in text
 
 
+async def heartbeat_seen(url: str) -> None:
+    nc = await bus.connect(url, "test")
+    try:
+        feed = Feed()
+        await nc.subscribe("gpuledger.v1.heartbeat.gpu-a", cb=feed.on_msg)
+        await feed.next(timeout=15)
+    finally:
+        await nc.close()
+
+
 async def test_the_service_survives_the_loss_of_nats(nats_server: NatsServer) -> None:
     sim = node_sim(parse_fleet(FLEET, "fleet.yaml"), "gpu-a")
     fake = FakeNvml(sim, clock=ManualClock())
@@ -245,13 +255,10 @@ async def test_the_service_survives_the_loss_of_nats(nats_server: NatsServer) ->
         serve(settings(nats_server.url), gpus=NvmlGpus(fake, fake.numa_node, "fake"), stop=stop)
     )
     try:
+        await heartbeat_seen(nats_server.url)  # the service is connected
         await nats_server.kill()
         await nats_server.start()
-        nc = await bus.connect(nats_server.url, "test")
-        feed = Feed()
-        await nc.subscribe("gpuledger.v1.heartbeat.gpu-a", cb=feed.on_msg)
-        await feed.next(timeout=15)
-        await nc.close()
+        await heartbeat_seen(nats_server.url)  # and has reconnected by itself
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

@@ -135,6 +135,7 @@ def card_to(card: Card) -> Json:
         "health": card.health.value,
         "minor": card.minor,
         "pci_bus_id": card.pci_bus_id,
+        "health_reason": card.health_reason,
     }
 
 
@@ -148,6 +149,7 @@ def card_from(r: Reader) -> Card:
         health=r.enum("health", Health, Health.HEALTHY),
         minor=r.opt_int("minor"),
         pci_bus_id=r.text("pci_bus_id", ""),
+        health_reason=r.text("health_reason", ""),
     )
 
 

@@ -68,6 +68,7 @@ class Card:
     health: Health = Health.HEALTHY
     minor: int | None = None
     pci_bus_id: str = ""
+    health_reason: str = ""  # why the card is unhealthy (empty when healthy)
 
     @property
     def healthy(self) -> bool:

@@ -1,0 +1,1 @@
+"""The per-node inventory service: cards, topology and health from NVML, published to NATS."""

@@ -1,0 +1,105 @@
+"""What the inventory knows about a node's cards, as plain values (no NVML types past the adapter).
+
+``Scan`` is read at start and when the configuration changes (topology, MIG layout); ``Usage``
+(memory in use, compute processes) is polled; ``GpuEvent`` comes from the health event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from gpuledger_core.ids import CardUuid
+from gpuledger_core.model import Card, Link
+
+
+class MigMode(StrEnum):
+    ENABLED = "enabled"
+    DISABLED = "disabled"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    uuid: str
+    gpu_instance: int
+    compute_instance: int
+    memory_mib: int | None = None
+    slices: int | None = None
+    multiprocessors: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CardInfo:
+    """One physical card as read at scan time (health lives in the health book, not here)."""
+
+    card: Card
+    compute_capability: tuple[int, int] | None = None
+    mig_mode: MigMode = MigMode.UNKNOWN
+    mig_pending: MigMode = MigMode.UNKNOWN
+    mig: tuple[MigInstance, ...] = ()
+    nvswitch_links: int = 0  # active NVLinks that end at an NVSwitch
+
+    @property
+    def uuid(self) -> CardUuid:
+        return self.card.uuid
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    cards: tuple[CardInfo, ...]
+    links: tuple[Link, ...] = ()
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    lost: tuple[int, ...] = ()  # indexes that answered GpuIsLost (not in ``cards``)
+    problems: tuple[str, ...] = ()  # what could not be read, for the log and the inventory
+    took_s: float = 0.0
+
+    def by_uuid(self, uuid: str) -> CardInfo | None:
+        return next((c for c in self.cards if c.uuid == uuid), None)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    pid: int
+    used_mib: int | None = None  # None: the driver cannot tell
+    mig_uuid: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CardUsage:
+    uuid: CardUuid
+    memory_used_mib: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    cards: tuple[CardUsage, ...] = field(default=())
+
+    def of(self, uuid: str) -> CardUsage | None:
+        return next((c for c in self.cards if c.uuid == uuid), None)
+
+
+class EventKind(StrEnum):
+    XID = "xid"
+    ECC_DOUBLE = "ecc_double"
+    ECC_SINGLE = "ecc_single"
+    MIG_CHANGE = "mig_change"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuEvent:
+    """A health-relevant event; ``uuid`` is None when NVML could not say which card."""
+
+    kind: EventKind
+    uuid: CardUuid | None
+    xid: int | None = None
+    mig_uuid: str | None = None
+
+
+def cuda_version_text(raw: int) -> str:
+    """NVML's CUDA driver version integer (12060) as text ("12.6")."""
+    return f"{raw // 1000}.{raw % 1000 // 10}"

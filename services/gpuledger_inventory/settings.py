@@ -1,0 +1,155 @@
+"""Settings of gpuledger-inventory: flags > ``GPULEDGER_*`` env > defaults, validated once."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from gpuledger_core.errors import InvalidArgument
+from gpuledger_inventory.health import DEFAULT_IGNORED_XIDS
+
+ENV_PREFIX = "GPULEDGER_"
+KUBE_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    node: str = ""
+    nats_url: str = "nats://127.0.0.1:4222"
+    fake_fleet: str = ""  # a fleet file: run on the fake NVML instead of the real one
+    http_host: str = "0.0.0.0"
+    http_port: int = 9402
+    heartbeat_interval_s: float = 5.0
+    inventory_interval_s: float = 30.0
+    poll_interval_s: float = 10.0
+    event_wait_ms: int = 1000
+    nvml_retry_max_s: float = 30.0
+    ignore_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    recover_on_nvml_return: bool = True
+    recover_after_s: float = 0.0
+    state_file: str = ""
+    kube: str = "auto"
+    kubeconfig: str = ""
+    in_cluster: bool = False  # detected from KUBERNETES_SERVICE_HOST
+    log_level: str = "info"
+    log_format: str = "text"
+    stop_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.node:
+            raise InvalidArgument("node", "is required (--node or GPULEDGER_NODE)")
+        for name in (
+            "heartbeat_interval_s",
+            "inventory_interval_s",
+            "poll_interval_s",
+            "nvml_retry_max_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise InvalidArgument(name, f"must be positive, got {getattr(self, name)}")
+        if not 1 <= self.event_wait_ms <= 60000:
+            raise InvalidArgument("event_wait_ms", f"must be 1..60000, got {self.event_wait_ms}")
+        if not 0 <= self.http_port <= 65535:
+            raise InvalidArgument("http_port", f"must be 0..65535, got {self.http_port}")
+        if self.recover_after_s < 0:
+            raise InvalidArgument("recover_after_s", "must not be negative")
+        if self.kube not in KUBE_MODES:
+            raise InvalidArgument(
+                "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}"
+            )
+        if self.log_format not in ("text", "json"):
+            raise InvalidArgument("log_format", f"must be text|json, got {self.log_format!r}")
+        if not self.nats_url.startswith(("nats://", "tls://", "ws://", "wss://")):
+            raise InvalidArgument("nats_url", f"must be a nats:// URL, got {self.nats_url!r}")
+
+    @property
+    def use_kube(self) -> bool:
+        return self.kube == "on" or (
+            self.kube == "auto" and (self.in_cluster or bool(self.kubeconfig))
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The effective settings for the start-up log (a password in the URL is hidden)."""
+        out = asdict(self)
+        out["ignore_xids"] = sorted(self.ignore_xids)
+        out["nats_url"] = _redact(self.nats_url)
+        return out
+
+
+def _redact(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    if "@" not in rest:
+        return url
+    return f"{scheme}{sep}***@{rest.split('@', 1)[1]}"
+
+
+def parse_xids(text: str) -> frozenset[int]:
+    try:
+        return frozenset(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise InvalidArgument(
+            "ignore_xids", f"must be a comma list of XID numbers, got {text!r}"
+        ) from None
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+_CONVERT: dict[type, Any] = {int: int, float: float, bool: _bool, str: str}
+
+
+_ALIASES = {"nats_url": ["--nats"]}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuledger-inventory", description="Per-node GPU inventory and health."
+    )
+    for f in fields(Settings):
+        if f.name == "in_cluster":
+            continue
+        flags = ["--" + f.name.replace("_", "-"), *_ALIASES.get(f.name, [])]
+        p.add_argument(
+            *flags,
+            dest=f.name,
+            default=None,
+            metavar=f.name.upper(),
+            help=f"env {ENV_PREFIX}{f.name.upper()}",
+        )
+    return p
+
+
+def load_settings(argv: Sequence[str] | None, env: Mapping[str, str]) -> Settings:
+    """Flags, then ``GPULEDGER_*`` env, then defaults; ``InvalidArgument`` names the field."""
+    args = vars(_parser().parse_args(argv))
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        if f.name == "in_cluster":
+            continue
+        raw = args.get(f.name)
+        if raw is None:
+            raw = env.get(ENV_PREFIX + f.name.upper())
+        if raw is None:
+            continue
+        values[f.name] = _convert(f.name, raw)
+    values.setdefault("node", env.get("NODE_NAME") or socket.gethostname())
+    values["in_cluster"] = bool(env.get("KUBERNETES_SERVICE_HOST"))
+    return Settings(**values)
+
+
+def _convert(name: str, raw: str) -> Any:
+    if name == "ignore_xids":
+        return parse_xids(raw)
+    kind = type(getattr(Settings(node="x"), name))
+    try:
+        return _CONVERT[kind](raw)
+    except (ValueError, KeyError):
+        raise InvalidArgument(name, f"must be a {kind.__name__}, got {raw!r}") from None

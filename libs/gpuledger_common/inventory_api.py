@@ -70,7 +70,7 @@ async def set_card_health(
     healthy: bool,
     by: str,
     note: str = "",
-    timeout: float = 5.0,  # noqa: ASYNC109 - passed on to the NATS request
+    timeout: float = 5.0,
 ) -> dict[str, Any]:
     """Ask a node's inventory to mark a card (UUID or index) healthy or unhealthy.
 
@@ -84,6 +84,6 @@ async def set_card_health(
     return result
 
 
-async def get_inventory(nc: Client, node: str, timeout: float = 5.0) -> InventoryMessage:  # noqa: ASYNC109
+async def get_inventory(nc: Client, node: str, timeout: float = 5.0) -> InventoryMessage:
     result: InventoryMessage = await bus.request(nc, get_subject(node), {}, timeout)
     return result

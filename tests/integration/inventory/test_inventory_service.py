@@ -57,7 +57,7 @@ class Feed:
         await self.queue.put(json.loads(msg.data))
 
     async def next(
-        self, match: Callable[[Any], bool] = lambda _: True, timeout: float = 10.0  # noqa: ASYNC109
+        self, match: Callable[[Any], bool] = lambda _: True, timeout: float = 10.0
     ) -> Any:
         async with asyncio.timeout(timeout):
             while True:

@@ -155,9 +155,12 @@ class LedgerStore:
         return found
 
     async def watch(
-        self, include_updates: bool = True
+        self, include_updates: bool = True, caught_up: Callable[[], None] | None = None
     ) -> AsyncIterator[tuple[NodeName, NodeLedger | None, int]]:
-        """Every node's current ledger, then (with ``include_updates``) every change."""
+        """Every node's current ledger, then (with ``include_updates``) every change.
+
+        ``caught_up`` is called once the current values have all been yielded.
+        """
         try:
             watcher = await self.kv.watch("node.>")
         except Exception as err:
@@ -165,6 +168,8 @@ class LedgerStore:
         try:
             async for entry in watcher:
                 if entry is None:  # end of the initial values
+                    if caught_up is not None:
+                        caught_up()
                     if not include_updates:
                         return
                     continue

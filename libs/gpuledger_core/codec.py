@@ -13,6 +13,7 @@ from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.events import EventKind, LedgerEvent
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.status import CardStatus, Holder, NodeStatus
 from gpuledger_core.model import (
     Allocation,
     AllocState,
@@ -299,3 +300,50 @@ def event_from(raw: object) -> LedgerEvent:
         allocation=allocation_from(allocation) if allocation else None,
         inventory=node_from(inventory) if inventory else None,
     )
+
+
+def holder_to(h: Holder) -> Json:
+    return {
+        "allocation_id": h.allocation_id,
+        "owner": owner_to(h.owner),
+        "container": h.container,
+        "mem_mib": h.mem_mib,
+        "core_milli": h.core_milli,
+        "exclusive": h.exclusive,
+        "state": h.state.value,
+        "since": h.since,
+    }
+
+
+def holder_from(r: Reader) -> Holder:
+    return Holder(
+        AllocationId(r.text("allocation_id")), owner_from(r.obj("owner")), r.text("container", ""),
+        r.integer("mem_mib"), r.integer("core_milli"), r.flag("exclusive"),
+        r.enum("state", AllocState), r.number("since", 0.0),
+    )
+
+
+def node_status_to(s: NodeStatus) -> Json:
+    return {
+        "name": s.name,
+        "stale": s.stale,
+        "revision": s.revision,
+        "cards": [
+            {
+                **card_to(c.card),
+                "free_mem_mib": c.free_mem_mib,
+                "free_core_milli": c.free_core_milli,
+                "holders": [holder_to(h) for h in c.holders],
+            }
+            for c in s.cards
+        ],
+    }
+
+
+def node_status_from(raw: object) -> NodeStatus:
+    r = Reader(raw)
+
+    def card_status(cr: Reader) -> CardStatus:
+        return CardStatus(card_from(cr), cr.integer("free_mem_mib"), cr.integer("free_core_milli"), cr.items("holders", holder_from))
+
+    return NodeStatus(NodeName(r.text("name")), r.items("cards", card_status), r.flag("stale"), r.integer("revision", 0))

@@ -1,0 +1,152 @@
+"""The allocator's protobuf messages to and from domain values, for the server and its clients."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.events import LedgerEvent
+from gpuledger_core.fit import ContainerAsk
+from gpuledger_core.ids import AllocationId, CardUuid, NodeName
+from gpuledger_core.model import (
+    Allocation,
+    AllocState,
+    Card,
+    CardShare,
+    Grant,
+    Health,
+    Isolation,
+    Owner,
+    OwnerKind,
+    Request,
+)
+from gpuledger_core.status import CardStatus, Holder, NodeStatus
+from gpuledger_proto.gpuledger.allocator import v1 as pb
+
+
+E = TypeVar("E", OwnerKind, Isolation, AllocState, Health)
+
+
+def _enum(kind: type[E], value: str, field: str, default: E | None = None) -> E:
+    if not value and default is not None:
+        return default
+    try:
+        return kind(value)
+    except ValueError:
+        choices = "|".join(m.value for m in kind)
+        raise InvalidArgument(field, f"must be one of {choices}, got {value!r}") from None
+
+
+def owner_from(msg: pb.Owner | None, field: str = "owner") -> Owner:
+    if msg is None:
+        raise InvalidArgument(field, "is required")
+    try:
+        return Owner(_enum(OwnerKind, msg.kind, f"{field}.kind"), msg.id, msg.namespace, msg.name)
+    except InvalidArgument as err:
+        raise InvalidArgument(f"{field}.{err.field.removeprefix('owner.')}", err.problem) from err
+
+
+def owner_to(owner: Owner) -> pb.Owner:
+    return pb.Owner(kind=owner.kind.value, id=owner.id, namespace=owner.namespace, name=owner.name)
+
+
+def request_from(msg: pb.ResourceRequest | None, field: str) -> Request:
+    if msg is None:
+        raise InvalidArgument(field, "is required")
+    try:
+        return Request(
+            count=msg.gpu,
+            mem_mib=msg.gpu_mem_mib,
+            core_milli=msg.gpu_core_permille,
+            models=frozenset(m for m in msg.models if m),
+        )
+    except InvalidArgument as err:
+        raise InvalidArgument(f"{field}.{err.field}", err.problem) from err
+
+
+def request_to(request: Request) -> pb.ResourceRequest:
+    return pb.ResourceRequest(
+        gpu=request.count, gpu_mem_mib=request.mem_mib, gpu_core_permille=request.core_milli,
+        models=sorted(request.models),
+    )
+
+
+def asks_from(containers: list[pb.ContainerRequest]) -> tuple[ContainerAsk, ...]:
+    return tuple(
+        ContainerAsk(c.container, request_from(c.request, f"containers[{i}].request"), c.init)
+        for i, c in enumerate(containers)
+    )
+
+
+def share_to(s: CardShare) -> pb.CardShare:
+    return pb.CardShare(uuid=s.uuid, index=s.index, mem_mib=s.mem_mib, core_permille=s.core_milli, exclusive=s.exclusive)
+
+
+def share_from(m: pb.CardShare) -> CardShare:
+    return CardShare(CardUuid(m.uuid), m.index, m.mem_mib, m.core_permille, m.exclusive)
+
+
+def allocation_to(a: Allocation) -> pb.Allocation:
+    return pb.Allocation(
+        id=a.id, owner=owner_to(a.owner), node=a.node,
+        grants=[pb.Grant(container=g.container, cards=[share_to(s) for s in g.cards], init=g.init) for g in a.grants],
+        state=a.state.value, isolation=a.isolation.value, created_at=a.created_at, updated_at=a.updated_at,
+        lease_expires_at=a.lease_expires_at or 0.0, reason=a.reason,
+    )
+
+
+def allocation_from(m: pb.Allocation) -> Allocation:
+    return Allocation(
+        id=AllocationId(m.id), owner=owner_from(m.owner), node=NodeName(m.node),
+        grants=tuple(Grant(g.container, tuple(share_from(s) for s in g.cards), g.init) for g in m.grants),
+        state=_enum(AllocState, m.state, "state"), isolation=_enum(Isolation, m.isolation, "isolation", Isolation.NONE),
+        created_at=m.created_at, updated_at=m.updated_at,
+        lease_expires_at=m.lease_expires_at or None, reason=m.reason,
+    )
+
+
+def holder_to(h: Holder) -> pb.Holder:
+    return pb.Holder(
+        allocation_id=h.allocation_id, owner=owner_to(h.owner), container=h.container, mem_mib=h.mem_mib,
+        core_permille=h.core_milli, exclusive=h.exclusive, state=h.state.value, since=h.since,
+    )
+
+
+def holder_from(m: pb.Holder) -> Holder:
+    return Holder(
+        AllocationId(m.allocation_id), owner_from(m.owner), m.container, m.mem_mib, m.core_permille,
+        m.exclusive, _enum(AllocState, m.state, "state"), m.since,
+    )
+
+
+def node_status_to(s: NodeStatus) -> pb.NodeStatus:
+    cards = [
+        pb.CardStatus(
+            uuid=c.card.uuid, index=c.card.index, model=c.card.model, memory_mib=c.card.memory_mib,
+            free_mem_mib=c.free_mem_mib, free_core_permille=c.free_core_milli, health=c.card.health.value,
+            numa=-1 if c.card.numa is None else c.card.numa, holders=[holder_to(h) for h in c.holders],
+        )
+        for c in s.cards
+    ]
+    return pb.NodeStatus(name=s.name, cards=cards, stale=s.stale, revision=s.revision)
+
+
+def node_status_from(m: pb.NodeStatus) -> NodeStatus:
+    cards = tuple(
+        CardStatus(
+            Card(
+                CardUuid(c.uuid), c.index, c.model, c.memory_mib, None if c.numa < 0 else c.numa,
+                _enum(Health, c.health, "health", Health.HEALTHY),
+            ),
+            c.free_mem_mib, c.free_core_permille, tuple(holder_from(h) for h in c.holders),
+        )
+        for c in m.cards
+    )
+    return NodeStatus(NodeName(m.name), cards, m.stale, m.revision)
+
+
+def event_to(e: LedgerEvent) -> pb.LedgerEvent:
+    return pb.LedgerEvent(
+        kind=e.kind.value, node=e.node, revision=e.revision,
+        allocation=allocation_to(e.allocation) if e.allocation else None,
+    )

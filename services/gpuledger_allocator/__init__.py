@@ -1,0 +1,1 @@
+"""The allocator: owns the global ledger of cards."""

@@ -1,0 +1,121 @@
+"""The external gRPC API ``gpuledger.allocator.v1.Allocator`` (grpclib + betterproto)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+from grpclib import GRPCError
+from grpclib.const import Status
+
+from gpuledger_core import errors
+from gpuledger_core.ids import AllocationId, NodeName
+from gpuledger_core.model import Isolation
+from gpuledger_common import pbconvert as conv
+from gpuledger_proto.gpuledger.allocator import v1 as pb
+from gpuledger_allocator.queries import AllocationFilter, cluster, list_allocations
+from gpuledger_allocator.service import AllocateCall, AllocatorService
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+STATUS = {
+    errors.InvalidArgument: Status.INVALID_ARGUMENT,
+    errors.NotFound: Status.NOT_FOUND,
+    errors.Exhausted: Status.RESOURCE_EXHAUSTED,
+    errors.Conflict: Status.ABORTED,
+    errors.Unavailable: Status.UNAVAILABLE,
+    errors.FailedPrecondition: Status.FAILED_PRECONDITION,
+}
+
+
+def to_grpc(err: errors.GpuledgerError) -> GRPCError:
+    return GRPCError(STATUS.get(type(err), Status.INTERNAL), str(err))
+
+
+async def _call(work: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await work()
+    except errors.GpuledgerError as err:
+        raise to_grpc(err) from err
+
+
+def _id(value: str) -> AllocationId:
+    if not value:
+        raise errors.InvalidArgument("allocation_id", "must not be empty")
+    return AllocationId(value)
+
+
+class AllocatorApi(pb.AllocatorBase):
+    def __init__(self, service: AllocatorService) -> None:
+        self.service = service
+
+    async def allocate(self, allocate_request: pb.AllocateRequest) -> pb.AllocateResponse:
+        async def work() -> pb.AllocateResponse:
+            r = allocate_request
+            call = AllocateCall(
+                owner=conv.owner_from(r.owner if r.is_set("owner") else None),
+                asks=conv.asks_from(r.containers),
+                isolation=_isolation(r.isolation),
+                lease_s=float(r.lease_seconds) or None,
+                commit=r.commit,
+                node=NodeName(r.node) if r.node else None,
+            )
+            allocation, existing = await self.service.allocate(call)
+            return pb.AllocateResponse(allocation=conv.allocation_to(allocation), existing=existing)
+
+        return await _call(work)
+
+    async def commit(self, commit_request: pb.CommitRequest) -> pb.Allocation:
+        return await _call(lambda: self._commit(commit_request.allocation_id))
+
+    async def _commit(self, allocation_id: str) -> pb.Allocation:
+        return conv.allocation_to(await self.service.commit(_id(allocation_id)))
+
+    async def release(self, release_request: pb.ReleaseRequest) -> pb.Allocation:
+        async def work() -> pb.Allocation:
+            reason = release_request.reason or "released"
+            return conv.allocation_to(await self.service.release(_id(release_request.allocation_id), reason))
+
+        return await _call(work)
+
+    async def get_allocation(self, get_allocation_request: pb.GetAllocationRequest) -> pb.Allocation:
+        async def work() -> pb.Allocation:
+            return conv.allocation_to(await self.service.get(_id(get_allocation_request.allocation_id)))
+
+        return await _call(work)
+
+    async def list_allocations(self, list_allocations_request: pb.ListAllocationsRequest) -> pb.ListAllocationsResponse:
+        r = list_allocations_request
+        where = AllocationFilter(r.node, r.owner_kind, r.owner_id, r.namespace, r.include_released)
+        found = list_allocations(self.service.view, where)
+        return pb.ListAllocationsResponse(allocations=[conv.allocation_to(a) for a in found])
+
+    async def get_cluster(self, get_cluster_request: pb.GetClusterRequest) -> pb.Cluster:
+        nodes = cluster(self.service.view, get_cluster_request.node, get_cluster_request.model)
+        if get_cluster_request.node and not nodes:
+            raise GRPCError(Status.NOT_FOUND, f"node {get_cluster_request.node} is not in the ledger")
+        return pb.Cluster(nodes=[conv.node_status_to(n) for n in nodes])
+
+    async def watch(self, watch_request: pb.WatchRequest) -> AsyncIterator[pb.LedgerEvent]:
+        queue = self.service.view.subscribe()
+        try:
+            for event in self.service.view.snapshot_events():
+                if not watch_request.node or event.node == watch_request.node:
+                    yield conv.event_to(event)
+            while True:
+                event = await queue.get()
+                if event is None:
+                    raise GRPCError(Status.RESOURCE_EXHAUSTED, "the watcher fell behind; watch again")
+                if not watch_request.node or event.node == watch_request.node:
+                    yield conv.event_to(event)
+        finally:
+            self.service.view.unsubscribe(queue)
+
+
+def _isolation(value: str) -> Isolation:
+    try:
+        return Isolation(value or "none")
+    except ValueError:
+        raise errors.InvalidArgument("isolation", f"must be none or mps, got {value!r}") from None

@@ -1,0 +1,64 @@
+"""The allocator's internal API over NATS request/reply (subjects in docs/nats-api.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nats.aio.client import Client
+
+from gpuledger_core import codec
+from gpuledger_core.codec import Reader
+from gpuledger_common.bus import SUBJECT_PREFIX, Handler, Responder
+from gpuledger_allocator import wire
+from gpuledger_allocator.queries import AllocationFilter, cluster, list_allocations
+from gpuledger_allocator.service import AllocatorService
+
+PREFIX = f"{SUBJECT_PREFIX}.allocator"
+QUEUE = "allocator"
+
+
+def handlers(service: AllocatorService) -> dict[str, Handler]:
+    async def allocate(body: Any) -> Any:
+        allocation, existing = await service.allocate(wire.allocate_call_from(body))
+        return wire.allocated(allocation, existing)
+
+    async def reserve(body: Any) -> Any:
+        wanted = codec.allocation_from(Reader(body).obj("allocation"))
+        allocation, existing = await service.reserve_exact(wanted)
+        return wire.allocated(allocation, existing)
+
+    async def commit(body: Any) -> Any:
+        return {"allocation": codec.allocation_to(await service.commit(wire.allocation_id_from(body)))}
+
+    async def release(body: Any) -> Any:
+        reason = Reader(body).text("reason", "released") or "released"
+        released = await service.release(wire.allocation_id_from(body), reason)
+        return {"allocation": codec.allocation_to(released)}
+
+    async def get(body: Any) -> Any:
+        return {"allocation": codec.allocation_to(await service.get(wire.allocation_id_from(body)))}
+
+    async def listing(body: Any) -> Any:
+        r = Reader(body)
+        where = AllocationFilter(
+            r.text("node", ""), r.text("owner_kind", ""), r.text("owner_id", ""),
+            r.text("namespace", ""), r.flag("include_released"),
+        )
+        return {"allocations": [codec.allocation_to(a) for a in list_allocations(service.view, where)]}
+
+    async def cluster_status(body: Any) -> Any:
+        r = Reader(body)
+        nodes = cluster(service.view, r.text("node", ""), r.text("model", ""))
+        return {"nodes": [codec.node_status_to(n) for n in nodes]}
+
+    return {
+        "allocate": allocate, "reserve": reserve, "commit": commit, "release": release,
+        "get": get, "list": listing, "cluster": cluster_status,
+    }
+
+
+async def serve_nats(nc: Client, service: AllocatorService) -> list[Responder]:
+    return [
+        await Responder(nc, f"{PREFIX}.{verb}", handler, queue=QUEUE).start()
+        for verb, handler in handlers(service).items()
+    ]

@@ -1,0 +1,88 @@
+"""Wiring: NATS, the ledger store, the view, the APIs, the sweeper and the ops endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+
+from grpclib.server import Server
+
+from gpuledger_common import bus
+from gpuledger_common.ops import bound_port, ops_app, start_http
+from gpuledger_common.settings import describe
+from gpuledger_common.store import LedgerStore
+from gpuledger_allocator.api_grpc import AllocatorApi
+from gpuledger_allocator.api_nats import serve_nats
+from gpuledger_allocator.ingest import Ingest
+from gpuledger_allocator.placer import BuiltinPlacer
+from gpuledger_allocator.service import AllocatorService
+from gpuledger_allocator.settings import AllocatorSettings
+from gpuledger_allocator.view import ClusterView
+
+log = logging.getLogger(__name__)
+
+
+async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) -> None:
+    """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
+    stop = stop or _stop_on_signals()
+    log.info("gpuledger-allocator starting with %s", describe(settings))
+    nc = await bus.connect(settings.nats_url, "gpuledger-allocator")
+    try:
+        store = await LedgerStore.open(nc, replicas=settings.bucket_replicas, max_attempts=settings.cas_attempts)
+        view = ClusterView(store, settings.stale_after_s)
+        service = AllocatorService(store, view, BuiltinPlacer(), settings.lease_s, settings.max_lease_s)
+        async with asyncio.TaskGroup() as tasks:
+            watching = tasks.create_task(view.run())
+            await view.ready.wait()
+            sweeping = tasks.create_task(_sweep(service, settings.sweep_interval_s))
+            ingest = Ingest(nc, store, view)
+            await ingest.start()
+            responders = await serve_nats(nc, service)
+            grpc = Server([AllocatorApi(service)])
+            await grpc.start(settings.grpc_host, settings.grpc_port)
+            http = await start_http(ops_app(lambda: "" if nc.is_connected else "NATS disconnected"), settings.http_host, settings.http_port)
+            log.info(
+                "gpuledger-allocator ready: gRPC on %s:%d, http on %s:%d",
+                settings.grpc_host, _grpc_port(grpc), settings.http_host, bound_port(http),
+            )
+            await stop.wait()
+            log.info("gpuledger-allocator stopping")
+            await ingest.stop()
+            for responder in responders:
+                await responder.close()
+            grpc.close()
+            await grpc.wait_closed()
+            await http.cleanup()
+            watching.cancel()
+            sweeping.cancel()
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+    log.info("gpuledger-allocator stopped")
+
+
+def _grpc_port(server: Server) -> int:
+    sockets = server._server.sockets if server._server else ()  # noqa: SLF001 - grpclib keeps it private
+    port: int = sockets[0].getsockname()[1] if sockets else 0
+    return port
+
+
+async def _sweep(service: AllocatorService, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            tidied = await service.sweep()
+            if tidied:
+                log.info("expired reservations swept on %d node(s)", tidied)
+        except Exception as err:  # NATS away: try again next round
+            log.warning("sweep failed: %s", err)
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -1,0 +1,40 @@
+"""The allocator's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuledger_common.settings import option, require
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorSettings:
+    """gpuledger-allocator: owns the ledger of cards; NATS and gRPC APIs."""
+
+    nats_url: str = option("nats://127.0.0.1:4222", "NATS server URL")
+    grpc_host: str = option("0.0.0.0", "gRPC listen address")
+    grpc_port: int = option(50051, "gRPC listen port (0: any free port)")
+    http_host: str = option("0.0.0.0", "address for /healthz, /readyz, /metrics")
+    http_port: int = option(8081, "port for /healthz, /readyz, /metrics (0: any free port)")
+    lease_s: float = option(60.0, "how long a reservation lives unless committed")
+    max_lease_s: float = option(3600.0, "the longest lease a caller may ask for")
+    stale_after_s: float = option(30.0, "a node whose heartbeat is older than this gets nothing new")
+    sweep_interval_s: float = option(2.0, "how often expired reservations are swept")
+    cas_attempts: int = option(12, "compare-and-set attempts per ledger change before giving up")
+    bucket_replicas: int = option(1, "JetStream replicas for the ledger buckets")
+    placement_timeout_s: float = option(2.0, "how long to wait for the placement service before fitting alone")
+    log_level: str = option("info", "debug, info, warning or error")
+    log_format: str = option("text", "text or json")
+
+    def __post_init__(self) -> None:
+        require(self.nats_url.startswith(("nats://", "tls://")), "nats_url", f"{self.nats_url!r} is not a nats:// URL")
+        require(0 <= self.grpc_port < 65536, "grpc_port", "must be 0..65535")
+        require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
+        require(self.lease_s > 0, "lease_s", "must be positive")
+        require(self.max_lease_s >= self.lease_s, "max_lease_s", "must be at least lease_s")
+        require(self.stale_after_s > 0, "stale_after_s", "must be positive")
+        require(self.sweep_interval_s > 0, "sweep_interval_s", "must be positive")
+        require(self.cas_attempts >= 1, "cas_attempts", "must be at least 1")
+        require(self.bucket_replicas in (1, 3, 5), "bucket_replicas", "must be 1, 3 or 5")
+        require(self.log_format in ("text", "json"), "log_format", "must be text or json")
+        require(self.log_level in ("debug", "info", "warning", "error"), "log_level", "must be debug, info, warning or error")

@@ -1,0 +1,108 @@
+"""Each replica's view of the whole ledger, kept current by watching the bucket.
+
+Reads (get, list, cluster, candidate nodes) come from here; writes always go through the store's
+compare-and-set, so a stale view can cost a retry but never a double allocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuledger_core.events import LedgerEvent, diff
+from gpuledger_core.ids import AllocationId, NodeName
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Allocation
+from gpuledger_common.store import LedgerStore
+
+log = logging.getLogger(__name__)
+RETRY_S = 1.0
+
+
+@dataclass(slots=True)
+class ClusterView:
+    store: LedgerStore
+    stale_after_s: float = 30.0
+    clock: Callable[[], float] = time.time
+    ledgers: dict[NodeName, NodeLedger] = field(default_factory=dict)
+    revisions: dict[NodeName, int] = field(default_factory=dict)
+    heartbeats: dict[NodeName, float] = field(default_factory=dict)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    started_at: float = 0.0
+    _where: dict[AllocationId, NodeName] = field(default_factory=dict)
+    _subscribers: set[asyncio.Queue[LedgerEvent | None]] = field(default_factory=set)
+
+    async def run(self) -> None:
+        """Follow the bucket forever; after a lost watch, start again from a fresh snapshot."""
+        self.started_at = self.clock()
+        while True:
+            try:
+                async for node, ledger, revision in self.store.watch(caught_up=self.ready.set):
+                    self.apply(node, ledger, revision)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.warning("ledger watch lost (%s); resubscribing in %.0fs", err, RETRY_S)
+            await asyncio.sleep(RETRY_S)
+
+    def apply(self, node: NodeName, ledger: NodeLedger | None, revision: int) -> None:
+        if revision and revision <= self.revisions.get(node, 0) and ledger is not None:
+            return  # an older value than one we already applied (our own write got here first)
+        old = self.ledgers.get(node)
+        if ledger is None:
+            self.ledgers.pop(node, None)
+            self.revisions.pop(node, None)
+        else:
+            self.ledgers[node] = ledger
+            self.revisions[node] = revision
+            for allocation in ledger.allocations:
+                self._where[allocation.id] = node
+        self._publish(diff(old, ledger, revision))
+
+    def _publish(self, events: tuple[LedgerEvent, ...]) -> None:
+        for event in events:
+            for queue in list(self._subscribers):
+                try:
+                    queue.put_nowait(event)
+                except asyncio.QueueFull:  # a watcher that cannot keep up is cut off
+                    self._subscribers.discard(queue)
+                    with contextlib.suppress(asyncio.QueueFull):
+                        queue.get_nowait()
+                    queue.put_nowait(None)
+
+    def subscribe(self, depth: int = 4096) -> asyncio.Queue[LedgerEvent | None]:
+        """Events from now on; ``None`` means the watcher fell behind and was dropped."""
+        queue: asyncio.Queue[LedgerEvent | None] = asyncio.Queue(depth)
+        self._subscribers.add(queue)
+        return queue
+
+    def unsubscribe(self, queue: asyncio.Queue[LedgerEvent | None]) -> None:
+        self._subscribers.discard(queue)
+
+    def snapshot_events(self) -> list[LedgerEvent]:
+        """The current state as events: each node, then each live allocation."""
+        return [
+            event
+            for name, ledger in sorted(self.ledgers.items())
+            for event in diff(None, NodeLedger(ledger.node, ledger.live()), self.revisions.get(name, 0))
+        ]
+
+    def node_of(self, allocation_id: AllocationId) -> NodeName | None:
+        return self._where.get(allocation_id)
+
+    def allocation(self, allocation_id: AllocationId) -> Allocation | None:
+        node = self._where.get(allocation_id)
+        ledger = self.ledgers.get(node) if node else None
+        return ledger.get(allocation_id) if ledger else None
+
+    def heartbeat(self, node: NodeName, at: float) -> None:
+        self.heartbeats[node] = max(at, self.heartbeats.get(node, 0.0))
+
+    def stale(self, node: NodeName) -> bool:
+        """No heartbeat for ``stale_after_s`` (counting from this replica's start if none yet)."""
+        last = self.heartbeats.get(node, self.started_at or self.clock())
+        return self.clock() - last > self.stale_after_s

@@ -1,0 +1,39 @@
+"""``gpuledger``: the command line for people and scripts."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from gpuledger_core.errors import GpuledgerError, InvalidArgument
+from gpuledger_cli import commands, devup
+
+EXIT_CODES = {"invalid_argument": 2, "not_found": 3, "resource_exhausted": 4, "unavailable": 5}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="gpuledger", description="Schedules and shares GPUs around a global ledger of cards.")
+    sub = top.add_subparsers(dest="command", required=True)
+    commands.register(sub)
+    devup.register(sub)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code: int = asyncio.run(args.run(args))
+    except InvalidArgument as err:
+        print(f"gpuledger {args.command}: invalid {err}", file=sys.stderr)
+        return EXIT_CODES[err.code]
+    except GpuledgerError as err:
+        print(f"gpuledger {args.command}: {err}", file=sys.stderr)
+        return EXIT_CODES.get(err.code, 1)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""The allocator subcommands: alloc, release, inspect."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import uuid
+from typing import Any
+
+from gpuledger_core import codec
+from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.model import CORE_WHOLE
+from gpuledger_common import pbconvert as conv
+from gpuledger_proto.gpuledger.allocator import v1 as pb
+from gpuledger_cli import render
+from gpuledger_cli.client import allocator
+
+DEFAULT_SERVER = "127.0.0.1:50051"
+
+
+def add_server(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", default=DEFAULT_SERVER, help="allocator gRPC address HOST:PORT")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("alloc", help="allocate cards for a tool outside Kubernetes")
+    add_server(p)
+    p.add_argument("--gpu", type=int, default=1, help="number of distinct cards")
+    p.add_argument("--gpu-mem", type=int, help="MiB on each card (shares the card)")
+    p.add_argument("--gpu-core", type=int, help="percent of each card's compute (shares the card)")
+    p.add_argument("--model", action="append", default=[], help="allowed card model (repeatable)")
+    p.add_argument("--owner", default="", help="the tool's id; retrying with the same id returns the same allocation")
+    p.add_argument("--node", default="", help="only this node")
+    p.add_argument("--isolation", default="none", choices=["none", "mps"])
+    p.add_argument("--lease", type=int, default=0, help="seconds a reservation lives (with --reserve-only)")
+    p.add_argument("--reserve-only", action="store_true", help="reserve with a lease instead of committing")
+    p.set_defaults(run=alloc)
+
+    p = sub.add_parser("release", help="release an allocation")
+    add_server(p)
+    p.add_argument("allocation_id")
+    p.add_argument("--reason", default="released by gpuledger CLI")
+    p.set_defaults(run=release)
+
+    p = sub.add_parser("inspect", help="cluster -> node -> card -> holders")
+    add_server(p)
+    p.add_argument("--node", default="", help="only this node")
+    p.add_argument("--model", default="", help="only cards of this model")
+    p.set_defaults(run=inspect)
+
+
+def _request(args: argparse.Namespace) -> pb.ResourceRequest:
+    core = args.gpu_core
+    if core is not None and not 1 <= core <= 100:
+        raise InvalidArgument("--gpu-core", f"must be 1..100 percent, got {core}")
+    return pb.ResourceRequest(
+        gpu=args.gpu, gpu_mem_mib=args.gpu_mem,
+        gpu_core_permille=None if core is None else core * CORE_WHOLE // 100, models=args.model,
+    )
+
+
+async def alloc(args: argparse.Namespace) -> int:
+    owner = args.owner or f"cli-{uuid.uuid4().hex[:8]}"
+    request = pb.AllocateRequest(
+        owner=pb.Owner(kind="tool", id=owner),
+        containers=[pb.ContainerRequest(container="", request=_request(args))],
+        isolation=args.isolation, lease_seconds=args.lease, commit=not args.reserve_only, node=args.node,
+    )
+    async with allocator(args.server) as api:
+        reply = await api.allocate(request)
+    allocation = conv.allocation_from(reply.allocation)
+    if args.json:
+        _print_json({"allocation": codec.allocation_to(allocation), "existing": reply.existing})
+    else:
+        print(("already held: " if reply.existing else "") + render.allocation(allocation))
+    return 0
+
+
+async def release(args: argparse.Namespace) -> int:
+    async with allocator(args.server) as api:
+        reply = await api.release(pb.ReleaseRequest(allocation_id=args.allocation_id, reason=args.reason))
+    allocation = conv.allocation_from(reply)
+    if args.json:
+        _print_json({"allocation": codec.allocation_to(allocation)})
+    else:
+        print(render.allocation(allocation))
+    return 0
+
+
+async def inspect(args: argparse.Namespace) -> int:
+    async with allocator(args.server) as api:
+        reply = await api.get_cluster(pb.GetClusterRequest(node=args.node, model=args.model))
+    nodes = [conv.node_status_from(n) for n in reply.nodes]
+    if args.json:
+        _print_json({"nodes": [codec.node_status_to(n) for n in nodes]})
+    else:
+        print(render.cluster(nodes))
+    return 0
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))

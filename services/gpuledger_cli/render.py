@@ -1,0 +1,68 @@
+"""Human-readable tables for the CLI."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from gpuledger_core.model import Allocation
+from gpuledger_core.status import Holder, NodeStatus
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=False)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def ago(since: float, now: float | None = None) -> str:
+    seconds = max(0, int((now or time.time()) - since))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def holder(h: Holder) -> str:
+    who = h.owner.describe().replace("pod ", "").replace("tool ", "tool:")
+    if h.container:
+        who += f"[{h.container}]"
+    share = "whole card" if h.exclusive else f"{h.mem_mib} MiB, {h.core_milli / 10:g}%"
+    return f"{who} ({share}, {h.state.value}, {ago(h.since)})"
+
+
+def cluster(nodes: Sequence[NodeStatus]) -> str:
+    rows: list[list[str]] = []
+    for node in nodes:
+        for c in node.cards:
+            holders = "; ".join(holder(h) for h in c.holders) or "-"
+            rows.append([
+                node.name + (" (stale)" if node.stale else ""),
+                str(c.card.index),
+                c.card.model,
+                f"{c.free_mem_mib}/{c.card.memory_mib}",
+                f"{c.free_core_milli / 10:g}%",
+                c.card.health.value,
+                holders,
+            ])
+    if not rows:
+        return "no cards in the ledger"
+    cards = sum(len(n.cards) for n in nodes)
+    used = sum(1 for n in nodes for c in n.cards if c.holders)
+    summary = f"\n{len(nodes)} node(s), {cards} card(s), {used} in use"
+    headers = ["NODE", "CARD", "MODEL", "FREE MiB", "FREE CORE", "HEALTH", "HOLDERS"]
+    return table(headers, rows) + summary
+
+
+def allocation(a: Allocation) -> str:
+    parts = []
+    for g in a.grants:
+        cards = ", ".join(
+            f"card {s.index} " + ("(whole)" if s.exclusive else f"({s.mem_mib} MiB, {s.core_milli / 10:g}%)")
+            for s in g.cards
+        )
+        parts.append(f"{g.container + ': ' if g.container else ''}{cards}")
+    lease = f", lease until {time.strftime('%H:%M:%S', time.localtime(a.lease_expires_at))}" if a.lease_expires_at else ""
+    return f"{a.id} {a.state.value} on {a.node} for {a.owner.describe()}: {'; '.join(parts)}{lease}"

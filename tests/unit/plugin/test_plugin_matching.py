@@ -37,7 +37,8 @@ def test_interchangeable_reservations_are_picked_oldest_first_without_asking() -
         pod("old", Grant("c", (share(0),)), created=1.0),
     )
     got = steer(ledger, {}, ALL, (), 1)
-    assert isinstance(got, Found) and got.guessed
+    assert isinstance(got, Found)
+    assert got.guessed
     assert got.slot.allocation.owner.name == "old"
 
 
@@ -57,9 +58,11 @@ def test_containers_of_one_pod_are_admitted_in_kubelet_order() -> None:
         )
     )
     first = steer(ledger, {}, ALL, (), 1)
-    assert isinstance(first, Found) and first.slot.grant.container == "init"
+    assert isinstance(first, Found)
+    assert first.slot.grant.container == "init"
     second = steer(ledger, {first.slot.allocation.id: {0}}, ALL, (), 1)
-    assert isinstance(second, Found) and second.slot.grant.container == "x"
+    assert isinstance(second, Found)
+    assert second.slot.grant.container == "x"
 
 
 def test_must_include_names_the_pod() -> None:
@@ -81,7 +84,9 @@ def test_resolve_exact_ids_find_their_container() -> None:
         pod("a", Grant("c", (share(0, mem=2048),))), pod("b", Grant("c", (share(1, mem=8192),)))
     )
     got = resolve(ledger, {}, ids_of(ledger, "b"), steered=None, admitting={("ns", "b")})
-    assert isinstance(got, Found) and got.slot.allocation.owner.name == "b" and not got.rehome
+    assert isinstance(got, Found)
+    assert got.slot.allocation.owner.name == "b"
+    assert not got.rehome
 
 
 def test_resolve_refuses_another_pods_ids_when_kubelet_says_who_is_admitted() -> None:
@@ -91,7 +96,8 @@ def test_resolve_refuses_another_pods_ids_when_kubelet_says_who_is_admitted() ->
     unsure = resolve(ledger, {}, ids_of(ledger, "b"))
     assert isinstance(unsure, Ambiguous)
     got = resolve(ledger, {}, ids_of(ledger, "b"), admitting={("ns", "a")})
-    assert isinstance(got, Refused) and "refusing rather than swapping" in got.reason
+    assert isinstance(got, Refused)
+    assert "refusing rather than swapping" in got.reason
 
 
 def test_resolve_rehomes_free_ids_onto_the_only_reservation_of_that_size() -> None:
@@ -99,27 +105,33 @@ def test_resolve_rehomes_free_ids_onto_the_only_reservation_of_that_size() -> No
         pod("a", Grant("c", (share(0),))), pod("b", Grant("c", (share(1), share(2))))
     )
     got = resolve(ledger, {}, ["GPU-3::2"])
-    assert isinstance(got, Found) and got.rehome and got.slot.allocation.owner.name == "a"
+    assert isinstance(got, Found)
+    assert got.rehome
+    assert got.slot.allocation.owner.name == "a"
 
 
 def test_resolve_refuses_ids_spanning_two_pods() -> None:
     ledger = ledger_with(pod("a", Grant("c", (share(0),))), pod("b", Grant("c", (share(1),))))
     got = resolve(ledger, {}, [*ids_of(ledger, "a"), *ids_of(ledger, "b")])
-    assert isinstance(got, Refused) and "different pods" in got.reason
+    assert isinstance(got, Refused)
+    assert "different pods" in got.reason
 
 
 def test_resolve_refuses_when_nothing_is_reserved() -> None:
     got = resolve(ledger_with(), {}, ["GPU-0::0"])
-    assert isinstance(got, Refused) and "no container" in got.reason
+    assert isinstance(got, Refused)
+    assert "no container" in got.reason
 
 
 def test_init_reuse_resolves_to_the_next_container_of_the_same_pod() -> None:
     ledger = ledger_with(pod("p", Grant("init", (share(0),), init=True), Grant("app", (share(0),))))
     assert ids_of(ledger, "p", 0) == ids_of(ledger, "p", 1)
     first = resolve(ledger, {}, ids_of(ledger, "p", 0))
-    assert isinstance(first, Found) and first.slot.grant.container == "init"
+    assert isinstance(first, Found)
+    assert first.slot.grant.container == "init"
     second = resolve(ledger, {"a-p": {0}}, ids_of(ledger, "p", 0))
-    assert isinstance(second, Found) and second.slot.grant.container == "app"
+    assert isinstance(second, Found)
+    assert second.slot.grant.container == "app"
 
 
 def test_answered_pods_are_not_pending() -> None:

@@ -288,7 +288,8 @@ class PluginService:
             except GpuledgerError as err:
                 log.warning("reconciliation skipped: %s", err)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), interval_s)
+                async with asyncio.timeout(interval_s):  # not wait_for: it can swallow a cancel
+                    await wake.wait()
             wake.clear()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuledger_core.ids import AllocationId
 from gpuledger_core.model import Grant
 from gpuledger_core.slots import node_slots
 from gpuledger_plugin.matching import Ambiguous, Found, Refused, pending, resolve, steer
@@ -73,7 +74,7 @@ def test_must_include_names_the_pod() -> None:
         pod("q", Grant("c", (share(2), share(3)))),
     )
     reused = ids_of(ledger, "p", 0)[:1]
-    got = steer(ledger, {"a-p": {0}}, ALL, reused, 2)
+    got = steer(ledger, {AllocationId("a-p"): {0}}, ALL, reused, 2)
     assert isinstance(got, Found)
     assert got.slot.grant.container == "app"
     assert reused[0] in got.ids
@@ -129,11 +130,11 @@ def test_init_reuse_resolves_to_the_next_container_of_the_same_pod() -> None:
     first = resolve(ledger, {}, ids_of(ledger, "p", 0))
     assert isinstance(first, Found)
     assert first.slot.grant.container == "init"
-    second = resolve(ledger, {"a-p": {0}}, ids_of(ledger, "p", 0))
+    second = resolve(ledger, {AllocationId("a-p"): {0}}, ids_of(ledger, "p", 0))
     assert isinstance(second, Found)
     assert second.slot.grant.container == "app"
 
 
 def test_answered_pods_are_not_pending() -> None:
     ledger = ledger_with(pod("a", Grant("c", (share(0),))))
-    assert pending(ledger, {"a-a": {0}}) == ()
+    assert pending(ledger, {AllocationId("a-a"): {0}}) == ()

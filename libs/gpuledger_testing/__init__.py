@@ -1,0 +1,1 @@
+"""Test utilities shared by the tests, the benchmarks and the local stack."""

@@ -162,6 +162,14 @@ class FakeKubelet:
             await server.wait_closed()
         self._servers = []
 
+    async def stop_pod_resources(self) -> None:
+        """Only the PodResources API goes away (e.g. its directory is not mounted)."""
+        server = self._servers.pop()
+        server.close()
+        await server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.pod_resources_socket)
+
     async def restart(self) -> None:
         """What a kubelet restart does to the plugin: sockets deleted, kubelet.sock recreated."""
         await self.stop()

@@ -125,12 +125,13 @@ class KubeletLink:
                 kubelet = None
 
 
-def _identity(path: str) -> tuple[int, int] | None:
+def _identity(path: str) -> tuple[int, int, int] | None:
+    """Which file is at ``path`` now (inode numbers are reused, so the change time too)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         return None
-    return (st.st_dev, st.st_ino)
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def _remove(path: str) -> None:

@@ -203,12 +203,7 @@ def resolve(
             f"devices {list(ordered)} are reserved for different pods: {', '.join(names)}"
         )
     if owners:
-        slot = _next_of_size(ledger.get(owners.pop()), served, len(ids))
-        if slot is None:
-            return Refused(
-                f"devices {list(ordered)} belong to a pod with no container left to admit"
-            )
-        return Found(slot, ordered, rehome=True)
+        return _within_pod(ledger, served, ids, owners.pop(), holders)
     fits = tuple(s for s in pending(ledger, served) if len(s.ids) == len(ids))
     if not fits:
         return Refused(
@@ -218,6 +213,33 @@ def resolve(
     if isinstance(decided, Found):
         return Found(decided.slot, ordered, rehome=True, guessed=decided.guessed)
     return decided
+
+
+def _within_pod(
+    ledger: NodeLedger,
+    served: Served,
+    ids: frozenset[str],
+    owner: AllocationId,
+    holders: Mapping[str, AllocationId],
+) -> Decision:
+    """Some IDs are reserved for one pod: fine if they are its own, reused from its init
+    containers (already admitted); otherwise kubelet took another pod's reservation."""
+    allocation = ledger.get(owner)
+    assert allocation is not None
+    done = served.get(owner, ())
+    reusable = {i for n in done for i in allocation.grants[n].device_ids}
+    touched = {i for i in ids if holders.get(i) == owner}
+    ordered = tuple(sorted(ids))
+    if not touched <= reusable:
+        return Refused(
+            f"kubelet chose devices {sorted(touched - reusable)} reserved for "
+            f"{allocation.owner.describe()} (it did not follow GetPreferredAllocation); "
+            "refusing rather than taking another pod's reservation"
+        )
+    slot = _next_of_size(allocation, served, len(ids))
+    if slot is None:
+        return Refused(f"devices {list(ordered)} belong to a pod with no container left to admit")
+    return Found(slot, ordered, rehome=frozenset(ids) != slot.ids)
 
 
 def _confirm(

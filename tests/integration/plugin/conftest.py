@@ -162,4 +162,3 @@ async def stack(dirs: Path, nats_server: NatsServer) -> AsyncIterator[Stack]:
     finally:
         await kubelet.stop()
         await nc.close()
-

@@ -167,9 +167,12 @@ async def measure(
             (Grant("main", (share,)),),
             created_at=time.time(),
         )
-        written = await store.mutate(
-            NODE, lambda ledger: reserve(ledger, assign_device_ids(ledger, allocation, SLOTS))
-        )  # type: ignore[arg-type]
+
+        def add(ledger: NodeLedger | None) -> NodeLedger:
+            assert ledger is not None
+            return reserve(ledger, assign_device_ids(ledger, allocation, SLOTS))
+
+        written = await store.mutate(NODE, add)
         assert written.new is not None
         found = written.new.get(allocation.id)
         assert found is not None
@@ -177,9 +180,12 @@ async def measure(
 
     async def forget(i: int) -> None:
         now = time.time()
-        await store.mutate(
-            NODE, lambda ledger: prune(release(ledger, AllocationId(f"a-{i}"), now), now, 0.0)
-        )  # type: ignore[arg-type]
+
+        def drop(ledger: NodeLedger | None) -> NodeLedger:
+            assert ledger is not None
+            return prune(release(ledger, AllocationId(f"a-{i}"), now), now, 0.0)
+
+        await store.mutate(NODE, drop)
 
     allocate_samples: list[float] = []
     for i in range(rounds):

@@ -41,8 +41,12 @@ class Running:
 async def serve(settings: PluginSettings, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
     stop = stop or _stop_on_signals()
-    async with running(settings, stop):
-        await stop.wait()
+    try:
+        async with running(settings, stop):
+            await stop.wait()
+    except Unavailable:
+        if not stop.is_set():  # stopped while NATS was still away: a clean stop
+            raise
 
 
 @contextlib.asynccontextmanager
@@ -118,7 +122,9 @@ async def _connect(settings: PluginSettings, stop: asyncio.Event | None) -> Clie
             if stop is not None and stop.is_set():
                 raise
             log.warning("%s; retrying in %.1fs", err, delay)
-            await asyncio.sleep(delay)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await (stop or asyncio.Event()).wait()
             delay = min(delay * 2, 10.0)
 
 

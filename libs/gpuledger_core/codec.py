@@ -226,11 +226,17 @@ def share_from(r: Reader) -> CardShare:
 
 
 def grant_to(grant: Grant) -> Json:
-    return {"container": grant.container, "cards": [share_to(s) for s in grant.cards], "init": grant.init}
+    cards = [share_to(s) for s in grant.cards]
+    raw: Json = {"container": grant.container, "cards": cards, "init": grant.init}
+    if grant.device_ids:  # only pods on a node with the plugin have them
+        raw["device_ids"] = list(grant.device_ids)
+    return raw
 
 
 def grant_from(r: Reader) -> Grant:
-    return Grant(r.text("container", ""), r.items("cards", share_from), r.flag("init"))
+    return Grant(
+        r.text("container", ""), r.items("cards", share_from), r.flag("init"), r.strings("device_ids")
+    )
 
 
 def allocation_to(a: Allocation) -> Json:

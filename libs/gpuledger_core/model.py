@@ -157,11 +157,17 @@ class CardShare:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """The cards of one container of the owner (``container`` is empty for a tool)."""
+    """The cards of one container of the owner (``container`` is empty for a tool).
+
+    ``device_ids`` are the kubelet device IDs (``<card uuid>::<slot>``, one per card, see
+    ``gpuledger_core.slots``) reserved for this container: they are how the node's plugin knows
+    which container kubelet is admitting. Empty for tools.
+    """
 
     container: str
     cards: tuple[CardShare, ...]
     init: bool = False
+    device_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

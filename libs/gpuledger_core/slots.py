@@ -1,0 +1,145 @@
+"""Slots: how a node's cards appear to kubelet, and which slots a container holds.
+
+The plugin advertises every card as ``slots_per_card`` kubelet devices with IDs
+``<card uuid>::<slot>``. A container that asks for ``gpuledger.io/gpu: n`` is given n device IDs by
+kubelet, one per card, and the ledger reserves exactly those IDs for it (``Grant.device_ids``), so
+the IDs kubelet passes to Allocate say which container is being admitted.
+
+Counting rules (the ledger and kubelet agree):
+- a grant holds one device ID per card: ``len(device_ids) == len(cards)`` == the container's
+  ``gpuledger.io/gpu``, which is what kubelet counts for it;
+- a card never has more holders than slots; an exclusive holder blocks the card's other slots;
+- an init container reuses the IDs of its pod's app containers on the same cards, as kubelet
+  reuses init containers' devices for app containers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from gpuledger_core.errors import Exhausted, InvalidArgument
+from gpuledger_core.ids import AllocationId, CardUuid
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Allocation, Grant, Node
+
+SEPARATOR = "::"
+MAX_DEVICE_ID_LEN = 63  # kubelet's limit on a device ID
+MAX_SLOTS_PER_CARD = 100
+
+
+def device_id(uuid: str, slot: int) -> str:
+    if not 0 <= slot < MAX_SLOTS_PER_CARD:
+        raise InvalidArgument("slot", f"must be 0..{MAX_SLOTS_PER_CARD - 1}, got {slot}")
+    found = f"{uuid}{SEPARATOR}{slot}"
+    if len(found) > MAX_DEVICE_ID_LEN:
+        raise InvalidArgument(
+            "device_id", f"{found!r} is longer than {MAX_DEVICE_ID_LEN} characters"
+        )
+    return found
+
+
+def parse_device_id(raw: str) -> tuple[CardUuid, int]:
+    uuid, sep, slot = raw.rpartition(SEPARATOR)
+    if not sep or not uuid or not slot.isdigit():
+        raise InvalidArgument("device_id", f"{raw!r} is not <card uuid>{SEPARATOR}<slot>")
+    return CardUuid(uuid), int(slot)
+
+
+def card_of(raw: str) -> CardUuid:
+    return parse_device_id(raw)[0]
+
+
+def cards_of(ids: Iterable[str]) -> frozenset[CardUuid]:
+    return frozenset(card_of(i) for i in ids)
+
+
+def node_slots(node: Node, slots_per_card: int) -> tuple[str, ...]:
+    """Every device ID the node advertises, card by card."""
+    return tuple(device_id(c.uuid, s) for c in node.cards for s in range(slots_per_card))
+
+
+def holders_of_ids(ledger: NodeLedger) -> dict[str, AllocationId]:
+    """Each reserved device ID and the live allocation that holds it."""
+    held: dict[str, AllocationId] = {}
+    for allocation in ledger.live():
+        for grant in allocation.grants:
+            for raw in grant.device_ids:
+                held[raw] = allocation.id
+    return held
+
+
+def free_slots(ledger: NodeLedger, uuid: CardUuid, slots_per_card: int) -> tuple[str, ...]:
+    held = holders_of_ids(ledger)
+    return tuple(i for s in range(slots_per_card) if (i := device_id(uuid, s)) not in held)
+
+
+def assign_device_ids(
+    ledger: NodeLedger, allocation: Allocation, slots_per_card: int
+) -> Allocation:
+    """Give every grant of ``allocation`` that has none its device IDs, from the free slots.
+
+    Call it on the ledger the allocation is about to be reserved in (inside the same CAS).
+    Raises ``Exhausted`` when a card has no free slot: kubelet could not admit the container.
+    """
+    taken = set(holders_of_ids(ledger))
+    taken.update(i for g in allocation.grants for i in g.device_ids)
+    grants = list(allocation.grants)
+    for pos, grant in enumerate(grants):
+        if not grant.init and not grant.device_ids and grant.cards:
+            grants[pos] = replace(grant, device_ids=_fresh(ledger, grant, taken, slots_per_card))
+    apps = [i for g in grants if not g.init for i in g.device_ids]
+    for pos, grant in enumerate(grants):
+        if grant.init and not grant.device_ids and grant.cards:
+            grants[pos] = replace(
+                grant, device_ids=_reused(ledger, grant, apps, taken, slots_per_card)
+            )
+    for grant in grants:
+        _check(grant)
+    return replace(allocation, grants=tuple(grants))
+
+
+def _fresh(
+    ledger: NodeLedger, grant: Grant, taken: set[str], slots_per_card: int
+) -> tuple[str, ...]:
+    ids = []
+    for share in grant.cards:
+        ids.append(_next_free(ledger, share.uuid, taken, slots_per_card))
+        taken.add(ids[-1])
+    return tuple(ids)
+
+
+def _reused(
+    ledger: NodeLedger, grant: Grant, apps: list[str], taken: set[str], slots_per_card: int
+) -> tuple[str, ...]:
+    ids: list[str] = []
+    for share in grant.cards:
+        same_card = [i for i in apps if card_of(i) == share.uuid and i not in ids]
+        ids.append(
+            same_card[0] if same_card else _next_free(ledger, share.uuid, taken, slots_per_card)
+        )
+        taken.add(ids[-1])
+    return tuple(ids)
+
+
+def _next_free(ledger: NodeLedger, uuid: CardUuid, taken: set[str], slots_per_card: int) -> str:
+    for slot in range(slots_per_card):
+        candidate = device_id(uuid, slot)
+        if candidate not in taken:
+            return candidate
+    raise Exhausted(f"card {uuid} on {ledger.node.name} has all {slots_per_card} slots taken")
+
+
+def _check(grant: Grant) -> None:
+    if not grant.device_ids:
+        return
+    if len(grant.device_ids) != len(grant.cards) or len(set(grant.device_ids)) != len(
+        grant.device_ids
+    ):
+        raise InvalidArgument(
+            f"grants[{grant.container}].device_ids", "must hold one distinct device ID per card"
+        )
+    if cards_of(grant.device_ids) != {s.uuid for s in grant.cards}:
+        raise InvalidArgument(
+            f"grants[{grant.container}].device_ids", "must name the same cards as the grant"
+        )

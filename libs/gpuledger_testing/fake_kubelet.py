@@ -1,0 +1,370 @@
+"""A fake kubelet for device-plugin tests and the local stack, over real unix sockets.
+
+It does what kubelet's device manager does, as far as a device plugin can tell:
+- serves ``Registration`` on ``<dir>/kubelet.sock``; inside Register it checks the version and
+  resource name, dials the plugin back (10 s limit) and calls GetDevicePluginOptions, then
+  consumes ListAndWatch, each message replacing the device list; when the stream breaks every
+  device turns unhealthy;
+- admits pods one at a time, containers one per Allocate call, init containers first; devices
+  come first from the pod's reusable init-container devices, then from the healthy free ones,
+  steered by GetPreferredAllocation (which it can be told to ignore, as kubelet may);
+- serves PodResources ``List``/``GetAllocatableResources``/``Get`` on its own socket, listing the
+  pod being admitted too (it is in kubelet's pod manager during admission);
+- ``restart()`` deletes every socket in the directory and recreates ``kubelet.sock``; the pods'
+  devices survive, as kubelet's checkpoint does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import stat
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+
+from grpclib import GRPCError
+from grpclib.client import Channel
+from grpclib.const import Status
+from grpclib.server import Server
+
+from gpuledger_proto import v1 as pr
+from gpuledger_proto import v1beta1 as dp
+
+HEALTHY = "Healthy"
+DIAL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class FakeContainer:
+    name: str
+    gpus: int = 0
+    init: bool = False
+    restartable: bool = False  # a sidecar: an init container that keeps running
+
+
+@dataclass(frozen=True, slots=True)
+class FakePod:
+    namespace: str
+    name: str
+    uid: str
+    containers: tuple[FakeContainer, ...]
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    def in_admission_order(self) -> list[FakeContainer]:
+        return [c for c in self.containers if c.init] + [c for c in self.containers if not c.init]
+
+
+@dataclass(slots=True)
+class Admitted:
+    pod: FakePod
+    devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    answers: dict[str, dp.ContainerAllocateResponse] = field(default_factory=dict)
+    hints: dict[str, list[str]] = field(default_factory=dict)
+
+    def env(self, container: str) -> dict[str, str]:
+        return dict(self.answers[container].envs)
+
+
+class AdmissionError(Exception):
+    """kubelet rejected the pod (UnexpectedAdmissionError); the message says why."""
+
+
+class _Registration(dp.RegistrationBase):  # type: ignore[misc]
+    def __init__(self, kubelet: FakeKubelet) -> None:
+        self.kubelet = kubelet
+
+    async def register(self, request: dp.RegisterRequest) -> dp.Empty:
+        await self.kubelet.on_register(request)
+        return dp.Empty()
+
+
+class _PodResources(pr.PodResourcesListerBase):  # type: ignore[misc]
+    def __init__(self, kubelet: FakeKubelet) -> None:
+        self.kubelet = kubelet
+
+    async def list(self, request: pr.ListPodResourcesRequest) -> pr.ListPodResourcesResponse:
+        self.kubelet.pod_resources_calls += 1
+        pods = [self.kubelet.pod_resources(p) for p in self.kubelet.active.values()]
+        return pr.ListPodResourcesResponse(pod_resources=pods)
+
+    async def get_allocatable_resources(
+        self, request: pr.AllocatableResourcesRequest
+    ) -> pr.AllocatableResourcesResponse:
+        healthy = [i for i, h in self.kubelet.devices.items() if h == HEALTHY]
+        devices = [
+            pr.ContainerDevices(resource_name=self.kubelet.resource_name, device_ids=[i])
+            for i in healthy
+        ]
+        return pr.AllocatableResourcesResponse(devices=devices)
+
+    async def get(self, request: pr.GetPodResourcesRequest) -> pr.GetPodResourcesResponse:
+        pod = self.kubelet.active.get((request.pod_namespace, request.pod_name))
+        if pod is None:
+            raise GRPCError(
+                Status.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found"
+            )
+        return pr.GetPodResourcesResponse(pod_resources=self.kubelet.pod_resources(pod))
+
+
+class FakeKubelet:
+    def __init__(
+        self,
+        plugin_dir: str,
+        pod_resources_socket: str,
+        resource_name: str = "gpuledger.io/gpu",
+        follow_hints: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.plugin_dir, self.pod_resources_socket = plugin_dir, pod_resources_socket
+        self.resource_name, self.follow_hints = resource_name, follow_hints
+        self.rng = random.Random(seed)
+        self.devices: dict[str, str] = {}  # device ID -> health, as the last ListAndWatch said
+        self.numa: dict[str, list[int]] = {}
+        self.options: dp.DevicePluginOptions | None = None
+        self.registrations = 0
+        self.pod_resources_calls = 0
+        self.active: dict[tuple[str, str], FakePod] = {}
+        self.pod_devices: dict[tuple[str, str], tuple[str, ...]] = {}  # (pod uid, container) -> IDs
+        self._changed = asyncio.Condition()
+        self._servers: list[Server] = []
+        self._endpoint: Channel | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._admission = asyncio.Lock()
+
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self.plugin_dir, "kubelet.sock")
+
+    async def __aenter__(self) -> FakeKubelet:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        os.makedirs(self.plugin_dir, exist_ok=True)
+        registration = Server([_Registration(self)])
+        await registration.start(path=self.kubelet_socket)
+        pod_resources = Server([_PodResources(self)])
+        await pod_resources.start(path=self.pod_resources_socket)
+        self._servers = [registration, pod_resources]
+
+    async def stop(self) -> None:
+        await self._disconnect()
+        for server in self._servers:
+            server.close()
+            await server.wait_closed()
+        self._servers = []
+
+    async def stop_pod_resources(self) -> None:
+        """Only the PodResources API goes away (e.g. its directory is not mounted)."""
+        server = self._servers.pop()
+        server.close()
+        await server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.pod_resources_socket)
+
+    async def restart(self) -> None:
+        """What a kubelet restart does to the plugin: sockets deleted, kubelet.sock recreated."""
+        await self.stop()
+        for name in os.listdir(self.plugin_dir):
+            path = os.path.join(self.plugin_dir, name)
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.pod_resources_socket)
+        await self._set_devices(dict.fromkeys(self.devices, "Unhealthy"))
+        await self.start()
+
+    # --- registration and the device list ---
+
+    async def on_register(self, request: dp.RegisterRequest) -> None:
+        if request.version != "v1beta1":
+            raise GRPCError(Status.INVALID_ARGUMENT, f"unsupported version {request.version!r}")
+        if request.resource_name != self.resource_name:
+            raise GRPCError(
+                Status.INVALID_ARGUMENT, f"unexpected resource {request.resource_name!r}"
+            )
+        channel = Channel(path=os.path.join(self.plugin_dir, request.endpoint))
+        try:
+            stub = dp.DevicePluginStub(channel)
+            options = await stub.get_device_plugin_options(dp.Empty(), timeout=DIAL_TIMEOUT_S)
+        except Exception as err:
+            channel.close()
+            raise GRPCError(Status.UNKNOWN, f"cannot dial device plugin: {err}") from err
+        await self._disconnect()
+        self._endpoint, self.options = channel, options
+        self.registrations += 1
+        self._own(self._consume(channel))
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _consume(self, channel: Channel) -> None:
+        try:
+            async for response in dp.DevicePluginStub(channel).list_and_watch(dp.Empty()):
+                self.numa.update(
+                    {d.id: [n.id for n in d.topology.nodes] for d in response.devices if d.topology}
+                )
+                await self._set_devices({d.id: d.health for d in response.devices})
+        except Exception:  # any broken stream: kubelet disconnects the endpoint
+            pass
+        if channel is self._endpoint:  # the plugin went away: its devices are unhealthy
+            await self._set_devices(dict.fromkeys(self.devices, "Unhealthy"))
+
+    async def _set_devices(self, devices: dict[str, str]) -> None:
+        async with self._changed:
+            self.devices = devices
+            self._changed.notify_all()
+
+    async def _disconnect(self) -> None:
+        endpoint, self._endpoint = self._endpoint, None
+        if endpoint is not None:
+            endpoint.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _own(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def wait_for(
+        self, condition: Callable[[FakeKubelet], bool], within: float = 10.0
+    ) -> None:
+        async with asyncio.timeout(within), self._changed:
+            await self._changed.wait_for(lambda: condition(self))
+
+    def healthy(self) -> set[str]:
+        return {i for i, h in self.devices.items() if h == HEALTHY}
+
+    # --- admission ---
+
+    async def admit(self, pod: FakePod, follow_hints: bool | None = None) -> Admitted:
+        """Admit a pod as kubelet does, or raise AdmissionError (the pod is then failed)."""
+        follow = self.follow_hints if follow_hints is None else follow_hints
+        async with self._admission:
+            self.active[pod.key] = pod
+            admitted = Admitted(pod)
+            reusable: set[str] = set()
+            try:
+                for container in pod.in_admission_order():
+                    if container.gpus:
+                        await self._admit_container(admitted, container, reusable, follow)
+            except AdmissionError:
+                self.remove(pod)
+                raise
+            return admitted
+
+    async def _admit_container(
+        self, admitted: Admitted, container: FakeContainer, reusable: set[str], follow: bool
+    ) -> None:
+        pod = admitted.pod
+        ids = await self._devices_to_allocate(admitted, container, reusable, follow)
+        try:
+            response = await self._stub().allocate(
+                dp.AllocateRequest(
+                    container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]
+                )
+            )
+        except GRPCError as err:
+            raise AdmissionError(
+                f"Allocate failed for {pod.name}/{container.name}: {err.message}"
+            ) from err
+        if not response.container_responses:
+            raise AdmissionError(
+                f"Allocate for {pod.name}/{container.name} returned no container response"
+            )
+        self.pod_devices[(pod.uid, container.name)] = tuple(ids)
+        admitted.devices[container.name] = tuple(ids)
+        admitted.answers[container.name] = response.container_responses[0]
+        if container.init and not container.restartable:
+            reusable.update(ids)
+        else:
+            reusable.difference_update(ids)
+
+    async def _devices_to_allocate(
+        self, admitted: Admitted, container: FakeContainer, reusable: set[str], follow: bool
+    ) -> list[str]:
+        needed = container.gpus
+        allocated = sorted(reusable)[:needed]
+        if len(allocated) == needed:
+            return allocated
+        in_use = {i for key, ids in self.pod_devices.items() for i in ids}
+        available = self.healthy() - in_use
+        if not self.healthy():
+            raise AdmissionError("no healthy devices present; cannot allocate unhealthy devices")
+        if len(available) < needed - len(allocated):
+            raise AdmissionError(
+                f"requested number of devices unavailable for {self.resource_name}. "
+                f"Requested: {needed}, Available: {len(available)}"
+            )
+        chosen = list(allocated)
+        if self.options is not None and self.options.get_preferred_allocation_available:
+            hint = await self._preferred(sorted(available | set(allocated)), allocated, needed)
+            admitted.hints[container.name] = hint
+            if follow:
+                chosen += [i for i in hint if i in available and i not in chosen][
+                    : needed - len(chosen)
+                ]
+        rest = sorted(available - set(chosen))
+        self.rng.shuffle(rest)
+        return chosen + rest[: needed - len(chosen)]
+
+    async def _preferred(self, available: list[str], must: list[str], size: int) -> list[str]:
+        ask = dp.ContainerPreferredAllocationRequest(
+            available_device_i_ds=available, must_include_device_i_ds=must, allocation_size=size
+        )
+        try:
+            response = await self._stub().get_preferred_allocation(
+                dp.PreferredAllocationRequest(container_requests=[ask])
+            )
+        except GRPCError as err:
+            raise AdmissionError(
+                f"device plugin GetPreferredAllocation rpc failed with err: {err.message}"
+            ) from err
+        return (
+            list(response.container_responses[0].device_i_ds)
+            if response.container_responses
+            else []
+        )
+
+    def _stub(self) -> dp.DevicePluginStub:
+        if self._endpoint is None:
+            raise AdmissionError(f"endpoint for {self.resource_name} is not registered")
+        return dp.DevicePluginStub(self._endpoint)
+
+    def remove(self, pod: FakePod) -> None:
+        """The pod is gone: its devices are free again."""
+        self.active.pop(pod.key, None)
+        for key in [k for k in self.pod_devices if k[0] == pod.uid]:
+            del self.pod_devices[key]
+
+    # --- PodResources ---
+
+    def pod_resources(self, pod: FakePod) -> pr.PodResources:
+        listed = [c for c in pod.containers if not c.init or c.restartable]
+        return pr.PodResources(
+            name=pod.name,
+            namespace=pod.namespace,
+            containers=[
+                pr.ContainerResources(name=c.name, devices=self._devices_of(pod, c)) for c in listed
+            ],
+        )
+
+    def _devices_of(self, pod: FakePod, container: FakeContainer) -> list[pr.ContainerDevices]:
+        ids = self.pod_devices.get((pod.uid, container.name))
+        if not ids:
+            return []
+        return [pr.ContainerDevices(resource_name=self.resource_name, device_ids=list(ids))]
+
+    def give(self, pod: FakePod, container: str, ids: tuple[str, ...]) -> None:
+        """Record devices for a container directly (a test's way to make kubelet disagree)."""
+        self.active[pod.key] = pod
+        self.pod_devices[(pod.uid, container)] = ids

@@ -1,0 +1,146 @@
+"""Wiring: NATS, the node's ledger, placement, PodResources, the gRPC service, kubelet, ops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+
+from gpuledger_common import bus
+from gpuledger_common.ops import bound_port, ops_app, start_http
+from gpuledger_common.settings import describe
+from gpuledger_common.store import LedgerStore
+from gpuledger_core.errors import Unavailable
+from gpuledger_core.model import Isolation
+from gpuledger_plugin.answer import AnswerPolicy
+from gpuledger_plugin.kubelet import KubeletLink, Registration
+from gpuledger_plugin.ledger import StoreLedger
+from gpuledger_plugin.placement import NatsPlacement
+from gpuledger_plugin.podresources import PodResourcesClient
+from gpuledger_plugin.server import OPTIONS, DevicePlugin
+from gpuledger_plugin.service import PluginService
+from gpuledger_plugin.settings import RESOURCE_NAME, PluginSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Running:
+    """What a running plugin exposes to tests: its parts, once started."""
+
+    service: PluginService
+    link: KubeletLink
+    http_port: int = 0
+
+
+async def serve(settings: PluginSettings, stop: asyncio.Event | None = None) -> None:
+    """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
+    stop = stop or _stop_on_signals()
+    try:
+        async with running(settings, stop):
+            await stop.wait()
+    except Unavailable:
+        if not stop.is_set():  # stopped while NATS was still away: a clean stop
+            raise
+
+
+@contextlib.asynccontextmanager
+async def running(
+    settings: PluginSettings, stop: asyncio.Event | None = None
+) -> AsyncIterator[Running]:
+    log.info("gpuledger-plugin starting with %s", describe(settings))
+    nc = await _connect(settings, stop)
+    try:
+        store = await LedgerStore.open(nc)
+        service = _service(settings, nc, store)
+        handler = DevicePlugin(service, settings.answer_timeout_s, settings.nats_url)
+        wake = asyncio.Event()  # reconcile now: set after every registration with kubelet
+        link = KubeletLink(_registration(settings), handler, on_registered=wake.set)
+        async with asyncio.TaskGroup() as tasks:
+            children = [
+                tasks.create_task(service.follow_ledger()),
+                tasks.create_task(link.run()),
+                tasks.create_task(service.reconcile_forever(settings.reconcile_interval_s, wake)),
+            ]
+            http = await start_http(
+                ops_app(lambda: _not_ready(nc, service, link)),
+                settings.http_host,
+                settings.http_port,
+            )
+            try:
+                yield Running(service, link, bound_port(http))
+            finally:
+                log.info("gpuledger-plugin stopping")
+                for child in children:
+                    child.cancel()
+                await http.cleanup()
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+    log.info("gpuledger-plugin stopped")
+
+
+def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> PluginService:
+    policy = AnswerPolicy(
+        strategies=settings.strategies,
+        cdi_kind=settings.cdi_kind,
+        device_specs=settings.device_specs,
+        default_isolation=Isolation(settings.default_isolation),
+        mps_pipe_dir=settings.mps_pipe_dir,
+        mps_host_pipe_dir=settings.mps_host_pipe_dir,
+    )
+    pods = PodResourcesClient(
+        settings.pod_resources_socket, RESOURCE_NAME, settings.pod_resources_timeout_s
+    )
+    placement = NatsPlacement(nc, settings.placement_timeout_s)
+    ledger = StoreLedger(store, settings.node)
+    return PluginService(settings.node, ledger, placement, pods, policy, settings.slots_per_card)
+
+
+def _registration(settings: PluginSettings) -> Registration:
+    return Registration(
+        settings.kubelet_socket,
+        settings.plugin_socket,
+        RESOURCE_NAME,
+        OPTIONS,
+        settings.kubelet_poll_s,
+    )
+
+
+async def _connect(settings: PluginSettings, stop: asyncio.Event | None) -> Client:
+    """NATS, retried until it answers: without the ledger there is nothing to advertise."""
+    delay = 0.5
+    while True:
+        try:
+            return await bus.connect(settings.nats_url, f"gpuledger-plugin-{settings.node}")
+        except Unavailable as err:
+            if stop is not None and stop.is_set():
+                raise
+            log.warning("%s; retrying in %.1fs", err, delay)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await (stop or asyncio.Event()).wait()
+            delay = min(delay * 2, 10.0)
+
+
+def _not_ready(nc: Client, service: PluginService, link: KubeletLink) -> str:
+    if not nc.is_connected:
+        return "NATS disconnected"
+    if service.inventory is None:
+        return "the node's cards are not in the ledger yet"
+    if not link.registered.is_set():
+        return "not registered with kubelet"
+    return ""
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -1,0 +1,312 @@
+"""The plugin's work: device list, preferred allocation, Allocate, reconciliation.
+
+Transport-free: the gRPC adapter (``server.py``) converts messages, bounds every call in time
+and turns errors into kubelet-facing messages. Matching decisions are serialised by one lock,
+since each depends on which containers were already answered (``served``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+
+from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, NotFound
+from gpuledger_core.ids import AllocationId
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Node
+from gpuledger_plugin import matching as m
+from gpuledger_plugin.answer import Answer, AnswerPolicy, answer
+from gpuledger_plugin.devices import HEALTHY, Advertised, advertised
+from gpuledger_plugin.ledger import NodeLedgerPort
+from gpuledger_plugin.metrics import DEVICES, IDENTITY, RECONCILE_MISMATCHES, RECONCILE_REPAIRS
+from gpuledger_plugin.placement import Placement
+from gpuledger_plugin.podresources import PodResourcesPort
+from gpuledger_plugin.reconcile import Comparison, Finding, compare, gone
+from gpuledger_plugin.transitions import GrantRef, bind
+
+log = logging.getLogger(__name__)
+
+BIND_ATTEMPTS = 3
+
+
+class DeviceBoard:
+    """The device list kubelet should have, and a stream of every new version of it."""
+
+    def __init__(self) -> None:
+        self.devices: tuple[Advertised, ...] = ()
+        self.version = 0
+        self._changed = asyncio.Condition()
+
+    async def publish(self, devices: tuple[Advertised, ...]) -> None:
+        if devices == self.devices and self.version:
+            return
+        async with self._changed:
+            self.devices, self.version = devices, self.version + 1
+            self._changed.notify_all()
+        healthy = sum(1 for d in devices if d.health == HEALTHY)
+        DEVICES.labels("healthy").set(healthy)
+        DEVICES.labels("unhealthy").set(len(devices) - healthy)
+
+    async def stream(self) -> AsyncIterator[tuple[Advertised, ...]]:
+        seen = self.version
+        yield self.devices
+        while True:
+            async with self._changed:
+                while self.version == seen:
+                    await self._changed.wait()
+                seen, devices = self.version, self.devices
+            yield devices
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One answered Allocate: the container's answer and how it was identified."""
+
+    answer: Answer
+    allocation_id: AllocationId
+    container: str
+    how: str
+
+
+class PluginService:
+    def __init__(
+        self,
+        node: str,
+        ledger: NodeLedgerPort,
+        placement: Placement,
+        pods: PodResourcesPort,
+        policy: AnswerPolicy,
+        slots_per_card: int,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.node, self.ledger, self.placement, self.pods = node, ledger, placement, pods
+        self.policy, self.slots_per_card, self.clock = policy, slots_per_card, clock
+        self.board = DeviceBoard()
+        self.inventory: Node | None = None
+        self.served: dict[AllocationId, set[int]] = {}
+        self.steered: dict[frozenset[str], GrantRef] = {}
+        self._absent: set[AllocationId] = set()
+        self._lock = asyncio.Lock()
+
+    # --- the device list ---
+
+    async def follow_ledger(self) -> None:
+        """Keep the device list in step with the node's cards and their health."""
+        async for ledger in self.ledger.watch():
+            await self._seen(ledger)
+
+    async def _seen(self, ledger: NodeLedger | None) -> None:
+        node = ledger.node if ledger is not None else None
+        if node != self.inventory or not self.board.version:
+            self.inventory = node
+            await self.board.publish(advertised(node, self.slots_per_card))
+
+    async def _read(self) -> NodeLedger:
+        ledger = await self.ledger.read()
+        await self._seen(ledger)
+        if ledger is None:
+            raise NotFound(
+                f"the ledger has no entry for node {self.node} (is its inventory running?)"
+            )
+        return ledger
+
+    # --- GetPreferredAllocation ---
+
+    async def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        async with self._lock:
+            try:
+                ledger = await self._read()
+            except GpuledgerError as err:
+                log.warning("preferred allocation without the ledger: %s", err)
+                return await self._by_topology(available, must_include, size)
+            decision = m.steer(ledger, self.served, available, must_include, size)
+            if isinstance(decision, m.Ambiguous):
+                admitting = await self._admitting(ledger)
+                decision = m.steer(ledger, self.served, available, must_include, size, admitting)
+            if isinstance(decision, m.Ambiguous):
+                IDENTITY.labels("refused").inc()
+                raise FailedPrecondition(_ambiguity(decision))
+            if isinstance(decision, m.Refused):
+                log.info(
+                    "no reservation to steer to (%s); ranking cards by topology", decision.reason
+                )
+                return await self._by_topology(available, must_include, size)
+            slot = decision.slot
+            self.steered[frozenset(decision.ids)] = (slot.allocation.id, slot.index)
+            IDENTITY.labels("guessed" if decision.guessed else "steered").inc()
+            return list(decision.ids)
+
+    async def _by_topology(
+        self, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        if self.inventory is None:
+            return []
+        return await self.placement.preferred(self.inventory, available, must_include, size)
+
+    # --- Allocate ---
+
+    async def allocate(self, device_ids: Sequence[str]) -> Outcome:
+        async with self._lock:
+            attempt = 1
+            while True:
+                ledger = await self._read()
+                found = await self._identify(ledger, device_ids)
+                try:
+                    return await self._bind(found)
+                except Conflict as err:
+                    if attempt == BIND_ATTEMPTS:
+                        raise
+                    attempt += 1
+                    log.info("retrying Allocate for %s: %s", sorted(device_ids), err)
+
+    async def _identify(self, ledger: NodeLedger, device_ids: Sequence[str]) -> m.Found:
+        ref = self.steered.get(frozenset(device_ids))
+        steered = _slot_of(ledger, ref)
+        decision = m.resolve(ledger, self.served, device_ids, None, steered)
+        if isinstance(decision, m.Ambiguous):
+            admitting = await self._admitting(ledger)
+            decision = m.resolve(ledger, self.served, device_ids, admitting, steered)
+        if isinstance(decision, m.Ambiguous):
+            IDENTITY.labels("refused").inc()
+            raise FailedPrecondition(_ambiguity(decision))
+        if isinstance(decision, m.Refused):
+            IDENTITY.labels("refused").inc()
+            raise FailedPrecondition(decision.reason)
+        return decision
+
+    async def _bind(self, found: m.Found) -> Outcome:
+        slot, ref = found.slot, (found.slot.allocation.id, found.slot.index)
+        now = self.clock()
+        written = await self.ledger.mutate(
+            lambda ledger: bind(ledger, ref, slot.ids, found.ids, now)
+        )
+        allocation = written.get(ref[0]) if written is not None else None
+        if allocation is None or self.inventory is None:
+            raise Conflict(f"allocation {ref[0]} vanished while answering")
+        grant = allocation.grants[ref[1]]
+        self.served.setdefault(allocation.id, set()).add(ref[1])
+        self.steered.pop(frozenset(found.ids), None)
+        how = "rehomed" if found.rehome else "guessed" if found.guessed else "exact"
+        IDENTITY.labels(how).inc()
+        log.info(
+            "allocated %s to %s container %r (%s): cards %s",
+            ",".join(found.ids),
+            allocation.owner.describe(),
+            grant.container,
+            how,
+            ",".join(s.uuid for s in grant.cards),
+            extra={"allocation": allocation.id, "node": self.node},
+        )
+        return Outcome(
+            answer(self.inventory, allocation, grant, self.policy),
+            allocation.id,
+            grant.container,
+            how,
+        )
+
+    # --- which pod is kubelet admitting ---
+
+    async def _admitting(self, ledger: NodeLedger) -> frozenset[m.PodKey] | None:
+        """Pods kubelet runs or is admitting (PodResources List); None when it cannot say.
+
+        Containers whose reserved IDs kubelet already gave them count as answered, so only the
+        pod being admitted still has containers to admit.
+        """
+        try:
+            view = await self.pods.list()
+        except GpuledgerError as err:
+            log.warning("cannot ask kubelet which pod it is admitting: %s", err)
+            return None
+        self._confirm(compare(ledger, view, self.clock()))
+        return frozenset(view)
+
+    def _confirm(self, comparison: Comparison) -> None:
+        for allocation_id, index in comparison.confirmed:
+            self.served.setdefault(allocation_id, set()).add(index)
+
+    # --- reconciliation ---
+
+    async def reconcile(self) -> tuple[Finding, ...]:
+        """Compare the ledger with kubelet's record; repair what can be repaired."""
+        view = await self.pods.list()
+        async with self._lock:
+            ledger = await self._read()
+            now = self.clock()
+            comparison = compare(ledger, view, now)
+            self._confirm(comparison)
+            self._forget(ledger)
+            findings = list(comparison.findings)
+            absent = {a.id for a in comparison.absent}
+            findings += [gone(a, now) for a in comparison.absent if a.id in self._absent]
+            self._absent = absent
+            for finding in findings:
+                await self._repair(finding)
+        return tuple(findings)
+
+    async def _repair(self, finding: Finding) -> None:
+        RECONCILE_MISMATCHES.labels(finding.kind).inc()
+        pod = "/".join(finding.pod)
+        log.warning(
+            "ledger and kubelet disagree (%s) on pod %s container %r: "
+            "ledger has %s; kubelet has %s",
+            finding.kind,
+            pod,
+            finding.container,
+            finding.ledger_side,
+            finding.kubelet_side,
+            extra={"pod": pod, "node": self.node},
+        )
+        if finding.repair is None:
+            RECONCILE_REPAIRS.labels(finding.kind, "impossible").inc()
+            return
+        try:
+            await self.ledger.mutate(finding.repair)
+        except GpuledgerError as err:
+            RECONCILE_REPAIRS.labels(finding.kind, "failed").inc()
+            log.warning("could not repair %s on pod %s: %s", finding.kind, pod, err)
+            return
+        RECONCILE_REPAIRS.labels(finding.kind, "repaired").inc()
+        log.info("repaired %s on pod %s: the ledger now follows kubelet", finding.kind, pod)
+
+    def _forget(self, ledger: NodeLedger) -> None:
+        live = {a.id for a in ledger.live()}
+        for allocation_id in [a for a in self.served if a not in live]:
+            del self.served[allocation_id]
+        self.steered = {k: v for k, v in self.steered.items() if v[0] in live}
+
+    async def reconcile_forever(self, interval_s: float, wake: asyncio.Event | None = None) -> None:
+        wake = wake or asyncio.Event()
+        while True:
+            try:
+                await self.reconcile()
+            except GpuledgerError as err:
+                log.warning("reconciliation skipped: %s", err)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval_s):  # not wait_for: it can swallow a cancel
+                    await wake.wait()
+            wake.clear()
+
+
+def _slot_of(ledger: NodeLedger, ref: GrantRef | None) -> m.Slot | None:
+    if ref is None:
+        return None
+    allocation = ledger.get(ref[0])
+    if allocation is None or not allocation.live or ref[1] >= len(allocation.grants):
+        return None
+    return m.Slot(allocation, ref[1])
+
+
+def _ambiguity(decision: m.Ambiguous) -> str:
+    pods = ", ".join(sorted({c.describe() for c in decision.candidates}))
+    return (
+        f"cannot tell which of {pods} kubelet is admitting: they reserved the same number of "
+        "devices with different cards or limits, and kubelet's PodResources API did not say. "
+        "Refusing rather than risking a swap; check that the plugin can reach "
+        "/var/lib/kubelet/pod-resources/kubelet.sock, then recreate the pod"
+    )

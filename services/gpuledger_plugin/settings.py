@@ -1,0 +1,92 @@
+"""The plugin shim's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuledger_common.settings import option, require
+from gpuledger_core.slots import MAX_SLOTS_PER_CARD
+
+RESOURCE_NAME = "gpuledger.io/gpu"
+STRATEGIES = ("env", "cdi-cri", "cdi-annotations")
+
+
+@dataclass(frozen=True, slots=True)
+class PluginSettings:
+    """gpuledger-plugin: the kubelet device plugin that hands containers their ledger cards."""
+
+    node: str = option("", "this node's name, as in the ledger (required)")
+    nats_url: str = option("nats://127.0.0.1:4222", "NATS server URL")
+    device_plugin_dir: str = option(
+        "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory"
+    )
+    socket_name: str = option("gpuledger.sock", "the plugin's socket file in the device-plugin dir")
+    pod_resources_socket: str = option(
+        "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources socket"
+    )
+    slots_per_card: int = option(8, "kubelet devices advertised per card (containers sharing it)")
+    device_list_strategy: str = option("env", "comma list of env, cdi-cri, cdi-annotations")
+    cdi_kind: str = option("nvidia.com/gpu", "CDI vendor/class of the card devices")
+    device_specs: bool = option(False, "also pass /dev/nvidia* device nodes in Allocate answers")
+    default_isolation: str = option(
+        "none", "isolation for shared cards that asked for none: none or mps"
+    )
+    mps_pipe_dir: str = option("/tmp/nvidia-mps", "CUDA_MPS_PIPE_DIRECTORY inside containers")
+    mps_host_pipe_dir: str = option(
+        "/run/nvidia/mps", "the MPS daemon's pipe directory on the host"
+    )
+    answer_timeout_s: float = option(
+        3.0, "the longest any kubelet call waits for NATS or the ledger"
+    )
+    placement_timeout_s: float = option(0.2, "how long GetPreferredAllocation waits for placement")
+    pod_resources_timeout_s: float = option(1.0, "how long to wait for kubelet's PodResources List")
+    reconcile_interval_s: float = option(30.0, "how often to compare the ledger with kubelet")
+    kubelet_poll_s: float = option(1.0, "how often to look for a restarted kubelet")
+    http_host: str = option("0.0.0.0", "address for /healthz, /readyz, /metrics")
+    http_port: int = option(8083, "port for /healthz, /readyz, /metrics (0: any free port)")
+    log_level: str = option("info", "debug, info, warning or error")
+    log_format: str = option("text", "text or json")
+
+    def __post_init__(self) -> None:
+        require(bool(self.node), "node", "is required (the Kubernetes node name)")
+        require(
+            self.nats_url.startswith(("nats://", "tls://")),
+            "nats_url",
+            f"{self.nats_url!r} is not a nats:// URL",
+        )
+        require(
+            1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD,
+            "slots_per_card",
+            f"must be 1..{MAX_SLOTS_PER_CARD}",
+        )
+        require(
+            "/" not in self.socket_name and self.socket_name.endswith(".sock"),
+            "socket_name",
+            "must be a file name ending in .sock",
+        )
+        require(bool(self.strategies), "device_list_strategy", "must name at least one strategy")
+        for strategy in self.strategies:
+            require(strategy in STRATEGIES, "device_list_strategy", f"unknown {strategy!r}")
+        require("/" in self.cdi_kind, "cdi_kind", "must be vendor/class, e.g. nvidia.com/gpu")
+        require(
+            self.default_isolation in ("none", "mps"), "default_isolation", "must be none or mps"
+        )
+        for name in ("answer_timeout_s", "placement_timeout_s", "pod_resources_timeout_s"):
+            require(getattr(self, name) > 0, name, "must be positive")
+        require(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be positive")
+        require(self.kubelet_poll_s > 0, "kubelet_poll_s", "must be positive")
+        require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
+        require(self.log_format in ("text", "json"), "log_format", "must be text or json")
+        require(self.log_level in ("debug", "info", "warning", "error"), "log_level", "bad level")
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        return tuple(s.strip() for s in self.device_list_strategy.split(",") if s.strip())
+
+    @property
+    def kubelet_socket(self) -> str:
+        return f"{self.device_plugin_dir.rstrip('/')}/kubelet.sock"
+
+    @property
+    def plugin_socket(self) -> str:
+        return f"{self.device_plugin_dir.rstrip('/')}/{self.socket_name}"

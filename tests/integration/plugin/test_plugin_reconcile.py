@@ -1,0 +1,85 @@
+"""Reconciling the ledger with kubelet's record, and bounded answers when NATS is down."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gpuledger_core.model import AllocState
+from gpuledger_plugin.metrics import RECONCILE_MISMATCHES
+from gpuledger_testing.fake_kubelet import AdmissionError, FakeContainer
+
+from .conftest import Stack, pod, share
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+
+def mismatches(kind: str) -> float:
+    value: float = RECONCILE_MISMATCHES.labels(kind)._value.get()
+    return value
+
+
+async def test_moved_devices_are_repaired_in_the_ledger(stack: Stack) -> None:
+    p = pod("p", FakeContainer("main", gpus=1))
+    reserved = await stack.reserve(p, {"main": (share(0),)})
+    await stack.kubelet.admit(p)
+    stack.kubelet.give(p, "main", ("GPU-card-0::3",))  # kubelet's record says another slot
+    before = mismatches("moved")
+    findings = await stack.plugin.service.reconcile()
+    assert [f.kind for f in findings] == ["moved"]
+    assert findings[0].ledger_side != findings[0].kubelet_side
+    assert mismatches("moved") == before + 1
+    ledger = await stack.ledger()
+    now = ledger.get(reserved.id)
+    assert now is not None
+    assert now.grants[0].device_ids == ("GPU-card-0::3",)
+    assert await stack.plugin.service.reconcile() == ()  # repaired: nothing left to find
+
+
+async def test_swapped_containers_are_swapped_in_the_ledger(stack: Stack) -> None:
+    a = pod("a", FakeContainer("main", gpus=1))
+    b = pod("b", FakeContainer("main", gpus=1))
+    ra = await stack.reserve(a, {"main": (share(0, mem=2048),)})
+    rb = await stack.reserve(b, {"main": (share(1, mem=8192),)})
+    stack.kubelet.give(a, "main", rb.grants[0].device_ids)
+    stack.kubelet.give(b, "main", ra.grants[0].device_ids)
+    findings = await stack.plugin.service.reconcile()
+    assert [f.kind for f in findings] == ["swapped"]
+    ledger = await stack.ledger()
+    now_a, now_b = ledger.get(ra.id), ledger.get(rb.id)
+    assert now_a is not None
+    assert now_b is not None
+    assert now_a.grants[0].cards == rb.grants[0].cards  # the ledger now says what a really has
+    assert now_b.grants[0].cards == ra.grants[0].cards
+    assert now_a.grants[0].container == "main"
+
+
+async def test_bound_allocation_of_a_vanished_pod_is_released_on_the_second_look(
+    stack: Stack,
+) -> None:
+    p = pod("p", FakeContainer("main", gpus=1))
+    reserved = await stack.reserve(p, {"main": (share(0),)})
+    await stack.kubelet.admit(p)
+    stack.kubelet.remove(p)
+    assert await stack.plugin.service.reconcile() == ()  # one look is not enough
+    findings = await stack.plugin.service.reconcile()
+    assert [f.kind for f in findings] == ["gone"]
+    ledger = await stack.ledger()
+    released = ledger.get(reserved.id)
+    assert released is not None
+    assert released.state is AllocState.RELEASED
+
+
+async def test_every_call_answers_within_the_bound_when_nats_is_down(stack: Stack) -> None:
+    p = pod("p", FakeContainer("main", gpus=1))
+    await stack.reserve(p, {"main": (share(0),)})
+    await stack.nats.kill()
+    started = time.monotonic()
+    with pytest.raises(AdmissionError) as refused:
+        await stack.kubelet.admit(p)
+    elapsed = time.monotonic() - started
+    assert elapsed < 2 * 1.5 + 1.0  # GetPreferredAllocation then Allocate, each bounded by 1.5 s
+    message = str(refused.value)
+    assert "gpuledger-plugin on node n1" in message
+    assert "NATS" in message or "ledger" in message

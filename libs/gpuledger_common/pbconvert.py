@@ -157,6 +157,10 @@ def node_status_to(s: NodeStatus) -> pb.NodeStatus:
             health=c.card.health.value,
             numa=-1 if c.card.numa is None else c.card.numa,
             holders=[holder_to(h) for h in c.holders],
+            processes=c.processes,
+            foreign_processes=c.foreign_processes,
+            foreign_mem_mib=c.foreign_mib,
+            health_reason=c.card.health_reason,
         )
         for c in s.cards
     ]
@@ -173,10 +177,14 @@ def node_status_from(m: pb.NodeStatus) -> NodeStatus:
                 c.memory_mib,
                 None if c.numa < 0 else c.numa,
                 _enum(Health, c.health, "health", Health.HEALTHY),
+                health_reason=c.health_reason,
             ),
             c.free_mem_mib,
             c.free_core_permille,
             tuple(holder_from(h) for h in c.holders),
+            c.processes,
+            c.foreign_processes,
+            c.foreign_mem_mib,
         )
         for c in m.cards
     )

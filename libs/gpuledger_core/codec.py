@@ -335,6 +335,9 @@ def node_status_to(s: NodeStatus) -> Json:
                 "free_mem_mib": c.free_mem_mib,
                 "free_core_milli": c.free_core_milli,
                 "holders": [holder_to(h) for h in c.holders],
+                "processes": c.processes,
+                "foreign_processes": c.foreign_processes,
+                "foreign_mib": c.foreign_mib,
             }
             for c in s.cards
         ],
@@ -346,7 +349,8 @@ def node_status_from(raw: object) -> NodeStatus:
 
     def card_status(cr: Reader) -> CardStatus:
         free_mem, free_core = cr.integer("free_mem_mib"), cr.integer("free_core_milli")
-        return CardStatus(card_from(cr), free_mem, free_core, cr.items("holders", holder_from))
+        foreign = cr.integer("processes", 0), cr.integer("foreign_processes", 0), cr.integer("foreign_mib", 0)
+        return CardStatus(card_from(cr), free_mem, free_core, cr.items("holders", holder_from), *foreign)
 
     name, stale = NodeName(r.text("name")), r.flag("stale")
     return NodeStatus(name, r.items("cards", card_status), stale, r.integer("revision", 0))

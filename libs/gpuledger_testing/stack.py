@@ -19,19 +19,25 @@ T = TypeVar("T")
 
 
 async def wait_for(check: Callable[[], Awaitable[T | None]], timeout: float = 10.0, what: str = "condition") -> T:
-    """Poll ``check`` until it returns something other than None/False."""
+    """Poll ``check`` until it returns something truthy; return that."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last: Exception | None = None
     while loop.time() < deadline:
         try:
             result = await check()
-            if result is not None and result is not False:
+            if result:
                 return result
         except Exception as err:  # not ready yet
             last = err
         await asyncio.sleep(0.02)
     raise TimeoutError(f"{what} not reached within {timeout:g}s (last error: {last})")
+
+
+async def answers(stub: pb.AllocatorStub) -> bool:
+    """Whether the allocator answers GetCluster (an empty cluster is an answer too)."""
+    await stub.get_cluster(pb.GetClusterRequest())
+    return True
 
 
 @dataclass
@@ -79,7 +85,7 @@ async def running_allocator(nats_url: str, **overrides: Any) -> AsyncIterator[Ru
     running = RunningAllocator(settings, stop, task)
     try:
         stub = running.stub()
-        await wait_for(lambda: stub.get_cluster(pb.GetClusterRequest()), what="allocator gRPC")
+        await wait_for(lambda: answers(stub), what="allocator gRPC")
         yield running
     finally:
         await running.close()

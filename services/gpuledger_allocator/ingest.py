@@ -19,6 +19,7 @@ from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger, with_node
 from gpuledger_core.model import Node
+from gpuledger_core.status import Usage
 
 log = logging.getLogger(__name__)
 INVENTORY = f"{SUBJECT_PREFIX}.inventory.*"
@@ -53,6 +54,7 @@ class Ingest:
             log.warning("ignoring malformed inventory on %s: %s", msg.subject, err)
             return
         self.view.heartbeat(node.name, self.view.clock())
+        self.view.usage[node.name] = usage_from(r)
         if self._unchanged(node):
             return
         try:
@@ -78,3 +80,17 @@ def _upsert(node: Node) -> Callable[[NodeLedger | None], NodeLedger]:
         return NodeLedger(node) if ledger is None else with_node(ledger, node)
 
     return transition
+
+
+def usage_from(r: Reader) -> dict[str, Usage]:
+    """Processes per card from the inventory's ``extra.cards`` (absent or malformed: none)."""
+    extra = r.raw.get("extra")
+    cards = extra.get("cards") if isinstance(extra, dict) else None
+    found: dict[str, Usage] = {}
+    for card in cards if isinstance(cards, list) else ():
+        processes = card.get("processes") if isinstance(card, dict) else None
+        if not isinstance(processes, list) or not isinstance(card.get("uuid"), str):
+            continue
+        used = sum(p.get("used_mib") or 0 for p in processes if isinstance(p, dict))
+        found[card["uuid"]] = Usage(len(processes), int(used))
+    return found

@@ -37,6 +37,16 @@ class CardCollector(Collector):
                 "gpuledger_card_holders", "Allocations holding a share of the card", labels=LABELS
             ),
             "healthy": GaugeMetricFamily("gpuledger_card_healthy", "1 if the card is healthy", labels=LABELS),
+            "foreign": GaugeMetricFamily(
+                "gpuledger_card_foreign_memory_mib",
+                "Memory used on the card that the ledger did not grant",
+                labels=LABELS,
+            ),
+            "foreign_processes": GaugeMetricFamily(
+                "gpuledger_card_foreign_processes",
+                "Processes on the card the ledger does not account for",
+                labels=LABELS,
+            ),
         }
         stale = GaugeMetricFamily("gpuledger_node_stale", "1 if the node's heartbeat stopped", labels=["node"])
         for node in cluster(view):
@@ -48,6 +58,8 @@ class CardCollector(Collector):
                 families["core_free"].add_metric(labels, c.free_core_milli)
                 families["holders"].add_metric(labels, len(c.holders))
                 families["healthy"].add_metric(labels, 1.0 if c.card.healthy else 0.0)
+                families["foreign"].add_metric(labels, c.foreign_mib)
+                families["foreign_processes"].add_metric(labels, c.foreign_processes)
         yield from families.values()
         yield stale
 

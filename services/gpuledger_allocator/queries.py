@@ -34,7 +34,13 @@ def list_allocations(view: ClusterView, where: AllocationFilter) -> list[Allocat
 
 def cluster(view: ClusterView, node: str = "", model: str = "") -> list[NodeStatus]:
     return [
-        node_status(ledger, stale=view.stale(name), revision=view.revisions.get(name, 0), model=model)
+        node_status(
+            ledger,
+            stale=view.stale(name),
+            revision=view.revisions.get(name, 0),
+            model=model,
+            usage=view.usage.get(name),
+        )
         for name, ledger in sorted(view.ledgers.items())
         if not node or name == node
     ]

@@ -18,6 +18,7 @@ from gpuledger_core.events import LedgerEvent, diff
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation
+from gpuledger_core.status import Usage
 
 log = logging.getLogger(__name__)
 RETRY_S = 1.0
@@ -31,6 +32,7 @@ class ClusterView:
     ledgers: dict[NodeName, NodeLedger] = field(default_factory=dict)
     revisions: dict[NodeName, int] = field(default_factory=dict)
     heartbeats: dict[NodeName, float] = field(default_factory=dict)
+    usage: dict[NodeName, dict[str, Usage]] = field(default_factory=dict)  # from the inventory
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = 0.0
     _where: dict[AllocationId, NodeName] = field(default_factory=dict)

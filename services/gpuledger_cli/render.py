@@ -45,7 +45,8 @@ def cluster(nodes: Sequence[NodeStatus]) -> str:
                     c.card.model,
                     f"{c.free_mem_mib}/{c.card.memory_mib}",
                     f"{c.free_core_milli / 10:g}%",
-                    c.card.health.value,
+                    c.card.health.value + (f" ({c.card.health_reason})" if c.card.health_reason else ""),
+                    f"{c.foreign_processes} proc, {c.foreign_mib} MiB" if c.foreign_processes else "-",
                     holders,
                 ]
             )
@@ -54,7 +55,7 @@ def cluster(nodes: Sequence[NodeStatus]) -> str:
     cards = sum(len(n.cards) for n in nodes)
     used = sum(1 for n in nodes for c in n.cards if c.holders)
     summary = f"\n{len(nodes)} node(s), {cards} card(s), {used} in use"
-    headers = ["NODE", "CARD", "MODEL", "FREE MiB", "FREE CORE", "HEALTH", "HOLDERS"]
+    headers = ["NODE", "CARD", "MODEL", "FREE MiB", "FREE CORE", "HEALTH", "FOREIGN", "HOLDERS"]
     return table(headers, rows) + summary
 
 

@@ -18,7 +18,7 @@ from gpuledger_common.natsserver import NatsServer, free_port
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.model import AllocState
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.stack import running_allocator, wait_for
+from gpuledger_testing.stack import answers, running_allocator, wait_for
 
 LEASE_S = 1
 
@@ -46,7 +46,7 @@ async def test_sigkill_mid_work(nats_server: NatsServer, nc: Client, fleet: Flee
     api = pb.AllocatorStub(channel, timeout=5)
     committed: list[str] = []
     try:
-        await wait_for(lambda: api.get_cluster(pb.GetClusterRequest()), what="allocator subprocess")
+        await wait_for(lambda: answers(api), what="allocator subprocess")
         await announce(nc, [n.node for n in fleet.nodes])
         await wait_for(lambda: _nodes(api, len(fleet.nodes)), what="fleet in the ledger")
 

@@ -150,6 +150,10 @@ class CardStatus(betterproto.Message):
     health: str = betterproto.string_field(7)
     numa: int = betterproto.int32_field(8)
     holders: List["Holder"] = betterproto.message_field(9)
+    processes: int = betterproto.uint32_field(10)
+    foreign_processes: int = betterproto.uint32_field(11)
+    foreign_mem_mib: int = betterproto.uint64_field(12)
+    health_reason: str = betterproto.string_field(13)
 
 
 @dataclass(eq=False, repr=False)

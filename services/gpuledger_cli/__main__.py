@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from gpuledger_cli import commands, devup
+from gpuledger_cli import commands, devup, health
 from gpuledger_core.errors import GpuledgerError, InvalidArgument
 
 EXIT_CODES = {"invalid_argument": 2, "not_found": 3, "resource_exhausted": 4, "unavailable": 5}
@@ -19,6 +19,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     commands.register(sub)
     devup.register(sub)
+    health.register(sub)
     return top
 
 

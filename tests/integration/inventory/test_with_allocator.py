@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -82,6 +83,36 @@ async def test_the_allocator_sees_inventory_health_and_foreign_usage(
             )
         assert caught.value.status is Status.RESOURCE_EXHAUSTED
         assert "7 healthy card(s) of the 8 needed" in (caught.value.message or "")
+
+        # Only an operator brings it back: the CLI, recorded with who and why.
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gpuledger_cli",
+            "health",
+            "--nats",
+            nats_server.url,
+            "--node",
+            "gpu-a",
+            "--card",
+            "3",
+            "--healthy",
+            "--by",
+            "alice",
+            "--note",
+            "reseated",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await cli.communicate()
+        assert cli.returncode == 0, err.decode()
+        assert "gpu-a card 3" in out.decode() and "now healthy" in out.decode()
+
+        async def three_healthy() -> bool:
+            c = await card(api, 3)
+            return c is not None and c.health == "healthy"
+
+        await wait_for(three_healthy, what="card 3 healthy again in the ledger")
 
 
 async def test_a_silent_node_goes_stale_and_comes_back(nats_server: NatsServer, allocator: RunningAllocator) -> None:

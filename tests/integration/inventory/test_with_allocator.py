@@ -128,7 +128,7 @@ async def test_a_silent_node_goes_stale_and_comes_back(nats_server: NatsServer, 
 
     async def stale() -> bool:
         reply = await api.get_cluster(pb.GetClusterRequest(node="gpu-a"))
-        return reply.nodes[0].stale
+        return bool(reply.nodes[0].stale)
 
     await wait_for(stale, timeout=STALE_S + 5, what="gpu-a stale")
     with pytest.raises(GRPCError) as caught:

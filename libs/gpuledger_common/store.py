@@ -29,10 +29,11 @@ from gpuledger_core.errors import Conflict, Unavailable
 from gpuledger_core.events import LedgerEvent, diff
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, tidy
-from gpuledger_core.model import Owner
+from gpuledger_core.model import Node, Owner
 
 log = logging.getLogger(__name__)
 
+WRITES_REMEMBERED = 8
 LEDGER_BUCKET = "gpuledger-ledger"
 OWNER_BUCKET = "gpuledger-owners"
 EVENTS_SUBJECT = f"{SUBJECT_PREFIX}.events"
@@ -73,6 +74,9 @@ class LedgerStore:
     stats: CasStats = field(default_factory=CasStats)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     _known: dict[str, tuple[NodeLedger | None, int]] = field(default_factory=dict)
+    _written: dict[str, dict[int, NodeLedger]] = field(default_factory=dict)  # our last writes
+    _nodes: dict[str, tuple[object, Node]] = field(default_factory=dict)  # last decoded inventory
+    _pending: dict[str, tuple[bytes, NodeLedger]] = field(default_factory=dict)  # being written
 
     @classmethod
     async def open(cls, nc: Client, *, replicas: int = 1, max_attempts: int = 12) -> LedgerStore:
@@ -88,16 +92,29 @@ class LedgerStore:
             return None, 0
         except Exception as err:
             raise Unavailable(f"cannot read the ledger of {node}: {err}") from err
-        ledger = codec.ledger_from(_json(entry.value)) if entry.value else None
+        ledger = self._decoded(node, entry.value, entry.revision or 0) if entry.value else None
         self.remember(node, ledger, entry.revision or 0)
         return ledger, entry.revision or 0
 
     def _decoded(self, node: str, data: bytes, revision: int) -> NodeLedger:
-        """The ledger in ``data``; our own writes come back from a watch already decoded."""
-        known = self._known.get(node)
-        if known is not None and known[1] == revision and known[0] is not None:
-            return known[0]
-        return codec.ledger_from(_json(data))
+        """The ledger in ``data``. Our own recent writes come back from a watch already decoded,
+        and the node's inventory, which seldom changes, is decoded once per change."""
+        mine = self._written.get(node, {}).get(revision)
+        if mine is not None:
+            return mine
+        pending = self._pending.get(node)
+        if pending is not None and pending[0] == data:  # the watch beat the write's own answer
+            return pending[1]
+        raw = _json(data)
+        if not isinstance(raw, dict):
+            return codec.ledger_from(raw)
+        seen = self._nodes.get(node)
+        if seen is not None and seen[0] == raw.get("node"):
+            allocations = codec.Reader(raw).items("allocations", codec.allocation_from)
+            return NodeLedger(seen[1], allocations)
+        ledger = codec.ledger_from(raw)
+        self._nodes[node] = (raw.get("node"), ledger.node)
+        return ledger
 
     def remember(self, node: str, ledger: NodeLedger | None, revision: int) -> None:
         """Note a value of the node's key seen elsewhere (a watch), if it is newer than ours.
@@ -145,6 +162,11 @@ class LedgerStore:
                 continue
             self.stats.writes += 1
             self.remember(node, new, written)
+            if new is not None:
+                recent = self._written.setdefault(node, {})
+                recent[written] = new
+                for old in sorted(recent)[:-WRITES_REMEMBERED]:
+                    del recent[old]
             events = diff(current, new, written)
             await self._publish(events)
             return Written(current, new, written, events)
@@ -159,6 +181,7 @@ class LedgerStore:
                 await self.kv.delete(key, last=revision)
                 return revision + 1
             data = encode(codec.ledger_to(new))
+            self._pending[node] = (data, new)
             if revision == 0:
                 return await self.kv.create(key, data)
             return await self.kv.update(key, data, last=revision)
@@ -168,6 +191,8 @@ class LedgerStore:
             if "wrong last sequence" in str(err) or "key exists" in str(err):
                 raise KeyWrongLastSequenceError() from err
             raise Unavailable(f"cannot write the ledger of {node}: {err}") from err
+        finally:
+            self._pending.pop(node, None)
 
     async def _publish(self, events: tuple[LedgerEvent, ...]) -> None:
         for event in events:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from gpuledger_common.fleet import load_fleet
+
 from .services import DEPLOY, PENDING, ROOT, flags_of, program
 
 COMPOSE = DEPLOY / "compose" / "compose.yaml"
@@ -100,7 +101,7 @@ def test_inventories_run_on_the_mounted_fleet_each_as_its_own_node() -> None:
         assert _flag_value(command, "--node") == name.removeprefix("inventory-")
         assert _flag_value(command, "--node") in nodes
         assert _flag_value(command, "--kube") == "off"
-        source, target = _bind_mount(service, _flag_value(command, "--fake-fleet") or "")
+        source, _ = _bind_mount(service, _flag_value(command, "--fake-fleet") or "")
         assert source == FLEET
         assert service["depends_on"]["allocator"] == {"condition": "service_healthy"}
 

@@ -7,6 +7,8 @@ flag and GPULEDGER_* variable against the programs themselves (tests/unit/deploy
 
 from __future__ import annotations
 
+import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ import pytest
 import yaml
 
 from gpuledger_common.fleet import load_fleet
+from gpuledger_common.natsserver import find_binary
 
 from .services import DEPLOY, PENDING, ROOT, flags_of, program
 
@@ -49,6 +52,13 @@ def test_nats_runs_jetstream_on_a_named_volume() -> None:
     volume, _, mounted = nats["volumes"][0].partition(":")
     assert mounted == store
     assert volume in compose()["volumes"]
+
+
+def test_nats_flags_are_nats_server_flags() -> None:
+    usage = subprocess.run([find_binary(), "--help"], capture_output=True, text=True, timeout=30)
+    known = set(re.findall(r"(?<![\w-])--?[a-z_]+", usage.stdout + usage.stderr))
+    flags = [a for a in services()["nats"]["command"] if a.startswith("-")]
+    assert flags and set(flags) <= known
 
 
 @pytest.mark.parametrize("name", sorted(gpuledger_services()))

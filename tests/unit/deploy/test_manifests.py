@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from gpuledger_common.fleet import load_fleet
+from gpuledger_common.natsserver import find_binary
 
 from .kustomize import KustomizeError, build
 from .manifests import (
@@ -342,6 +343,19 @@ def test_dev_nats_is_one_server_without_routes() -> None:
     _assert_jetstream_on_the_volume(nats, config)
     _assert_authenticated(config)
     assert generated(objects, "ConfigMap", "gpuledger-allocator-settings")["data"]["GPULEDGER_BUCKET_REPLICAS"] == "1"
+
+
+@pytest.mark.parametrize("path", RENDERS)
+def test_nats_server_accepts_the_rendered_configuration_and_arguments(path: str, tmp_path: Path) -> None:
+    objects = rendered(path)
+    container = named(objects, "StatefulSet", "gpuledger-nats")["spec"]["template"]["spec"]["containers"][0]
+    env = {"SERVER_NAME": "gpuledger-nats-0", "NATS_USER": "gpuledger", "NATS_PASSWORD": "secret0"}
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+    config_dir = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "config")
+    args = [str(tmp_path / a.removeprefix(config_dir + "/")) if a.startswith(config_dir) else a for a in args]
+    (tmp_path / "nats.conf").write_text(_nats_config(objects))
+    done = subprocess.run([find_binary(), "-t", *args], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr + done.stdout
 
 
 def _assert_jetstream_on_the_volume(nats: dict[str, Any], config: str) -> None:

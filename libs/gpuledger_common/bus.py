@@ -20,6 +20,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from gpuledger_common.settings import redact_url
 from gpuledger_core.errors import GpuledgerError, InvalidArgument, Unavailable, from_code
 
 log = logging.getLogger(__name__)
@@ -30,15 +31,16 @@ Handler = Callable[[Any], Awaitable[Any]]
 
 async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> Client:
     """Connect, and keep reconnecting forever if the server goes away later."""
+    shown = redact_url(url)
 
     async def on_error(err: Exception) -> None:
         log.warning("nats error: %s", err)
 
     async def on_disconnect() -> None:
-        log.info("nats disconnected from %s", url)
+        log.info("nats disconnected from %s", shown)
 
     async def on_reconnect() -> None:
-        log.info("nats reconnected to %s", url)
+        log.info("nats reconnected to %s", shown)
 
     try:
         return await nats.connect(
@@ -53,7 +55,7 @@ async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> Clien
             reconnected_cb=on_reconnect,
         )
     except Exception as err:  # nats raises several unrelated types on a failed first connect
-        raise Unavailable(f"cannot connect to NATS at {url}: {err}") from err
+        raise Unavailable(f"cannot connect to NATS at {shown}: {err}") from err
 
 
 def encode(value: Any) -> bytes:

@@ -70,12 +70,27 @@ def load(
 
 
 def describe(settings: object) -> dict[str, Any]:
-    """The effective settings, secrets redacted, for the start-up log line."""
+    """The effective settings, secrets redacted (passwords in URLs too), for the start-up log line."""
     shown: dict[str, Any] = {}
     for f in dataclasses.fields(settings):  # type: ignore[arg-type]
         value = getattr(settings, f.name)
-        shown[f.name] = "***" if f.metadata.get("secret") and value else value
+        if f.metadata.get("secret") and value:
+            value = "***"
+        elif isinstance(value, str):
+            value = redact_url(value)
+        shown[f.name] = value
     return shown
+
+
+def redact_url(url: str) -> str:
+    """``nats://user:password@host:4222`` -> ``nats://***@host:4222``; other text unchanged."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return url
+    return f"{scheme}://***@{authority.rsplit('@', 1)[1]}{slash}{path}"
 
 
 def require(condition: bool, name: str, problem: str) -> None:

@@ -13,7 +13,7 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.ops import bound_port, ops_app, start_http
-from gpuledger_common.settings import describe
+from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.model import Isolation
@@ -58,7 +58,7 @@ async def running(
     try:
         store = await LedgerStore.open(nc)
         service = _service(settings, nc, store)
-        handler = DevicePlugin(service, settings.answer_timeout_s, settings.nats_url)
+        handler = DevicePlugin(service, settings.answer_timeout_s, redact_url(settings.nats_url))
         wake = asyncio.Event()  # reconcile now: set after every registration with kubelet
         link = KubeletLink(_registration(settings), handler, on_registered=wake.set)
         async with asyncio.TaskGroup() as tasks:

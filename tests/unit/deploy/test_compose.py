@@ -1,0 +1,148 @@
+"""deploy/compose/compose.yaml: its structure, and that every command and flag it names is real.
+
+No Docker engine runs here, so the file is checked as data: the services and what they depend
+on, the image built from deploy/Dockerfile, volumes, ports, health checks, and every program,
+flag and GPULEDGER_* variable against the programs themselves (tests/unit/deploy/services.py).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpuledger_common.fleet import load_fleet
+from gpuledger_common.natsserver import find_binary
+
+from .services import DEPLOY, PENDING, ROOT, flags_of, program
+
+COMPOSE = DEPLOY / "compose" / "compose.yaml"
+FLEET = ROOT / "libs" / "gpuledger_common" / "fleets" / "dev.yaml"
+OURS = {"allocator", "placement"}  # plus one inventory per fleet node
+
+
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return loaded
+
+
+def services() -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = compose()["services"]
+    return found
+
+
+def gpuledger_services() -> dict[str, dict[str, Any]]:
+    return {name: s for name, s in services().items() if name != "nats"}
+
+
+def test_the_stack_is_nats_allocator_placement_and_an_inventory_per_fleet_node() -> None:
+    nodes = [n.node.name for n in load_fleet(str(FLEET)).nodes]
+    assert set(services()) == {"nats", *OURS, *(f"inventory-{n}" for n in nodes)}
+
+
+def test_nats_runs_jetstream_on_a_named_volume() -> None:
+    nats = services()["nats"]
+    assert nats["image"].startswith("nats:")
+    assert "--jetstream" in nats["command"] or "-js" in nats["command"]
+    store = nats["command"][nats["command"].index("--store_dir") + 1]
+    volume, _, mounted = nats["volumes"][0].partition(":")
+    assert mounted == store
+    assert volume in compose()["volumes"]
+
+
+def test_nats_flags_are_nats_server_flags() -> None:
+    usage = subprocess.run([find_binary(), "--help"], capture_output=True, text=True, timeout=30)
+    known = set(re.findall(r"(?<![\w-])--?[a-z_]+", usage.stdout + usage.stderr))
+    flags = [a for a in services()["nats"]["command"] if a.startswith("-")]
+    assert flags and set(flags) <= known
+
+
+@pytest.mark.parametrize("name", sorted(gpuledger_services()))
+def test_every_gpuledger_service_is_the_one_image_built_from_the_dockerfile(name: str) -> None:
+    service = services()[name]
+    build = service["build"]
+    context = (COMPOSE.parent / build["context"]).resolve()
+    assert context == ROOT
+    assert (context / build["dockerfile"]).resolve() == DEPLOY / "Dockerfile"
+    assert service["image"] == services()["allocator"]["image"]
+
+
+@pytest.mark.parametrize("name", sorted(gpuledger_services()))
+def test_every_gpuledger_service_waits_for_a_healthy_nats(name: str) -> None:
+    assert services()[name]["depends_on"]["nats"] == {"condition": "service_healthy"}
+
+
+@pytest.mark.parametrize("name", sorted(services()))
+def test_every_service_has_a_health_check_and_restarts(name: str) -> None:
+    service = services()[name]
+    assert service["healthcheck"]["test"][0] == "CMD"
+    assert service["restart"] == "unless-stopped"
+
+
+@pytest.mark.parametrize("name", sorted(gpuledger_services()))
+def test_health_checks_ask_the_service_port(name: str) -> None:
+    service = services()[name]
+    check = " ".join(service["healthcheck"]["test"])
+    script = program(service["command"][0])
+    port = _flag_value(service["command"], "--http-port") or (script and script.defaults["http_port"])
+    assert f"http://127.0.0.1:{port}/healthz" in check or f"http://127.0.0.1:{port}/readyz" in check
+
+
+def test_the_dashboard_and_grpc_are_published_on_loopback() -> None:
+    allocator = services()["allocator"]
+    assert "127.0.0.1:8081:8081" in allocator["ports"]
+    assert "127.0.0.1:50051:50051" in allocator["ports"]
+    assert _flag_value(allocator["command"], "--http-port") == "8081"
+    assert _flag_value(allocator["command"], "--grpc-port") == "50051"
+    published = [p for s in services().values() for p in s.get("ports", [])]
+    assert all(p.startswith("127.0.0.1:") for p in published)
+
+
+def test_inventories_run_on_the_mounted_fleet_each_as_its_own_node() -> None:
+    nodes = {n.node.name for n in load_fleet(str(FLEET)).nodes}
+    for name, service in services().items():
+        if not name.startswith("inventory-"):
+            continue
+        command = service["command"]
+        assert _flag_value(command, "--node") == name.removeprefix("inventory-")
+        assert _flag_value(command, "--node") in nodes
+        assert _flag_value(command, "--kube") == "off"
+        source, _ = _bind_mount(service, _flag_value(command, "--fake-fleet") or "")
+        assert source == FLEET
+        assert service["depends_on"]["allocator"] == {"condition": "service_healthy"}
+
+
+@pytest.mark.parametrize("name", sorted(gpuledger_services()))
+def test_every_command_is_a_console_script_and_every_flag_and_variable_is_a_setting(name: str) -> None:
+    service = services()[name]
+    script, *args = service["command"]
+    found = program(script)
+    if found is None:
+        assert script in PENDING
+        pytest.skip(f"{script} is not on this branch yet")
+    assert set(flags_of(args)) <= found.flags, f"{name}: unknown flags {set(flags_of(args)) - found.flags}"
+    for flag in flags_of(args):
+        assert flag.removeprefix("--").replace("-", "_") in found.fields or flag == "--nats"
+    env = set(service.get("environment", {}))
+    assert env <= found.env, f"{name}: unknown variables {env - found.env}"
+
+
+def test_the_plugin_is_left_out_and_the_file_says_why() -> None:
+    assert not any(s["command"][0] == "gpuledger-plugin" for s in gpuledger_services().values())
+    assert "No plugin shim here" in COMPOSE.read_text()
+
+
+def _flag_value(command: list[str], flag: str) -> str | None:
+    return command[command.index(flag) + 1] if flag in command else None
+
+
+def _bind_mount(service: dict[str, Any], target: str) -> tuple[Path, str]:
+    for volume in service["volumes"]:
+        source, mounted, *_ = volume.split(":")
+        if mounted == target:
+            return (COMPOSE.parent / source).resolve(), mounted
+    raise AssertionError(f"nothing is mounted at {target}")

@@ -107,7 +107,10 @@ class PluginService:
 
     async def _read(self) -> NodeLedger:
         ledger = await self.ledger.read()
-        await self._seen(ledger)
+        if self.inventory is None:
+            # Only until the watch speaks: a read that started before a change the watch has
+            # already delivered would otherwise put the old device list back.
+            await self._seen(ledger)
         if ledger is None:
             raise NotFound(
                 f"the ledger has no entry for node {self.node} (is its inventory running?)"

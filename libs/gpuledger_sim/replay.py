@@ -17,7 +17,7 @@ from random import Random
 from gpuledger_core.model import Request
 from gpuledger_core.placement import Ask, Guard, NodeState, Placer, make_policy
 from gpuledger_core.placement.basic import tag_of
-from gpuledger_core.placement.frag import FragMeter, TypicalPod, Workload
+from gpuledger_core.placement.frag import FragMeter, TypicalPod, Workload, without_memory
 from gpuledger_core.placement.state import charge, flat_node, take
 from gpuledger_sim.trace import WHOLE, TraceNode, TracePod
 
@@ -70,7 +70,8 @@ def ask_of(pod: TracePod) -> Ask:
 
 
 def typical_of(pod: TracePod) -> TypicalPod:
-    return TypicalPod(pod.cpu_milli, pod.num_gpu, pod.gpu_milli if pod.num_gpu else 0, pod.models)
+    milli = pod.gpu_milli if pod.num_gpu else 0
+    return TypicalPod(pod.cpu_milli, pod.num_gpu, milli, pod.models, pod.memory_mib)
 
 
 def arrival_order(
@@ -119,14 +120,14 @@ def replay(
     started = time.perf_counter()
     rng = Random(config.seed)
     capacity = sum(n.gpus for n in nodes) * WHOLE
-    workload = Workload.of(typical_of(p) for p in pods)
+    typical = [typical_of(p) for p in pods]
     order = arrival_order(pods, rng, config.tune, capacity)
     states = node_states(nodes, rng)
-    placer = Placer(states, make_policy(config.policy, workload), config.guard, rng)
+    placer = Placer(states, make_policy(config.policy, typical), config.guard, rng)
     run = _Run(
         Summary(config.policy, config.seed, config.tune, len(states), capacity // WHOLE),
         capacity,
-        FragMeter(workload),
+        FragMeter(Workload.of(without_memory(typical))),
         states,
     )
     for seq, pod in enumerate(order):

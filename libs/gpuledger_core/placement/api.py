@@ -27,7 +27,7 @@ from gpuledger_core.placement.default import Default
 from gpuledger_core.placement.engine import choose_node, option_for
 from gpuledger_core.placement.fgd import Fgd
 from gpuledger_core.placement.fit import Guard, problem
-from gpuledger_core.placement.frag import Workload
+from gpuledger_core.placement.frag import TypicalPod, Workload, without_memory
 from gpuledger_core.placement.policy import Policy
 from gpuledger_core.placement.state import NodeState
 
@@ -62,8 +62,9 @@ class NoFit:
         return shown + (f"; and {more} more node(s)" if more > 0 else "")
 
 
-def make_policy(name: str, workload: Workload | None = None) -> Policy:
-    """The policy called ``name``; ``fgd`` and ``default`` measure against ``workload``."""
+def make_policy(name: str, typical: Sequence[TypicalPod] = ()) -> Policy:
+    """The policy called ``name``; ``fgd`` and ``default`` measure fragmentation against the
+    ``typical`` pods (recently observed asks: ``frag.typical`` and ``WorkloadTracker``)."""
     simple: dict[
         str, type[Binpack | Spread | BestFit | RandomFit | DotProduct | GpuClustering | GpuPacking]
     ] = {
@@ -78,9 +79,9 @@ def make_policy(name: str, workload: Workload | None = None) -> Policy:
     if name in simple:
         return simple[name]()
     if name == "fgd":
-        return Fgd(workload or Workload(()))
+        return Fgd(Workload.of(without_memory(typical)))
     if name == "default":
-        return Default(workload or Workload(()))
+        return Default(Workload.of(typical))
     raise InvalidArgument("policy", f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
 
 

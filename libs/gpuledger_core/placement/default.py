@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gpuledger_core.placement.ask import Ask
 from gpuledger_core.placement.basic import MAX_SPEC_CPU, MAX_SPEC_GPU, cpu_free, gpu_taken
-from gpuledger_core.placement.fgd import growth
+from gpuledger_core.placement.fgd import growth, sigmoid
 from gpuledger_core.placement.frag import FragMeter, Workload
 from gpuledger_core.placement.policy import Base, Option
 from gpuledger_core.placement.state import NodeState
@@ -28,4 +28,4 @@ class Default(Base):
         cpu_left = (cpu_free(node) - ask.cpu_milli) / MAX_SPEC_CPU
         gpu_left = (node.gpu_room - gpu_taken(ask)) / MAX_SPEC_GPU
         fit = 1.0 - 0.5 * cpu_left - 0.5 * gpu_left
-        return Option(-grown + 1e-3 * fit, cards)
+        return Option(float(int(sigmoid(-grown / 1000) * 100)) + 0.5 * fit, cards)

@@ -22,13 +22,14 @@ def growth(meter: FragMeter, node: NodeState, ask: Ask) -> tuple[float, tuple[in
     card_models = _card_models(node)
     models = node.models
     cpu = node.cpu_free if node.cpu_free == UNTRACKED else node.cpu_free - ask.cpu_milli
+    mem = node.mem_free if node.mem_free == UNTRACKED else node.mem_free - ask.memory_mib
     rooms = node.rooms
-    before = meter.of(models, node.cpu_free, rooms, card_models)
+    before = meter.of(models, node.cpu_free, rooms, card_models, node.mem_free)
     if ask.shared and ask.count == 1:
         best: tuple[float, int] | None = None
         for pos in fitting(node, ask):
-            after_rooms = (*rooms[:pos], room_after(node.cards[pos], ask), *rooms[pos + 1:])
-            after = meter.of(models, cpu, after_rooms, card_models)
+            after_rooms = (*rooms[:pos], room_after(node.cards[pos], ask), *rooms[pos + 1 :])
+            after = meter.of(models, cpu, after_rooms, card_models, mem)
             if best is None or after < best[0]:
                 best = (after, pos)
         return None if best is None else (best[0] - before, (best[1],))
@@ -39,7 +40,7 @@ def growth(meter: FragMeter, node: NodeState, ask: Ask) -> tuple[float, tuple[in
         (0 if ask.exclusive else room_after(node.cards[p], ask)) if p in cards else room
         for p, room in enumerate(rooms)
     )
-    return meter.of(models, cpu, after_rooms, card_models) - before, cards
+    return meter.of(models, cpu, after_rooms, card_models, mem) - before, cards
 
 
 def _card_models(node: NodeState) -> tuple[str, ...] | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuledger_core.placement.ask import Ask
 from gpuledger_core.placement.state import UNTRACKED, NodeState
@@ -26,6 +26,7 @@ class TypicalPod:
     count: int  # cards; 0 for a pod that wants none
     milli: int  # per-card share, per-mille (1000: whole cards)
     models: frozenset[str] = frozenset()
+    memory_mib: int = 0  # node memory; the FGD paper leaves it out (0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +56,19 @@ class Workload:
         return Workload(tuple((pod, n / covered) for pod, n in chosen))
 
 
-def _order(pod: TypicalPod) -> tuple[int, int, int, str]:
-    return (pod.cpu_milli, pod.milli, pod.count, "|".join(sorted(pod.models)))
+def without_memory(pods: Iterable[TypicalPod]) -> list[TypicalPod]:
+    """The shapes as the FGD paper counts them: by CPU, cards and model, not by memory."""
+    return [replace(pod, memory_mib=0) for pod in pods]
 
 
-def typical(ask: Ask, mem_total: int = 0) -> TypicalPod:
+def _order(pod: TypicalPod) -> tuple[int, int, int, str, int]:
+    return (pod.cpu_milli, pod.milli, pod.count, "|".join(sorted(pod.models)), pod.memory_mib)
+
+
+def typical(ask: Ask, mem_total: int = 0, with_memory: bool = True) -> TypicalPod:
     """The typical-pod shape of an observed ask (memory shares sized against ``mem_total``)."""
-    return TypicalPod(ask.cpu_milli, ask.count, ask.size_on(mem_total), ask.models)
+    memory = ask.memory_mib if with_memory else 0
+    return TypicalPod(ask.cpu_milli, ask.count, ask.size_on(mem_total), ask.models, memory)
 
 
 @dataclass(slots=True)
@@ -82,21 +89,22 @@ class WorkloadTracker:
             self._next = (self._next + 1) % self.window
         self.version += 1
 
-    def workload(self) -> Workload:
-        return Workload.of(self._seen, self.cover)
+    def seen(self) -> tuple[TypicalPod, ...]:
+        return tuple(self._seen)
 
 
 class FragMeter:
     """Computes node fragmentation for one workload, memoised on what the measure depends on:
-    the node's models, which typical pods its free CPU can host, and its sorted card rooms."""
+    the node's models, which typical pods its free CPU and memory can host, its card rooms."""
 
     def __init__(self, workload: Workload) -> None:
         self.workload = workload
-        self._thresholds = sorted({pod.cpu_milli for pod, _ in workload.pods})
+        self._cpu = _Levels(pod.cpu_milli for pod, _ in workload.pods)
+        self._mem = _Levels(pod.memory_mib for pod, _ in workload.pods)
         self._memo: dict[tuple[object, ...], float] = {}
 
     def node(self, node: NodeState) -> float:
-        return self.of(node.models, node.cpu_free, node.rooms, _models_of(node))
+        return self.of(node.models, node.cpu_free, node.rooms, _models_of(node), node.mem_free)
 
     def of(
         self,
@@ -104,28 +112,25 @@ class FragMeter:
         cpu_free: int,
         rooms: tuple[int, ...],
         card_models: tuple[str, ...] | None = None,
+        mem_free: int = UNTRACKED,
     ) -> float:
         """Fragmentation of a node with these card ``rooms`` (and per-card models if mixed)."""
-        level = (
-            len(self._thresholds)
-            if cpu_free == UNTRACKED
-            else bisect_right(self._thresholds, cpu_free)
-        )
+        cpu, mem = self._cpu.level(cpu_free), self._mem.level(mem_free)
         if card_models is None:
-            key: tuple[object, ...] = (models, level, tuple(sorted(rooms)))
+            key: tuple[object, ...] = (models, cpu, mem, tuple(sorted(rooms)))
         else:
-            key = (level, tuple(sorted(zip(card_models, rooms, strict=True))))
+            key = (cpu, mem, tuple(sorted(zip(card_models, rooms, strict=True))))
         found = self._memo.get(key)
         if found is None:
-            cpu = self._thresholds[level - 1] if level else -1
-            found = self._compute(models, cpu, rooms, card_models)
+            host = (self._cpu.value(cpu), self._mem.value(mem))
+            found = self._compute(models, host, rooms, card_models)
             self._memo[key] = found
         return found
 
     def _compute(
         self,
         models: frozenset[str],
-        cpu_free: int,
+        host: tuple[int, int],
         rooms: tuple[int, ...],
         card_models: tuple[str, ...] | None,
     ) -> float:
@@ -134,19 +139,33 @@ class FragMeter:
             return 0.0
         frag = 0.0
         for pod, weight in self.workload.pods:
-            frag += weight * _frag_for(pod, models, cpu_free, rooms, card_models, total)
+            frag += weight * _frag_for(pod, models, host, rooms, card_models, total)
         return frag
+
+
+class _Levels:
+    """The distinct values typical pods ask of one node resource: a node's free amount matters
+    only through the largest of them it still covers."""
+
+    def __init__(self, asked: Iterable[int]) -> None:
+        self._values = sorted(set(asked))
+
+    def level(self, free: int) -> int:
+        return len(self._values) if free == UNTRACKED else bisect_right(self._values, free)
+
+    def value(self, level: int) -> int:
+        return self._values[level - 1] if level else -1
 
 
 def _frag_for(
     pod: TypicalPod,
     models: frozenset[str],
-    cpu_free: int,
+    host: tuple[int, int],
     rooms: tuple[int, ...],
     card_models: tuple[str, ...] | None,
     total: int,
 ) -> int:
-    if pod.count == 0 or cpu_free < pod.cpu_milli:
+    if pod.count == 0 or host[0] < pod.cpu_milli or host[1] < pod.memory_mib:
         return total
     if card_models is None:
         if pod.models and not (pod.models & models):

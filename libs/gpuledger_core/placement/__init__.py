@@ -11,6 +11,8 @@ from gpuledger_core.placement.api import (
     filter_nodes,
     make_policy,
     place,
+    rate,
+    scale,
     score_nodes,
     shares,
 )
@@ -42,6 +44,8 @@ __all__ = [
     "gpu_ask",
     "make_policy",
     "place",
+    "rate",
+    "scale",
     "score_nodes",
     "shares",
     "typical",

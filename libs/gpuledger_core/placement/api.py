@@ -6,7 +6,7 @@ and an ``Ask``; none of them does I/O or keeps state between calls.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from random import Random
 
@@ -123,21 +123,32 @@ def score_nodes(
     nodes: Sequence[NodeState], ask: Ask, policy: Policy, guard: Guard | None = None
 ) -> dict[str, int]:
     """0..10 per node for the extender's prioritize: the best fitting node 10, a misfit 0."""
-    options = {node.name: option_for(node, ask, policy, guard) for node in nodes}
-    scores = {name: o.score for name, o in options.items() if o is not None}
+    return scale({node.name: rate(node, ask, policy, guard) for node in nodes})
+
+
+def rate(node: NodeState, ask: Ask, policy: Policy, guard: Guard | None = None) -> float | None:
+    """The policy's raw score of ``node`` for ``ask`` (higher is better); ``None`` if it does not
+    fit. A caller that caches per node combines them with ``scale``."""
+    option = option_for(node, ask, policy, guard)
+    return None if option is None else option.score
+
+
+def scale(raw: Mapping[str, float | None]) -> dict[str, int]:
+    """Raw scores to 0..10: the best 10, the worst fitting 0 (all 10 when equal), a misfit 0."""
+    scores = {name: score for name, score in raw.items() if score is not None}
     if not scores:
-        return {node.name: 0 for node in nodes}
+        return dict.fromkeys(raw, 0)
     low, high = min(scores.values()), max(scores.values())
     span = high - low
     return {
-        node.name: (
+        name: (
             0
-            if node.name not in scores
+            if name not in scores
             else MAX_EXTENDER_SCORE
             if span == 0
-            else round((scores[node.name] - low) / span * MAX_EXTENDER_SCORE)
+            else round((scores[name] - low) / span * MAX_EXTENDER_SCORE)
         )
-        for node in nodes
+        for name in raw
     }
 
 

@@ -24,8 +24,9 @@ def containers(count: int, **request: Any) -> list[dict[str, Any]]:
 
 async def allocate(nc: Client, tool: str, count: int) -> dict[str, Any]:
     body = {"owner": {"kind": "tool", "id": tool}, "containers": containers(count)}
-    result: dict[str, Any] = await bus.request(nc, "gpuledger.v1.allocator.allocate", body)
-    return result["allocation"]
+    result = await bus.request(nc, "gpuledger.v1.allocator.allocate", body)
+    allocation: dict[str, Any] = result["allocation"]
+    return allocation
 
 
 async def node_of(nc: Client, name: str) -> Node:
@@ -43,7 +44,7 @@ async def test_place_answers_node_cards_and_a_ranking(
         assert result["containers"] == [{"container": "", "init": False, "cards": [0, 1]}]
         assert result["ranked"] == ["p4-0", "h100-0"]
 
-        with pytest.raises(Exhausted, match="fits on no node: .*h100-0: .*the pod needs 100000 MiB"):
+        with pytest.raises(Exhausted, match=r"fits on no node: .*h100-0: .*the pod needs 100000 MiB"):
             await bus.request(nc, "gpuledger.v1.placement.place", {"containers": containers(1, mem_mib=100000)})
         with pytest.raises(InvalidArgument, match="containers"):
             await bus.request(nc, "gpuledger.v1.placement.place", {"containers": []})

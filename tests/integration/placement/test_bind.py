@@ -20,7 +20,8 @@ from gpuledger_core.slots import card_of
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.fake_apiserver import FakeApiServer
 from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_placement, wait_for
-from tests.integration.placement.helpers import bind_args, gpu_pod, post
+
+from .helpers import bind_args, gpu_pod, post
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -10,7 +10,8 @@ import pytest
 from gpuledger_common.natsserver import NatsServer
 from gpuledger_testing.fake_apiserver import FakeApiServer
 from gpuledger_testing.stack import RunningPlacement, wait_for
-from tests.integration.placement.helpers import args, bind_args, gpu_pod, post
+
+from .helpers import args, bind_args, gpu_pod, post
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 NODES = ["rtx-0", "p4-0", "h100-0"]

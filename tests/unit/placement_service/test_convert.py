@@ -18,9 +18,11 @@ def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def pod(*containers: dict[str, Any], inits: tuple[dict[str, Any], ...] = (), **annotations: Any) -> dict[str, Any]:
+def pod(
+    *containers: dict[str, Any], inits: tuple[dict[str, Any], ...] = (), annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
-        "metadata": {"name": "p", "namespace": "ns", "uid": "u-1", "annotations": annotations},
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u-1", "annotations": annotations or {}},
         "spec": {"initContainers": list(inits), "containers": list(containers)},
     }
 
@@ -106,7 +108,7 @@ def test_bind_args_need_every_field(missing: str) -> None:
 
 def test_a_shared_request_from_limits() -> None:
     limits = {"gpuledger.io/gpu": "2", "gpuledger.io/gpu-mem": "8192", "gpuledger.io/gpu-core": "30"}
-    ask = convert.pod_ask_from(pod(container("train", limits), **{"gpuledger.io/gpu-model": "A100|H100"}))
+    ask = convert.pod_ask_from(pod(container("train", limits), annotations={"gpuledger.io/gpu-model": "A100|H100"}))
     [only] = ask.containers
     assert only.container == "train" and not only.init
     assert only.request == Request(2, 8192, 300, frozenset({"A100", "H100"}))
@@ -132,7 +134,7 @@ def test_annotations_and_host_resources() -> None:
         container("b", limits={"cpu": "1", "memory": "512Mi"}),
     )
     init = container("i", requests={"cpu": "4", "memory": "100Mi"})
-    raw = pod(*apps, inits=(init,), **{"gpuledger.io/isolation": "mps", "gpuledger.io/placement": "spread"})
+    raw = pod(*apps, inits=(init,), annotations={"gpuledger.io/isolation": "mps", "gpuledger.io/placement": "spread"})
     ask = convert.pod_ask_from(raw)
     assert ask.isolation is Isolation.MPS and ask.policy == "spread"
     assert ask.cpu_milli == 4000  # the init container's 4 CPUs outweigh the apps' 1.5
@@ -160,7 +162,7 @@ def test_pods_that_make_no_sense_name_the_field(
     limits: dict[str, str], annotations: dict[str, str], message: str
 ) -> None:
     with pytest.raises(InvalidArgument) as caught:
-        convert.pod_ask_from(pod(container("c", limits), **annotations))
+        convert.pod_ask_from(pod(container("c", limits), annotations=annotations))
     assert message in str(caught.value)
     assert not isinstance(caught.value, BadRequest)  # the pod is unschedulable, the request is fine
 

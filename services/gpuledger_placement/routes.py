@@ -91,7 +91,7 @@ class Extender:
             metrics.FAILURES.labels("prioritize", err.code).inc()
             return web.Response(status=503, text=f"gpuledger placement: {err}\n")
         metrics.DECISIONS.labels("prioritize", "scored").inc()
-        return _reply(convert.priorities_to(scores))
+        return web.Response(text=convert.priorities_json(scores), content_type="application/json")
 
     async def bind(self, request: web.Request) -> web.Response:
         try:

@@ -8,9 +8,12 @@ node is only re-examined after its ledger changed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
+from itertools import count
 from random import Random
+from typing import cast
 
 from gpuledger_core.errors import Exhausted, FailedPrecondition, NotFound, Unavailable
 from gpuledger_core.ids import CardUuid
@@ -36,6 +39,7 @@ from gpuledger_placement.view import FleetView, NodeEntry
 FITS, FAILED, UNRESOLVABLE = 0, 1, 2
 RANKED = 8  # nodes a ``place`` answer names, best first, for a caller that loses a race
 SHOWN_REASONS = 5
+KEYS_KEPT = 4096  # distinct questions remembered before starting afresh
 Verdict = tuple[int, str]
 
 
@@ -66,6 +70,8 @@ class PlacementService:
         self.view, self.policies, self.policy, self.guard = view, policies, policy, guard
         self.ready = ready
         self.rng = rng or Random()
+        self._keys: dict[object, int] = {}
+        self._next_key = count()
         self._known: frozenset[str] = frozenset()
         self._expanded: dict[frozenset[str], frozenset[str]] = {}
 
@@ -82,6 +88,16 @@ class PlacementService:
             return found
 
         return pod.with_models(expanded)
+
+    def _key(self, question: object) -> int:
+        """A small number standing for a (hashable, nested) question: cheap to look up in each of
+        800 node memos. Numbers are never reused, so a forgotten question cannot alias another."""
+        found = self._keys.get(question)
+        if found is None:
+            if len(self._keys) > KEYS_KEPT:
+                self._keys.clear()
+            found = self._keys[question] = next(self._next_key)
+        return found
 
     def check(self) -> None:
         """Raise ``Unavailable`` when the view cannot be trusted (NATS away, not loaded yet)."""
@@ -100,8 +116,7 @@ class PlacementService:
         fits: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for name in names:
-            code, why = self._verdict(name, pod)
+        for name, (code, why) in self._verdicts(pod, names):
             if code == FITS:
                 fits.append(name)
             elif code == FAILED:
@@ -116,7 +131,7 @@ class PlacementService:
         self.check()
         pod = self.resolve(pod)
         key, policy = self.policies.get(pod.policy or self.policy)
-        return scale({name: self._rate(name, pod, key, policy) for name in names})
+        return scale(self._rates(pod, names, key, policy))
 
     # --- for the allocator (tools) and the plugin ---
 
@@ -126,13 +141,9 @@ class PlacementService:
         pod = self.resolve(pod)
         key, policy = self.policies.get(pod.policy or self.policy)
         self.policies.observe(pod)
-        scored = []
-        for order, name in enumerate(self.view.entries):
-            if name in exclude:
-                continue
-            score = self._rate(name, pod, key, policy)
-            if score is not None:
-                scored.append((-score, order, name))
+        candidates = [name for name in self.view.entries if name not in exclude]
+        rates = self._rates(pod, candidates, key, policy)
+        scored = [(-score, order, name) for order, (name, score) in enumerate(rates.items()) if score is not None]
         ranked = [name for *_, name in sorted(scored)]
         if policy.randomized:
             self.rng.shuffle(ranked)
@@ -164,29 +175,34 @@ class PlacementService:
         uuids = {card.index: card.uuid for card in entry.ledger.node.cards}
         return [offered[uuids[index]][0] for index in found.cards]
 
-    # --- per node, cached per revision ---
+    # --- per node, cached per revision: the question is prepared once per call ---
 
-    def _verdict(self, name: str, pod: PodAsk) -> Verdict:
-        entry = self.view.entries.get(name)
-        if entry is None:
-            return FAILED, "not in the gpuledger ledger: no inventory from this node yet"
-        if self.view.stale(name):
-            return FAILED, "node inventory is stale (no heartbeat): nothing new is placed here until it reports"
+    def _verdicts(self, pod: PodAsk, names: Iterable[str]) -> Iterator[tuple[str, Verdict]]:
         single = pod.single()
         if single is not None:
-            key: object = ("filter", single.shape)
-            found = entry.memo.get(key)
-            if found is None:
-                found = self._single_verdict(entry, single)
-                entry.remember(key, found)
-            return found  # type: ignore[return-value]
-        policy_key, policy = self.policies.get(pod.policy or self.policy)
-        key = ("filter", policy_key, pod.containers)
-        found = entry.memo.get(key)
-        if found is None:
-            found = self._pod_verdict(entry, pod, policy)
-            entry.remember(key, found)
-        return found  # type: ignore[return-value]
+            key = self._key(("filter", single.shape))
+            compute = partial(self._single_verdict, ask=single)
+        else:
+            policy_key, policy = self.policies.get(pod.policy or self.policy)
+            key = self._key(("filter", policy_key, pod.containers))
+            compute = partial(self._pod_verdict, pod=pod, policy=policy)
+        entries, now = self.view.entries, self.view.clock()
+        stale = self.view.stale if self.view.stale_after_s else None
+        for name in names:
+            entry = entries.get(name)
+            if entry is None:
+                yield name, (FAILED, "not in the gpuledger ledger: no inventory from this node yet")
+            elif stale is not None and stale(name, now):
+                yield (
+                    name,
+                    (FAILED, "node inventory is stale (no heartbeat): nothing new is placed here until it reports"),
+                )
+            else:
+                found = entry.memo.get(key)
+                if found is None:
+                    found = compute(entry)
+                    entry.remember(key, found)
+                yield name, cast(Verdict, found)
 
     def _single_verdict(self, entry: NodeEntry, ask: Ask) -> Verdict:
         never = impossible(entry.state, ask)
@@ -206,27 +222,37 @@ class PlacementService:
             return FAILED, str(err).removeprefix(f"{entry.state.name}: ")
         return FITS, ""
 
-    def _rate(self, name: str, pod: PodAsk, key: PolicyKey, policy: Policy) -> float | None:
-        entry = self.view.entries.get(name)
-        main = pod.main()
-        if entry is None or main is None or self.view.stale(name):
-            return None
-        single = pod.single()
-        memo_key = ("rate", key, single.shape if single is not None else pod.containers)
-        if memo_key in entry.memo:
-            return entry.memo[memo_key]  # type: ignore[return-value]
-        if single is None and self._pod_verdict(entry, pod, policy)[0] != FITS:
-            score = None
-        else:
-            score = rate(entry.state, main, policy, self.guard)
-        entry.remember(memo_key, score)
-        return score
+    def _rates(self, pod: PodAsk, names: Iterable[str], key: PolicyKey, policy: Policy) -> dict[str, float | None]:
+        """The policy's raw score of each node (None: does not fit)."""
+        main, single = pod.main(), pod.single()
+        if main is None:
+            return dict.fromkeys(names)
+        memo_key = self._key(("rate", key, single.shape if single is not None else pod.containers))
+        entries, now = self.view.entries, self.view.clock()
+        stale = self.view.stale if self.view.stale_after_s else None
+        found: dict[str, float | None] = {}
+        for name in names:
+            entry = entries.get(name)
+            if entry is None or (stale is not None and stale(name, now)):
+                found[name] = None
+                continue
+            known = entry.memo.get(memo_key, entry)
+            if known is not entry:
+                found[name] = cast(float | None, known)
+                continue
+            if single is None and self._pod_verdict(entry, pod, policy)[0] != FITS:
+                score = None
+            else:
+                score = rate(entry.state, main, policy, self.guard)
+            entry.remember(memo_key, score)
+            found[name] = score
+        return found
 
     def _nowhere(self, pod: PodAsk, exclude: Collection[str]) -> str:
         names = [name for name in self.view.entries if name not in exclude]
         if not names:
             return f"{pod.owner.describe()}: the ledger has no nodes"
-        reasons = [f"{name}: {self._verdict(name, pod)[1] or 'lost to a concurrent change'}" for name in names]
+        reasons = [f"{name}: {why or 'lost to a concurrent change'}" for name, (_, why) in self._verdicts(pod, names)]
         more = len(reasons) - SHOWN_REASONS
         shown = "; ".join(reasons[:SHOWN_REASONS]) + (f"; and {more} more node(s)" if more > 0 else "")
         return f"{pod.owner.describe()} fits on no node: {shown}"

@@ -38,9 +38,9 @@ class NodeEntry:
     ledger: NodeLedger
     revision: int
     state: NodeState
-    memo: dict[object, object] = field(default_factory=dict)
+    memo: dict[int, object] = field(default_factory=dict)
 
-    def remember(self, key: object, value: object) -> None:
+    def remember(self, key: int, value: object) -> None:
         if len(self.memo) >= MEMO_LIMIT:
             self.memo.clear()
         self.memo[key] = value
@@ -111,12 +111,12 @@ class FleetView:
     def heartbeat(self, node: str, at: float) -> None:
         self.heartbeats[node] = max(at, self.heartbeats.get(node, 0.0))
 
-    def stale(self, node: str) -> bool:
+    def stale(self, node: str, now: float | None = None) -> bool:
         """No heartbeat for ``stale_after_s`` (counted from this process's start if none yet)."""
         if not self.stale_after_s:
             return False
-        last = self.heartbeats.get(node, self.started_at or self.clock())
-        return self.clock() - last > self.stale_after_s
+        now = self.clock() if now is None else now
+        return now - self.heartbeats.get(node, self.started_at or now) > self.stale_after_s
 
     def card_memory(self) -> int:
         """The most common card memory size in the fleet (sizes memory shares for the workload)."""

@@ -52,6 +52,9 @@ def test_the_reference_filter_reply_encodes_exactly() -> None:
 
 def test_priorities_are_a_json_array_of_host_and_score() -> None:
     assert dumps(convert.priorities_to({"n1": 7, "n2": 0})) == '[{"Host":"n1","Score":7},{"Host":"n2","Score":0}]'
+    assert convert.priorities_json({"n1": 7, "n2": 0}) == '[{"Host":"n1","Score":7},{"Host":"n2","Score":0}]'
+    odd = {'we"ird\\name': 3, "node-1.example.com": 10}
+    assert json.loads(convert.priorities_json(odd)) == convert.priorities_to(odd)
 
 
 def test_bind_reply_and_filter_error() -> None:

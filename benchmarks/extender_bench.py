@@ -271,15 +271,16 @@ def card_choice(repeats: int = 300) -> list[tuple[str, float, float]]:
     """Cards for one pod on one 8-card NVLink node, as bind chooses them (``pods.plan``)."""
     n = node("one")
     rng = random.Random(7)
-    ledger = NodeLedger(n, holdings(n, rng, 0)[:2])
+    busy, idle = NodeLedger(n, holdings(n, rng, 0)[:2]), NodeLedger(n)
     policy = make_policy("default")
     owner = Owner(OwnerKind.POD, "uid-x", "bench", "x")
     out = []
-    for label, request in (
-        ("1 card, shared", Request(1, 16000, 250)),
-        ("2 whole cards", Request(2)),
-        ("4 whole cards", Request(4)),
-        ("6 whole cards", Request(6)),
+    for label, ledger, request in (
+        ("1 card, shared", busy, Request(1, 16000, 250)),
+        ("2 whole cards", busy, Request(2)),
+        ("4 whole cards", busy, Request(4)),
+        ("4 whole, idle", idle, Request(4)),
+        ("8 whole, idle", idle, Request(8)),
     ):
         pod = PodAsk(owner, (ContainerAsk("main", request),))
         samples = []

@@ -1,4 +1,5 @@
-"""Run allocator replicas in-process against a real nats-server, for tests and benchmarks."""
+"""Run allocator replicas and placement services in-process against a real nats-server, for tests
+and benchmarks."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import aiohttp
 from grpclib.client import Channel
 
 from gpuledger_allocator.app import serve
 from gpuledger_allocator.settings import AllocatorSettings
 from gpuledger_common.natsserver import free_port
+from gpuledger_placement.app import serve as place_serve
+from gpuledger_placement.settings import PlacementSettings
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 T = TypeVar("T")
@@ -86,6 +90,56 @@ async def running_allocator(nats_url: str, **overrides: Any) -> AsyncIterator[Ru
     try:
         stub = running.stub()
         await wait_for(lambda: answers(stub), what="allocator gRPC")
+        yield running
+    finally:
+        await running.close()
+
+
+@dataclass
+class RunningPlacement:
+    settings: PlacementSettings
+    stop: asyncio.Event
+    task: asyncio.Task[None]
+
+    @property
+    def url(self) -> str:
+        """The extender's base URL (the scheduler's urlPrefix)."""
+        return f"http://127.0.0.1:{self.settings.http_port}{self.settings.url_prefix}"
+
+    @property
+    def ops_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.http_port}"
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.wait_for(self.task, 15)
+
+
+@contextlib.asynccontextmanager
+async def running_placement(nats_url: str, **overrides: Any) -> AsyncIterator[RunningPlacement]:
+    """A placement service in this process; ready once its view of the ledger is loaded."""
+    values: dict[str, Any] = {
+        "nats_url": nats_url,
+        "http_host": "127.0.0.1",
+        "http_port": free_port(),
+        "kube": "off",
+        "stale_after_s": 0.0,
+    }
+    values.update(overrides)
+    settings = PlacementSettings(**values)
+    stop = asyncio.Event()
+    task = asyncio.create_task(place_serve(settings, stop))
+    running = RunningPlacement(settings, stop, task)
+    try:
+        async with aiohttp.ClientSession() as session:
+
+            async def ready() -> bool:
+                if task.done():
+                    task.result()  # the service failed to start: say why
+                async with session.get(f"{running.ops_url}/readyz") as reply:
+                    return reply.status == 200
+
+            await wait_for(ready, what="placement ready")
         yield running
     finally:
         await running.close()

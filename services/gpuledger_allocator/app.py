@@ -15,7 +15,7 @@ from gpuledger_allocator.dashboard import dashboard_app
 from gpuledger_allocator.ingest import Ingest
 from gpuledger_allocator.metrics import register as register_metrics
 from gpuledger_allocator.metrics import unregister as unregister_metrics
-from gpuledger_allocator.placer import BuiltinPlacer
+from gpuledger_allocator.placer import NatsPlacer
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
 from gpuledger_allocator.view import ClusterView
@@ -35,7 +35,8 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
     try:
         store = await LedgerStore.open(nc, replicas=settings.bucket_replicas, max_attempts=settings.cas_attempts)
         view = ClusterView(store, settings.stale_after_s)
-        service = AllocatorService(store, view, BuiltinPlacer(), settings.lease_s, settings.max_lease_s)
+        placer = NatsPlacer(nc, settings.placement_timeout_s)
+        service = AllocatorService(store, view, placer, settings.lease_s, settings.max_lease_s)
         async with asyncio.TaskGroup() as tasks:
             watching = tasks.create_task(view.run())
             await view.ready.wait()

@@ -1,20 +1,30 @@
-"""Which nodes the allocator tries for a request when it fits on its own.
+"""Which nodes (and cards) the allocator tries for a request.
 
-The built-in order packs: nodes whose cards fit, fullest first, so that whole free cards stay
-whole. The placement service's topology- and fragmentation-aware choice replaces it when up.
+``NatsPlacer`` asks the placement service (``gpuledger.v1.placement.place``) for its topology- and
+fragmentation-aware choice, and falls back to ``BuiltinPlacer`` when nobody answers in time. The
+built-in order packs: nodes whose cards fit, fullest first, so that whole free cards stay whole.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from typing import Any
 
+from nats.aio.client import Client
+
+from gpuledger_allocator.service import Candidate, Placer
 from gpuledger_allocator.view import ClusterView
-from gpuledger_core.errors import Exhausted
+from gpuledger_common import bus
+from gpuledger_core import codec
+from gpuledger_core.errors import Exhausted, GpuledgerError
 from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.usage import free_of
 
+log = logging.getLogger(__name__)
+PLACE_SUBJECT = f"{bus.SUBJECT_PREFIX}.placement.place"
 JUDGED_KEPT = 50_000
 
 
@@ -38,7 +48,7 @@ class BuiltinPlacer:
         # again only when its ledger changed or the request is new.
         self._judged: dict[tuple[NodeName, int, tuple[ContainerAsk, ...]], float | None] = {}
 
-    async def candidates(self, view: ClusterView, asks: Sequence[ContainerAsk]) -> list[NodeName]:
+    async def candidates(self, view: ClusterView, asks: Sequence[ContainerAsk]) -> list[Candidate]:
         fitting: list[tuple[bool, float, NodeName]] = []
         if len(self._judged) > JUDGED_KEPT:
             self._judged.clear()
@@ -51,4 +61,40 @@ class BuiltinPlacer:
                 fitting.append((view.store.busy(name), share, name))
         # Fullest first; a node this process is writing right now goes after the idle ones, so
         # concurrent requests spread instead of queueing on one key.
-        return [name for *_, name in sorted(fitting)]
+        return [Candidate(name) for *_, name in sorted(fitting)]
+
+
+class NatsPlacer:
+    """The placement service's choice, or the fallback's when placement does not answer."""
+
+    def __init__(self, nc: Client, timeout_s: float, fallback: Placer | None = None) -> None:
+        self.nc, self.timeout_s = nc, timeout_s
+        self.fallback = fallback or BuiltinPlacer()
+        self.answered = self.fell_back = 0
+
+    async def candidates(self, view: ClusterView, asks: Sequence[ContainerAsk]) -> list[Candidate]:
+        body = {
+            "containers": [
+                {"container": a.container, "request": codec.request_to(a.request), "init": a.init} for a in asks
+            ]
+        }
+        try:
+            result = await bus.request(self.nc, PLACE_SUBJECT, body, self.timeout_s)
+        except Exhausted:  # placement knows nothing fits; the allocator says why in its own words
+            self.answered += 1
+            return []
+        except GpuledgerError as err:
+            log.debug("placement did not answer (%s); choosing nodes without it", err)
+            self.fell_back += 1
+            return await self.fallback.candidates(view, asks)
+        self.answered += 1
+        return _candidates_from(result, len(asks))
+
+
+def _candidates_from(result: Any, containers: int) -> list[Candidate]:
+    if not isinstance(result, dict) or not isinstance(result.get("node"), str):
+        return []
+    cards = tuple(tuple(c.get("cards", ())) for c in result.get("containers", ()) if isinstance(c, dict))
+    first = Candidate(NodeName(result["node"]), cards if len(cards) == containers else None)
+    ranked = [n for n in result.get("ranked", ()) if isinstance(n, str) and n != first.node]
+    return [first, *(Candidate(NodeName(n)) for n in ranked)]

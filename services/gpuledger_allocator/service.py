@@ -7,6 +7,7 @@ idempotent across replicas (reserve first, then claim the owner; the loser rolls
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -17,18 +18,27 @@ from typing import Protocol
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Conflict, Exhausted, InvalidArgument, NotFound
-from gpuledger_core.fit import ContainerAsk, fit_node
+from gpuledger_core.fit import ContainerAsk, fit_node, share_for
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, commit, release, reserve
-from gpuledger_core.model import Allocation, AllocState, Isolation, Owner
+from gpuledger_core.model import Allocation, AllocState, Card, Grant, Isolation, Owner
 
 log = logging.getLogger(__name__)
 MAX_OWNER_ROUNDS = 3
 MAX_REASONS = 5
 
 
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A node to try, and optionally the cards to try first there: card indexes per container, in
+    the order of the request's containers (placement's topology-aware choice)."""
+
+    node: NodeName
+    cards: tuple[tuple[int, ...], ...] | None = None
+
+
 class Placer(Protocol):
-    async def candidates(self, view: ClusterView, asks: Sequence[ContainerAsk]) -> list[NodeName]:
+    async def candidates(self, view: ClusterView, asks: Sequence[ContainerAsk]) -> list[Candidate]:
         """Nodes to try for this request, best first."""
         ...
 
@@ -70,7 +80,7 @@ class AllocatorService:
         for _ in range(MAX_OWNER_ROUNDS):
             nodes = await self._nodes_for(call)
             allocation_id = new_allocation_id()
-            first = nodes[0] if nodes else NodeName("")
+            first = nodes[0].node if nodes else NodeName("")
             claimed, reserved = await asyncio.gather(
                 self.store.claim_owner(call.owner, allocation_id, first),
                 self._reserve_on(call, nodes, allocation_id, lease),
@@ -195,28 +205,30 @@ class AllocatorService:
             return await self.commit(allocation.id, allocation.node)
         return allocation
 
-    async def _nodes_for(self, call: AllocateCall) -> list[NodeName]:
+    async def _nodes_for(self, call: AllocateCall) -> list[Candidate]:
         if call.node:
             if call.node not in self.view.ledgers:
                 raise NotFound(f"node {call.node} is not in the ledger")
-            return [call.node]
+            return [Candidate(call.node)]
         return await self.placer.candidates(self.view, call.asks)
 
     async def _reserve_on(
-        self, call: AllocateCall, nodes: Sequence[NodeName], allocation_id: AllocationId, lease_s: float
+        self, call: AllocateCall, nodes: Sequence[Candidate], allocation_id: AllocationId, lease_s: float
     ) -> Allocation:
         reasons: list[str] = [] if nodes else self._why_nowhere(call)
-        for node in nodes:
+        for candidate in nodes:
+            node = candidate.node
             if self.view.stale(node):
                 reasons.append(f"{node}: stale (no heartbeat for {self.view.stale_after_s:g}s)")
                 continue
+            transition = self._fit_and_reserve(call, node, allocation_id, lease_s, candidate.cards)
             try:
-                written = await self.store.mutate(node, self._fit_and_reserve(call, node, allocation_id, lease_s))
+                written = await self.store.mutate(node, transition)
             except (Exhausted, Conflict) as err:
                 reasons.append(str(err))
                 continue
             return _find(written.new, allocation_id)
-        raise Exhausted(_no_fit(call, nodes, reasons))
+        raise Exhausted(_no_fit(call, reasons))
 
     def _why_nowhere(self, call: AllocateCall) -> list[str]:
         reasons: list[str] = []
@@ -228,13 +240,18 @@ class AllocatorService:
         return reasons or ["the ledger has no nodes"]
 
     def _fit_and_reserve(
-        self, call: AllocateCall, node: NodeName, allocation_id: AllocationId, lease_s: float
+        self,
+        call: AllocateCall,
+        node: NodeName,
+        allocation_id: AllocationId,
+        lease_s: float,
+        hint: tuple[tuple[int, ...], ...] | None = None,
     ) -> Callable[[NodeLedger | None], NodeLedger | None]:
-        def transition(ledger: NodeLedger | None) -> NodeLedger:
-            current = _must(ledger, node)
-            grants = fit_node(current, call.asks)
+        """Reserve on ``node``: the hinted cards if they still fit, else the built-in fit."""
+
+        def build(grants: tuple[Grant, ...]) -> Allocation:
             now = self.clock()
-            allocation = Allocation(
+            return Allocation(
                 id=allocation_id,
                 owner=call.owner,
                 node=node,
@@ -246,7 +263,14 @@ class AllocatorService:
                 lease_expires_at=now + lease_s,
                 requests=tuple(a.request for a in call.asks),
             )
-            return reserve(current, allocation)
+
+        def transition(ledger: NodeLedger | None) -> NodeLedger:
+            current = _must(ledger, node)
+            hinted = _hinted(current, call.asks, hint)
+            if hinted is not None:
+                with contextlib.suppress(Exhausted):
+                    return reserve(current, build(hinted))
+            return reserve(current, build(fit_node(current, call.asks)))
 
         return transition
 
@@ -283,7 +307,28 @@ def _release_fn(
     return lambda ledger: release(_must(ledger, node), allocation_id, now, reason)
 
 
-def _no_fit(call: AllocateCall, nodes: Sequence[str], reasons: list[str]) -> str:
+def _hinted(
+    ledger: NodeLedger, asks: Sequence[ContainerAsk], hint: tuple[tuple[int, ...], ...] | None
+) -> tuple[Grant, ...] | None:
+    """Grants on the hinted card indexes, or None when there is no usable hint."""
+    if hint is None or len(hint) != len(asks):
+        return None
+    cards = {card.index: card for card in ledger.node.cards}
+    grants = []
+    for ask, indexes in zip(asks, hint, strict=True):
+        if len(indexes) != ask.request.count or len(set(indexes)) != len(indexes):
+            return None
+        if any(i not in cards or not card_fits_model(cards[i], ask) for i in indexes):
+            return None
+        grants.append(Grant(ask.container, tuple(share_for(cards[i], ask.request) for i in indexes), ask.init))
+    return tuple(grants)
+
+
+def card_fits_model(card: Card, ask: ContainerAsk) -> bool:
+    return card.healthy and ask.request.allows(card.model)
+
+
+def _no_fit(call: AllocateCall, reasons: list[str]) -> str:
     what = call.owner.describe()
     shown = "; ".join(reasons[:MAX_REASONS])
     more = f" (and {len(reasons) - MAX_REASONS} more nodes)" if len(reasons) > MAX_REASONS else ""

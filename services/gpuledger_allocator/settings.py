@@ -22,7 +22,7 @@ class AllocatorSettings:
     sweep_interval_s: float = option(2.0, "how often expired reservations are swept")
     cas_attempts: int = option(12, "compare-and-set attempts per ledger change before giving up")
     bucket_replicas: int = option(1, "JetStream replicas for the ledger buckets")
-    placement_timeout_s: float = option(2.0, "how long to wait for the placement service before fitting alone")
+    placement_timeout_s: float = option(0.5, "how long to wait for the placement service before fitting alone")
     log_level: str = option("info", "debug, info, warning or error")
     log_format: str = option("text", "text or json")
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gpuledger_common.follow import follow
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.events import LedgerEvent, diff
 from gpuledger_core.ids import AllocationId, NodeName
@@ -21,7 +22,6 @@ from gpuledger_core.model import Allocation
 from gpuledger_core.status import Usage
 
 log = logging.getLogger(__name__)
-RETRY_S = 1.0
 
 
 @dataclass(slots=True)
@@ -41,15 +41,7 @@ class ClusterView:
     async def run(self) -> None:
         """Follow the bucket forever; after a lost watch, start again from a fresh snapshot."""
         self.started_at = self.clock()
-        while True:
-            try:
-                async for node, ledger, revision in self.store.watch(caught_up=self.ready.set):
-                    self.apply(node, ledger, revision)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                log.warning("ledger watch lost (%s); resubscribing in %.0fs", err, RETRY_S)
-            await asyncio.sleep(RETRY_S)
+        await follow(self.store, self.apply, self.ready.set)
 
     def apply(self, node: NodeName, ledger: NodeLedger | None, revision: int) -> None:
         if revision and revision <= self.revisions.get(node, 0) and ledger is not None:

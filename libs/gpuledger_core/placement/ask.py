@@ -1,0 +1,89 @@
+"""What placement is asked to find room for: a ``Request`` of cards, plus pod CPU and memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.model import CORE_WHOLE, Request
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """A pod (or tool) as placement sees it.
+
+    ``request`` is ``None`` for a pod that wants no card. ``cpu_milli`` and ``memory_mib`` are for
+    the pod as a whole (the node must have them free, as kube-scheduler checks); 0: not asked.
+    """
+
+    request: Request | None = None
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0:
+            raise InvalidArgument("cpu", f"must not be negative, got {self.cpu_milli}m")
+        if self.memory_mib < 0:
+            raise InvalidArgument("memory", f"must not be negative, got {self.memory_mib} MiB")
+
+    @property
+    def count(self) -> int:
+        return 0 if self.request is None else self.request.count
+
+    @property
+    def exclusive(self) -> bool:
+        return self.request is not None and self.request.exclusive
+
+    @property
+    def shared(self) -> bool:
+        return self.request is not None and not self.request.exclusive
+
+    @property
+    def core(self) -> int:
+        """Compute wanted on each card, per-mille."""
+        if self.request is None:
+            return 0
+        if self.request.exclusive:
+            return CORE_WHOLE
+        return self.request.core_milli or 0
+
+    @property
+    def mem(self) -> int:
+        """Memory wanted on each card, MiB (0 for exclusive: the whole card is taken)."""
+        if self.request is None or self.request.exclusive:
+            return 0
+        return self.request.mem_mib or 0
+
+    @property
+    def models(self) -> frozenset[str]:
+        return frozenset() if self.request is None else self.request.models
+
+    def size_on(self, mem_total: int) -> int:
+        """The share of one card of ``mem_total`` MiB this ask takes, per-mille (at least 1)."""
+        if self.request is None:
+            return 0
+        if self.exclusive:
+            return CORE_WHOLE
+        by_mem = -(-self.mem * CORE_WHOLE // mem_total) if mem_total > 0 and self.mem else 0
+        return max(1, self.core, by_mem)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, int, frozenset[str]]:
+        """The key under which asks that place alike are cached (the name does not matter)."""
+        return (self.count, self.core, self.mem, self.cpu_milli, self.memory_mib, self.models)
+
+
+def gpu_ask(
+    count: int,
+    *,
+    core_milli: int | None = None,
+    mem_mib: int | None = None,
+    models: frozenset[str] = frozenset(),
+    cpu_milli: int = 0,
+    memory_mib: int = 0,
+    name: str = "",
+) -> Ask:
+    """Shorthand for an ``Ask`` of ``count`` cards (0: no card)."""
+    request = Request(count, mem_mib, core_milli, models) if count else None
+    return Ask(request, cpu_milli, memory_mib, name)

@@ -1,0 +1,149 @@
+"""A pod as the ledger and placement see it, and its cards on one node. Pure: no I/O.
+
+A pod asks for cards per container. Placement works on one ``Ask`` at a time; this module turns a
+pod into asks, plans every container's cards on a node (init containers each alone on the node as it
+is, app containers one after another, as ``usage.allocation_use`` counts them) and builds the one
+ledger transition that reserves them with their kubelet device IDs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from gpuledger_core.errors import Exhausted
+from gpuledger_core.fit import ContainerAsk
+from gpuledger_core.ids import AllocationId
+from gpuledger_core.ledger import NodeLedger, reserve
+from gpuledger_core.model import Allocation, AllocState, Grant, Isolation, Owner
+from gpuledger_core.placement import Ask, Decision, NodeState, Policy, from_ledger, place, shares
+from gpuledger_core.slots import assign_device_ids
+
+
+@dataclass(frozen=True, slots=True)
+class PodAsk:
+    """What a pod asks of gpuledger. ``containers`` holds only the containers that want cards, init
+    containers first, each group in spec order (the order kubelet admits them in)."""
+
+    owner: Owner
+    containers: tuple[ContainerAsk, ...] = ()
+    isolation: Isolation = Isolation.NONE
+    policy: str = ""  # the pod's own policy (annotation), empty for the service's
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @property
+    def wants_cards(self) -> bool:
+        return bool(self.containers)
+
+    def ask(self, container: ContainerAsk) -> Ask:
+        return Ask(container.request, self.cpu_milli, self.memory_mib, self.owner.describe())
+
+    def single(self) -> Ask | None:
+        """The one ask when one app container wants cards and no init container does (the usual
+        pod): placement can then work on cached node states. ``None`` otherwise."""
+        if len(self.containers) != 1 or self.containers[0].init:
+            return None
+        return self.ask(self.containers[0])
+
+    def with_models(self, resolve: Callable[[frozenset[str]], frozenset[str]]) -> PodAsk:
+        """The pod with every container's model selector passed through ``resolve``."""
+        if not any(c.request.models for c in self.containers):
+            return self
+        containers = tuple(
+            replace(c, request=replace(c.request, models=resolve(c.request.models))) for c in self.containers
+        )
+        return replace(self, containers=containers)
+
+    def main(self) -> Ask | None:
+        """The ask a node is scored by: the app container that wants the most cards."""
+        apps = [c for c in self.containers if not c.init] or list(self.containers)
+        if not apps:
+            return None
+        return self.ask(max(apps, key=lambda c: c.request.count))
+
+
+def expand_models(wanted: frozenset[str], known: Iterable[str]) -> frozenset[str]:
+    """The card models a selector means: each wanted name matches the known models that contain it
+    as a whole word, ignoring case (``A100`` matches ``NVIDIA A100-SXM4-80GB``, not ``A1000``). A
+    name that matches nothing stays as it is, so that the reason can name it."""
+    found: set[str] = set()
+    models = tuple(known)
+    for name in wanted:
+        word = re.compile(rf"(?<![A-Za-z0-9]){re.escape(name)}(?![A-Za-z0-9])", re.IGNORECASE)
+        matched = {model for model in models if word.search(model)}
+        found |= matched or {name}
+    return frozenset(found)
+
+
+def impossible(node: NodeState, ask: Ask) -> str:
+    """Why ``ask`` can never fit ``node``, however long it waits; empty when it might.
+
+    Only what no release or preemption changes: card models, how many cards the node has, and
+    card memory sizes.
+    """
+    if ask.request is None:
+        return ""
+    wanted = [c for c in node.cards if not ask.models or c.model in ask.models]
+    if not wanted:
+        models = ", ".join(sorted(node.models)) or "no cards"
+        return f"no card of model {'|'.join(sorted(ask.models))} (has {models})"
+    if len(wanted) < ask.count:
+        return f"has {len(wanted)} card(s) that qualify, the pod needs {ask.count}"
+    big = [c for c in wanted if c.mem_total <= 0 or c.mem_total >= ask.mem]
+    if len(big) < ask.count:
+        largest = max(c.mem_total for c in wanted)
+        return f"its largest card has {largest} MiB, the pod needs {ask.mem} MiB on each of {ask.count}"
+    return ""
+
+
+def plan(ledger: NodeLedger, pod: PodAsk, policy: Policy) -> tuple[Grant, ...]:
+    """Cards for every container of ``pod`` on this node, or ``Exhausted`` with the reason."""
+    base = ledger.live()
+    grants: list[Grant] = []
+    apps: list[Grant] = []
+    for container in pod.containers:
+        held = base if container.init else (*base, _provisional(ledger, pod.owner, apps))
+        state = from_ledger(NodeLedger(ledger.node, held))
+        ask = pod.ask(container)
+        found = place([state], ask, policy)
+        if not isinstance(found, Decision):
+            why = found.reasons[0][1] if found.reasons else "does not fit"
+            raise Exhausted(f"{ledger.node.name}: container {container.container}: {why}")
+        grant = Grant(container.container, shares(ledger.node, ask, found), container.init)
+        grants.append(grant)
+        if not container.init:
+            apps.append(grant)
+    return tuple(grants)
+
+
+def _provisional(ledger: NodeLedger, owner: Owner, grants: list[Grant]) -> Allocation:
+    return Allocation(AllocationId("-planned-"), owner, ledger.node.name, tuple(grants))
+
+
+def reserve_pod(
+    ledger: NodeLedger,
+    pod: PodAsk,
+    policy: Policy,
+    allocation_id: AllocationId,
+    *,
+    now: float,
+    lease_s: float,
+    slots_per_card: int,
+) -> NodeLedger:
+    """The one transition that places ``pod`` on this node: cards chosen on this very ledger,
+    device IDs assigned, reserved. Raises ``Exhausted`` with the reason when it does not fit."""
+    allocation = Allocation(
+        id=allocation_id,
+        owner=pod.owner,
+        node=ledger.node.name,
+        grants=plan(ledger, pod, policy),
+        state=AllocState.RESERVED,
+        isolation=pod.isolation,
+        created_at=now,
+        updated_at=now,
+        lease_expires_at=now + lease_s,
+        requests=tuple(c.request for c in pod.containers),
+    )
+    return reserve(ledger, assign_device_ids(ledger, allocation, slots_per_card))

@@ -1,0 +1,5 @@
+import sys
+
+from gpuledger_sim.cli import main
+
+sys.exit(main())

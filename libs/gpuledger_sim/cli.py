@@ -1,0 +1,117 @@
+"""``gpuledger sim``: replay a trace through a placement policy and report how well it packed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import TextIO
+
+from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.placement import POLICIES, Guard
+from gpuledger_sim.replay import Attempt, Config, Summary, replay
+from gpuledger_sim.trace import read_nodes, read_pods
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpuledger sim",
+        description="Replay a cluster trace (FGD simulator protocol) through a placement policy.",
+    )
+    p.add_argument("--nodes", type=Path, required=True, help="openb_node_list_*.csv")
+    p.add_argument("--pods", type=Path, required=True, help="openb_pod_list_*.csv")
+    p.add_argument("--policy", choices=POLICIES, default="default")
+    p.add_argument("--seed", type=int, default=42, help="shuffles arrival order (default 42)")
+    p.add_argument(
+        "--tune",
+        type=float,
+        default=1.3,
+        help="append copies of trace pods until GPU requests reach this x capacity (default 1.3)",
+    )
+    p.add_argument(
+        "--guard",
+        metavar="CPU_MILLI:MEM_MIB",
+        help="keep this much CPU and memory free per free card from CPU-only pods, e.g. 4000:32768",
+    )
+    p.add_argument("--placements", type=Path, help="write one JSON line per attempt to this file")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def parse_guard(raw: str | None) -> Guard | None:
+    if raw is None:
+        return None
+    cpu, sep, mem = raw.partition(":")
+    try:
+        return Guard(int(cpu), int(mem) if sep else 0)
+    except ValueError:
+        raise InvalidArgument("--guard", f"must be CPU_MILLI:MEM_MIB, got {raw!r}") from None
+
+
+def placement_line(attempt: Attempt) -> str:
+    pod = attempt.pod
+    return json.dumps(
+        {
+            "seq": attempt.seq,
+            "pod": pod.name,
+            "cpu_milli": pod.cpu_milli,
+            "memory_mib": pod.memory_mib,
+            "num_gpu": pod.num_gpu,
+            "gpu_milli": pod.gpu_milli,
+            "gpu_spec": pod.gpu_spec,
+            "node": attempt.node,
+            "cards": list(attempt.cards),
+        },
+        separators=(",", ":"),
+    )
+
+
+def human(summary: Summary) -> str:
+    s = summary
+    return "\n".join(
+        [
+            f"policy {s.policy}, seed {s.seed}, tune {s.tune}: {s.nodes} nodes, {s.gpus} GPUs",
+            f"pods tried {s.pods}: placed {s.placed}, failed {s.failed} "
+            f"({s.failed_gpu_pods} wanting GPUs)",
+            f"unallocated GPU at 100% arrived: {_pct(s.unallocated_gpu_pct_at_100)}",
+            f"fragmentation / capacity at 90% arrived: {_pct(s.frag_total_pct_at_90)}",
+            f"at the end: arrived {s.arrived_gpu_pct_final:.2f}%, allocated "
+            f"{s.allocated_gpu_pct_final:.2f}%, fragmentation {s.frag_total_pct_final:.2f}%",
+            f"replayed in {s.runtime_s:.1f} s",
+        ]
+    )
+
+
+def _writer(sink: TextIO) -> Callable[[Attempt], None]:
+    def write(attempt: Attempt) -> None:
+        print(placement_line(attempt), file=sink)
+
+    return write
+
+
+def _pct(value: float | None) -> str:
+    return "not reached" if value is None else f"{value:.2f}%"
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    config = Config(args.policy, args.seed, args.tune, parse_guard(args.guard))
+    nodes, pods = read_nodes(args.nodes), read_pods(args.pods)
+    if args.placements is None:
+        summary = replay(nodes, pods, config)
+    else:
+        with args.placements.open("w") as sink:
+            summary = replay(nodes, pods, config, _writer(sink))
+    print(json.dumps(asdict(summary), indent=2) if args.json else human(summary), file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return run(args, sys.stdout)
+    except (InvalidArgument, OSError) as err:
+        print(f"gpuledger sim: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,191 @@
+"""The replay protocol of the FGD paper's simulator, over gpuledger's placement code.
+
+Arrival order is a seeded shuffle of the trace (sorted by name first); then random copies of trace
+pods are appended until GPU requests would pass ``tune`` x the cluster's GPU capacity; every pod is
+tried once, in that order, and nothing ever departs. Node ties go to the node first in a seeded
+permutation (the simulator's scheduler takes the smallest of randomly prefixed node names).
+Figures are taken when arrived GPU requests first reach 90 % and 100 % of capacity, and at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from random import Random
+
+from gpuledger_core.model import Request
+from gpuledger_core.placement import Ask, Guard, NodeState, Placer, make_policy
+from gpuledger_core.placement.basic import tag_of
+from gpuledger_core.placement.frag import FragMeter, TypicalPod, Workload, without_memory
+from gpuledger_core.placement.state import charge, flat_node, take
+from gpuledger_sim.trace import WHOLE, TraceNode, TracePod
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    policy: str = "default"
+    seed: int = 42
+    tune: float = 1.3
+    guard: Guard | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    seq: int
+    pod: TracePod
+    node: str | None
+    cards: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class Summary:
+    policy: str
+    seed: int
+    tune: float
+    nodes: int
+    gpus: int
+    pods: int = 0
+    placed: int = 0
+    failed: int = 0
+    failed_gpu_pods: int = 0
+    unallocated_gpu_pct_at_100: float | None = None
+    frag_total_pct_at_90: float | None = None
+    frag_ratio_pct_at_90: float | None = None
+    arrived_gpu_pct_final: float = 0.0
+    allocated_gpu_pct_final: float = 0.0
+    unallocated_gpu_pct_final: float = 0.0
+    frag_total_pct_final: float = 0.0
+    runtime_s: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def ask_of(pod: TracePod) -> Ask:
+    if pod.num_gpu == 0:
+        return Ask(None, pod.cpu_milli, pod.memory_mib, pod.name)
+    core = None if pod.gpu_milli >= WHOLE else pod.gpu_milli
+    return Ask(
+        Request(pod.num_gpu, None, core, pod.models), pod.cpu_milli, pod.memory_mib, pod.name
+    )
+
+
+def typical_of(pod: TracePod) -> TypicalPod:
+    milli = pod.gpu_milli if pod.num_gpu else 0
+    return TypicalPod(pod.cpu_milli, pod.num_gpu, milli, pod.models, pod.memory_mib)
+
+
+def arrival_order(
+    pods: Sequence[TracePod], rng: Random, tune: float, capacity: int
+) -> list[TracePod]:
+    """The trace shuffled, then tuned up with random copies (the simulator's own stop rule:
+    it stops before a copy whose *per-card* share would pass the target)."""
+    ordered = sorted(pods, key=lambda p: p.name)
+    shuffled = list(ordered)
+    rng.shuffle(shuffled)
+    if tune <= 0 or not ordered:
+        return shuffled
+    target = tune * capacity
+    total = sum(p.gpu_total for p in ordered)
+    while total < target:
+        pick = ordered[rng.randrange(len(ordered))]
+        if total + pick.gpu_milli > target:
+            break
+        shuffled.append(replace(pick, name=f"{pick.name}-tuned-{len(shuffled) - len(ordered)}"))
+        total += pick.gpu_total
+    return shuffled
+
+
+def node_states(nodes: Sequence[TraceNode], rng: Random) -> list[NodeState]:
+    """The nodes in tie-break order: a seeded permutation of their names' order (the simulator
+    prefixes each name with such a permutation and prefers the smallest name on equal scores)."""
+    ordered = sorted(nodes, key=lambda n: n.name)
+    rng.shuffle(ordered)
+    return [flat_node(n.name, n.model, n.gpus, n.cpu_milli, n.memory_mib) for n in ordered]
+
+
+def commit(node: NodeState, ask: Ask, cards: tuple[int, ...]) -> NodeState:
+    after = charge(node, ask.cpu_milli, ask.memory_mib)
+    if not cards:
+        return after
+    after = take(after, cards, ask.core, ask.mem, ask.exclusive)
+    return replace(after, tags=after.tags | {tag_of(ask)})
+
+
+def replay(
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TracePod],
+    config: Config,
+    on_attempt: Callable[[Attempt], None] | None = None,
+) -> Summary:
+    started = time.perf_counter()
+    rng = Random(config.seed)
+    capacity = sum(n.gpus for n in nodes) * WHOLE
+    typical = [typical_of(p) for p in pods]
+    order = arrival_order(pods, rng, config.tune, capacity)
+    states = node_states(nodes, rng)
+    placer = Placer(states, make_policy(config.policy, typical), config.guard, rng)
+    run = _Run(
+        Summary(config.policy, config.seed, config.tune, len(states), capacity // WHOLE),
+        capacity,
+        FragMeter(Workload.of(without_memory(typical))),
+        states,
+    )
+    for seq, pod in enumerate(order):
+        ask = ask_of(pod)
+        found = placer.choose(ask)
+        node: str | None = None
+        cards: tuple[int, ...] = ()
+        if found is not None:
+            at, option = found
+            placer.update(at, commit(placer.nodes[at], ask, option.cards))
+            run.changed(at, placer.nodes[at])
+            node, cards = placer.nodes[at].name, option.cards
+        run.attempted(pod, node is not None)
+        if on_attempt is not None:
+            on_attempt(Attempt(seq, pod, node, cards))
+    return run.finish(time.perf_counter() - started)
+
+
+class _Run:
+    """Running totals and the figures taken at the milestones."""
+
+    def __init__(self, summary: Summary, capacity: int, meter: FragMeter, states: list[NodeState]):
+        self.summary = summary
+        self.capacity = capacity
+        self.meter = meter
+        self.frag = [meter.node(s) for s in states]
+        self.frag_sum = sum(self.frag)
+        self.idle = sum(s.gpu_room for s in states)
+        self.arrived = 0
+        self.allocated = 0
+
+    def changed(self, at: int, node: NodeState) -> None:
+        new = self.meter.node(node)
+        self.frag_sum += new - self.frag[at]
+        self.frag[at] = new
+
+    def attempted(self, pod: TracePod, placed: bool) -> None:
+        s = self.summary
+        s.pods += 1
+        self.arrived += pod.gpu_total
+        if placed:
+            s.placed += 1
+            self.allocated += pod.gpu_total
+        else:
+            s.failed += 1
+            s.failed_gpu_pods += pod.num_gpu > 0
+        if s.frag_total_pct_at_90 is None and self.arrived >= 0.9 * self.capacity:
+            s.frag_total_pct_at_90 = round(100 * self.frag_sum / self.capacity, 3)
+            idle = self.capacity - self.allocated
+            s.frag_ratio_pct_at_90 = round(100 * self.frag_sum / idle, 3) if idle else 0.0
+        if s.unallocated_gpu_pct_at_100 is None and self.arrived >= self.capacity:
+            s.unallocated_gpu_pct_at_100 = round(100 - 100 * self.allocated / self.capacity, 3)
+
+    def finish(self, runtime_s: float) -> Summary:
+        s = self.summary
+        s.arrived_gpu_pct_final = round(100 * self.arrived / self.capacity, 3)
+        s.allocated_gpu_pct_final = round(100 * self.allocated / self.capacity, 3)
+        s.unallocated_gpu_pct_final = round(100 - s.allocated_gpu_pct_final, 3)
+        s.frag_total_pct_final = round(100 * self.frag_sum / self.capacity, 3)
+        s.runtime_s = round(runtime_s, 2)
+        return s

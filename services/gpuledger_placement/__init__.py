@@ -1,0 +1,1 @@
+"""gpuledger-placement: the kube-scheduler extender and placement over NATS."""

@@ -1,0 +1,119 @@
+"""Wiring: NATS, the ledger view, Kubernetes, the extender, the NATS subjects, the ops endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from nats.aio.client import Client
+
+from gpuledger_common import bus
+from gpuledger_common.ops import bound_port, ops_app, start_http
+from gpuledger_common.settings import describe
+from gpuledger_common.store import LedgerStore
+from gpuledger_core.errors import GpuledgerError
+from gpuledger_core.placement import WorkloadTracker
+from gpuledger_placement.api_nats import serve_nats
+from gpuledger_placement.binder import Binder
+from gpuledger_placement.kube import KubePodApi, NoPodApi, PodApi
+from gpuledger_placement.policies import Policies
+from gpuledger_placement.routes import Extender, extender_app
+from gpuledger_placement.service import PlacementService
+from gpuledger_placement.settings import PlacementSettings, parse_guard
+from gpuledger_placement.view import FleetView
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    view: FleetView
+    service: PlacementService
+    extender: Extender
+
+
+def build(settings: PlacementSettings, store: LedgerStore | None, pods: PodApi, nc: Client | None) -> Parts:
+    """The service's parts over a store (None: a view fed by the caller, as the benchmark does)."""
+    view = FleetView(store, settings.stale_after_s)
+    tracker = WorkloadTracker(window=settings.workload_window)
+    policies = Policies(tracker, view.card_memory, settings.workload_refresh_s)
+    service = PlacementService(view, policies, settings.policy, parse_guard(settings.guard), _ready(view, nc, settings))
+    binder = Binder(store, service, pods, settings.lease_s, settings.slots_per_card) if store else None
+    return Parts(view, service, Extender(service, binder))
+
+
+def http_app(settings: PlacementSettings, parts: Parts) -> web.Application:
+    app = extender_app(parts.extender, settings.url_prefix)
+    return ops_app(lambda: parts.service.ready(), app)
+
+
+async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) -> None:
+    """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
+    stop = stop or _stop_on_signals()
+    log.info("gpuledger-placement starting with %s", describe(settings))
+    nc = await bus.connect(settings.nats_url, "gpuledger-placement")
+    pods = await _pod_api(settings)
+    try:
+        store = await LedgerStore.open(nc)
+        parts = build(settings, store, pods, nc)
+        async with asyncio.TaskGroup() as tasks:
+            watching = tasks.create_task(parts.view.run())
+            await parts.view.listen(nc)
+            responders = await serve_nats(nc, parts.service, settings.nats_queue)
+            http = await start_http(http_app(settings, parts), settings.http_host, settings.http_port)
+            log.info(
+                "gpuledger-placement ready: extender on http://%s:%d%s, policy %s",
+                settings.http_host,
+                bound_port(http),
+                settings.url_prefix,
+                settings.policy,
+            )
+            await stop.wait()
+            log.info("gpuledger-placement stopping")
+            await http.shutdown()
+            await http.cleanup()
+            for responder in responders:
+                await responder.close(settings.stop_timeout_s)
+            await parts.view.stop_listening()
+            watching.cancel()
+    finally:
+        await pods.close()
+        with contextlib.suppress(Exception):
+            await nc.drain()
+    log.info("gpuledger-placement stopped")
+
+
+def _ready(view: FleetView, nc: Client | None, settings: PlacementSettings) -> Callable[[], str]:
+    def check() -> str:
+        if nc is not None and not nc.is_connected:
+            return f"the ledger is unreachable: NATS at {settings.nats_url} is disconnected"
+        if nc is not None and not view.ready.is_set():
+            return "the ledger view is still loading"
+        return ""
+
+    return check
+
+
+async def _pod_api(settings: PlacementSettings) -> PodApi:
+    if settings.kube == "off":
+        return NoPodApi()
+    try:
+        return await KubePodApi.connect(settings.kube, settings.kubeconfig, settings.kube_timeout_s)
+    except GpuledgerError as err:
+        if settings.kube != "auto":
+            raise
+        log.warning("no Kubernetes access (%s): filter and prioritize only, bind will fail", err)
+        return NoPodApi()
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

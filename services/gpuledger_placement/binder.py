@@ -1,0 +1,163 @@
+"""The extender's bind: reserve in the ledger, mirror onto the pod, create the Binding.
+
+1. Read the pod (its containers' requests; its UID must be the one the scheduler names).
+2. Reserve with ONE compare-and-set on the node's key: cards chosen on the value being replaced,
+   kubelet device IDs assigned, ``reserve``; then claim the pod in the owner index. A pod that
+   already holds a live reservation on this node (a retried bind) keeps it.
+3. Write the allocation to the pod's ``gpuledger.io/allocation`` annotation.
+4. Create the Binding. If the API server says the pod is bound already, to this node, the bind
+   succeeded earlier: done. If the bind surely failed, release the reservation and the annotation.
+   If it cannot be told (the API server stopped answering), the reservation stays: it expires with
+   its lease unless kubelet admits the pod.
+See docs/extender.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuledger_common.store import LedgerStore
+from gpuledger_core.errors import Conflict, Exhausted, FailedPrecondition, GpuledgerError, NotFound, Unavailable
+from gpuledger_core.ids import AllocationId
+from gpuledger_core.ledger import NodeLedger, release
+from gpuledger_core.model import Allocation, Owner
+from gpuledger_core.pods import PodAsk, reserve_pod
+from gpuledger_placement import convert
+from gpuledger_placement.convert import BindArgs
+from gpuledger_placement.kube import PodApi
+from gpuledger_placement.metrics import ROLLBACKS
+from gpuledger_placement.service import PlacementService
+
+log = logging.getLogger(__name__)
+OWNER_ROUNDS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    allocation: Allocation | None  # None for a pod that wants no card
+    again: bool  # the pod was bound to this node already (a retried bind)
+
+
+@dataclass(slots=True)
+class Binder:
+    store: LedgerStore
+    service: PlacementService
+    pods: PodApi
+    lease_s: float = 300.0
+    slots_per_card: int = 8
+    clock: Callable[[], float] = time.time
+
+    async def bind(self, args: BindArgs) -> Bound:
+        raw = await self.pods.get_pod(args.namespace, args.name)
+        ref = convert.pod_ref_from(raw)
+        if ref.uid != args.uid:
+            raise Conflict(f"pod {args.namespace}/{args.name} is now uid {ref.uid}, not {args.uid}: it was recreated")
+        if ref.node_name and ref.node_name != args.node:
+            raise FailedPrecondition(f"pod {args.namespace}/{args.name} is bound to {ref.node_name} already")
+        pod = self.service.resolve(convert.pod_ask_from(raw))
+        allocation = await self.reserve(pod, args.node) if pod.wants_cards else None
+        if ref.node_name:
+            return Bound(allocation, again=True)
+        try:
+            if allocation is not None:
+                annotation = convert.allocation_annotation(allocation)
+                await self.pods.annotate(args.namespace, args.name, {convert.ALLOCATION_ANNOTATION: annotation})
+            await self.pods.bind(args.namespace, args.name, args.uid, args.node)
+        except GpuledgerError as err:
+            if await self._bound_here(args):
+                return Bound(allocation, again=True)
+            if allocation is not None and not isinstance(err, Unavailable):
+                await self.roll_back(allocation, args, f"bind failed: {err}")
+            raise
+        return Bound(allocation, again=False)
+
+    async def reserve(self, pod: PodAsk, node: str) -> Allocation:
+        """The pod's live reservation on ``node``: the one it has, or a new one (one CAS)."""
+        for _ in range(OWNER_ROUNDS):
+            existing = await self._owned(pod.owner, node)
+            if existing is not None:
+                return existing
+            allocation = await self._reserve_new(pod, node)
+            if await self.store.claim_owner(pod.owner, allocation.id, node) is not None:
+                return allocation
+            # A concurrent bind of the same pod claimed it first: drop ours, take theirs.
+            await self._release(allocation, "duplicate bind")
+        raise Conflict(f"{pod.owner.describe()}: the owner index kept changing; retry")
+
+    async def roll_back(self, allocation: Allocation, args: BindArgs, reason: str) -> None:
+        log.warning("rolling back %s on %s: %s", allocation.id, allocation.node, reason)
+        ROLLBACKS.inc()
+        try:
+            await self._release(allocation, reason)
+            await self._forget(allocation)
+            await self.pods.annotate(args.namespace, args.name, {convert.ALLOCATION_ANNOTATION: None})
+        except GpuledgerError as err:  # the lease ends it anyway
+            log.warning("roll-back of %s incomplete (%s); its lease will end it", allocation.id, err)
+
+    async def _reserve_new(self, pod: PodAsk, node: str) -> Allocation:
+        if self.service.view.stale(node):
+            raise Exhausted(f"{node}: node inventory is stale (no heartbeat)")
+        key, policy = self.service.policies.get(pod.policy or self.service.policy)
+        allocation_id = AllocationId(f"a-{secrets.token_hex(8)}")
+
+        def transition(ledger: NodeLedger | None) -> NodeLedger:
+            if ledger is None:
+                raise NotFound(f"node {node} is not in the ledger")
+            return reserve_pod(
+                ledger,
+                pod,
+                policy,
+                allocation_id,
+                now=self.clock(),
+                lease_s=self.lease_s,
+                slots_per_card=self.slots_per_card,
+            )
+
+        written = await self.store.mutate(node, transition)
+        found = written.new.get(allocation_id) if written.new else None
+        if found is None:
+            raise Conflict(f"the reservation for {pod.owner.describe()} on {node} was not written")
+        log.info("reserved %s on %s for %s (policy %s)", allocation_id, node, pod.owner.describe(), key[0])
+        return found
+
+    async def _owned(self, owner: Owner, node: str) -> Allocation | None:
+        """The owner's live allocation on ``node``; one elsewhere, or a record of nothing, is dropped."""
+        record = await self.store.owner_of(owner)
+        if record is None:
+            return None
+        allocation_id, where, revision = record
+        ledger, _ = await self.store.read(where)
+        found = ledger.get(allocation_id) if ledger else None
+        if found is not None and found.live and where == node:
+            return found
+        if found is not None and found.live:
+            await self._release(found, f"the scheduler bound the pod to {node} instead")
+        await self.store.forget_owner(owner, revision)
+        return None
+
+    async def _release(self, allocation: Allocation, reason: str) -> None:
+        node, allocation_id = allocation.node, allocation.id
+
+        def transition(ledger: NodeLedger | None) -> NodeLedger | None:
+            if ledger is None or ledger.get(allocation_id) is None:
+                return ledger
+            return release(ledger, allocation_id, self.clock(), reason)
+
+        await self.store.mutate(node, transition)
+
+    async def _forget(self, allocation: Allocation) -> None:
+        record = await self.store.owner_of(allocation.owner)
+        if record is not None and record[0] == allocation.id:
+            await self.store.forget_owner(allocation.owner, record[2])
+
+    async def _bound_here(self, args: BindArgs) -> bool:
+        """Whether the pod is bound to the node now (a Binding that went through after all)."""
+        try:
+            ref = convert.pod_ref_from(await self.pods.get_pod(args.namespace, args.name))
+        except GpuledgerError:
+            return False
+        return ref.uid == args.uid and ref.node_name == args.node

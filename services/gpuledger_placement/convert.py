@@ -1,0 +1,301 @@
+"""The kube-scheduler extender's wire format and Kubernetes pods, to and from domain values, once.
+
+The extender types (``k8s.io/kube-scheduler/extender/v1``) have no JSON tags, so their keys are the
+Go field names (``NodeNames``, ``FailedNodes``, ``Host``, ``Score``, ...); the embedded Pod and
+NodeList use the ordinary Kubernetes JSON (camelCase). Structural problems with a request raise
+``BadRequest`` (HTTP 400); a well-formed pod whose gpuledger resources make no sense raises
+``InvalidArgument`` (the pod is unschedulable, with the reason).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from gpuledger_core import codec
+from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.fit import ContainerAsk
+from gpuledger_core.model import CORE_WHOLE, Allocation, Isolation, Owner, OwnerKind, Request
+from gpuledger_core.placement import POLICIES
+from gpuledger_core.pods import PodAsk
+
+GPU = "gpuledger.io/gpu"
+GPU_MEM = "gpuledger.io/gpu-mem"
+GPU_CORE = "gpuledger.io/gpu-core"
+MODEL_ANNOTATION = "gpuledger.io/gpu-model"
+POLICY_ANNOTATION = "gpuledger.io/placement"
+ISOLATION_ANNOTATION = "gpuledger.io/isolation"
+ALLOCATION_ANNOTATION = "gpuledger.io/allocation"
+MIB = 1 << 20
+_PLAIN = re.compile(r"[A-Za-z0-9._-]+")  # a node name that JSON takes as it is
+SUFFIXES = {
+    "m": Decimal("0.001"), "": Decimal(1), "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9),
+    "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18), "Ki": Decimal(2**10),
+    "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+}  # fmt: skip
+
+
+class BadRequest(InvalidArgument):
+    """The request itself is malformed (not the pod's choices): HTTP 400."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    pod: Mapping[str, Any]
+    names: tuple[str, ...]
+    items: Mapping[str, Any] | None = None  # the Node objects, when the scheduler sent full nodes
+
+
+@dataclass(frozen=True, slots=True)
+class BindArgs:
+    name: str
+    namespace: str
+    uid: str
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+    node_name: str  # spec.nodeName: empty until the pod is bound
+
+
+# --- the extender's requests ---
+
+
+def parse_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError as err:
+        raise BadRequest("body", f"not valid JSON: {err}") from err
+
+
+def extender_args_from(raw: Any) -> ExtenderArgs:
+    if not isinstance(raw, dict):
+        raise BadRequest("body", f"must be a JSON object (ExtenderArgs), got {type(raw).__name__}")
+    pod = raw.get("Pod")
+    if not isinstance(pod, dict):
+        raise BadRequest("Pod", "is required and must be an object")
+    names = raw.get("NodeNames")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadRequest("NodeNames", "must be a list of node names")
+        return ExtenderArgs(pod, tuple(names))
+    nodes = raw.get("Nodes")
+    if nodes is None:
+        raise BadRequest("NodeNames", "is required (the extender is nodeCacheCapable), or Nodes")
+    items = nodes.get("items") if isinstance(nodes, dict) else None
+    if not isinstance(items, list):
+        raise BadRequest("Nodes.items", "must be a list of nodes")
+    by_name = {_node_name(item, i): item for i, item in enumerate(items)}
+    return ExtenderArgs(pod, tuple(by_name), by_name)
+
+
+def _node_name(item: Any, at: int) -> str:
+    meta = item.get("metadata") if isinstance(item, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"Nodes.items[{at}].metadata.name", "is required")
+    return name
+
+
+def bind_args_from(raw: Any) -> BindArgs:
+    if not isinstance(raw, dict):
+        raise BadRequest("body", f"must be a JSON object (ExtenderBindingArgs), got {type(raw).__name__}")
+    values = []
+    for key in ("PodName", "PodNamespace", "PodUID", "Node"):
+        value = raw.get(key)
+        if not isinstance(value, str) or not value:
+            raise BadRequest(key, "is required and must be a non-empty string")
+        values.append(value)
+    return BindArgs(*values)
+
+
+# --- the extender's replies ---
+
+
+def filter_result_to(
+    args: ExtenderArgs, fits: Sequence[str], failed: Mapping[str, str], unresolvable: Mapping[str, str], error: str = ""
+) -> dict[str, Any]:
+    nodes = None
+    names: list[str] | None = list(fits)
+    if args.items is not None:
+        nodes, names = {"metadata": {}, "items": [args.items[n] for n in fits]}, None
+    return {
+        "Nodes": nodes,
+        "NodeNames": names,
+        "FailedNodes": dict(failed),
+        "FailedAndUnresolvableNodes": dict(unresolvable),
+        "Error": error,
+    }
+
+
+def filter_error_to(error: str) -> dict[str, Any]:
+    return {"Nodes": None, "NodeNames": None, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": error}
+
+
+def priorities_to(scores: Mapping[str, int]) -> list[dict[str, Any]]:
+    return [{"Host": host, "Score": score} for host, score in scores.items()]
+
+
+def priorities_json(scores: Mapping[str, int]) -> str:
+    """``priorities_to`` encoded, twice as fast for the usual node names (which need no escaping)."""
+    return "[" + ",".join(_priority(host, score) for host, score in scores.items()) + "]"
+
+
+def _priority(host: str, score: int) -> str:
+    if _PLAIN.fullmatch(host):
+        return f'{{"Host":"{host}","Score":{int(score)}}}'
+    return json.dumps({"Host": host, "Score": int(score)}, separators=(",", ":"))
+
+
+def bind_result_to(error: str = "") -> dict[str, str]:
+    return {"Error": error}
+
+
+# --- pods ---
+
+
+def pod_ref_from(pod: Mapping[str, Any]) -> PodRef:
+    meta = _obj(pod, "metadata")
+    spec = _obj(pod, "spec")
+    return PodRef(
+        str(meta.get("namespace") or "default"),
+        str(meta.get("name") or ""),
+        str(meta.get("uid") or ""),
+        str(spec.get("nodeName") or ""),
+    )
+
+
+def pod_ask_from(pod: Mapping[str, Any]) -> PodAsk:
+    """What the pod asks of gpuledger; ``InvalidArgument`` naming the field when it makes no sense."""
+    ref = pod_ref_from(pod)
+    owner = Owner(OwnerKind.POD, ref.uid or f"{ref.namespace}/{ref.name}", ref.namespace, ref.name)
+    annotations = _obj(_obj(pod, "metadata"), "annotations")
+    spec = _obj(pod, "spec")
+    models = _models(annotations.get(MODEL_ANNOTATION))
+    inits = _containers(spec, "initContainers")
+    apps = _containers(spec, "containers")
+    asks = [
+        ask
+        for group, init in ((inits, True), (apps, False))
+        for at, container in enumerate(group)
+        if (ask := _container_ask(container, init, at, models)) is not None
+    ]
+    cpu = max(sum(_host(c, "cpu") for c in apps), max((_host(c, "cpu") for c in inits), default=0))
+    mem = max(sum(_host(c, "memory") for c in apps), max((_host(c, "memory") for c in inits), default=0))
+    return PodAsk(
+        owner,
+        tuple(asks),
+        _isolation(annotations.get(ISOLATION_ANNOTATION)),
+        _policy(annotations.get(POLICY_ANNOTATION)),
+        int(cpu * 1000),
+        int(mem / MIB),
+    )
+
+
+def allocation_annotation(allocation: Allocation) -> str:
+    return json.dumps(codec.allocation_to(allocation), separators=(",", ":"))
+
+
+def _container_ask(container: Mapping[str, Any], init: bool, at: int, models: frozenset[str]) -> ContainerAsk | None:
+    name = str(container.get("name") or "")
+    where = f"spec.{'initContainers' if init else 'containers'}[{at}] ({name})"
+    wanted = _extended(container)
+    if not wanted:
+        return None
+    if GPU not in wanted:
+        raise InvalidArgument(where, f"{GPU_MEM} and {GPU_CORE} need {GPU} (the number of cards) beside them")
+    count = _whole(wanted[GPU], f"{where} {GPU}", "cards")
+    mem = _whole(wanted[GPU_MEM], f"{where} {GPU_MEM}", "MiB") if GPU_MEM in wanted else None
+    core = _whole(wanted[GPU_CORE], f"{where} {GPU_CORE}", "percent") if GPU_CORE in wanted else None
+    if count == 0:
+        return None
+    if core is not None and not 1 <= core <= 100:
+        raise InvalidArgument(f"{where} {GPU_CORE}", f"must be 1..100 percent of a card, got {core}")
+    try:
+        request = Request(count, mem, None if core is None else core * CORE_WHOLE // 100, models)
+    except InvalidArgument as err:
+        raise InvalidArgument(f"{where} {err.field}", err.problem) from err
+    return ContainerAsk(name, request, init)
+
+
+def _extended(container: Mapping[str, Any]) -> dict[str, Any]:
+    """gpuledger's resources of one container: limits, or requests where no limit is given."""
+    resources = _obj(container, "resources")
+    found: dict[str, Any] = {}
+    for part in ("requests", "limits"):
+        for key, value in _obj(resources, part).items():
+            if key in (GPU, GPU_MEM, GPU_CORE):
+                found[key] = value
+    return found
+
+
+def _whole(raw: Any, field: str, unit: str) -> int:
+    text = str(raw).strip()
+    if isinstance(raw, bool) or not text.isdigit():
+        raise InvalidArgument(field, f"must be a whole number of {unit}, got {text!r}")
+    return int(text)
+
+
+def _host(container: Mapping[str, Any], resource: str) -> Decimal:
+    resources = _obj(container, "resources")
+    raw = _obj(resources, "requests").get(resource, _obj(resources, "limits").get(resource))
+    return Decimal(0) if raw is None else quantity(raw, f"{container.get('name')}: {resource}")
+
+
+def quantity(raw: Any, field: str) -> Decimal:
+    """A Kubernetes quantity (``500m``, ``16Gi``, ``1e3``) as a number."""
+    text = str(raw).strip()
+    number, suffix = text, ""
+    for candidate in sorted(SUFFIXES, key=len, reverse=True):
+        if candidate and text.endswith(candidate):
+            number, suffix = text[: -len(candidate)], candidate
+            break
+    try:
+        value = Decimal(number) * SUFFIXES[suffix]
+    except (InvalidOperation, KeyError):
+        raise InvalidArgument(field, f"{text!r} is not a Kubernetes quantity") from None
+    if not value.is_finite() or value < 0:
+        raise InvalidArgument(field, f"{text!r} is not a Kubernetes quantity")
+    return value
+
+
+def _models(raw: Any) -> frozenset[str]:
+    if raw is None:
+        return frozenset()
+    return frozenset(m.strip() for m in str(raw).replace(",", "|").split("|") if m.strip())
+
+
+def _isolation(raw: Any) -> Isolation:
+    if raw is None or raw == "":
+        return Isolation.NONE
+    try:
+        return Isolation(str(raw))
+    except ValueError:
+        choices = "|".join(i.value for i in Isolation)
+        raise InvalidArgument(f"annotation {ISOLATION_ANNOTATION}", f"must be {choices}, got {raw!r}") from None
+
+
+def _policy(raw: Any) -> str:
+    if raw is None or raw == "":
+        return ""
+    if raw not in POLICIES:
+        raise InvalidArgument(f"annotation {POLICY_ANNOTATION}", f"must be one of {', '.join(POLICIES)}, got {raw!r}")
+    return str(raw)
+
+
+def _obj(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = parent.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _containers(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = spec.get(key)
+    return [c for c in value if isinstance(c, dict)] if isinstance(value, list) else []

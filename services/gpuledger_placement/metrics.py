@@ -1,0 +1,22 @@
+"""The placement service's Prometheus metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+EXTENDER_SECONDS = Histogram(
+    "gpuledger_placement_extender_seconds", "Time to answer a kube-scheduler extender call", ["verb"], buckets=BUCKETS
+)
+NATS_SECONDS = Histogram(
+    "gpuledger_placement_nats_seconds", "Time to answer a placement request over NATS", ["subject"], buckets=BUCKETS
+)
+DECISIONS = Counter(
+    "gpuledger_placement_decisions_total",
+    "Answers given, by verb and outcome (fit, no_fit, passthrough, bound, rebound)",
+    ["verb", "outcome"],
+)
+NODES_FILTERED = Counter("gpuledger_placement_filtered_nodes_total", "Nodes judged by filter, by result", ["result"])
+FAILURES = Counter("gpuledger_placement_failures_total", "Calls that failed, by verb and error code", ["verb", "code"])
+ROLLBACKS = Counter("gpuledger_placement_bind_rollbacks_total", "Reservations released because the bind failed")

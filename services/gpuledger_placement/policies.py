@@ -1,0 +1,68 @@
+"""The node policies by name, measured against the recent workload and rebuilt now and then.
+
+``fgd`` and ``default`` score fragmentation against the typical pods of the recent asks. A rebuilt
+policy gets a new generation, so answers cached under the old one are not reused.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from gpuledger_core.placement import Policy, WorkloadTracker, make_policy, typical
+from gpuledger_core.pods import PodAsk
+
+SEEN_OWNERS = 10_000  # pods remembered so a pod filtered again is counted once
+PolicyKey = tuple[str, int]
+
+
+class Policies:
+    def __init__(
+        self,
+        tracker: WorkloadTracker,
+        card_memory: Callable[[], int],
+        refresh_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.tracker, self.card_memory, self.refresh_s, self.clock = tracker, card_memory, refresh_s, clock
+        self.generation = 0
+        self._built: dict[str, Policy] = {}
+        self._typical_version = 0
+        self._refreshed_at = clock()
+        self._owners: OrderedDict[str, None] = OrderedDict()
+        self._memory = 0
+
+    def get(self, name: str) -> tuple[PolicyKey, Policy]:
+        """The policy called ``name`` (``InvalidArgument`` if there is none) and its cache key."""
+        self._maybe_refresh()
+        policy = self._built.get(name)
+        if policy is None:
+            typical_pods = self.tracker.seen() if name in ("fgd", "default") else ()
+            policy = self._built[name] = make_policy(name, typical_pods)
+        return (name, self.generation), policy
+
+    def observe(self, pod: PodAsk) -> None:
+        """Count the pod in the workload, once however often it is asked about."""
+        ask = pod.main()
+        if ask is None or pod.owner.key in self._owners:
+            return
+        self._owners[pod.owner.key] = None
+        if len(self._owners) > SEEN_OWNERS:
+            self._owners.popitem(last=False)
+        if not self._memory:
+            self._memory = self.card_memory()
+        self.tracker.observe(typical(ask, self._memory))
+
+    def refresh(self) -> None:
+        """Take in the asks seen so far now (normally every ``refresh_s``)."""
+        self._built.clear()
+        self.generation += 1
+        self._typical_version = self.tracker.version
+        self._refreshed_at = self.clock()
+        self._memory = 0
+
+    def _maybe_refresh(self) -> None:
+        changed = self.tracker.version != self._typical_version
+        if changed and self.clock() - self._refreshed_at >= self.refresh_s:
+            self.refresh()

@@ -1,0 +1,127 @@
+"""The kube-scheduler extender over HTTP: ``POST <prefix>/filter``, ``/prioritize``, ``/bind``.
+
+Every verb answers 200 with the extender's JSON unless the request itself is malformed (400 with a
+message). Failures the scheduler should see go in the reply's ``Error`` (filter, bind); prioritize
+has no error field, so it answers 503, which the scheduler logs and ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from gpuledger_core.errors import GpuledgerError, InvalidArgument
+from gpuledger_placement import convert, metrics
+from gpuledger_placement.binder import Binder
+from gpuledger_placement.convert import BadRequest
+from gpuledger_placement.service import PlacementService
+
+log = logging.getLogger(__name__)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _reply(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(body, separators=(",", ":")), status=status, content_type="application/json")
+
+
+def _bad(err: InvalidArgument) -> web.Response:
+    return web.Response(status=400, text=f"bad request: {err}\n")
+
+
+def _timed(verb: str, handler: Handler) -> Handler:
+    histogram = metrics.EXTENDER_SECONDS.labels(verb)
+
+    async def timed(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        try:
+            return await handler(request)
+        finally:
+            histogram.observe(time.perf_counter() - started)
+
+    return timed
+
+
+class Extender:
+    def __init__(self, service: PlacementService, binder: Binder | None) -> None:
+        self.service, self.binder = service, binder
+
+    def routes(self, prefix: str) -> list[web.RouteDef]:
+        return [
+            web.post(f"{prefix}/filter", _timed("filter", self.filter)),
+            web.post(f"{prefix}/prioritize", _timed("prioritize", self.prioritize)),
+            web.post(f"{prefix}/bind", _timed("bind", self.bind)),
+        ]
+
+    async def filter(self, request: web.Request) -> web.Response:
+        try:
+            args = convert.extender_args_from(convert.parse_json(await request.read()))
+        except BadRequest as err:
+            metrics.FAILURES.labels("filter", "bad_request").inc()
+            return _bad(err)
+        try:
+            pod = convert.pod_ask_from(args.pod)
+        except InvalidArgument as err:  # the pod's own resources make no sense: no node will do
+            metrics.DECISIONS.labels("filter", "invalid_pod").inc()
+            why = f"gpuledger cannot place this pod: {err}"
+            return _reply(convert.filter_result_to(args, (), {}, dict.fromkeys(args.names, why)))
+        try:
+            found = self.service.filter(pod, args.names)
+        except GpuledgerError as err:
+            metrics.FAILURES.labels("filter", err.code).inc()
+            return _reply(convert.filter_error_to(f"gpuledger placement: {err}"))
+        self._count_filter(pod.wants_cards, found.fits, found.failed, found.unresolvable)
+        return _reply(convert.filter_result_to(args, found.fits, found.failed, found.unresolvable))
+
+    async def prioritize(self, request: web.Request) -> web.Response:
+        try:
+            args = convert.extender_args_from(convert.parse_json(await request.read()))
+        except BadRequest as err:
+            metrics.FAILURES.labels("prioritize", "bad_request").inc()
+            return _bad(err)
+        try:
+            scores = self.service.prioritize(convert.pod_ask_from(args.pod), args.names)
+        except InvalidArgument:  # filter has said why already; no node is better than another
+            scores = dict.fromkeys(args.names, 0)
+        except GpuledgerError as err:
+            metrics.FAILURES.labels("prioritize", err.code).inc()
+            return web.Response(status=503, text=f"gpuledger placement: {err}\n")
+        metrics.DECISIONS.labels("prioritize", "scored").inc()
+        return web.Response(text=convert.priorities_json(scores), content_type="application/json")
+
+    async def bind(self, request: web.Request) -> web.Response:
+        try:
+            args = convert.bind_args_from(convert.parse_json(await request.read()))
+        except BadRequest as err:
+            metrics.FAILURES.labels("bind", "bad_request").inc()
+            return _bad(err)
+        if self.binder is None:
+            return _reply(convert.bind_result_to("gpuledger placement: this instance does not bind"))
+        try:
+            bound = await self.binder.bind(args)
+        except GpuledgerError as err:
+            metrics.FAILURES.labels("bind", err.code).inc()
+            log.warning("bind of %s/%s to %s failed: %s", args.namespace, args.name, args.node, err)
+            return _reply(convert.bind_result_to(f"gpuledger placement: {err}"))
+        metrics.DECISIONS.labels("bind", "rebound" if bound.again else "bound").inc()
+        return _reply(convert.bind_result_to())
+
+    @staticmethod
+    def _count_filter(wants: bool, fits: Any, failed: Any, unresolvable: Any) -> None:
+        if not wants:
+            metrics.DECISIONS.labels("filter", "passthrough").inc()
+            return
+        metrics.DECISIONS.labels("filter", "fit" if fits else "no_fit").inc()
+        metrics.NODES_FILTERED.labels("fit").inc(len(fits))
+        metrics.NODES_FILTERED.labels("failed").inc(len(failed))
+        metrics.NODES_FILTERED.labels("unresolvable").inc(len(unresolvable))
+
+
+def extender_app(extender: Extender, prefix: str) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.add_routes(extender.routes(prefix))
+    return app

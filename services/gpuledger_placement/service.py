@@ -1,0 +1,275 @@
+"""Placement's decisions over its view of the ledger: filter, prioritize, place, preferred.
+
+Nothing here does I/O: every answer is computed from the view. Per node, answers are cached in the
+node's entry under the pod's shape (and the policy's generation where the policy matters), so a
+node is only re-examined after its ledger changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from itertools import count
+from random import Random
+from typing import cast
+
+from gpuledger_core.errors import Exhausted, FailedPrecondition, NotFound, Unavailable
+from gpuledger_core.ids import CardUuid
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Grant, Request
+from gpuledger_core.placement import (
+    Ask,
+    Decision,
+    Guard,
+    NodeState,
+    Policy,
+    filter_nodes,
+    from_ledger,
+    place,
+    rate,
+    scale,
+)
+from gpuledger_core.pods import PodAsk, expand_models, impossible, plan
+from gpuledger_core.slots import parse_device_id
+from gpuledger_placement.policies import Policies, PolicyKey
+from gpuledger_placement.view import FleetView, NodeEntry
+
+FITS, FAILED, UNRESOLVABLE = 0, 1, 2
+RANKED = 8  # nodes a ``place`` answer names, best first, for a caller that loses a race
+SHOWN_REASONS = 5
+KEYS_KEPT = 4096  # distinct questions remembered before starting afresh
+Verdict = tuple[int, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Filtered:
+    fits: tuple[str, ...]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    node: str
+    grants: tuple[Grant, ...]
+    ranked: tuple[str, ...]
+
+
+class PlacementService:
+    def __init__(
+        self,
+        view: FleetView,
+        policies: Policies,
+        policy: str = "default",
+        guard: Guard | None = None,
+        ready: Callable[[], str] = lambda: "",
+        rng: Random | None = None,
+    ) -> None:
+        self.view, self.policies, self.policy, self.guard = view, policies, policy, guard
+        self.ready = ready
+        self.rng = rng or Random()
+        self._keys: dict[object, int] = {}
+        self._next_key = count()
+        self._known: frozenset[str] = frozenset()
+        self._expanded: dict[frozenset[str], frozenset[str]] = {}
+
+    def resolve(self, pod: PodAsk) -> PodAsk:
+        """The pod with its model selectors (``A100|H100``) matched to the fleet's card models."""
+        known = self.view.known_models()
+        if known != self._known:
+            self._known, self._expanded = known, {}
+
+        def expanded(wanted: frozenset[str]) -> frozenset[str]:
+            found = self._expanded.get(wanted)
+            if found is None:
+                found = self._expanded[wanted] = expand_models(wanted, known)
+            return found
+
+        return pod.with_models(expanded)
+
+    def _key(self, question: object) -> int:
+        """A small number standing for a (hashable, nested) question: cheap to look up in each of
+        800 node memos. Numbers are never reused, so a forgotten question cannot alias another."""
+        found = self._keys.get(question)
+        if found is None:
+            if len(self._keys) > KEYS_KEPT:
+                self._keys.clear()
+            found = self._keys[question] = next(self._next_key)
+        return found
+
+    def check(self) -> None:
+        """Raise ``Unavailable`` when the view cannot be trusted (NATS away, not loaded yet)."""
+        problem = self.ready()
+        if problem:
+            raise Unavailable(problem)
+
+    # --- the extender's verbs ---
+
+    def filter(self, pod: PodAsk, names: Sequence[str]) -> Filtered:
+        if not pod.wants_cards:  # not ours: every node will do, ledger or not
+            return Filtered(tuple(names), {}, {})
+        self.check()
+        pod = self.resolve(pod)
+        self.policies.observe(pod)
+        fits: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for name, (code, why) in self._verdicts(pod, names):
+            if code == FITS:
+                fits.append(name)
+            elif code == FAILED:
+                failed[name] = why
+            else:
+                unresolvable[name] = why
+        return Filtered(tuple(fits), failed, unresolvable)
+
+    def prioritize(self, pod: PodAsk, names: Sequence[str]) -> dict[str, int]:
+        if not pod.wants_cards:
+            return dict.fromkeys(names, 0)
+        self.check()
+        pod = self.resolve(pod)
+        key, policy = self.policies.get(pod.policy or self.policy)
+        return scale(self._rates(pod, names, key, policy))
+
+    # --- for the allocator (tools) and the plugin ---
+
+    def place(self, pod: PodAsk, exclude: Collection[str] = ()) -> Placed:
+        """The best node and every container's cards there, or ``Exhausted`` with reasons."""
+        self.check()
+        pod = self.resolve(pod)
+        key, policy = self.policies.get(pod.policy or self.policy)
+        self.policies.observe(pod)
+        candidates = [name for name in self.view.entries if name not in exclude]
+        rates = self._rates(pod, candidates, key, policy)
+        scored = [(-score, order, name) for order, (name, score) in enumerate(rates.items()) if score is not None]
+        ranked = [name for *_, name in sorted(scored)]
+        if policy.randomized:
+            self.rng.shuffle(ranked)
+        for name in ranked[:RANKED]:
+            entry = self.view.entries[name]
+            try:
+                return Placed(name, plan(entry.ledger, pod, policy), tuple(ranked[:RANKED]))
+            except Exhausted:
+                continue
+        raise Exhausted(self._nowhere(pod, exclude))
+
+    def preferred(self, node: str, available: Collection[str], must_include: Collection[str], size: int) -> list[str]:
+        """The best-connected ``size`` cards among the device IDs kubelet offers on ``node``."""
+        self.check()
+        entry = self.view.entries.get(node)
+        if entry is None:
+            raise NotFound(f"node {node} is not in the ledger")
+        offered = _ids_by_card(available, must_include)
+        fixed = {parse_device_id(i)[0] for i in must_include}
+        if len(fixed) >= size:
+            return sorted(must_include)[:size]
+        if fixed:
+            raise FailedPrecondition("a preference that must include given devices is ranked by the node itself")
+        ask = Ask(Request(size))
+        state = _offered_only(entry.ledger, offered)
+        found = place([state], ask, self.policies.get("binpack")[1])
+        if not isinstance(found, Decision):
+            return []
+        uuids = {card.index: card.uuid for card in entry.ledger.node.cards}
+        return [offered[uuids[index]][0] for index in found.cards]
+
+    # --- per node, cached per revision: the question is prepared once per call ---
+
+    def _verdicts(self, pod: PodAsk, names: Iterable[str]) -> Iterator[tuple[str, Verdict]]:
+        single = pod.single()
+        if single is not None:
+            key = self._key(("filter", single.shape))
+            compute = partial(self._single_verdict, ask=single)
+        else:
+            policy_key, policy = self.policies.get(pod.policy or self.policy)
+            key = self._key(("filter", policy_key, pod.containers))
+            compute = partial(self._pod_verdict, pod=pod, policy=policy)
+        entries, now = self.view.entries, self.view.clock()
+        stale = self.view.stale if self.view.stale_after_s else None
+        for name in names:
+            entry = entries.get(name)
+            if entry is None:
+                yield name, (FAILED, "not in the gpuledger ledger: no inventory from this node yet")
+            elif stale is not None and stale(name, now):
+                yield (
+                    name,
+                    (FAILED, "node inventory is stale (no heartbeat): nothing new is placed here until it reports"),
+                )
+            else:
+                found = entry.memo.get(key)
+                if found is None:
+                    found = compute(entry)
+                    entry.remember(key, found)
+                yield name, cast(Verdict, found)
+
+    def _single_verdict(self, entry: NodeEntry, ask: Ask) -> Verdict:
+        never = impossible(entry.state, ask)
+        if never:
+            return UNRESOLVABLE, never
+        fits, failed = filter_nodes([entry.state], ask, self.guard)
+        return (FITS, "") if fits else (FAILED, failed[entry.state.name])
+
+    def _pod_verdict(self, entry: NodeEntry, pod: PodAsk, policy: Policy) -> Verdict:
+        for container in pod.containers:
+            never = impossible(entry.state, pod.ask(container))
+            if never:
+                return UNRESOLVABLE, f"container {container.container}: {never}"
+        try:
+            plan(entry.ledger, pod, policy)
+        except Exhausted as err:
+            return FAILED, str(err).removeprefix(f"{entry.state.name}: ")
+        return FITS, ""
+
+    def _rates(self, pod: PodAsk, names: Iterable[str], key: PolicyKey, policy: Policy) -> dict[str, float | None]:
+        """The policy's raw score of each node (None: does not fit)."""
+        main, single = pod.main(), pod.single()
+        if main is None:
+            return dict.fromkeys(names)
+        memo_key = self._key(("rate", key, single.shape if single is not None else pod.containers))
+        entries, now = self.view.entries, self.view.clock()
+        stale = self.view.stale if self.view.stale_after_s else None
+        found: dict[str, float | None] = {}
+        for name in names:
+            entry = entries.get(name)
+            if entry is None or (stale is not None and stale(name, now)):
+                found[name] = None
+                continue
+            known = entry.memo.get(memo_key, entry)
+            if known is not entry:
+                found[name] = cast(float | None, known)
+                continue
+            if single is None and self._pod_verdict(entry, pod, policy)[0] != FITS:
+                score = None
+            else:
+                score = rate(entry.state, main, policy, self.guard)
+            entry.remember(memo_key, score)
+            found[name] = score
+        return found
+
+    def _nowhere(self, pod: PodAsk, exclude: Collection[str]) -> str:
+        names = [name for name in self.view.entries if name not in exclude]
+        if not names:
+            return f"{pod.owner.describe()}: the ledger has no nodes"
+        reasons = [f"{name}: {why or 'lost to a concurrent change'}" for name, (_, why) in self._verdicts(pod, names)]
+        more = len(reasons) - SHOWN_REASONS
+        shown = "; ".join(reasons[:SHOWN_REASONS]) + (f"; and {more} more node(s)" if more > 0 else "")
+        return f"{pod.owner.describe()} fits on no node: {shown}"
+
+
+def _ids_by_card(available: Collection[str], must_include: Collection[str]) -> dict[CardUuid, list[str]]:
+    found: dict[CardUuid, list[str]] = {}
+    for raw in sorted({*available, *must_include}, key=lambda i: (parse_device_id(i)[0], parse_device_id(i)[1])):
+        found.setdefault(parse_device_id(raw)[0], []).append(raw)
+    return found
+
+
+def _offered_only(ledger: NodeLedger, offered: Collection[CardUuid]) -> NodeState:
+    """The node with every card idle where kubelet offers a slot and unusable elsewhere."""
+    state = from_ledger(NodeLedger(ledger.node))
+    cards = tuple(
+        card if uuid in offered else dataclasses.replace(card, healthy=False)
+        for card, uuid in zip(state.cards, (c.uuid for c in ledger.node.cards), strict=True)
+    )
+    return dataclasses.replace(state, cards=cards)

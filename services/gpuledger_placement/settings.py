@@ -1,0 +1,72 @@
+"""The placement service's settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuledger_common.settings import option, require
+from gpuledger_core.placement import POLICIES, Guard
+
+KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementSettings:
+    """gpuledger-placement: chooses nodes and cards; kube-scheduler extender and NATS API."""
+
+    nats_url: str = option("nats://127.0.0.1:4222", "NATS server URL")
+    http_host: str = option("0.0.0.0", "address of the extender and of /healthz, /readyz, /metrics")
+    http_port: int = option(8083, "port of the extender and the ops endpoints (0: any free port)")
+    url_prefix: str = option("/gpuledger", "path the extender verbs hang under (the scheduler's urlPrefix path)")
+    policy: str = option("default", f"node policy unless a pod names one: {', '.join(POLICIES)}")
+    guard: str = option("off", "dominant-resource guard: off, or CPU cores:GiB kept per free card, e.g. 4:32")
+    kube: str = option("auto", "Kubernetes access: auto, in-cluster, kubeconfig or off")
+    kubeconfig: str = option("", "kubeconfig file (kube=kubeconfig or auto; empty: the default one)")
+    kube_timeout_s: float = option(2.0, "timeout of each Kubernetes API call made by bind")
+    lease_s: float = option(300.0, "how long a bound pod's reservation waits for kubelet to admit it")
+    slots_per_card: int = option(8, "kubelet device slots per card; must equal the plugin's setting")
+    stale_after_s: float = option(30.0, "a node without a heartbeat for this long gets nothing new (0: never)")
+    workload_window: int = option(5000, "recent pod asks the fragmentation policies measure against")
+    workload_refresh_s: float = option(30.0, "how often the fragmentation policies take in recent asks")
+    nats_queue: str = option("placement", "NATS queue group of the placement subjects")
+    stop_timeout_s: float = option(10.0, "how long in-flight requests may take to finish at shutdown")
+    log_level: str = option("info", "debug, info, warning or error")
+    log_format: str = option("text", "text or json")
+
+    def __post_init__(self) -> None:
+        require(self.nats_url.startswith(("nats://", "tls://")), "nats_url", f"{self.nats_url!r} is not a nats:// URL")
+        require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
+        require(
+            (self.url_prefix.startswith("/") and not self.url_prefix.endswith("/")) or self.url_prefix == "",
+            "url_prefix",
+            f"must be empty or start with / and not end with /, got {self.url_prefix!r}",
+        )
+        require(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        parse_guard(self.guard)
+        require(self.kube in KUBE_MODES, "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}")
+        require(0 < self.kube_timeout_s <= 30, "kube_timeout_s", "must be in (0, 30]")
+        require(self.lease_s > 0, "lease_s", "must be positive")
+        require(1 <= self.slots_per_card <= 100, "slots_per_card", "must be 1..100")
+        require(self.stale_after_s >= 0, "stale_after_s", "must not be negative")
+        require(self.workload_window >= 1, "workload_window", "must be at least 1")
+        require(self.workload_refresh_s > 0, "workload_refresh_s", "must be positive")
+        require(self.stop_timeout_s > 0, "stop_timeout_s", "must be positive")
+        require(self.log_format in ("text", "json"), "log_format", "must be text or json")
+        require(
+            self.log_level in ("debug", "info", "warning", "error"),
+            "log_level",
+            "must be debug, info, warning or error",
+        )
+
+
+def parse_guard(raw: str) -> Guard | None:
+    """``off`` or ``<CPU cores>:<GiB>`` kept free per free card."""
+    if raw == "off":
+        return None
+    cpu, sep, mem = raw.partition(":")
+    try:
+        cores, gib = float(cpu), float(mem)
+    except ValueError:
+        cores = gib = -1.0
+    require(bool(sep) and cores >= 0 and gib >= 0, "guard", f"must be off or <cores>:<GiB>, e.g. 4:32, got {raw!r}")
+    return Guard(int(cores * 1000), int(gib * 1024))

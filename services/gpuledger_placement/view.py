@@ -1,0 +1,127 @@
+"""Placement's own view of the ledger, kept current by watching the bucket, plus node heartbeats.
+
+Each node's entry holds its ledger, its ``NodeState`` for placement (converted once per revision)
+and a memo of answers computed from that revision: an entry is replaced when the key changes, so
+nothing in the memo can outlive the value it was computed from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from gpuledger_common.bus import SUBJECT_PREFIX, decode
+from gpuledger_common.follow import follow
+from gpuledger_common.store import LedgerStore
+from gpuledger_core.codec import Reader
+from gpuledger_core.errors import GpuledgerError
+from gpuledger_core.ids import NodeName
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.placement import NodeState, from_ledger
+
+log = logging.getLogger(__name__)
+HEARTBEATS = (f"{SUBJECT_PREFIX}.heartbeat.*", f"{SUBJECT_PREFIX}.inventory.*")
+MEMO_LIMIT = 64  # answers kept per node revision (distinct pod shapes and policies)
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    ledger: NodeLedger
+    revision: int
+    state: NodeState
+    memo: dict[int, object] = field(default_factory=dict)
+
+    def remember(self, key: int, value: object) -> None:
+        if len(self.memo) >= MEMO_LIMIT:
+            self.memo.clear()
+        self.memo[key] = value
+
+
+@dataclass(slots=True)
+class FleetView:
+    store: LedgerStore | None
+    stale_after_s: float = 30.0
+    clock: Callable[[], float] = time.time
+    entries: dict[str, NodeEntry] = field(default_factory=dict)
+    heartbeats: dict[str, float] = field(default_factory=dict)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    started_at: float = 0.0
+    models: Counter[str] = field(default_factory=Counter)  # cards per model, fleet-wide
+    memories: Counter[int] = field(default_factory=Counter)  # cards per memory size
+    _subs: list[Subscription] = field(default_factory=list)
+
+    async def run(self) -> None:
+        """Follow the bucket until cancelled."""
+        assert self.store is not None
+        self.started_at = self.clock()
+        await follow(self.store, self.apply, self.ready.set)
+
+    def apply(self, node: NodeName, ledger: NodeLedger | None, revision: int) -> None:
+        known = self.entries.get(node)
+        if ledger is not None and known is not None and revision and revision <= known.revision:
+            return  # older than what we have (our own write got here first)
+        if self.store is not None:
+            self.store.remember(node, ledger, revision)
+        if known is not None:
+            self._count(known.ledger, -1)
+        if ledger is None:
+            self.entries.pop(node, None)
+        else:
+            self.entries[node] = NodeEntry(ledger, revision, from_ledger(ledger))
+            self._count(ledger, 1)
+
+    def _count(self, ledger: NodeLedger, sign: int) -> None:
+        for card in ledger.node.cards:
+            self.models[card.model] += sign
+            self.memories[card.memory_mib] += sign
+
+    def entry(self, node: str) -> NodeEntry | None:
+        return self.entries.get(node)
+
+    # --- liveness: a node whose inventory service stopped talking gets nothing new ---
+
+    async def listen(self, nc: Client) -> None:
+        for subject in HEARTBEATS:
+            self._subs.append(await nc.subscribe(subject, cb=self._on_heartbeat))
+
+    async def stop_listening(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+
+    async def _on_heartbeat(self, msg: Msg) -> None:
+        try:
+            raw = Reader(decode(msg.data))
+            node = raw.obj("node").text("name") if isinstance(raw.raw.get("node"), dict) else raw.text("node")
+        except GpuledgerError as err:
+            log.debug("ignoring malformed message on %s: %s", msg.subject, err)
+            return
+        self.heartbeat(node, self.clock())
+
+    def heartbeat(self, node: str, at: float) -> None:
+        self.heartbeats[node] = max(at, self.heartbeats.get(node, 0.0))
+
+    def stale(self, node: str, now: float | None = None) -> bool:
+        """No heartbeat for ``stale_after_s`` (counted from this process's start if none yet)."""
+        if not self.stale_after_s:
+            return False
+        now = self.clock() if now is None else now
+        return now - self.heartbeats.get(node, self.started_at or now) > self.stale_after_s
+
+    def card_memory(self) -> int:
+        """The most common card memory size in the fleet (sizes memory shares for the workload)."""
+        common = [size for size, n in self.memories.most_common(1) if n > 0]
+        return common[0] if common else 0
+
+    def known_models(self) -> frozenset[str]:
+        return frozenset(model for model, n in self.models.items() if n > 0)

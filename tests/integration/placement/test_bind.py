@@ -1,0 +1,193 @@
+"""Bind end to end: a real nats-server and ledger, the fake kube-apiserver, the real client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from nats.aio.client import Client
+
+from gpuledger_common.natsserver import NatsServer
+from gpuledger_common.store import LedgerStore
+from gpuledger_core import codec
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Allocation, AllocState, Owner, OwnerKind
+from gpuledger_core.slots import card_of
+from gpuledger_proto.gpuledger.allocator import v1 as pb
+from gpuledger_testing.fake_apiserver import FakeApiServer
+from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_placement, wait_for
+
+from .helpers import bind_args, gpu_pod, post
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+@pytest.fixture
+async def store(nc: Client) -> LedgerStore:
+    return await LedgerStore.open(nc)
+
+
+async def live_of(store: LedgerStore, node: str, uid: str) -> list[Allocation]:
+    ledger, _ = await store.read(node)
+    assert isinstance(ledger, NodeLedger)
+    return [a for a in ledger.allocations if a.live and a.owner.id == uid]
+
+
+def pod_owner(name: str) -> Owner:
+    return Owner(OwnerKind.POD, f"uid-{name}", "default", name)
+
+
+async def test_bind_reserves_with_device_ids_annotates_and_binds(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    apiserver.add_pod(gpu_pod("train", gpu=2, mem=30000, annotations={"gpuledger.io/isolation": "mps"}))
+    status, body = await post(http, f"{placement.url}/bind", bind_args("train", "h100-0"))
+    assert (status, body) == (200, {"Error": ""})
+
+    pod = apiserver.pod("default", "train")
+    assert pod["spec"]["nodeName"] == "h100-0"
+    assert len(apiserver.bindings) == 1
+    binding = apiserver.bindings[0]
+    assert binding["kind"] == "Binding"
+    assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "h100-0"}
+    assert binding["metadata"]["uid"] == "uid-train"
+    mirrored = codec.allocation_from(
+        codec.Reader(json.loads(pod["metadata"]["annotations"]["gpuledger.io/allocation"]))
+    )
+
+    [held] = await live_of(store, "h100-0", "uid-train")
+    assert held == mirrored
+    assert held.state is AllocState.RESERVED and held.lease_expires_at is not None
+    assert held.isolation.value == "mps"
+    [grant] = held.grants
+    assert grant.container == "main" and len(grant.cards) == 2
+    assert [s.mem_mib for s in grant.cards] == [30000, 30000]
+    assert len(grant.device_ids) == 2
+    assert [card_of(i) for i in grant.device_ids] == [s.uuid for s in grant.cards]
+    record = await store.owner_of(pod_owner("train"))
+    assert record is not None and record[0] == held.id and record[1] == "h100-0"
+
+
+async def test_a_retried_bind_is_idempotent(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    apiserver.add_pod(gpu_pod("infer", gpu=1, mem=4000))
+    first = await post(http, f"{placement.url}/bind", bind_args("infer", "h100-0"))
+    again = await post(http, f"{placement.url}/bind", bind_args("infer", "h100-0"))
+    assert first == again == (200, {"Error": ""})
+    assert len(apiserver.bindings) == 1
+    assert len(await live_of(store, "h100-0", "uid-infer")) == 1
+
+
+async def test_a_failed_binding_rolls_the_reservation_back(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    apiserver.add_pod(gpu_pod("denied", gpu=1))
+    apiserver.fail_bindings.append((403, 'pods "denied" is forbidden: cannot create resource "pods/binding"'))
+    status, body = await post(http, f"{placement.url}/bind", bind_args("denied", "h100-0"))
+    assert status == 200
+    assert "forbidden" in body["Error"]
+
+    pod = apiserver.pod("default", "denied")
+    assert not pod["spec"].get("nodeName")
+    assert "gpuledger.io/allocation" not in pod["metadata"]["annotations"]
+    assert await live_of(store, "h100-0", "uid-denied") == []
+    assert await store.owner_of(pod_owner("denied")) is None
+    ledger, _ = await store.read("h100-0")
+    assert ledger is not None
+    [released] = [a for a in ledger.allocations if a.owner.id == "uid-denied"]
+    assert "bind failed" in released.reason
+
+    # The scheduler retries; this time the API server lets it through.
+    assert await post(http, f"{placement.url}/bind", bind_args("denied", "h100-0")) == (200, {"Error": ""})
+    assert len(await live_of(store, "h100-0", "uid-denied")) == 1
+
+
+async def test_an_unanswered_binding_keeps_the_reservation_for_the_retry(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    apiserver.add_pod(gpu_pod("slow", gpu=1))
+    apiserver.fail_bindings.append((503, "etcdserver: request timed out"))
+    _, body = await post(http, f"{placement.url}/bind", bind_args("slow", "h100-0"))
+    assert "timed out" in body["Error"]
+    [kept] = await live_of(store, "h100-0", "uid-slow")  # the outcome was unknown: the lease decides
+
+    assert await post(http, f"{placement.url}/bind", bind_args("slow", "h100-0")) == (200, {"Error": ""})
+    assert [a.id for a in await live_of(store, "h100-0", "uid-slow")] == [kept.id]
+
+
+async def test_bind_refuses_a_recreated_pod_and_a_missing_one(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    apiserver.add_pod(gpu_pod("again", gpu=1, uid="uid-new"))
+    _, body = await post(http, f"{placement.url}/bind", bind_args("again", "h100-0", uid="uid-old"))
+    assert "recreated" in body["Error"]
+    _, body = await post(http, f"{placement.url}/bind", bind_args("ghost", "h100-0"))
+    assert 'pods "ghost" not found' in body["Error"]
+    assert apiserver.bindings == []
+    assert await live_of(store, "h100-0", "uid-new") == []
+
+
+async def test_bind_to_a_node_without_room_fails_and_leaves_nothing(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    apiserver.add_pod(gpu_pod("huge", gpu=2, mem=20000))
+    _, body = await post(http, f"{placement.url}/bind", bind_args("huge", "p4-0"))
+    assert "20000 MiB" in body["Error"]
+    assert apiserver.bindings == [] and not apiserver.pod("default", "huge")["spec"].get("nodeName")
+    assert await live_of(store, "p4-0", "uid-huge") == []
+
+
+@pytest.fixture
+async def second_placement(
+    nats_server: NatsServer, allocator: RunningAllocator, apiserver: FakeApiServer, tmp_path: Path
+) -> AsyncIterator[RunningPlacement]:
+    config = apiserver.kubeconfig(tmp_path / "kubeconfig-2")
+    async with running_placement(nats_server.url, kube="kubeconfig", kubeconfig=str(config)) as running:
+        yield running
+
+
+async def test_two_replicas_racing_for_the_last_room_one_wins(
+    placement: RunningPlacement,
+    second_placement: RunningPlacement,
+    apiserver: FakeApiServer,
+    store: LedgerStore,
+    http: aiohttp.ClientSession,
+) -> None:
+    # p4-0 has two cards: each pod wants both, whole. Only one can have them.
+    for name in ("left", "right"):
+        apiserver.add_pod(gpu_pod(name, gpu=2))
+    left, right = await asyncio.gather(
+        post(http, f"{placement.url}/bind", bind_args("left", "p4-0")),
+        post(http, f"{second_placement.url}/bind", bind_args("right", "p4-0")),
+    )
+    errors = sorted([left[1]["Error"], right[1]["Error"]])
+    assert errors[0] == ""
+    assert "free whole card(s) of the 2 needed" in errors[1]
+    assert len(apiserver.bindings) == 1
+    winner = apiserver.bindings[0]["metadata"]["name"]
+    loser = "right" if winner == "left" else "left"
+    assert len(await live_of(store, "p4-0", f"uid-{winner}")) == 1
+    assert await live_of(store, "p4-0", f"uid-{loser}") == []
+    assert not apiserver.pod("default", loser)["spec"].get("nodeName")
+
+
+async def test_a_bound_pod_is_what_the_allocator_reports(
+    placement: RunningPlacement,
+    allocator: RunningAllocator,
+    apiserver: FakeApiServer,
+    http: aiohttp.ClientSession,
+) -> None:
+    apiserver.add_pod(gpu_pod("seen", gpu=1, core=50))
+    assert await post(http, f"{placement.url}/bind", bind_args("seen", "rtx-0")) == (200, {"Error": ""})
+    stub = allocator.stub()
+
+    async def listed() -> bool:
+        reply = await stub.list_allocations(pb.ListAllocationsRequest(node="rtx-0"))
+        return any(a.owner.id == "uid-seen" for a in reply.allocations)
+
+    await wait_for(listed, what="the allocator to see the pod's reservation")

@@ -1,0 +1,191 @@
+"""The extender wire format, both ways, and pods to domain asks."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.model import Isolation, Request
+from gpuledger_placement import convert
+from gpuledger_placement.convert import BadRequest, BindArgs, ExtenderArgs
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def pod(
+    *containers: dict[str, Any], inits: tuple[dict[str, Any], ...] = (), annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u-1", "annotations": annotations or {}},
+        "spec": {"initContainers": list(inits), "containers": list(containers)},
+    }
+
+
+def container(
+    name: str = "c", limits: dict[str, str] | None = None, requests: dict[str, str] | None = None
+) -> dict[str, Any]:
+    return {"name": name, "resources": {"limits": limits or {}, "requests": requests or {}}}
+
+
+# --- golden JSON: what kube-scheduler sends and reads (types_test.go) ---
+
+
+def test_the_reference_bind_request_decodes() -> None:
+    raw = json.loads('{"PodName":"mypodname","PodNamespace":"mypodnamespace","PodUID":"mypoduid","Node":"mynode"}')
+    assert convert.bind_args_from(raw) == BindArgs("mypodname", "mypodnamespace", "mypoduid", "mynode")
+
+
+def test_the_reference_filter_reply_encodes_exactly() -> None:
+    args = ExtenderArgs({}, ("node1", "foo", "baz"))
+    reply = convert.filter_result_to(args, ["node1"], {"foo": "bar"}, {"baz": "qux"}, "myerror")
+    assert dumps(reply) == (
+        '{"Nodes":null,"NodeNames":["node1"],"FailedNodes":{"foo":"bar"},'
+        '"FailedAndUnresolvableNodes":{"baz":"qux"},"Error":"myerror"}'
+    )
+
+
+def test_priorities_are_a_json_array_of_host_and_score() -> None:
+    assert dumps(convert.priorities_to({"n1": 7, "n2": 0})) == '[{"Host":"n1","Score":7},{"Host":"n2","Score":0}]'
+    assert convert.priorities_json({"n1": 7, "n2": 0}) == '[{"Host":"n1","Score":7},{"Host":"n2","Score":0}]'
+    odd = {'we"ird\\name': 3, "node-1.example.com": 10}
+    assert json.loads(convert.priorities_json(odd)) == convert.priorities_to(odd)
+
+
+def test_bind_reply_and_filter_error() -> None:
+    assert dumps(convert.bind_result_to()) == '{"Error":""}'
+    assert convert.filter_error_to("ledger down")["Error"] == "ledger down"
+    assert convert.filter_error_to("ledger down")["NodeNames"] is None
+
+
+def test_extender_args_with_node_names() -> None:
+    raw = json.loads('{"Pod":{"metadata":{"name":"p"}},"Nodes":null,"NodeNames":["a","b"]}')
+    args = convert.extender_args_from(raw)
+    assert args.names == ("a", "b") and args.items is None
+
+
+def test_extender_args_with_full_nodes_are_answered_with_full_nodes() -> None:
+    items = [{"metadata": {"name": "a"}, "status": {}}, {"metadata": {"name": "b"}}]
+    args = convert.extender_args_from({"Pod": {}, "Nodes": {"metadata": {}, "items": items}, "NodeNames": None})
+    assert args.names == ("a", "b")
+    reply = convert.filter_result_to(args, ["b"], {"a": "full"}, {})
+    assert reply["Nodes"] == {"metadata": {}, "items": [items[1]]} and reply["NodeNames"] is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ([], "body"),
+        ({"NodeNames": ["a"]}, "Pod"),
+        ({"Pod": {}, "NodeNames": [1]}, "NodeNames"),
+        ({"Pod": {}}, "NodeNames"),
+        ({"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}, "Nodes.items[0].metadata.name"),
+    ],
+)
+def test_malformed_extender_args(raw: Any, field: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        convert.extender_args_from(raw)
+    assert caught.value.field == field
+
+
+def test_bad_json_is_a_bad_request() -> None:
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        convert.parse_json(b"{")
+
+
+@pytest.mark.parametrize("missing", ["PodName", "PodNamespace", "PodUID", "Node"])
+def test_bind_args_need_every_field(missing: str) -> None:
+    raw = {"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "n"}
+    del raw[missing]
+    with pytest.raises(BadRequest, match=missing):
+        convert.bind_args_from(raw)
+
+
+# --- pods ---
+
+
+def test_a_shared_request_from_limits() -> None:
+    limits = {"gpuledger.io/gpu": "2", "gpuledger.io/gpu-mem": "8192", "gpuledger.io/gpu-core": "30"}
+    ask = convert.pod_ask_from(pod(container("train", limits), annotations={"gpuledger.io/gpu-model": "A100|H100"}))
+    [only] = ask.containers
+    assert only.container == "train" and not only.init
+    assert only.request == Request(2, 8192, 300, frozenset({"A100", "H100"}))
+    assert ask.owner.id == "u-1" and ask.owner.namespace == "ns" and ask.owner.name == "p"
+
+
+def test_requests_alone_count_and_no_resources_means_no_cards() -> None:
+    ask = convert.pod_ask_from(pod(container("a", requests={"gpuledger.io/gpu": "1"}), container("b")))
+    assert [c.container for c in ask.containers] == ["a"]
+    assert ask.containers[0].request.exclusive
+    assert not convert.pod_ask_from(pod(container("web", requests={"cpu": "1"}))).wants_cards
+
+
+def test_init_containers_come_first_in_spec_order() -> None:
+    gpu = {"gpuledger.io/gpu": "1"}
+    ask = convert.pod_ask_from(pod(container("app", gpu), inits=(container("prep", gpu), container("warm", gpu))))
+    assert [(c.container, c.init) for c in ask.containers] == [("prep", True), ("warm", True), ("app", False)]
+
+
+def test_annotations_and_host_resources() -> None:
+    apps = (
+        container("a", requests={"cpu": "500m", "memory": "1Gi"}),
+        container("b", limits={"cpu": "1", "memory": "512Mi"}),
+    )
+    init = container("i", requests={"cpu": "4", "memory": "100Mi"})
+    raw = pod(*apps, inits=(init,), annotations={"gpuledger.io/isolation": "mps", "gpuledger.io/placement": "spread"})
+    ask = convert.pod_ask_from(raw)
+    assert ask.isolation is Isolation.MPS and ask.policy == "spread"
+    assert ask.cpu_milli == 4000  # the init container's 4 CPUs outweigh the apps' 1.5
+    assert ask.memory_mib == 1536
+
+
+@pytest.mark.parametrize(
+    ("limits", "annotations", "message"),
+    [
+        ({"gpuledger.io/gpu-mem": "1000"}, {}, "need gpuledger.io/gpu"),
+        (
+            {"gpuledger.io/gpu": "1", "gpuledger.io/gpu-mem": "8Gi"},
+            {},
+            "gpu-mem: must be a whole number of MiB, got '8Gi'",
+        ),
+        ({"gpuledger.io/gpu": "1", "gpuledger.io/gpu-core": "150"}, {}, "must be 1..100 percent"),
+        ({"gpuledger.io/gpu": "1", "gpuledger.io/gpu-core": "0"}, {}, "must be 1..100 percent"),
+        ({"gpuledger.io/gpu": "65"}, {}, "gpu: must be 1..64 cards"),
+        ({"gpuledger.io/gpu": "1.5"}, {}, "whole number of cards"),
+        ({"gpuledger.io/gpu": "1"}, {"gpuledger.io/isolation": "mig"}, "must be none|mps"),
+        ({"gpuledger.io/gpu": "1"}, {"gpuledger.io/placement": "fastest"}, "must be one of default"),
+    ],
+)
+def test_pods_that_make_no_sense_name_the_field(
+    limits: dict[str, str], annotations: dict[str, str], message: str
+) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        convert.pod_ask_from(pod(container("c", limits), annotations=annotations))
+    assert message in str(caught.value)
+    assert not isinstance(caught.value, BadRequest)  # the pod is unschedulable, the request is fine
+
+
+@pytest.mark.parametrize(
+    ("raw", "value"),
+    [
+        ("500m", Decimal("0.5")),
+        ("2", Decimal(2)),
+        ("1Gi", Decimal(2**30)),
+        ("1.5k", Decimal(1500)),
+        ("1e3", Decimal(1000)),
+        (4, Decimal(4)),
+    ],
+)
+def test_quantities(raw: Any, value: Decimal) -> None:
+    assert convert.quantity(raw, "x") == value
+
+
+@pytest.mark.parametrize("raw", ["lots", "-1", "1Zi"])
+def test_bad_quantities(raw: str) -> None:
+    with pytest.raises(InvalidArgument):
+        convert.quantity(raw, "x")

@@ -1,0 +1,38 @@
+"""The placement service's settings: defaults, environment, validation naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuledger_common.settings import SettingsError, load
+from gpuledger_core.placement import Guard
+from gpuledger_placement.settings import PlacementSettings, parse_guard
+
+
+def test_defaults_and_environment() -> None:
+    settings = load(PlacementSettings, [], {"GPULEDGER_POLICY": "fgd", "GPULEDGER_SLOTS_PER_CARD": "4"})
+    assert settings.policy == "fgd" and settings.slots_per_card == 4
+    assert settings.url_prefix == "/gpuledger" and settings.kube == "auto"
+    assert load(PlacementSettings, ["--policy", "spread"], {"GPULEDGER_POLICY": "fgd"}).policy == "spread"
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--policy", "fastest"], "policy"),
+        (["--url-prefix", "gpuledger/"], "url_prefix"),
+        (["--kube", "maybe"], "kube"),
+        (["--slots-per-card", "0"], "slots_per_card"),
+        (["--guard", "4"], "guard"),
+        (["--nats-url", "http://x"], "nats_url"),
+    ],
+)
+def test_bad_values_name_the_field(flags: list[str], field: str) -> None:
+    with pytest.raises(SettingsError, match=f"^{field}:"):
+        load(PlacementSettings, flags, {})
+
+
+def test_guard() -> None:
+    assert parse_guard("off") is None
+    assert parse_guard("4:32") == Guard(4000, 32 * 1024)
+    assert parse_guard("0.5:0") == Guard(500, 0)

@@ -16,7 +16,7 @@ class PlacementSettings:
 
     nats_url: str = option("nats://127.0.0.1:4222", "NATS server URL")
     http_host: str = option("0.0.0.0", "address of the extender and of /healthz, /readyz, /metrics")
-    http_port: int = option(8083, "port of the extender and the ops endpoints (0: any free port)")
+    http_port: int = option(8080, "port of the extender and the ops endpoints (0: any free port)")
     url_prefix: str = option("/gpuledger", "path the extender verbs hang under (the scheduler's urlPrefix path)")
     policy: str = option("default", f"node policy unless a pod names one: {', '.join(POLICIES)}")
     guard: str = option("off", "dominant-resource guard: off, or CPU cores:GiB kept per free card, e.g. 4:32")

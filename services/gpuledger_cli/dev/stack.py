@@ -1,0 +1,171 @@
+"""Bring the whole stack up on a simulated fleet, in order, and take it down cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from gpuledger_cli.client import allocator
+from gpuledger_cli.dev.kubesim import SimCluster
+from gpuledger_cli.dev.processes import Supervisor
+from gpuledger_common.fleet import Fleet
+from gpuledger_common.natsserver import embedded_nats, free_port
+from gpuledger_proto.gpuledger.allocator import v1 as pb
+
+Say = Callable[[str], None]
+READY_S = 90.0
+
+
+@dataclass
+class Stack:
+    fleet: Fleet
+    nats_url: str
+    grpc: str
+    dashboard: str
+    extender: str
+    cluster: SimCluster
+    supervisor: Supervisor
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], what: str, supervisor: Supervisor) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + READY_S
+    while loop.time() < deadline:
+        supervisor.check()
+        with contextlib.suppress(Exception):
+            if await check():
+                return
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"{what} not ready within {READY_S:g}s (logs in {supervisor.run_dir})")
+
+
+async def _http_ok(url: str) -> bool:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http, http.get(url) as reply:
+        return reply.status == 200
+
+
+async def _nodes_in_ledger(grpc: str, count: int) -> bool:
+    async with allocator(grpc) as api:
+        return len((await api.get_cluster(pb.GetClusterRequest())).nodes) >= count
+
+
+@contextlib.asynccontextmanager
+async def running_stack(fleet: Fleet, dashboard_port: int, grpc_port: int, say: Say) -> AsyncIterator[Stack]:
+    run_dir = Path(tempfile.mkdtemp(prefix="gl-"))  # short: unix socket paths stay under 108 bytes
+    supervisor = Supervisor(run_dir)
+    names = [str(n.node.name) for n in fleet.nodes]
+    cluster = SimCluster(run_dir, names)
+    say(f"logs and sockets in {run_dir}")
+    try:
+        async with embedded_nats() as nats:
+            say(f"nats-server with JetStream on {nats.url}")
+            kubeconfig = await cluster.start()
+            say(f"simulated API server on {cluster.apiserver.url}, {len(names)} simulated kubelet(s)")
+            stack = await _start_services(
+                fleet, nats.url, kubeconfig, cluster, supervisor, dashboard_port, grpc_port, say
+            )
+            yield stack
+    finally:
+        await supervisor.stop()
+        await cluster.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        say("stopped every process; removed sockets and logs")
+
+
+async def _start_services(
+    fleet: Fleet,
+    nats_url: str,
+    kubeconfig: Path,
+    cluster: SimCluster,
+    supervisor: Supervisor,
+    dashboard_port: int,
+    grpc_port: int,
+    say: Say,
+) -> Stack:
+    local = ["--http-host", "127.0.0.1"]
+    grpc = f"127.0.0.1:{grpc_port}"
+    await supervisor.start(
+        "allocator",
+        "gpuledger_allocator",
+        [
+            "--nats-url",
+            nats_url,
+            "--grpc-host",
+            "127.0.0.1",
+            "--grpc-port",
+            str(grpc_port),
+            *local,
+            "--http-port",
+            str(dashboard_port),
+        ],
+    )
+    placement_port = free_port()
+    await supervisor.start(
+        "placement",
+        "gpuledger_placement",
+        [
+            "--nats-url",
+            nats_url,
+            *local,
+            "--http-port",
+            str(placement_port),
+            "--kube",
+            "kubeconfig",
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+    )
+    for member in fleet.nodes:
+        node = member.node.name
+        await supervisor.start(
+            f"inventory-{node}",
+            "gpuledger_inventory",
+            [
+                "--fake-fleet",
+                fleet.path,
+                "--node",
+                node,
+                "--nats-url",
+                nats_url,
+                *local,
+                "--http-port",
+                "0",
+                "--kube",
+                "off",
+            ],
+        )
+        await supervisor.start(
+            f"plugin-{node}",
+            "gpuledger_plugin",
+            [
+                "--node",
+                node,
+                "--nats-url",
+                nats_url,
+                "--device-plugin-dir",
+                str(cluster.plugin_dir(node)),
+                "--pod-resources-socket",
+                str(cluster.pod_resources(node)),
+                *local,
+                "--http-port",
+                "0",
+            ],
+        )
+    started = ", ".join(f"{p.name} (pid {p.process.pid})" for p in supervisor.services if p.process)
+    say(f"started {started}")
+    await wait_until(lambda: _nodes_in_ledger(grpc, len(fleet.nodes)), "every node in the ledger", supervisor)
+    say("every node's inventory is in the ledger")
+    extender = f"http://127.0.0.1:{placement_port}/gpuledger"
+    await wait_until(lambda: _http_ok(f"http://127.0.0.1:{placement_port}/readyz"), "placement", supervisor)
+    cluster.extender = extender
+    say(f"placement ready; the extender is {extender}")
+    await wait_until(cluster.devices_ready, "every plugin registered with its kubelet", supervisor)
+    say("every plugin shim registered with its kubelet and listed its devices")
+    return Stack(fleet, nats_url, grpc, f"http://127.0.0.1:{dashboard_port}/", extender, cluster, supervisor)

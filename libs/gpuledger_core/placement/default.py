@@ -39,4 +39,3 @@ class Default(Base):
         gpu_left = (node.gpu_room - gpu_taken(ask)) / MAX_SPEC_GPU
         fit = 1.0 - 0.5 * cpu_left - 0.5 * gpu_left  # 0..1, fuller is higher
         return Option(band + 0.5 * fit, cards)
-

@@ -63,12 +63,13 @@ def best_set(node: NodeState, candidates: Sequence[int], count: int) -> tuple[in
         return tuple(sorted(candidates)[:count])
     topo = topo or Topology.flat(len(node.cards))
     free = _free_positions(node)
-    fullness = _numa_fullness(node, free)
+    idle = _idle_by_numa(node, free)
+    to_free = [sum(topo.nvlinks[a][b] for b in free if b != a) for a in range(len(node.cards))]
     if len(candidates) <= EXACT_LIMIT or comb(len(candidates), count) <= comb(EXACT_LIMIT, 8):
         sets: Sequence[tuple[int, ...]] = list(combinations(sorted(candidates), count))
     else:
         sets = _greedy_sets(topo, numa, sorted(candidates), count)
-    return min(sets, key=lambda s: set_key(topo, numa, s, free, fullness))
+    return min(sets, key=lambda s: set_key(topo, numa, s, free, idle, to_free))
 
 
 def set_key(
@@ -76,10 +77,12 @@ def set_key(
     numa: Sequence[int | None],
     chosen: Sequence[int],
     free: frozenset[int],
-    fullness: dict[int | None, int],
+    idle: dict[int | None, int],
+    to_free: Sequence[int],
 ) -> SetKey:
-    """Lower is better: see the module docstring for the order."""
-    connected = links = pcie = 0
+    """Lower is better: see the module docstring for the order. ``to_free[a]`` counts the NVLinks
+    from card ``a`` to idle cards, so the links cut from the idle pool come out without a rescan."""
+    connected = links = pcie = inside_free = 0
     for i, a in enumerate(chosen):
         row_nv, row_pcie = topo.nvlinks[a], topo.pcie[a]
         for b in chosen[i + 1 :]:
@@ -87,10 +90,11 @@ def set_key(
             connected += nv > 0
             links += nv
             pcie += row_pcie[b]
+            inside_free += nv * ((a in free) + (b in free))
+    cut = sum(to_free[a] for a in chosen) - inside_free
     numas = {numa[p] for p in chosen}
-    spread = len(numas)
-    emptier = sum(fullness.get(n, 0) for n in numas)
-    return (-connected, -links, pcie, spread, _cut(topo, chosen, free), emptier, *chosen)
+    emptier = sum(idle.get(n, 0) for n in numas)
+    return (-connected, -links, pcie, len(numas), cut, emptier, *chosen)
 
 
 def _cut(topo: Topology, chosen: Sequence[int], free: frozenset[int]) -> int:
@@ -102,7 +106,7 @@ def _free_positions(node: NodeState) -> frozenset[int]:
     return frozenset(pos for pos, card in enumerate(node.cards) if card.idle and card.healthy)
 
 
-def _numa_fullness(node: NodeState, free: frozenset[int]) -> dict[int | None, int]:
+def _idle_by_numa(node: NodeState, free: frozenset[int]) -> dict[int | None, int]:
     """Idle cards per NUMA node: choosing where fewer are idle packs the node."""
     counts: dict[int | None, int] = {}
     for pos in free:

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from random import Random
 
 from gpuledger_core.placement.ask import Ask
-from gpuledger_core.placement.fit import Guard, problem
+from gpuledger_core.placement.fit import Guard
 from gpuledger_core.placement.policy import Option, Policy
 from gpuledger_core.placement.state import UNTRACKED, NodeState
 
 NONE = float("-inf")
+MEMO_LIMIT = 200_000  # options remembered by node content before the memo starts afresh
 
 
 def host_fits(node: NodeState, ask: Ask, guard: Guard | None) -> bool:
@@ -66,12 +67,6 @@ def choose_node(
     found = options[at]
     assert found is not None
     return at, policy.finalize(nodes[at], ask, found, rng)
-
-
-def why_each(
-    nodes: Sequence[NodeState], ask: Ask, guard: Guard | None
-) -> tuple[tuple[str, str], ...]:
-    return tuple((node.name, problem(node, ask, guard) or "does not fit") for node in nodes)
 
 
 @dataclass(slots=True)
@@ -143,5 +138,7 @@ class Placer:
         if key in self._memo:
             return self._memo[key]
         option = option_for(node, ask, self.policy, self.guard)
+        if len(self._memo) >= MEMO_LIMIT:
+            self._memo.clear()
         self._memo[key] = option
         return option

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from gpuledger_cli import commands, devup, health
+from gpuledger_cli import commands, devup, health, sim
 from gpuledger_core.errors import GpuledgerError, InvalidArgument
 
 EXIT_CODES = {"invalid_argument": 2, "not_found": 3, "resource_exhausted": 4, "unavailable": 5}
@@ -20,11 +20,15 @@ def parser() -> argparse.ArgumentParser:
     commands.register(sub)
     devup.register(sub)
     health.register(sub)
+    sim.register(sub)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["sim"]:  # the replay parses its own options, --help included
+        return sim.main(given[1:])
+    args = parser().parse_args(given)
     try:
         code: int = asyncio.run(args.run(args))
     except InvalidArgument as err:

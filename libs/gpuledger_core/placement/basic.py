@@ -111,6 +111,13 @@ def tag_of(ask: Ask) -> str:
     return "share" if ask.shared else f"{ask.count}-gpu"
 
 
+def _cluster_band(tag: str, tags: frozenset[str] | set[str]) -> int:
+    """Only this kind of request already there: 75; mixed with others: 50; idle: 25; others only: 0."""
+    if tag in tags:
+        return 75 if len(tags) == 1 else 50
+    return 25 if not tags else 0
+
+
 class GpuClustering(Base):
     """Prefer nodes that already host only this kind of card request, then mixed, then idle."""
 
@@ -124,11 +131,7 @@ class GpuClustering(Base):
         if not tag:
             return Option(0.0, cards)
         used = 25 * (MAX_SPEC_GPU - node.gpu_room) // MAX_SPEC_GPU
-        if tag in node.tags:
-            band = 75 if len(node.tags) == 1 else 50
-        else:
-            band = 25 if not node.tags else 0
-        return Option(float(used + band), cards)
+        return Option(float(used + _cluster_band(tag, node.tags)), cards)
 
 
 class GpuPacking(Base):

@@ -81,6 +81,7 @@ async def running_allocator(nats_url: str, **overrides: Any) -> AsyncIterator[Ru
         "http_port": free_port(),
         "stale_after_s": 3600.0,
         "sweep_interval_s": 0.2,
+        "placement_retry_s": 0.0,  # tests start and stop placement at will
     }
     values.update(overrides)
     settings = AllocatorSettings(**values)

@@ -35,7 +35,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
     try:
         store = await LedgerStore.open(nc, replicas=settings.bucket_replicas, max_attempts=settings.cas_attempts)
         view = ClusterView(store, settings.stale_after_s)
-        placer = NatsPlacer(nc, settings.placement_timeout_s)
+        placer = NatsPlacer(nc, settings.placement_timeout_s, settings.placement_retry_s)
         service = AllocatorService(store, view, placer, settings.lease_s, settings.max_lease_s)
         async with asyncio.TaskGroup() as tasks:
             watching = tasks.create_task(view.run())

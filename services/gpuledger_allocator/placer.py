@@ -8,6 +8,7 @@ built-in order packs: nodes whose cards fit, fullest first, so that whole free c
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ from gpuledger_allocator.service import Candidate, Placer
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import bus
 from gpuledger_core import codec
-from gpuledger_core.errors import Exhausted, GpuledgerError
+from gpuledger_core.errors import Exhausted, GpuledgerError, Unavailable
 from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
@@ -25,6 +26,7 @@ from gpuledger_core.usage import free_of
 
 log = logging.getLogger(__name__)
 PLACE_SUBJECT = f"{bus.SUBJECT_PREFIX}.placement.place"
+ABSENT_RETRY_S = 2.0  # default: how long the allocator fits alone after placement did not answer
 JUDGED_KEPT = 50_000
 
 
@@ -67,12 +69,19 @@ class BuiltinPlacer:
 class NatsPlacer:
     """The placement service's choice, or the fallback's when placement does not answer."""
 
-    def __init__(self, nc: Client, timeout_s: float, fallback: Placer | None = None) -> None:
-        self.nc, self.timeout_s = nc, timeout_s
+    def __init__(
+        self, nc: Client, timeout_s: float, retry_s: float = ABSENT_RETRY_S, fallback: Placer | None = None
+    ) -> None:
+        self.nc, self.timeout_s, self.retry_s = nc, timeout_s, retry_s
         self.fallback = fallback or BuiltinPlacer()
         self.answered = self.fell_back = 0
+        self._absent_until = 0.0  # after placement failed to answer, fit alone for a while
 
     async def candidates(self, view: ClusterView, asks: Sequence[ContainerAsk]) -> list[Candidate]:
+        now = time.monotonic()
+        if now < self._absent_until:
+            self.fell_back += 1
+            return await self.fallback.candidates(view, asks)
         body = {
             "containers": [
                 {"container": a.container, "request": codec.request_to(a.request), "init": a.init} for a in asks
@@ -85,6 +94,8 @@ class NatsPlacer:
             return []
         except GpuledgerError as err:
             log.debug("placement did not answer (%s); choosing nodes without it", err)
+            if isinstance(err, Unavailable):
+                self._absent_until = now + self.retry_s
             self.fell_back += 1
             return await self.fallback.candidates(view, asks)
         self.answered += 1

@@ -23,6 +23,7 @@ class AllocatorSettings:
     cas_attempts: int = option(12, "compare-and-set attempts per ledger change before giving up")
     bucket_replicas: int = option(1, "JetStream replicas for the ledger buckets")
     placement_timeout_s: float = option(0.5, "how long to wait for the placement service before fitting alone")
+    placement_retry_s: float = option(2.0, "after placement did not answer, how long to fit alone before asking again")
     log_level: str = option("info", "debug, info, warning or error")
     log_format: str = option("text", "text or json")
 
@@ -34,6 +35,7 @@ class AllocatorSettings:
         require(self.max_lease_s >= self.lease_s, "max_lease_s", "must be at least lease_s")
         require(self.stale_after_s > 0, "stale_after_s", "must be positive")
         require(self.sweep_interval_s > 0, "sweep_interval_s", "must be positive")
+        require(self.placement_retry_s >= 0, "placement_retry_s", "must not be negative")
         require(self.cas_attempts >= 1, "cas_attempts", "must be at least 1")
         require(self.bucket_replicas in (1, 3, 5), "bucket_replicas", "must be 1, 3 or 5")
         require(self.log_format in ("text", "json"), "log_format", "must be text or json")

@@ -7,6 +7,7 @@ FGD paper's published figures (unallocated GPU % at 100 % arrived, median of 10 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -16,7 +17,8 @@ from pathlib import Path
 from gpuledger_sim.replay import Config, replay
 from gpuledger_sim.trace import read_nodes, read_pods
 
-DATA = Path("/work/shared/data/openb")
+# The trace lives in the shared folder beside the checkout; GPULEDGER_OPENB_DIR points elsewhere.
+DATA = Path(os.environ.get("GPULEDGER_OPENB_DIR", Path(__file__).resolve().parents[1].parent / "shared/data/openb"))
 POLICIES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "default")
 TRACES = ("default", "gpushare40", "gpuspec33", "multigpu20")
 # Published medians (Random, DotProd, GpuClustering, GpuPacking, BestFit, FGD) per trace.

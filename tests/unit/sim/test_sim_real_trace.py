@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,9 @@ from gpuledger_sim import check, cli
 
 pytestmark = pytest.mark.timeout(30)
 
-DATA = Path("/work/shared/data/openb")
+# The trace lives in the shared folder beside the checkout (CI lays it there too).
+ROOT = Path(__file__).resolve().parents[3]
+DATA = Path(os.environ.get("GPULEDGER_OPENB_DIR", ROOT.parent / "shared" / "data" / "openb"))
 
 
 @pytest.mark.skipif(not DATA.is_dir(), reason="the openb trace is not on this machine")

@@ -25,7 +25,7 @@ from nats.js.kv import KeyValue
 from gpuledger_common.bus import SUBJECT_PREFIX, encode
 from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
 from gpuledger_core import codec
-from gpuledger_core.errors import Conflict, Unavailable
+from gpuledger_core.errors import Conflict, GpuledgerError, Unavailable
 from gpuledger_core.events import LedgerEvent, diff
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, tidy
@@ -144,13 +144,18 @@ class LedgerStore:
 
     async def _mutate(self, node: str, transition: Transition) -> Written:
         for attempt in range(1, self.max_attempts + 1):
+            # The first attempt starts from the newest value this process knows, which saves a
+            # read. Only a write can prove that value current: if the transition refuses it or
+            # finds nothing to change, the verdict is taken again on a fresh read.
             known = self._known.get(node) if attempt == 1 else None
-            current, revision = known if known is not None else await self.read(node)
-            now = self.clock()
-            base = tidy(current, now) if current is not None else None
-            new = transition(base)
-            if new == current:
-                return Written(current, current, revision)
+            tried = _try(transition, known, self.clock()) if known is not None else UNPROVEN
+            if known is not None and not isinstance(tried, _Unproven):
+                (current, revision), new = known, tried
+            else:
+                current, revision = await self.read(node)
+                new = transition(tidy(current, self.clock()) if current is not None else None)
+                if new == current:
+                    return Written(current, current, revision)
             self.stats.attempts += 1
             CAS_ATTEMPTS.inc()
             try:
@@ -291,6 +296,26 @@ async def _bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
         return await js.create_key_value(config)
     except Exception as err:
         raise Unavailable(f"cannot create bucket {name}: {err}") from err
+
+
+class _Unproven:
+    """A transition's verdict on a possibly stale value: to be taken again on a fresh read."""
+
+
+UNPROVEN = _Unproven()
+
+
+def _try(
+    transition: Transition, known: tuple[NodeLedger | None, int], now: float
+) -> NodeLedger | _Unproven | None:
+    """The transition's result on a value that may be stale, or ``UNPROVEN`` when it refused or
+    changed nothing (neither verdict may be trusted before a fresh read)."""
+    current = known[0]
+    try:
+        new = transition(tidy(current, now) if current is not None else None)
+    except GpuledgerError:
+        return UNPROVEN
+    return UNPROVEN if new == current else new
 
 
 def _json(data: bytes) -> object:

@@ -9,34 +9,13 @@ import os
 import sys
 from collections.abc import Sequence
 
+from gpuledger_common import logs
 from gpuledger_common.fleet import FleetError
 from gpuledger_core.errors import GpuledgerError, InvalidArgument
 from gpuledger_inventory.app import serve
-from gpuledger_inventory.settings import Settings, load_settings
+from gpuledger_inventory.settings import load_settings
 
 log = logging.getLogger("gpuledger_inventory")
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        body = {
-            "at": record.created,
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            body["error"] = self.formatException(record.exc_info)
-        return json.dumps(body)
-
-
-def configure_logging(settings: Settings) -> None:
-    handler = logging.StreamHandler()
-    if settings.log_format == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidArgument as err:
         print(f"gpuledger-inventory: {err}", file=sys.stderr)
         return 2
-    configure_logging(settings)
+    logs.configure(settings.log_level, settings.log_format)
     log.info("settings: %s", json.dumps(settings.describe(), sort_keys=True))
     try:
         asyncio.run(serve(settings))

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import sys
-
-from gpuledger_common import logs
-from gpuledger_common.settings import SettingsError, load
+from gpuledger_common.entry import run_service
 from gpuledger_plugin.app import serve
 from gpuledger_plugin.settings import PluginSettings
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        settings = load(PluginSettings, argv, prog="gpuledger-plugin")
-    except SettingsError as err:
-        print(f"gpuledger-plugin: bad setting: {err}", file=sys.stderr)
-        return 2
-    logs.configure(settings.log_level, settings.log_format)
-    asyncio.run(serve(settings))
-    return 0
+    return run_service("gpuledger-plugin", PluginSettings, serve, argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""What every service's ``__main__`` does: settings, logging, serve; bad settings exit 2."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar
+
+from gpuledger_common import logs
+from gpuledger_common.settings import SettingsError, load
+
+
+class Logged(Protocol):
+    @property
+    def log_level(self) -> str: ...
+
+    @property
+    def log_format(self) -> str: ...
+
+
+S = TypeVar("S", bound=Logged)
+
+
+def run_service(
+    prog: str, settings_type: type[S], serve: Callable[[S], Awaitable[None]], argv: Sequence[str] | None
+) -> int:
+    try:
+        settings = load(settings_type, argv, prog=prog)
+    except SettingsError as err:
+        print(f"{prog}: bad setting: {err}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_level, settings.log_format)
+    asyncio.run(_serve(serve, settings))
+    return 0
+
+
+async def _serve(serve: Callable[[S], Awaitable[None]], settings: S) -> None:
+    await serve(settings)

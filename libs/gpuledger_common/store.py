@@ -273,6 +273,13 @@ class LedgerStore:
                 return None
             raise Unavailable(f"cannot write the owner index: {err}") from err
 
+    async def forget_owner_of(self, owner: Owner, allocation_id: AllocationId) -> None:
+        """Drop the owner's record if it still names ``allocation_id`` (so the owner may
+        allocate anew once that allocation is released)."""
+        record = await self.owner_of(owner)
+        if record is not None and record[0] == allocation_id:
+            await self.forget_owner(owner, record[2])
+
     async def forget_owner(self, owner: Owner, revision: int) -> None:
         """Drop the owner's record if it is still the one read at ``revision``."""
         try:

@@ -154,12 +154,8 @@ class AllocatorService:
         return released
 
     async def _forget(self, owner: Owner | None, allocation_id: AllocationId) -> None:
-        """Drop the owner's record if it names this allocation, so the owner may allocate anew."""
-        if owner is None:
-            return
-        record = await self.store.owner_of(owner)
-        if record is not None and record[0] == allocation_id:
-            await self.store.forget_owner(owner, record[2])
+        if owner is not None:
+            await self.store.forget_owner_of(owner, allocation_id)
 
     async def get(self, allocation_id: AllocationId) -> Allocation:
         node = await self._node_of(allocation_id)

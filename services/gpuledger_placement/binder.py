@@ -93,7 +93,7 @@ class Binder:
         ROLLBACKS.inc()
         try:
             await self._release(allocation, reason)
-            await self._forget(allocation)
+            await self.store.forget_owner_of(allocation.owner, allocation.id)
             await self.pods.annotate(args.namespace, args.name, {convert.ALLOCATION_ANNOTATION: None})
         except GpuledgerError as err:  # the lease ends it anyway
             log.warning("roll-back of %s incomplete (%s); its lease will end it", allocation.id, err)
@@ -148,11 +148,6 @@ class Binder:
             return release(ledger, allocation_id, self.clock(), reason)
 
         await self.store.mutate(node, transition)
-
-    async def _forget(self, allocation: Allocation) -> None:
-        record = await self.store.owner_of(allocation.owner)
-        if record is not None and record[0] == allocation.id:
-            await self.store.forget_owner(allocation.owner, record[2])
 
     async def _bound_here(self, args: BindArgs) -> bool:
         """Whether the pod is bound to the node now (a Binding that went through after all)."""

@@ -90,7 +90,8 @@ class Page:
 @contextlib.asynccontextmanager
 async def chromium(width: int = 1280, height: int = 900) -> AsyncIterator[Page]:
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="gpuledger-chromium-") as profile:
+    # Chromium's helper processes may still be writing the profile as the main one exits.
+    with tempfile.TemporaryDirectory(prefix="gpuledger-chromium-", ignore_cleanup_errors=True) as profile:
         process = await asyncio.create_subprocess_exec(
             chromium_binary(),
             *FLAGS,

@@ -22,6 +22,7 @@ from gpuledger_core.fit import ContainerAsk, fit_node, share_for
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, commit, release, reserve
 from gpuledger_core.model import Allocation, AllocState, Card, Grant, Isolation, Owner
+from gpuledger_core.pods import expand_models
 
 log = logging.getLogger(__name__)
 MAX_OWNER_ROUNDS = 3
@@ -77,6 +78,7 @@ class AllocatorService:
         """Reserve (and with ``commit``, commit) cards for the owner; the owner's existing
         allocation if it has one. The reservation and the owner's claim are written at once."""
         lease = self._lease(call.lease_s)
+        call = self._with_known_models(call)
         for _ in range(MAX_OWNER_ROUNDS):
             nodes = await self._nodes_for(call)
             allocation_id = new_allocation_id()
@@ -175,6 +177,17 @@ class AllocatorService:
         return tidied
 
     # --- helpers ---
+
+    def _with_known_models(self, call: AllocateCall) -> AllocateCall:
+        """Model selectors name models as placement reads them (``A100`` means every card whose
+        model has the word A100); spell them out as the cards in the ledger name them."""
+        if not any(a.request.models for a in call.asks):
+            return call
+        known = {card.model for ledger in self.view.ledgers.values() for card in ledger.node.cards}
+        asks = tuple(
+            replace(a, request=replace(a.request, models=expand_models(a.request.models, known))) for a in call.asks
+        )
+        return replace(call, asks=asks)
 
     def _lease(self, asked: float | None) -> float:
         if asked is None or asked == 0:

@@ -59,6 +59,8 @@ class Settings:
             raise InvalidArgument(
                 "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}"
             )
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise InvalidArgument("log_level", f"must be debug|info|warning|error, got {self.log_level!r}")
         if self.log_format not in ("text", "json"):
             raise InvalidArgument("log_format", f"must be text|json, got {self.log_format!r}")
         if not self.nats_url.startswith(("nats://", "tls://", "ws://", "wss://")):

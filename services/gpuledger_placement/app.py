@@ -14,7 +14,7 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.ops import bound_port, ops_app, start_http
-from gpuledger_common.settings import describe
+from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.placement import WorkloadTracker
@@ -91,7 +91,7 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
 def _ready(view: FleetView, nc: Client | None, settings: PlacementSettings) -> Callable[[], str]:
     def check() -> str:
         if nc is not None and not nc.is_connected:
-            return f"the ledger is unreachable: NATS at {settings.nats_url} is disconnected"
+            return f"the ledger is unreachable: NATS at {redact_url(settings.nats_url)} is disconnected"
         if nc is not None and not view.ready.is_set():
             return "the ledger view is still loading"
         return ""

@@ -176,3 +176,12 @@ async def test_inspect_filters_by_model(allocator: RunningAllocator) -> None:
     cluster = await api.get_cluster(pb.GetClusterRequest(model="Tesla P4"))
     cards = [(n.name, c.index) for n in cluster.nodes for c in n.cards]
     assert cards == [("p4-0", 0), ("p4-0", 1)]
+
+
+@pytest.mark.parametrize(("models", "node"), [(["h100"], "h100-0"), (["P4"], "p4-0"), (["RTX 3090", "A100"], "rtx-0")])
+async def test_model_selectors_match_whole_words_as_placement_does(
+    allocator: RunningAllocator, models: list[str], node: str
+) -> None:
+    api = allocator.stub()
+    reply = await api.allocate(tool(f"m-{node}", pb.ResourceRequest(gpu=1, gpu_mem_mib=100, models=models)))
+    assert reply.allocation.node == node

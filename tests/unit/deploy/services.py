@@ -19,7 +19,6 @@ DEPLOY = ROOT / "deploy"
 
 # Services named by the deployment files whose code is not on this branch yet. Their commands
 # and settings are checked as soon as their console script exists; remove them from here then.
-PENDING = {"gpuledger-placement"}
 
 
 @dataclass(frozen=True)
@@ -41,12 +40,10 @@ def console_scripts() -> dict[str, str]:
 
 
 @functools.cache
-def program(script: str) -> Program | None:
-    """The program behind a console script; None for a PENDING one that does not exist yet."""
+def program(script: str) -> Program:
+    """The program behind a console script."""
     target = console_scripts().get(script)
     if target is None:
-        if script in PENDING:
-            return None
         raise LookupError(f"{script} is not a console script in pyproject.toml")
     module_name, _, function = target.partition(":")
     main = getattr(importlib.import_module(module_name), function)

@@ -12,6 +12,7 @@ from gpuledger_allocator.service import AllocatorService
 from gpuledger_common.bus import SUBJECT_PREFIX, Handler, Responder
 from gpuledger_core import codec
 from gpuledger_core.codec import Reader
+from gpuledger_core.errors import NotFound
 
 PREFIX = f"{SUBJECT_PREFIX}.allocator"
 QUEUE = "allocator"
@@ -51,7 +52,10 @@ def handlers(service: AllocatorService) -> dict[str, Handler]:
 
     async def cluster_status(body: Any) -> Any:
         r = Reader(body)
-        nodes = cluster(service.view, r.text("node", ""), r.text("model", ""))
+        node = r.text("node", "")
+        nodes = cluster(service.view, node, r.text("model", ""))
+        if node and not nodes:
+            raise NotFound(f"node {node} is not in the ledger")
         return {"nodes": [codec.node_status_to(n) for n in nodes]}
 
     return {

@@ -44,6 +44,7 @@ async def test_allocate_and_release_over_nats(allocator: RunningAllocator, nc: C
         ("allocate", body("x", count=1, mem_mib=999999), Exhausted, "short of 999999 MiB"),
         ("get", {"allocation_id": "a-nope"}, NotFound, "a-nope"),
         ("get", {}, InvalidArgument, "allocation_id"),
+        ("cluster", {"node": "nope"}, NotFound, "node nope is not in the ledger"),
     ],
 )
 async def test_errors_come_back_typed(

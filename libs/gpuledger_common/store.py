@@ -85,7 +85,13 @@ class LedgerStore:
         owners = await _bucket(js, OWNER_BUCKET, replicas)
         return cls(nc, kv, owners, max_attempts)
 
+    def _connected(self, what: str) -> None:
+        """Fail at once while NATS is away, rather than after the request's timeout."""
+        if not self.nc.is_connected:
+            raise Unavailable(f"cannot {what}: NATS is disconnected (reconnecting)")
+
     async def read(self, node: str) -> tuple[NodeLedger | None, int]:
+        self._connected(f"read the ledger of {node}")
         try:
             entry = await self.kv.get(node_key(node))
         except (KeyNotFoundError, KeyDeletedError):
@@ -180,6 +186,7 @@ class LedgerStore:
         raise Conflict(f"the ledger of {node} kept changing; gave up after {self.max_attempts} attempts")
 
     async def _write(self, node: str, new: NodeLedger | None, revision: int) -> int:
+        self._connected(f"write the ledger of {node}")
         key = node_key(node)
         try:
             if new is None:
@@ -215,13 +222,16 @@ class LedgerStore:
                 found[node] = (ledger, revision)
         return found
 
-    async def watch(
-        self, include_updates: bool = True, caught_up: Callable[[], None] | None = None
-    ) -> AsyncIterator[tuple[NodeName, NodeLedger | None, int]]:
-        """Every node's current ledger, then (with ``include_updates``) every change.
+    async def watch(self, include_updates: bool = True) -> AsyncIterator[tuple[NodeName, NodeLedger | None, int]]:
+        """Every node's current ledger, then (with ``include_updates``) every change."""
+        async for item in self.watch_marked(include_updates):
+            if item is not None:
+                yield item
 
-        ``caught_up`` is called once the current values have all been yielded.
-        """
+    async def watch_marked(
+        self, include_updates: bool = True
+    ) -> AsyncIterator[tuple[NodeName, NodeLedger | None, int] | None]:
+        """As ``watch``, with a ``None`` between the current values and the changes."""
         try:
             watcher = await self.kv.watch("node.>")
         except Exception as err:
@@ -229,8 +239,7 @@ class LedgerStore:
         try:
             async for entry in watcher:
                 if entry is None:  # end of the initial values
-                    if caught_up is not None:
-                        caught_up()
+                    yield None
                     if not include_updates:
                         return
                     continue
@@ -244,6 +253,7 @@ class LedgerStore:
     # --- the owner index: one allocation per owner, whichever replica got there first ---
 
     async def owner_of(self, owner: Owner) -> tuple[AllocationId, NodeName, int] | None:
+        self._connected("read the owner index")
         try:
             entry = await self.owners.get(owner_key(owner))
         except (KeyNotFoundError, KeyDeletedError):
@@ -261,6 +271,7 @@ class LedgerStore:
         """Record ``allocation`` as the owner's: a new record (``revision`` 0) or a change of the
         record at ``revision``. Returns the record's new revision, or None if someone else's
         record is in the way."""
+        self._connected("write the owner index")
         data = encode({"allocation": allocation, "node": node, "owner": owner.key})
         try:
             if revision:
@@ -282,6 +293,7 @@ class LedgerStore:
 
     async def forget_owner(self, owner: Owner, revision: int) -> None:
         """Drop the owner's record if it is still the one read at ``revision``."""
+        self._connected("write the owner index")
         try:
             await self.owners.delete(owner_key(owner), last=revision)
         except KeyWrongLastSequenceError:

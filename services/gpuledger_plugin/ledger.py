@@ -6,12 +6,12 @@ of the ``NodeLedgerPort`` shape.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from gpuledger_common.follow import resilient
 from gpuledger_common.store import LedgerStore, Transition, node_key
 from gpuledger_core import codec
 from gpuledger_core.errors import Unavailable
@@ -42,14 +42,9 @@ class StoreLedger:
         return (await self.store.mutate(self.node, transition)).new
 
     async def watch(self) -> AsyncIterator[NodeLedger | None]:
-        """The node's ledger now and after every change; re-watches after NATS trouble."""
-        while True:
-            try:
-                async for ledger in self._watch_once():
-                    yield ledger
-            except Unavailable as err:
-                log.warning("ledger watch of %s interrupted: %s", self.node, err)
-            await asyncio.sleep(self.retry_s)
+        """The node's ledger now and after every change; watches again after NATS trouble."""
+        async for ledger in resilient(self.store.nc, self._watch_once, self.retry_s):
+            yield ledger
 
     async def _watch_once(self) -> AsyncIterator[NodeLedger | None]:
         try:

@@ -1,4 +1,4 @@
-"""Wiring: NATS, the ledger store, the view, the APIs, the sweeper and the ops endpoints."""
+"""Wiring: NATS, the ledger store, the view, the APIs, the sweeper, the reconciler and the ops endpoints."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from gpuledger_allocator.api_grpc import AllocatorApi
 from gpuledger_allocator.api_nats import serve_nats
 from gpuledger_allocator.dashboard import dashboard_app
 from gpuledger_allocator.ingest import Ingest
+from gpuledger_allocator.kube import KubePodLister, PodLister, in_cluster
 from gpuledger_allocator.metrics import register as register_metrics
 from gpuledger_allocator.metrics import unregister as unregister_metrics
 from gpuledger_allocator.placer import NatsPlacer
+from gpuledger_allocator.reconciler import Reconciler
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
 from gpuledger_allocator.view import ClusterView
@@ -23,6 +25,7 @@ from gpuledger_common import bus
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe
 from gpuledger_common.store import LedgerStore
+from gpuledger_core.errors import GpuledgerError
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
     """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
     stop = stop or _stop_on_signals()
     log.info("gpuledger-allocator starting with %s", describe(settings))
+    pods = await _pod_lister(settings)
     nc = await bus.connect(settings.nats_url, "gpuledger-allocator")
     try:
         store = await LedgerStore.open(nc, replicas=settings.bucket_replicas, max_attempts=settings.cas_attempts)
@@ -41,6 +45,10 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             watching = tasks.create_task(view.run())
             await view.ready.wait()
             sweeping = tasks.create_task(_sweep(service, settings.sweep_interval_s))
+            reconciling = None
+            if pods is not None:
+                reconciler = Reconciler(store, view, pods, settings.reconcile_grace_s)
+                reconciling = tasks.create_task(reconciler.run(settings.reconcile_interval_s))
             ingest = Ingest(nc, store, view)
             await ingest.start()
             responders = await serve_nats(nc, service)
@@ -70,9 +78,13 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             unregister_metrics(view)
             watching.cancel()
             sweeping.cancel()
+            if reconciling is not None:
+                reconciling.cancel()
     finally:
         with contextlib.suppress(Exception):
             await nc.drain()
+        if pods is not None:
+            await pods.close()
     log.info("gpuledger-allocator stopped")
 
 
@@ -91,6 +103,22 @@ async def _sweep(service: AllocatorService, interval: float) -> None:
                 log.info("expired reservations swept on %d node(s)", tidied)
         except Exception as err:  # NATS away: try again next round
             log.warning("sweep failed: %s", err)
+
+
+async def _pod_lister(settings: AllocatorSettings) -> PodLister | None:
+    """Kubernetes access for reconciliation, or None (kube=off, or auto with nothing to use)."""
+    use_cluster = settings.kube == "in-cluster" or (settings.kube == "auto" and in_cluster())
+    use_config = settings.kube == "kubeconfig" or (settings.kube == "auto" and bool(settings.kubeconfig))
+    if not (use_cluster or use_config):
+        log.info("no Kubernetes access (kube=%s): the ledger is not reconciled with pods", settings.kube)
+        return None
+    try:
+        return await KubePodLister.connect(use_cluster, settings.kubeconfig)
+    except GpuledgerError as err:
+        if settings.kube != "auto":
+            raise
+        log.warning("no Kubernetes access (%s): the ledger is not reconciled with pods", err)
+        return None
 
 
 def _stop_on_signals() -> asyncio.Event:

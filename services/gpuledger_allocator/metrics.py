@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
 
@@ -78,3 +79,22 @@ def unregister(view: ClusterView) -> None:
     _COLLECTOR.views.remove(view)
     if not _COLLECTOR.views:
         REGISTRY.unregister(_COLLECTOR)
+
+
+# --- reconciliation with Kubernetes (counters: registered once, at import) ---
+
+RELEASED = Counter(
+    "gpuledger_allocator_reconcile_released_total",
+    "Allocations released because their pod was deleted or finished",
+    ["reason"],
+)
+REBUILT = Counter(
+    "gpuledger_allocator_reconcile_rebuilt_total", "Allocations rebuilt from a pod's gpuledger.io/allocation annotation"
+)
+REBUILD_CONFLICTS = Counter(
+    "gpuledger_allocator_reconcile_conflicts_total",
+    "Annotated allocations that could not be rebuilt (cards missing, no room, wrong owner), per round",
+)
+LIST_FAILURES = Counter(
+    "gpuledger_allocator_reconcile_list_failures_total", "Pod listings that failed (nothing was reconciled)"
+)

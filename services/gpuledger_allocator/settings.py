@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from gpuledger_common.settings import option, require
 
+KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
+
 
 @dataclass(frozen=True, slots=True)
 class AllocatorSettings:
@@ -24,6 +26,16 @@ class AllocatorSettings:
     bucket_replicas: int = option(1, "JetStream replicas for the ledger buckets")
     placement_timeout_s: float = option(0.5, "how long to wait for the placement service before fitting alone")
     placement_retry_s: float = option(2.0, "after placement did not answer, how long to fit alone before asking again")
+    kube: str = option(
+        "auto",
+        "Kubernetes access for reconciliation: auto (in-cluster with a service-account token, "
+        "else the kubeconfig if one is given, else off), in-cluster, kubeconfig or off",
+    )
+    kubeconfig: str = option("", "kubeconfig file (kube=kubeconfig or auto; empty: the default one)")
+    reconcile_interval_s: float = option(30.0, "how often the ledger is reconciled with the pods in Kubernetes")
+    reconcile_grace_s: float = option(
+        30.0, "an allocation younger than this when the pod listing starts is not released for a pod it lacks"
+    )
     log_level: str = option("info", "debug, info, warning or error")
     log_format: str = option("text", "text or json")
 
@@ -38,6 +50,9 @@ class AllocatorSettings:
         require(self.placement_retry_s >= 0, "placement_retry_s", "must not be negative")
         require(self.cas_attempts >= 1, "cas_attempts", "must be at least 1")
         require(self.bucket_replicas in (1, 3, 5), "bucket_replicas", "must be 1, 3 or 5")
+        require(self.kube in KUBE_MODES, "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}")
+        require(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be positive")
+        require(self.reconcile_grace_s >= 0, "reconcile_grace_s", "must not be negative")
         require(self.log_format in ("text", "json"), "log_format", "must be text or json")
         require(
             self.log_level in ("debug", "info", "warning", "error"),

@@ -7,13 +7,22 @@ taken as a merge patch, which is the same thing for annotations) of
 401 without the bearer token, 404 for a missing pod, 409 for a second binding of a bound pod or a UID
 precondition that does not hold. ``kubeconfig()`` writes a file that points a real client here.
 
-Faults for tests: ``fail_bindings`` (answer the next bindings with a status), ``stall_bindings``
-(hold bindings until released), and ``requests`` records every call.
+``GET /api/v1/pods`` lists the pods of every namespace, ordered by namespace and name, in pages
+when asked (``limit``; ``metadata.continue`` names the next page, and continued pages come from the
+snapshot taken for the first, as the real API server serves them); an unknown or expired continue
+token is 410 ``Expired``. Tests change pods with ``set_phase`` and ``delete_pod``, expire continue
+tokens with ``expire_continues``, and take the server down and up again on the same port with
+``close`` and ``start``.
+
+Faults for tests: ``fail_lists`` (answer the next list requests with a status, or normally for
+``None``), ``fail_bindings`` (answer the next bindings with a status), ``stall_bindings`` (hold
+bindings until released), and ``requests`` records every call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import uuid
@@ -69,6 +78,8 @@ class FakeApiServer:
         self.bindings: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str]] = []
         self.fail_bindings: list[tuple[int, str]] = []
+        self.fail_lists: list[tuple[int, str] | None] = []  # None: answer that one normally
+        self._snapshots: dict[int, list[dict[str, Any]]] = {}  # resourceVersion -> the pods then
         self.stall_bindings: asyncio.Event | None = None
         self._version = 1
         self._runner: web.AppRunner | None = None
@@ -95,6 +106,18 @@ class FakeApiServer:
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         return self.pods[(namespace, name)]
 
+    def set_phase(self, namespace: str, name: str, phase: str) -> None:
+        found = self.pods[(namespace, name)]
+        found.setdefault("status", {})["phase"] = phase
+        self._touch(found)
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        del self.pods[(namespace, name)]
+        self._version += 1
+
+    def expire_continues(self) -> None:
+        self._snapshots.clear()
+
     def add_node(self, name: str) -> None:
         self.nodes[name] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
 
@@ -110,9 +133,10 @@ class FakeApiServer:
         app.router.add_patch(POD_PATH, self._patch_pod)
         app.router.add_post(POD_PATH + "/binding", self._bind)
         app.router.add_get("/api/v1/nodes/{name}", self._get_node)
+        app.router.add_get("/api/v1/pods", self._list_pods)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        self.port = free_port()
+        self.port = self.port or free_port()  # started again: the same address
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
         return self
 
@@ -204,3 +228,46 @@ class FakeApiServer:
         if found is None:
             return status(404, "NotFound", f'nodes "{name}" not found', {"name": name, "kind": "nodes"})
         return web.json_response(found)
+
+    async def _list_pods(self, request: web.Request) -> web.Response:
+        failure = self.fail_lists.pop(0) if self.fail_lists else None
+        if failure is not None:
+            code, message = failure
+            return status(code, "InternalError" if code >= 500 else "BadRequest", message)
+        try:
+            limit = int(request.query.get("limit") or 0)
+        except ValueError:
+            return status(400, "BadRequest", f"limit: Invalid value: {request.query['limit']!r}")
+        token = request.query.get("continue")
+        if token:
+            found = self._continued(token)
+            if found is None:
+                expired = "The provided continue parameter is too old to display a consistent list result."
+                return status(410, "Expired", expired)
+            version, start, pods = found
+        else:
+            version, start = self._version, 0
+            pods = [copy.deepcopy(self.pods[key]) for key in sorted(self.pods)]
+        page = pods[start : start + limit] if limit else pods[start:]
+        meta: dict[str, Any] = {"resourceVersion": str(version)}
+        rest = len(pods) - start - len(page)
+        if limit and rest > 0:
+            self._snapshots[version] = pods
+            meta["continue"] = _continue_token(version, start + len(page))
+            meta["remainingItemCount"] = rest
+        return web.json_response({"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": page})
+
+    def _continued(self, token: str) -> tuple[int, int, list[dict[str, Any]]] | None:
+        try:
+            raw = json.loads(base64.urlsafe_b64decode(token.encode()))
+            version, start = int(raw["rv"]), int(raw["start"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        pods = self._snapshots.get(version)
+        return None if pods is None else (version, start, pods)
+
+
+def _continue_token(version: int, start: int) -> str:
+    """Opaque to clients, like the real one (which also encodes a version and where to go on)."""
+    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": version, "start": start})
+    return base64.urlsafe_b64encode(raw.encode()).decode()

@@ -18,8 +18,12 @@ from .manifests import PROVIDED, RENDERS, containers, named, of_kind, rendered, 
 Grant = tuple[str, ...]
 
 PERMISSIONS: dict[str, set[Grant]] = {
-    # The ledger is in NATS; the allocator calls no Kubernetes API.
-    "gpuledger-allocator": set(),
+    # gpuledger_allocator/kube.py: list_pod_for_all_namespaces, for reconciliation (release the
+    # cards of deleted or finished pods, rebuild a lost ledger from their annotations).
+    "gpuledger-allocator": {
+        ("*", "", "pods", "get", "*"),
+        ("*", "", "pods", "list", "*"),
+    },
     "gpuledger-nats": set(),
     # gpuledger_inventory/kube.py: read_node, patch_node (its own Node's gpuledger.io/gpu.* labels).
     "gpuledger-inventory": {
@@ -47,7 +51,7 @@ PERMISSIONS: dict[str, set[Grant]] = {
 # Which containers get an API token. The plugin shares the node pod with the inventory but never
 # calls the API server: the token is projected into the inventory container alone.
 TOKEN = {
-    "allocator": False,
+    "allocator": True,
     "placement": True,
     "kube-scheduler": True,
     "nats": False,

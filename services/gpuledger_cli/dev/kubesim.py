@@ -103,12 +103,15 @@ class SimCluster:
         try:
             admitted = await self.kubelets[node].admit(fake_pod(stored))
         except AdmissionError as err:
+            self.apiserver.set_phase(stored["metadata"]["namespace"], name, "Failed")
             return Outcome(name, node, pending=f"kubelet refused it: {err}")
+        self.apiserver.set_phase(stored["metadata"]["namespace"], name, "Running")  # as kubelet reports it
         return Outcome(name, node, {c: admitted.env(c) for c in admitted.answers})
 
     def delete(self, namespace: str, name: str) -> None:
         """The pod is deleted: its node's kubelet stops it, the API server forgets it."""
-        pod = self.apiserver.pods.pop((namespace, name))
+        pod = self.apiserver.pod(namespace, name)
+        self.apiserver.delete_pod(namespace, name)
         node = pod.get("spec", {}).get("nodeName", "")
         if node in self.kubelets:
             self.kubelets[node].remove(fake_pod(pod))

@@ -4,7 +4,8 @@ It follows the two field reports the project grew from (apps sharing one RTX 309
 by memory, in units of 256 MiB), plus a 4-card job on an 8xH100 NVSwitch node and a card that
 turns unhealthy mid-run. Every pod goes the whole way: the scheduler asks the extender (filter,
 prioritize, bind: the ledger reserves), then the node's kubelet admits it and the plugin shim
-answers Allocate with the cards and limits the ledger holds for that container.
+answers Allocate with the cards and limits the ledger holds for that container. A deleted pod's
+cards come back through the allocator's reconciliation with the (simulated) API server.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 UNIT_MIB = 256
 FAULT_WAIT_S = 60.0
+RELEASE_WAIT_S = 20.0
 Say = Callable[[str], None]
 
 
@@ -75,7 +77,7 @@ async def _rtx(stack: Stack, checks: Checks) -> None:
         )
         checks.check(ok, describe(o), f"{o.pod}: {o.pending or o.env}")
     # The third app is raised to 10 units: it is deleted (its cards given back) and submitted again.
-    await _release_pod(stack, "app-c")
+    await _delete_pod(stack, checks, "app-c")
     bigger = await stack.cluster.run(gpu_pod("app-c-10", units(10)), ["rtx-0"])
     checks.check(
         bool(bigger.pending) and "MiB" in bigger.pending,
@@ -132,16 +134,23 @@ async def _wait_unhealthy(stack: Stack, node: str) -> int | None:
     return None
 
 
-async def _release_pod(stack: Stack, name: str) -> None:
-    """What deleting the pod does: kubelet stops it and its allocation is released."""
-    pod = stack.cluster.apiserver.pod("demo", name)
+async def _delete_pod(stack: Stack, checks: Checks, name: str) -> None:
+    """Delete the pod; the allocator's reconciliation with the API server releases its cards."""
+    uid = stack.cluster.apiserver.pod("demo", name)["metadata"]["uid"]
     stack.cluster.delete("demo", name)
-    async with allocator(stack.grpc) as api:
-        listed = await api.list_allocations(
-            pb.ListAllocationsRequest(owner_kind="pod", owner_id=pod["metadata"]["uid"])
-        )
-        for allocation in listed.allocations:
-            await api.release(pb.ReleaseRequest(allocation_id=allocation.id, reason="pod deleted"))
+    mine = pb.ListAllocationsRequest(owner_kind="pod", owner_id=uid, include_released=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RELEASE_WAIT_S
+    reason = ""
+    while loop.time() < deadline and not reason:
+        async with allocator(stack.grpc) as api:
+            found = (await api.list_allocations(mine)).allocations
+        reason = next((a.reason for a in found if a.state == "released"), "")
+        if not reason:
+            await asyncio.sleep(0.2)
+    checks.check(
+        bool(reason), f"{name} deleted: the allocator released its cards ({reason})", f"{name} deleted, still held"
+    )
 
 
 def _indexes(node: Node, outcome: Outcome) -> list[int]:

@@ -104,6 +104,14 @@ async def _start_services(
             *local,
             "--http-port",
             str(dashboard_port),
+            "--kube",
+            "kubeconfig",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--reconcile-interval-s",
+            "1",
+            "--reconcile-grace-s",
+            "1",
         ],
     )
     placement_port = free_port()

@@ -23,11 +23,6 @@ def handlers(service: AllocatorService) -> dict[str, Handler]:
         allocation, existing = await service.allocate(wire.allocate_call_from(body))
         return wire.allocated(allocation, existing)
 
-    async def reserve(body: Any) -> Any:
-        wanted = codec.allocation_from(Reader(body).obj("allocation"))
-        allocation, existing = await service.reserve_exact(wanted)
-        return wire.allocated(allocation, existing)
-
     async def commit(body: Any) -> Any:
         return {"allocation": codec.allocation_to(await service.commit(wire.allocation_id_from(body)))}
 
@@ -60,7 +55,6 @@ def handlers(service: AllocatorService) -> dict[str, Handler]:
 
     return {
         "allocate": allocate,
-        "reserve": reserve,
         "commit": commit,
         "release": release,
         "get": get,

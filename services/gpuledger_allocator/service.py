@@ -93,28 +93,6 @@ class AllocatorService:
                 return (await self._finish(outcome[0], call.commit)), outcome[1]
         raise Conflict(f"{call.owner.describe()}: the owner index kept changing; retry")
 
-    async def reserve_exact(self, allocation: Allocation) -> tuple[Allocation, bool]:
-        """Reserve cards already chosen by the caller (placement's bind): one CAS, or Exhausted."""
-        for _ in range(MAX_OWNER_ROUNDS):
-            now = self.clock()
-            lease = allocation.lease_expires_at or now + self.lease_s
-            fresh = replace(
-                allocation, state=AllocState.RESERVED, created_at=now, updated_at=now, lease_expires_at=lease
-            )
-            claimed, reserved = await asyncio.gather(
-                self.store.claim_owner(fresh.owner, fresh.id, fresh.node),
-                self._write_reservation(fresh),
-                return_exceptions=True,
-            )
-            outcome = await self._settle(fresh.owner, claimed, reserved, fresh.node)
-            if outcome is not None:
-                return outcome
-        raise Conflict(f"{allocation.owner.describe()}: the owner index kept changing; retry")
-
-    async def _write_reservation(self, allocation: Allocation) -> Allocation:
-        await self.store.mutate(allocation.node, _reserve_fn(allocation))
-        return allocation
-
     async def _settle(
         self,
         owner: Owner,
@@ -304,10 +282,6 @@ def _find(ledger: NodeLedger | None, allocation_id: AllocationId) -> Allocation:
     if found is None:
         raise NotFound(f"allocation {allocation_id} does not exist (or was released long ago)")
     return found
-
-
-def _reserve_fn(allocation: Allocation) -> Callable[[NodeLedger | None], NodeLedger]:
-    return lambda ledger: reserve(_must(ledger, allocation.node), allocation)
 
 
 def _release_fn(

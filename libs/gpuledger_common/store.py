@@ -34,6 +34,7 @@ from gpuledger_core.model import Node, Owner
 log = logging.getLogger(__name__)
 
 WRITES_REMEMBERED = 8
+HOT_S = 1.0  # after losing a race on a key, start from a fresh read for this long
 LEDGER_BUCKET = "gpuledger-ledger"
 OWNER_BUCKET = "gpuledger-owners"
 EVENTS_SUBJECT = f"{SUBJECT_PREFIX}.events"
@@ -74,9 +75,9 @@ class LedgerStore:
     stats: CasStats = field(default_factory=CasStats)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     _known: dict[str, tuple[NodeLedger | None, int]] = field(default_factory=dict)
-    _written: dict[str, dict[int, NodeLedger]] = field(default_factory=dict)  # our last writes
+    _contended: dict[str, float] = field(default_factory=dict)  # when a write to the key last lost a race
+    _written: dict[str, dict[bytes, NodeLedger]] = field(default_factory=dict)  # our last writes, by their bytes
     _nodes: dict[str, tuple[object, Node]] = field(default_factory=dict)  # last decoded inventory
-    _pending: dict[str, tuple[bytes, NodeLedger]] = field(default_factory=dict)  # being written
 
     @classmethod
     async def open(cls, nc: Client, *, replicas: int = 1, max_attempts: int = 12) -> LedgerStore:
@@ -98,19 +99,16 @@ class LedgerStore:
             return None, 0
         except Exception as err:
             raise Unavailable(f"cannot read the ledger of {node}: {err}") from err
-        ledger = self._decoded(node, entry.value, entry.revision or 0) if entry.value else None
+        ledger = self._decoded(node, entry.value) if entry.value else None
         self.remember(node, ledger, entry.revision or 0)
         return ledger, entry.revision or 0
 
-    def _decoded(self, node: str, data: bytes, revision: int) -> NodeLedger:
+    def _decoded(self, node: str, data: bytes) -> NodeLedger:
         """The ledger in ``data``. Our own recent writes come back from a watch already decoded,
         and the node's inventory, which seldom changes, is decoded once per change."""
-        mine = self._written.get(node, {}).get(revision)
+        mine = self._written.get(node, {}).get(data)  # the same bytes are the same value
         if mine is not None:
             return mine
-        pending = self._pending.get(node)
-        if pending is not None and pending[0] == data:  # the watch beat the write's own answer
-            return pending[1]
         raw = _json(data)
         if not isinstance(raw, dict):
             return codec.ledger_from(raw)
@@ -143,6 +141,10 @@ class LedgerStore:
         async with lock:
             return await self._mutate(node, transition)
 
+    def _hot(self, node: str) -> bool:
+        """Another process wrote this key lately: our cached value is likely stale, so read first."""
+        return time.monotonic() - self._contended.get(node, -HOT_S) < HOT_S
+
     def busy(self, node: str) -> bool:
         """Whether this process is writing the node's key right now."""
         lock = self._locks.get(node)
@@ -153,7 +155,7 @@ class LedgerStore:
             # The first attempt starts from the newest value this process knows, which saves a
             # read. Only a write can prove that value current: if the transition refuses it or
             # finds nothing to change, the verdict is taken again on a fresh read.
-            known = self._known.get(node) if attempt == 1 else None
+            known = self._known.get(node) if attempt == 1 and not self._hot(node) else None
             tried = _try(transition, known, self.clock()) if known is not None else UNPROVEN
             if known is not None and not isinstance(tried, _Unproven):
                 (current, revision), new = known, tried
@@ -169,15 +171,11 @@ class LedgerStore:
             except KeyWrongLastSequenceError:
                 self.stats.conflicts += 1
                 CAS_CONFLICTS.inc()
+                self._contended[node] = time.monotonic()
                 await asyncio.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
                 continue
             self.stats.writes += 1
             self.remember(node, new, written)
-            if new is not None:
-                recent = self._written.setdefault(node, {})
-                recent[written] = new
-                for old in sorted(recent)[:-WRITES_REMEMBERED]:
-                    del recent[old]
             events = diff(current, new, written)
             await self._publish(events)
             return Written(current, new, written, events)
@@ -193,7 +191,11 @@ class LedgerStore:
                 await self.kv.delete(key, last=revision)
                 return revision + 1
             data = encode(codec.ledger_to(new))
-            self._pending[node] = (data, new)
+            # Noted before the write: its watch entry may arrive before the write's own answer.
+            recent = self._written.setdefault(node, {})
+            recent[data] = new
+            while len(recent) > WRITES_REMEMBERED:
+                del recent[next(iter(recent))]  # dicts keep insertion order: the oldest goes
             if revision == 0:
                 return await self.kv.create(key, data)
             return await self.kv.update(key, data, last=revision)
@@ -203,8 +205,6 @@ class LedgerStore:
             if "wrong last sequence" in str(err) or "key exists" in str(err):
                 raise KeyWrongLastSequenceError() from err
             raise Unavailable(f"cannot write the ledger of {node}: {err}") from err
-        finally:
-            self._pending.pop(node, None)
 
     async def _publish(self, events: tuple[LedgerEvent, ...]) -> None:
         for event in events:
@@ -231,22 +231,35 @@ class LedgerStore:
     async def watch_marked(
         self, include_updates: bool = True
     ) -> AsyncIterator[tuple[NodeName, NodeLedger | None, int] | None]:
-        """As ``watch``, with a ``None`` between the current values and the changes."""
+        """As ``watch``, with a ``None`` between the current values and the changes.
+
+        The snapshot ends with the entry after which the server has nothing pending for the
+        watch, or at once if the bucket holds no message. (The client's own end-of-snapshot marker
+        can come before entries already on their way when the machine is busy.)
+        """
         try:
+            stored = (await self.nc.jetstream().stream_info(f"KV_{LEDGER_BUCKET}")).state.messages
             watcher = await self.kv.watch("node.>")
         except Exception as err:
             raise Unavailable(f"cannot watch the ledger: {err}") from err
         try:
+            snapshot = stored > 0
+            if not snapshot:
+                yield None
+                if not include_updates:
+                    return
             async for entry in watcher:
-                if entry is None:  # end of the initial values
-                    yield None
-                    if not include_updates:
-                        return
+                if entry is None:  # the client's marker: see above
                     continue
                 node = NodeName(entry.key.removeprefix("node."))
                 revision = entry.revision or 0
                 deleted = entry.operation in ("DEL", "PURGE") or not entry.value
-                yield node, None if deleted else self._decoded(node, entry.value, revision), revision
+                yield node, None if deleted else self._decoded(node, entry.value), revision
+                if snapshot and not entry.delta:
+                    snapshot = False  # nothing more is pending: the snapshot is complete
+                    yield None
+                    if not include_updates:
+                        return
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
 

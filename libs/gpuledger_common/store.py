@@ -233,17 +233,19 @@ class LedgerStore:
     ) -> AsyncIterator[tuple[NodeName, NodeLedger | None, int] | None]:
         """As ``watch``, with a ``None`` between the current values and the changes.
 
-        The snapshot ends with the entry after which the server has nothing pending for the
-        watch, or at once if the bucket holds no message. (The client's own end-of-snapshot marker
-        can come before entries already on their way when the machine is busy.)
+        The snapshot ends once every key the bucket held when the watch began has been seen (the
+        keys are asked of the stream first). Neither the client's end-of-snapshot marker nor the
+        messages' pending counts can be trusted for that when the machine is busy.
         """
         try:
-            stored = (await self.nc.jetstream().stream_info(f"KV_{LEDGER_BUCKET}")).state.messages
+            js = self.nc.jetstream()
+            info = await js.stream_info(f"KV_{LEDGER_BUCKET}", subjects_filter=f"$KV.{LEDGER_BUCKET}.node.>")
+            keys = {s.removeprefix(f"$KV.{LEDGER_BUCKET}.") for s in (info.state.subjects or {})}
             watcher = await self.kv.watch("node.>")
         except Exception as err:
             raise Unavailable(f"cannot watch the ledger: {err}") from err
         try:
-            snapshot = stored > 0
+            snapshot = bool(keys)
             if not snapshot:
                 yield None
                 if not include_updates:
@@ -255,8 +257,9 @@ class LedgerStore:
                 revision = entry.revision or 0
                 deleted = entry.operation in ("DEL", "PURGE") or not entry.value
                 yield node, None if deleted else self._decoded(node, entry.value), revision
-                if snapshot and not entry.delta:
-                    snapshot = False  # nothing more is pending: the snapshot is complete
+                keys.discard(entry.key)
+                if snapshot and not keys:
+                    snapshot = False  # every key has been seen: the snapshot is complete
                     yield None
                     if not include_updates:
                         return

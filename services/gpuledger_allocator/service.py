@@ -26,6 +26,7 @@ from gpuledger_core.pods import expand_models
 
 log = logging.getLogger(__name__)
 MAX_OWNER_ROUNDS = 3
+VIEW_WAIT_S = 0.5  # how long a lookup waits for the view before reading every node's key
 MAX_REASONS = 5
 
 
@@ -262,7 +263,12 @@ class AllocatorService:
         return transition
 
     async def _node_of(self, allocation_id: AllocationId) -> NodeName:
-        node = self.view.node_of(allocation_id)
+        """Where the allocation lives. One just made by another replica reaches this replica's
+        view within moments: wait that long before reading every node's key."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + VIEW_WAIT_S
+        while (node := self.view.node_of(allocation_id)) is None and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         if node is not None:
             return node
         for name, (ledger, _) in (await self.store.nodes()).items():

@@ -27,27 +27,45 @@ def reconnects(nc: Client) -> int:
     return count
 
 
-class _Pump(Generic[T]):
-    """Runs one watch in its own task; its items, its end or its error arrive on a queue."""
+class _Reconnected:
+    """Put on a pump's queue when NATS reconnected while it ran."""
 
-    def __init__(self, watch: Callable[[], AsyncIterator[T]]) -> None:
-        self.queue: asyncio.Queue[tuple[bool, T | BaseException | None]] = asyncio.Queue()
-        self.task = asyncio.create_task(self._run(watch))
+
+RECONNECTED = _Reconnected()
+
+
+class _Pump(Generic[T]):
+    """Runs one watch in its own task; its items, its end or its error arrive on a queue, and so
+    does ``RECONNECTED`` if NATS reconnects meanwhile (checked every ``check_s``)."""
+
+    def __init__(self, nc: Client, watch: Callable[[], AsyncIterator[T]], check_s: float) -> None:
+        self.queue: asyncio.Queue[tuple[bool, T | BaseException | _Reconnected | None]] = asyncio.Queue()
+        self.tasks = (
+            asyncio.create_task(self._run(watch)),
+            asyncio.create_task(self._watchdog(nc, reconnects(nc), check_s)),
+        )
 
     async def _run(self, watch: Callable[[], AsyncIterator[T]]) -> None:
         try:
             async for item in watch():
-                await self.queue.put((True, item))
-            await self.queue.put((False, None))
+                self.queue.put_nowait((True, item))
+            self.queue.put_nowait((False, None))
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            await self.queue.put((False, err))
+            self.queue.put_nowait((False, err))
+
+    async def _watchdog(self, nc: Client, seen: int, check_s: float) -> None:
+        while reconnects(nc) == seen:
+            await asyncio.sleep(check_s)
+        self.queue.put_nowait((False, RECONNECTED))
 
     async def close(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self.task
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 async def resilient(
@@ -56,30 +74,21 @@ async def resilient(
     """Every item of ``watch()``, which is started again after it ends or fails (after
     ``retry_s``) and at once after NATS reconnected; each start yields a fresh snapshot first."""
     while True:
-        seen = reconnects(nc)
-        pump: _Pump[T] = _Pump(watch)
-        getter: asyncio.Task[tuple[bool, T | BaseException | None]] | None = None
+        pump: _Pump[T] = _Pump(nc, watch, check_s)
         again_now = False
         try:
             while True:
-                getter = getter or asyncio.create_task(pump.queue.get())
-                done, _ = await asyncio.wait({getter}, timeout=check_s)
-                if not done:
-                    if reconnects(nc) != seen:
-                        log.info("NATS reconnected; watching again from a fresh snapshot")
-                        again_now = True
-                        break
+                is_item, value = await pump.queue.get()
+                if is_item:
+                    yield value  # type: ignore[misc]
                     continue
-                is_item, value = getter.result()
-                getter = None
-                if not is_item:
-                    if value is not None:
-                        log.warning("watch lost (%s); watching again in %.0fs", value, retry_s)
-                    break
-                yield value  # type: ignore[misc]
+                if isinstance(value, _Reconnected):
+                    log.info("NATS reconnected; watching again from a fresh snapshot")
+                    again_now = True
+                elif value is not None:
+                    log.warning("watch lost (%s); watching again in %.0fs", value, retry_s)
+                break
         finally:
-            if getter is not None:
-                getter.cancel()
             await pump.close()
         if not again_now:
             await asyncio.sleep(retry_s)

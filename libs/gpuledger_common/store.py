@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import orjson
 from nats.aio.client import Client
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.client import JetStreamContext
@@ -29,7 +29,7 @@ from gpuledger_core.errors import Conflict, GpuledgerError, Unavailable
 from gpuledger_core.events import LedgerEvent, diff
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, tidy
-from gpuledger_core.model import Node, Owner
+from gpuledger_core.model import Allocation, Node, Owner
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,9 @@ class LedgerStore:
     _contended: dict[str, float] = field(default_factory=dict)  # when a write to the key last lost a race
     _written: dict[str, dict[bytes, NodeLedger]] = field(default_factory=dict)  # our last writes, by their bytes
     _nodes: dict[str, tuple[object, Node]] = field(default_factory=dict)  # last decoded inventory
+    _allocations_seen: dict[str, dict[object, tuple[object, Allocation]]] = field(default_factory=dict)
+    _node_json: dict[str, tuple[Node, orjson.Fragment]] = field(default_factory=dict)  # last encoded inventory
+    _allocation_json: dict[str, dict[AllocationId, tuple[Allocation, orjson.Fragment]]] = field(default_factory=dict)
 
     @classmethod
     async def open(cls, nc: Client, *, replicas: int = 1, max_attempts: int = 12) -> LedgerStore:
@@ -113,12 +116,23 @@ class LedgerStore:
         if not isinstance(raw, dict):
             return codec.ledger_from(raw)
         seen = self._nodes.get(node)
-        if seen is not None and seen[0] == raw.get("node"):
-            allocations = codec.Reader(raw).items("allocations", codec.allocation_from)
-            return NodeLedger(seen[1], allocations)
-        ledger = codec.ledger_from(raw)
-        self._nodes[node] = (raw.get("node"), ledger.node)
-        return ledger
+        if seen is None or seen[0] != raw.get("node"):
+            ledger = codec.ledger_from(raw)
+            self._nodes[node] = seen = (raw.get("node"), ledger.node)
+        # Allocations decoded from the node's last value are reused when their JSON is equal:
+        # another writer's change touches one or two of them.
+        before = self._allocations_seen.get(node, {})
+        now: dict[object, tuple[object, Allocation]] = {}
+
+        def allocation(r: codec.Reader) -> Allocation:
+            known = before.get(r.raw.get("id"))
+            decoded = known[1] if known is not None and known[0] == r.raw else codec.allocation_from(r)
+            now[decoded.id] = (r.raw, decoded)
+            return decoded
+
+        allocations = codec.Reader(raw).items("allocations", allocation)
+        self._allocations_seen[node] = now
+        return NodeLedger(seen[1], allocations)
 
     def remember(self, node: str, ledger: NodeLedger | None, revision: int) -> None:
         """Note a value of the node's key seen elsewhere (a watch), if it is newer than ours.
@@ -190,7 +204,7 @@ class LedgerStore:
             if new is None:
                 await self.kv.delete(key, last=revision)
                 return revision + 1
-            data = encode(codec.ledger_to(new))
+            data = self._encoded(new)
             # Noted before the write: its watch entry may arrive before the write's own answer.
             recent = self._written.setdefault(node, {})
             recent[data] = new
@@ -205,6 +219,23 @@ class LedgerStore:
             if "wrong last sequence" in str(err) or "key exists" in str(err):
                 raise KeyWrongLastSequenceError() from err
             raise Unavailable(f"cannot write the ledger of {node}: {err}") from err
+
+    def _encoded(self, ledger: NodeLedger) -> bytes:
+        """The ledger's bytes, as ``codec.ledger_to`` spells it. Parts already encoded for an
+        earlier write are reused: the node's inventory, and each allocation that is the same
+        object as before (they are immutable; a write changes one or two of them)."""
+        name = ledger.node.name
+        seen = self._node_json.get(name)
+        if seen is None or (seen[0] is not ledger.node and seen[0] != ledger.node):
+            seen = (ledger.node, orjson.Fragment(encode(codec.node_to(ledger.node))))
+            self._node_json[name] = seen
+        before = self._allocation_json.get(name, {})
+        now: dict[AllocationId, tuple[Allocation, orjson.Fragment]] = {}
+        for a in ledger.allocations:
+            done = before.get(a.id)
+            now[a.id] = done if done is not None and done[0] is a else (a, _fragment(codec.allocation_to(a)))
+        self._allocation_json[name] = now
+        return encode({"node": seen[1], "allocations": [fragment for _, fragment in now.values()]})
 
     async def _publish(self, events: tuple[LedgerEvent, ...]) -> None:
         for event in events:
@@ -353,5 +384,9 @@ def _try(
     return UNPROVEN if new == current else new
 
 
+def _fragment(value: object) -> orjson.Fragment:
+    return orjson.Fragment(encode(value))
+
+
 def _json(data: bytes) -> object:
-    return json.loads(data)
+    return orjson.loads(data)

@@ -27,15 +27,18 @@ from gpuledger_core.usage import free_of
 log = logging.getLogger(__name__)
 PLACE_SUBJECT = f"{bus.SUBJECT_PREFIX}.placement.place"
 ABSENT_RETRY_S = 2.0  # default: how long the allocator fits alone after placement did not answer
-JUDGED_KEPT = 50_000
+Cards = tuple[tuple[int, ...], ...]  # card indexes per container
+Judged = tuple[float, Cards]
+JUDGED_KEPT = 5_000  # distinct requests remembered
 
 
-def _judge(ledger: NodeLedger, asks: Sequence[ContainerAsk]) -> float | None:
+def _judge(ledger: NodeLedger, asks: Sequence[ContainerAsk]) -> Judged | None:
+    """The node's free share and the cards the built-in fit picks there, or None if it does not fit."""
     try:
-        fit_node(ledger, asks)
+        grants = fit_node(ledger, asks)
     except Exhausted:
         return None
-    return _free_share(ledger)
+    return _free_share(ledger), tuple(tuple(share.index for share in grant.cards) for grant in grants)
 
 
 def _free_share(ledger: NodeLedger) -> float:
@@ -46,24 +49,28 @@ def _free_share(ledger: NodeLedger) -> float:
 
 class BuiltinPlacer:
     def __init__(self) -> None:
-        # (node, revision, asks) -> free share if the asks fit, else None: a node is judged
+        # asks -> node -> (revision, free share if the asks fit, else None): a node is judged
         # again only when its ledger changed or the request is new.
-        self._judged: dict[tuple[NodeName, int, tuple[ContainerAsk, ...]], float | None] = {}
+        self._judged: dict[tuple[ContainerAsk, ...], dict[NodeName, tuple[int, Judged | None]]] = {}
 
     async def candidates(self, view: ClusterView, asks: Sequence[ContainerAsk]) -> list[Candidate]:
-        fitting: list[tuple[bool, float, NodeName]] = []
+        """Nodes where the asks fit, fullest first, each with the cards the fit picked there (the
+        reservation takes those if the node is unchanged, and fits again if not)."""
+        fitting: list[tuple[bool, float, NodeName, Cards]] = []
         if len(self._judged) > JUDGED_KEPT:
             self._judged.clear()
+        judged = self._judged.setdefault(tuple(asks), {})
         for name, ledger in view.ledgers.items():
-            key = (name, view.revisions.get(name, 0), tuple(asks))
-            if key not in self._judged:
-                self._judged[key] = _judge(ledger, asks)
-            share = self._judged[key]
-            if share is not None:
-                fitting.append((view.store.busy(name), share, name))
+            revision = view.revisions.get(name, 0)
+            seen = judged.get(name)
+            if seen is None or seen[0] != revision:
+                seen = judged[name] = (revision, _judge(ledger, asks))
+            if seen[1] is not None:
+                fitting.append((view.store.busy(name), seen[1][0], name, seen[1][1]))
         # Fullest first; a node this process is writing right now goes after the idle ones, so
         # concurrent requests spread instead of queueing on one key.
-        return [Candidate(name) for *_, name in sorted(fitting)]
+        fitting.sort(key=lambda f: f[:3])
+        return [Candidate(name, cards) for *_, name, cards in fitting]
 
 
 class NatsPlacer:

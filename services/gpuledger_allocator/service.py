@@ -11,13 +11,13 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common.store import LedgerStore
-from gpuledger_core.errors import Conflict, Exhausted, InvalidArgument, NotFound
+from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.fit import ContainerAsk, fit_node, share_for
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, commit, release, reserve
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 MAX_OWNER_ROUNDS = 3
 VIEW_WAIT_S = 0.5  # how long a lookup waits for the view before reading every node's key
 MAX_REASONS = 5
+CLAIMS_KEPT = 100_000  # owner-record revisions remembered for releases (else read first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,8 @@ class AllocatorService:
     lease_s: float = 60.0
     max_lease_s: float = 3600.0
     clock: Callable[[], float] = time.time
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
+    _claims: dict[AllocationId, tuple[Owner, int]] = field(default_factory=dict)  # owner records we wrote
 
     async def allocate(self, call: AllocateCall) -> tuple[Allocation, bool]:
         """Reserve (and with ``commit``, commit) cards for the owner; the owner's existing
@@ -114,7 +117,11 @@ class AllocatorService:
             await self.store.forget_owner(owner, claimed)
             raise reserved
         if reserved.node != claimed_node:  # the claim named the first node tried; correct it
-            await self.store.claim_owner(owner, reserved.id, reserved.node, claimed)
+            claimed = await self.store.claim_owner(owner, reserved.id, reserved.node, claimed)
+        if claimed is not None:
+            self._claims[reserved.id] = (owner, claimed)
+            while len(self._claims) > CLAIMS_KEPT:
+                del self._claims[next(iter(self._claims))]  # the oldest goes
         return reserved, False
 
     async def commit(self, allocation_id: AllocationId, node: NodeName | None = None) -> Allocation:
@@ -123,20 +130,36 @@ class AllocatorService:
         return _find(written.new, allocation_id)
 
     async def release(self, allocation_id: AllocationId, reason: str = "released") -> Allocation:
+        """Release the allocation. The answer waits for the ledger only: the owner's index record
+        is dropped after it (a record left behind by a crash is harmless: Allocate finds it names
+        nothing live and drops it then)."""
         node = await self._node_of(allocation_id)
-        known = self.view.allocation(allocation_id)
-        written, _ = await asyncio.gather(
-            self.store.mutate(node, _release_fn(node, allocation_id, self.clock(), reason)),
-            self._forget(known.owner if known else None, allocation_id),
-        )
+        written = await self.store.mutate(node, _release_fn(node, allocation_id, self.clock(), reason))
         released = _find(written.new, allocation_id)
-        if known is None:
-            await self._forget(released.owner, allocation_id)
+        self._later(self._forget(released.owner, allocation_id))
         return released
 
-    async def _forget(self, owner: Owner | None, allocation_id: AllocationId) -> None:
-        if owner is not None:
-            await self.store.forget_owner_of(owner, allocation_id)
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def settle(self, timeout_s: float = 5.0) -> None:
+        """Wait for the work left after answers (owner records to drop); for shutdown."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=timeout_s)
+
+    async def _forget(self, owner: Owner, allocation_id: AllocationId) -> None:
+        """Drop the owner's record if it still names the allocation: by the revision this replica
+        wrote it at, or else by reading it first."""
+        claim = self._claims.pop(allocation_id, None)
+        try:
+            if claim is not None:
+                await self.store.forget_owner(*claim)
+            else:
+                await self.store.forget_owner_of(owner, allocation_id)
+        except GpuledgerError as err:  # NATS away: the next Allocate by this owner drops it
+            log.info("could not drop the owner record of %s yet: %s", owner.describe(), err)
 
     async def get(self, allocation_id: AllocationId) -> Allocation:
         node = await self._node_of(allocation_id)
@@ -267,8 +290,8 @@ class AllocatorService:
         view within moments: wait that long before reading every node's key."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + VIEW_WAIT_S
-        while (node := self.view.node_of(allocation_id)) is None and loop.time() < deadline:
-            await asyncio.sleep(0.01)
+        while (node := self.view.node_of(allocation_id)) is None and (left := deadline - loop.time()) > 0:
+            await self.view.changed(left)
         if node is not None:
             return node
         for name, (ledger, _) in (await self.store.nodes()).items():

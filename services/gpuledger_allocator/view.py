@@ -37,6 +37,7 @@ class ClusterView:
     started_at: float = 0.0
     _where: dict[AllocationId, NodeName] = field(default_factory=dict)
     _subscribers: set[asyncio.Queue[LedgerEvent | None]] = field(default_factory=set)
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
         """Follow the bucket forever; after a lost watch, start again from a fresh snapshot."""
@@ -56,7 +57,20 @@ class ClusterView:
             self.revisions[node] = revision
             for allocation in ledger.allocations:
                 self._where[allocation.id] = node
-        self._publish(diff(old, ledger, revision))
+        if old is not None:  # allocations pruned from the node's key are forgotten here too
+            kept = {a.id for a in ledger.allocations} if ledger is not None else set()
+            for allocation in old.allocations:
+                if allocation.id not in kept and self._where.get(allocation.id) == node:
+                    del self._where[allocation.id]
+        if self._subscribers:
+            self._publish(diff(old, ledger, revision))
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def changed(self, timeout_s: float) -> None:
+        """Wait until the view next changes, or ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
 
     def _publish(self, events: tuple[LedgerEvent, ...]) -> None:
         for event in events:

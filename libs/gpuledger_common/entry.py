@@ -1,4 +1,6 @@
-"""What every service's ``__main__`` does: settings, logging, serve; bad settings exit 2."""
+"""What every service's ``__main__`` does: settings, logging, serve; bad settings exit 2.
+
+Services run on uvloop: the same asyncio API, with less of each request spent in the event loop."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import asyncio
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
+
+import uvloop
 
 from gpuledger_common import logs
 from gpuledger_common.settings import SettingsError, load
@@ -31,7 +35,8 @@ def run_service(
         print(f"{prog}: bad setting: {err}", file=sys.stderr)
         return 2
     logs.configure(settings.log_level, settings.log_format)
-    asyncio.run(_serve(serve, settings))
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_serve(serve, settings))
     return 0
 
 

@@ -19,7 +19,7 @@ import orjson
 from nats.aio.client import Client
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, BucketNotFoundError, KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from gpuledger_common.bus import SUBJECT_PREFIX, encode
@@ -58,6 +58,16 @@ class CasStats:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerRecord:
+    """Which allocation an owner holds, as the owner index says; ``at`` is the writer's clock."""
+
+    allocation: AllocationId
+    node: NodeName
+    revision: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class Written:
     old: NodeLedger | None
     new: NodeLedger | None
@@ -87,6 +97,7 @@ class LedgerStore:
         js = nc.jetstream()
         kv = await _bucket(js, LEDGER_BUCKET, replicas)
         owners = await _bucket(js, OWNER_BUCKET, replicas)
+        await _allow_ttl(js, OWNER_BUCKET)
         return cls(nc, kv, owners, max_attempts)
 
     def _connected(self, what: str) -> None:
@@ -300,6 +311,10 @@ class LedgerStore:
     # --- the owner index: one allocation per owner, whichever replica got there first ---
 
     async def owner_of(self, owner: Owner) -> tuple[AllocationId, NodeName, int] | None:
+        record = await self.owner_record(owner)
+        return None if record is None else (record.allocation, record.node, record.revision)
+
+    async def owner_record(self, owner: Owner) -> OwnerRecord | None:
         self._connected("read the owner index")
         try:
             entry = await self.owners.get(owner_key(owner))
@@ -312,24 +327,51 @@ class LedgerStore:
         raw = _json(entry.value)
         if not isinstance(raw, dict):
             return None
-        return AllocationId(raw["allocation"]), NodeName(raw["node"]), entry.revision or 0
+        at = raw.get("at")
+        return OwnerRecord(
+            AllocationId(raw["allocation"]),
+            NodeName(raw["node"]),
+            entry.revision or 0,
+            float(at) if isinstance(at, (int, float)) else 0.0,
+        )
 
-    async def claim_owner(self, owner: Owner, allocation: AllocationId, node: str, revision: int = 0) -> int | None:
+    async def claim_owner(
+        self, owner: Owner, allocation: AllocationId, node: str, revision: int = 0, ttl_s: float | None = None
+    ) -> int | None:
         """Record ``allocation`` as the owner's: a new record (``revision`` 0) or a change of the
-        record at ``revision``. Returns the record's new revision, or None if someone else's
-        record is in the way."""
+        record at ``revision``; with ``ttl_s`` the server drops the record after that long.
+        Returns the record's new revision, or None if someone else's record is in the way."""
         self._connected("write the owner index")
-        data = encode({"allocation": allocation, "node": node, "owner": owner.key})
+        key = owner_key(owner)
+        data = encode({"allocation": allocation, "node": node, "owner": owner.key, "at": self.clock()})
         try:
-            if revision:
-                return await self.owners.update(owner_key(owner), data, last=revision)
-            return await self.owners.create(owner_key(owner), data)
+            try:
+                return await self._put_owner(key, data, revision, ttl_s)
+            except KeyWrongLastSequenceError:
+                if revision:
+                    return None
+                # A new record where an old one was deleted: the delete marker is the last revision.
+                try:
+                    await self.owners.get(key)
+                except (KeyNotFoundError, KeyDeletedError) as gone:  # deleted (it has an entry), or expired
+                    entry = getattr(gone, "entry", None)
+                    return await self._put_owner(key, data, (entry.revision or 0) if entry else 0, ttl_s)
+                return None
         except KeyWrongLastSequenceError:
             return None
         except Exception as err:
-            if "wrong last sequence" in str(err) or "key exists" in str(err):
-                return None
             raise Unavailable(f"cannot write the owner index: {err}") from err
+
+    async def _put_owner(self, key: str, data: bytes, revision: int, ttl_s: float | None) -> int:
+        subject = f"$KV.{OWNER_BUCKET}.{key}"
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
+        try:
+            ack = await self.nc.jetstream().publish(subject, data, headers=headers, msg_ttl=ttl_s)
+        except APIError as err:
+            if err.err_code in (10071, 10164) or "wrong last sequence" in str(err):
+                raise KeyWrongLastSequenceError() from err
+            raise
+        return ack.seq
 
     async def forget_owner_of(self, owner: Owner, allocation_id: AllocationId) -> None:
         """Drop the owner's record if it still names ``allocation_id`` (so the owner may
@@ -362,6 +404,17 @@ async def _bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
         return await js.create_key_value(config)
     except Exception as err:
         raise Unavailable(f"cannot create bucket {name}: {err}") from err
+
+
+async def _allow_ttl(js: JetStreamContext, name: str) -> None:
+    """Owner records may carry a TTL: a bucket made elsewhere without per-message TTLs gets them."""
+    try:
+        info = await js.stream_info(f"KV_{name}")
+        if not info.config.allow_msg_ttl:
+            info.config.allow_msg_ttl = True
+            await js.update_stream(info.config)
+    except Exception as err:
+        raise Unavailable(f"cannot allow per-message TTLs on bucket {name}: {err}") from err
 
 
 class _Unproven:

@@ -1,7 +1,9 @@
 """The allocator's operations: allocate, reserve, commit, release, and the read side.
 
-Every change is one compare-and-set on one node's key; the owner index makes Allocate
-idempotent across replicas (reserve first, then claim the owner; the loser rolls back).
+Every change is one compare-and-set on one node's key. The owner index makes Allocate
+idempotent across replicas: the reservation and the owner's record are written at once, and a
+request that finds another live allocation recorded for its owner rolls its own back. Records
+expire after ``OWNER_TTL_S``; by then every replica's view answers a retry.
 """
 
 from __future__ import annotations
@@ -16,19 +18,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from gpuledger_allocator.view import ClusterView
-from gpuledger_common.store import LedgerStore
+from gpuledger_common.store import LedgerStore, OwnerRecord
 from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.fit import ContainerAsk, fit_node, share_for
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, commit, release, reserve
-from gpuledger_core.model import Allocation, AllocState, Card, Grant, Isolation, Owner
+from gpuledger_core.model import Allocation, AllocState, Card, Grant, Isolation, Owner, OwnerKind
 from gpuledger_core.pods import expand_models
 
 log = logging.getLogger(__name__)
 MAX_OWNER_ROUNDS = 3
 VIEW_WAIT_S = 0.5  # how long a lookup waits for the view before reading every node's key
 MAX_REASONS = 5
-CLAIMS_KEPT = 100_000  # owner-record revisions remembered for releases (else read first)
+OWNER_TTL_S = 600.0  # an Allocate's owner record lives this long; later retries are answered from the view
+ABSENT_GRACE_S = 30.0  # a record naming an allocation not in the ledger is trusted this long
+OWNER_POLL_S = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,27 +79,43 @@ class AllocatorService:
     lease_s: float = 60.0
     max_lease_s: float = 3600.0
     clock: Callable[[], float] = time.time
+    owner_ttl_s: float = OWNER_TTL_S
+    absent_grace_s: float = ABSENT_GRACE_S
     _background: set[asyncio.Task[None]] = field(default_factory=set)
-    _claims: dict[AllocationId, tuple[Owner, int]] = field(default_factory=dict)  # owner records we wrote
 
     async def allocate(self, call: AllocateCall) -> tuple[Allocation, bool]:
         """Reserve (and with ``commit``, commit) cards for the owner; the owner's existing
-        allocation if it has one. The reservation and the owner's claim are written at once."""
+        allocation if it has one. The reservation and the owner's record are written at once."""
         lease = self._lease(call.lease_s)
         call = self._with_known_models(call)
+        held = await self._held(call.owner)
+        if held is not None:
+            return (await self._finish(held, call.commit)), True
         for _ in range(MAX_OWNER_ROUNDS):
             nodes = await self._nodes_for(call)
             allocation_id = new_allocation_id()
             first = nodes[0].node if nodes else NodeName("")
+            started = time.monotonic()
             claimed, reserved = await asyncio.gather(
-                self.store.claim_owner(call.owner, allocation_id, first),
+                self.store.claim_owner(call.owner, allocation_id, first, ttl_s=self.owner_ttl_s),
                 self._reserve_on(call, nodes, allocation_id, lease),
                 return_exceptions=True,
             )
-            outcome = await self._settle(call.owner, claimed, reserved, first)
+            outcome = await self._settle(call.owner, claimed, reserved, first, started)
             if outcome is not None:
                 return (await self._finish(outcome[0], call.commit)), outcome[1]
         raise Conflict(f"{call.owner.describe()}: the owner index kept changing; retry")
+
+    async def _held(self, owner: Owner) -> Allocation | None:
+        """The owner's live allocation as the view knows it, confirmed by a fresh read. This
+        answers a retry after the owner's record expired."""
+        allocation_id = self.view.owned_by(owner)
+        node = self.view.node_of(allocation_id) if allocation_id else None
+        if allocation_id is None or node is None:
+            return None
+        ledger, _ = await self.store.read(node)
+        found = ledger.get(allocation_id) if ledger else None
+        return found if found is not None and found.live else None
 
     async def _settle(
         self,
@@ -103,26 +123,74 @@ class AllocatorService:
         claimed: int | BaseException | None,
         reserved: Allocation | BaseException,
         claimed_node: NodeName,
+        started: float,
     ) -> tuple[Allocation, bool] | None:
         """Reconcile the two concurrent writes: (allocation, existing), or None to try again."""
-        if isinstance(claimed, BaseException) or claimed is None:
-            if isinstance(reserved, Allocation):  # ours is not needed, or cannot be recorded
-                undo = _release_fn(reserved.node, reserved.id, self.clock(), "duplicate request")
-                await self.store.mutate(reserved.node, undo)
-            if isinstance(claimed, BaseException):
-                raise claimed
-            existing = await self._owned(owner)
-            return None if existing is None else (existing, True)
+        if isinstance(claimed, BaseException):  # the index cannot be written: nothing may stay
+            await self._undo(reserved)
+            raise claimed
+        if claimed is None:
+            return await self._contest(owner, reserved)
         if isinstance(reserved, BaseException):
             await self.store.forget_owner(owner, claimed)
             raise reserved
         if reserved.node != claimed_node:  # the claim named the first node tried; correct it
-            claimed = await self.store.claim_owner(owner, reserved.id, reserved.node, claimed)
-        if claimed is not None:
-            self._claims[reserved.id] = (owner, claimed)
-            while len(self._claims) > CLAIMS_KEPT:
-                del self._claims[next(iter(self._claims))]  # the oldest goes
+            claimed = await self.store.claim_owner(owner, reserved.id, reserved.node, claimed, self.owner_ttl_s)
+        elif time.monotonic() - started > self.absent_grace_s / 2:
+            # A write this slow may have let another request judge our record abandoned.
+            record = await self.store.owner_record(owner)
+            claimed = record.revision if record is not None and record.allocation == reserved.id else None
+        if claimed is None:  # our record was taken over: ours must not stay
+            await self._undo(reserved)
+            return None
         return reserved, False
+
+    async def _contest(self, owner: Owner, reserved: Allocation | BaseException) -> tuple[Allocation, bool] | None:
+        """Another record for the owner was in the way of ours: take its allocation if it is live,
+        else put ours in its place."""
+        for _ in range(MAX_OWNER_ROUNDS):
+            record = await self.store.owner_record(owner)
+            holder = await self._holder(owner, record)
+            if holder is not None:
+                await self._undo(reserved)
+                return holder, True
+            if isinstance(reserved, BaseException):
+                raise reserved
+            revision = record.revision if record is not None else 0
+            taken = await self.store.claim_owner(owner, reserved.id, reserved.node, revision, self.owner_ttl_s)
+            if taken is not None:
+                return reserved, False
+        await self._undo(reserved)
+        return None
+
+    async def _holder(self, owner: Owner, record: OwnerRecord | None) -> Allocation | None:
+        """The live allocation the owner's record names, or None if the record is stale. An
+        allocation not in the ledger yet may be on its way (its record and reservation are written
+        at once): it is waited for, up to ``absent_grace_s`` after the record was written."""
+        while record is not None:
+            found = await self._find_anywhere(record.allocation, record.node)
+            if found is not None:
+                return found if found.live else None
+            if self.clock() - record.at > self.absent_grace_s:
+                return None
+            await asyncio.sleep(OWNER_POLL_S)
+            record = await self.store.owner_record(owner)
+        return None
+
+    async def _find_anywhere(self, allocation_id: AllocationId, node: NodeName) -> Allocation | None:
+        """The allocation as its node's key holds it now: on ``node``, or where the view saw it."""
+        for where in dict.fromkeys((node, self.view.node_of(allocation_id))):
+            if where:
+                ledger, _ = await self.store.read(where)
+                found = ledger.get(allocation_id) if ledger else None
+                if found is not None:
+                    return found
+        return None
+
+    async def _undo(self, reserved: Allocation | BaseException) -> None:
+        if isinstance(reserved, Allocation):
+            undo = _release_fn(reserved.node, reserved.id, self.clock(), "duplicate request")
+            await self.store.mutate(reserved.node, undo)
 
     async def commit(self, allocation_id: AllocationId, node: NodeName | None = None) -> Allocation:
         node = node or await self._node_of(allocation_id)
@@ -130,13 +198,15 @@ class AllocatorService:
         return _find(written.new, allocation_id)
 
     async def release(self, allocation_id: AllocationId, reason: str = "released") -> Allocation:
-        """Release the allocation. The answer waits for the ledger only: the owner's index record
-        is dropped after it (a record left behind by a crash is harmless: Allocate finds it names
-        nothing live and drops it then)."""
+        """Release the allocation; the answer waits for the ledger only. The owner record an
+        Allocate wrote expires by itself (``owner_ttl_s``), and until then a new Allocate by the
+        same owner finds it names nothing live and replaces it. A pod's record (written by the
+        scheduler's bind, without a TTL) is dropped after the answer."""
         node = await self._node_of(allocation_id)
         written = await self.store.mutate(node, _release_fn(node, allocation_id, self.clock(), reason))
         released = _find(written.new, allocation_id)
-        self._later(self._forget(released.owner, allocation_id))
+        if released.owner.kind is OwnerKind.POD:
+            self._later(self._forget(released.owner, allocation_id))
         return released
 
     def _later(self, work: Coroutine[Any, Any, None]) -> None:
@@ -150,15 +220,9 @@ class AllocatorService:
             await asyncio.wait(set(self._background), timeout=timeout_s)
 
     async def _forget(self, owner: Owner, allocation_id: AllocationId) -> None:
-        """Drop the owner's record if it still names the allocation: by the revision this replica
-        wrote it at, or else by reading it first."""
-        claim = self._claims.pop(allocation_id, None)
         try:
-            if claim is not None:
-                await self.store.forget_owner(*claim)
-            else:
-                await self.store.forget_owner_of(owner, allocation_id)
-        except GpuledgerError as err:  # NATS away: the next Allocate by this owner drops it
+            await self.store.forget_owner_of(owner, allocation_id)
+        except GpuledgerError as err:  # NATS away: the next bind or Allocate for this owner replaces it
             log.info("could not drop the owner record of %s yet: %s", owner.describe(), err)
 
     async def get(self, allocation_id: AllocationId) -> Allocation:
@@ -197,19 +261,6 @@ class AllocatorService:
         if not 0 < asked <= self.max_lease_s:
             raise InvalidArgument("lease_seconds", f"must be 1..{self.max_lease_s:g}, got {asked:g}")
         return asked
-
-    async def _owned(self, owner: Owner) -> Allocation | None:
-        """The owner's live allocation, dropping a record that points at nothing live."""
-        record = await self.store.owner_of(owner)
-        if record is None:
-            return None
-        allocation_id, node, revision = record
-        ledger, _ = await self.store.read(node)
-        found = ledger.get(allocation_id) if ledger else None
-        if found is not None and found.live:
-            return found
-        await self.store.forget_owner(owner, revision)
-        return None
 
     async def _finish(self, allocation: Allocation, want_commit: bool) -> Allocation:
         if want_commit and allocation.state is AllocState.RESERVED:

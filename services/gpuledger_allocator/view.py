@@ -18,7 +18,7 @@ from gpuledger_common.store import LedgerStore
 from gpuledger_core.events import LedgerEvent, diff
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Allocation
+from gpuledger_core.model import Allocation, Owner
 from gpuledger_core.status import Usage
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class ClusterView:
     started_at: float = 0.0
     _where: dict[AllocationId, NodeName] = field(default_factory=dict)
     _subscribers: set[asyncio.Queue[LedgerEvent | None]] = field(default_factory=set)
+    _owners: dict[str, AllocationId] = field(default_factory=dict)  # owner key -> live allocation
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def run(self) -> None:
@@ -57,11 +58,17 @@ class ClusterView:
             self.revisions[node] = revision
             for allocation in ledger.allocations:
                 self._where[allocation.id] = node
+                if allocation.live:
+                    self._owners[allocation.owner.key] = allocation.id
+                elif self._owners.get(allocation.owner.key) == allocation.id:
+                    del self._owners[allocation.owner.key]
         if old is not None:  # allocations pruned from the node's key are forgotten here too
             kept = {a.id for a in ledger.allocations} if ledger is not None else set()
             for allocation in old.allocations:
                 if allocation.id not in kept and self._where.get(allocation.id) == node:
                     del self._where[allocation.id]
+                    if self._owners.get(allocation.owner.key) == allocation.id:
+                        del self._owners[allocation.owner.key]
         if self._subscribers:
             self._publish(diff(old, ledger, revision))
         self._changed.set()
@@ -99,6 +106,10 @@ class ClusterView:
             for name, ledger in sorted(self.ledgers.items())
             for event in diff(None, NodeLedger(ledger.node, ledger.live()), self.revisions.get(name, 0))
         ]
+
+    def owned_by(self, owner: Owner) -> AllocationId | None:
+        """The owner's live allocation, as far as this view has seen."""
+        return self._owners.get(owner.key)
 
     def node_of(self, allocation_id: AllocationId) -> NodeName | None:
         return self._where.get(allocation_id)

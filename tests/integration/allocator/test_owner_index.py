@@ -1,0 +1,120 @@
+"""The owner index against a real nats-server: records expire, a retry after that is answered from
+the view, and a record whose allocation is still being written is waited for, not overwritten."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.client import Client
+
+from gpuledger_allocator.placer import BuiltinPlacer
+from gpuledger_allocator.service import AllocateCall, AllocatorService
+from gpuledger_allocator.view import ClusterView
+from gpuledger_common.fleet import parse_fleet
+from gpuledger_common.store import LedgerStore
+from gpuledger_core.fit import ContainerAsk
+from gpuledger_core.ids import AllocationId
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import AllocState, Owner, OwnerKind, Request
+from gpuledger_testing.stack import wait_for
+
+FLEET = "nodes:\n  - name: n0\n    profile: a100-sxm-8\n  - name: n1\n    profile: a100-sxm-8\n"
+
+
+def call(owner: Owner, cards: int = 1) -> AllocateCall:
+    return AllocateCall(owner, (ContainerAsk("", Request(count=cards)),))
+
+
+async def live_of(service: AllocatorService, owner: Owner) -> list[AllocationId]:
+    """The owner's live allocations, read from the bucket now (not from the view)."""
+    nodes = await service.store.nodes()
+    return sorted(a.id for ledger, _ in nodes.values() for a in ledger.live() if a.owner == owner)
+
+
+@pytest.fixture
+async def service(nc: Client) -> AsyncIterator[AllocatorService]:
+    store = await LedgerStore.open(nc)
+    for entry in parse_fleet(FLEET).nodes:
+        empty = NodeLedger(entry.node, ())
+        await store.mutate(entry.node.name, lambda _, e=empty: e)  # type: ignore[misc]  # defaults bind the loop value
+    view = ClusterView(store)
+    watching = asyncio.create_task(view.run())
+    await view.ready.wait()
+    yield AllocatorService(store, view, BuiltinPlacer())
+    watching.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watching
+
+
+async def test_an_owner_record_expires_by_itself(service: AllocatorService) -> None:
+    owner = Owner(OwnerKind.TOOL, "short-lived")
+    assert await service.store.claim_owner(owner, AllocationId("a-x"), "n0", ttl_s=1) is not None
+    assert (await service.store.owner_record(owner)) is not None
+
+    async def gone() -> bool:
+        return await service.store.owner_record(owner) is None
+
+    await wait_for(gone, timeout=10, what="the record to expire")
+    assert await service.store.claim_owner(owner, AllocationId("a-y"), "n0", ttl_s=1) is not None
+
+
+async def test_a_retry_after_the_record_expired_gets_the_same_allocation(service: AllocatorService) -> None:
+    service.owner_ttl_s = 1
+    owner = Owner(OwnerKind.TOOL, "patient")
+    first, existing = await service.allocate(call(owner))
+    assert not existing
+
+    async def expired() -> bool:
+        return await service.store.owner_record(owner) is None
+
+    await wait_for(expired, timeout=10, what="the record to expire")
+    again, existing = await service.allocate(call(owner))
+    assert existing and again.id == first.id
+    assert await live_of(service, owner) == [first.id]
+
+
+async def test_a_released_allocation_is_not_handed_out_again(service: AllocatorService) -> None:
+    owner = Owner(OwnerKind.TOOL, "again")
+    first, _ = await service.allocate(call(owner))
+    await service.release(first.id)
+    second, existing = await service.allocate(call(owner))  # its record still names the released one
+    assert not existing and second.id != first.id and second.state is AllocState.RESERVED
+    record = await service.store.owner_record(owner)
+    assert record is not None and record.allocation == second.id
+    assert await live_of(service, owner) == [second.id]
+
+
+async def test_a_record_whose_allocation_is_on_its_way_is_waited_for(service: AllocatorService) -> None:
+    """Another replica wrote the owner's record and is still writing its reservation: a second
+    request for the owner must answer with that reservation, not make its own."""
+    owner = Owner(OwnerKind.TOOL, "racing")
+    theirs = AllocationId("a-theirs")
+    assert await service.store.claim_owner(owner, theirs, "n1", ttl_s=60) is not None
+    answer = asyncio.create_task(service.allocate(call(owner)))
+    await asyncio.sleep(0.3)
+    assert not answer.done()  # waiting for the reservation the record names
+
+    def reserve_theirs(ledger: NodeLedger | None) -> NodeLedger | None:
+        assert ledger is not None
+        return service._fit_and_reserve(call(owner), ledger.node.name, theirs, 60.0)(ledger)
+
+    await service.store.mutate("n1", reserve_theirs)
+    allocation, existing = await asyncio.wait_for(answer, 10)
+    assert existing and allocation.id == theirs
+    assert await live_of(service, owner) == [theirs]  # the waiting request's own reservation was rolled back
+
+
+async def test_a_record_naming_nothing_for_too_long_is_replaced(service: AllocatorService) -> None:
+    """A replica that died between writing the record and the reservation leaves a record that
+    names nothing; after the grace period the owner gets a new allocation."""
+    service.absent_grace_s = 0.5
+    owner = Owner(OwnerKind.TOOL, "orphaned")
+    assert await service.store.claim_owner(owner, AllocationId("a-never-written"), "n0", ttl_s=60) is not None
+    allocation, existing = await asyncio.wait_for(service.allocate(call(owner)), 10)
+    assert not existing and allocation.id != "a-never-written"
+    record = await service.store.owner_record(owner)
+    assert record is not None and record.allocation == allocation.id
+    assert await live_of(service, owner) == [allocation.id]

@@ -57,6 +57,15 @@ class CasStats:
     gave_up: int = 0
 
 
+@dataclass(slots=True)
+class _Part:
+    """One allocation of a node's value, with its JSON as decoded or encoded here."""
+
+    allocation: Allocation
+    raw: object
+    fragment: orjson.Fragment | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class OwnerRecord:
     """Which allocation an owner holds, as the owner index says; ``at`` is the writer's clock."""
@@ -83,14 +92,14 @@ class LedgerStore:
     max_attempts: int = 12
     clock: Callable[[], float] = time.time
     stats: CasStats = field(default_factory=CasStats)
+    _jetstream: JetStreamContext | None = None
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     _known: dict[str, tuple[NodeLedger | None, int]] = field(default_factory=dict)
     _contended: dict[str, float] = field(default_factory=dict)  # when a write to the key last lost a race
     _written: dict[str, dict[bytes, NodeLedger]] = field(default_factory=dict)  # our last writes, by their bytes
     _nodes: dict[str, tuple[object, Node]] = field(default_factory=dict)  # last decoded inventory
-    _allocations_seen: dict[str, dict[object, tuple[object, Allocation]]] = field(default_factory=dict)
+    _parts: dict[str, dict[object, _Part]] = field(default_factory=dict)  # each node's allocations, with their JSON
     _node_json: dict[str, tuple[Node, orjson.Fragment]] = field(default_factory=dict)  # last encoded inventory
-    _allocation_json: dict[str, dict[AllocationId, tuple[Allocation, orjson.Fragment]]] = field(default_factory=dict)
 
     @classmethod
     async def open(cls, nc: Client, *, replicas: int = 1, max_attempts: int = 12) -> LedgerStore:
@@ -99,6 +108,12 @@ class LedgerStore:
         owners = await _bucket(js, OWNER_BUCKET, replicas)
         await _allow_ttl(js, OWNER_BUCKET)
         return cls(nc, kv, owners, max_attempts)
+
+    @property
+    def _js(self) -> JetStreamContext:
+        if self._jetstream is None:
+            self._jetstream = self.nc.jetstream()
+        return self._jetstream
 
     def _connected(self, what: str) -> None:
         """Fail at once while NATS is away, rather than after the request's timeout."""
@@ -130,19 +145,20 @@ class LedgerStore:
         if seen is None or seen[0] != raw.get("node"):
             ledger = codec.ledger_from(raw)
             self._nodes[node] = seen = (raw.get("node"), ledger.node)
-        # Allocations decoded from the node's last value are reused when their JSON is equal:
-        # another writer's change touches one or two of them.
-        before = self._allocations_seen.get(node, {})
-        now: dict[object, tuple[object, Allocation]] = {}
+        # Allocations of the node's last value, decoded or written here, are reused when their
+        # JSON is equal: another writer's change touches one or two of them.
+        before = self._parts.get(node, {})
+        now: dict[object, _Part] = {}
 
         def allocation(r: codec.Reader) -> Allocation:
-            known = before.get(r.raw.get("id"))
-            decoded = known[1] if known is not None and known[0] == r.raw else codec.allocation_from(r)
-            now[decoded.id] = (r.raw, decoded)
-            return decoded
+            part = before.get(r.raw.get("id"))
+            if part is None or part.raw != r.raw:
+                part = _Part(codec.allocation_from(r), r.raw)
+            now[part.allocation.id] = part
+            return part.allocation
 
         allocations = codec.Reader(raw).items("allocations", allocation)
-        self._allocations_seen[node] = now
+        self._parts[node] = now
         return NodeLedger(seen[1], allocations)
 
     def remember(self, node: str, ledger: NodeLedger | None, revision: int) -> None:
@@ -169,6 +185,10 @@ class LedgerStore:
     def _hot(self, node: str) -> bool:
         """Another process wrote this key lately: our cached value is likely stale, so read first."""
         return time.monotonic() - self._contended.get(node, -HOT_S) < HOT_S
+
+    def contended(self, node: str) -> bool:
+        """Whether a write of this process to the node's key lost a race to another process lately."""
+        return self._hot(node)
 
     def busy(self, node: str) -> bool:
         """Whether this process is writing the node's key right now."""
@@ -240,13 +260,17 @@ class LedgerStore:
         if seen is None or (seen[0] is not ledger.node and seen[0] != ledger.node):
             seen = (ledger.node, orjson.Fragment(encode(codec.node_to(ledger.node))))
             self._node_json[name] = seen
-        before = self._allocation_json.get(name, {})
-        now: dict[AllocationId, tuple[Allocation, orjson.Fragment]] = {}
+        before = self._parts.get(name, {})
+        now: dict[object, _Part] = {}
         for a in ledger.allocations:
-            done = before.get(a.id)
-            now[a.id] = done if done is not None and done[0] is a else (a, _fragment(codec.allocation_to(a)))
-        self._allocation_json[name] = now
-        return encode({"node": seen[1], "allocations": [fragment for _, fragment in now.values()]})
+            part = before.get(a.id)
+            if part is None or part.allocation is not a:
+                part = _Part(a, codec.allocation_to(a))
+            if part.fragment is None:
+                part.fragment = orjson.Fragment(encode(part.raw))
+            now[a.id] = part
+        self._parts[name] = now
+        return encode({"node": seen[1], "allocations": [part.fragment for part in now.values()]})
 
     async def _publish(self, events: tuple[LedgerEvent, ...]) -> None:
         for event in events:
@@ -366,7 +390,7 @@ class LedgerStore:
         subject = f"$KV.{OWNER_BUCKET}.{key}"
         headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
         try:
-            ack = await self.nc.jetstream().publish(subject, data, headers=headers, msg_ttl=ttl_s)
+            ack = await self._js.publish(subject, data, headers=headers, msg_ttl=ttl_s)
         except APIError as err:
             if err.err_code in (10071, 10164) or "wrong last sequence" in str(err):
                 raise KeyWrongLastSequenceError() from err
@@ -435,10 +459,6 @@ def _try(
     except GpuledgerError:
         return UNPROVEN
     return UNPROVEN if new == current else new
-
-
-def _fragment(value: object) -> orjson.Fragment:
-    return orjson.Fragment(encode(value))
 
 
 def _json(data: bytes) -> object:

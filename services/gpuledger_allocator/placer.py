@@ -66,9 +66,11 @@ class BuiltinPlacer:
             if seen is None or seen[0] != revision:
                 seen = judged[name] = (revision, _judge(ledger, asks))
             if seen[1] is not None:
-                fitting.append((view.store.busy(name), seen[1][0], name, seen[1][1]))
-        # Fullest first; a node this process is writing right now goes after the idle ones, so
-        # concurrent requests spread instead of queueing on one key.
+                crowded = view.store.busy(name) or view.store.contended(name)
+                fitting.append((crowded, seen[1][0], name, seen[1][1]))
+        # Fullest first; a node this process is writing right now, or lost a race on lately, goes
+        # after the others, so concurrent requests (of this replica, and of replicas beside it)
+        # spread instead of queueing on one key.
         fitting.sort(key=lambda f: f[:3])
         return [Candidate(name, cards) for *_, name, cards in fitting]
 

@@ -25,7 +25,7 @@ from nats.js.kv import KeyValue
 from gpuledger_common.bus import SUBJECT_PREFIX, encode
 from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
 from gpuledger_core import codec
-from gpuledger_core.errors import Conflict, GpuledgerError, Unavailable
+from gpuledger_core.errors import Conflict, GpuledgerError, InvalidArgument, Unavailable
 from gpuledger_core.events import LedgerEvent, diff
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, tidy
@@ -98,6 +98,7 @@ class LedgerStore:
     _contended: dict[str, float] = field(default_factory=dict)  # when a write to the key last lost a race
     _written: dict[str, dict[bytes, NodeLedger]] = field(default_factory=dict)  # our last writes, by their bytes
     _nodes: dict[str, tuple[object, Node]] = field(default_factory=dict)  # last decoded inventory
+    _inventory: dict[str, tuple[bytes, Node]] = field(default_factory=dict)  # a value's bytes up to its allocations
     _parts: dict[str, dict[object, _Part]] = field(default_factory=dict)  # each node's allocations, with their JSON
     _node_json: dict[str, tuple[Node, orjson.Fragment]] = field(default_factory=dict)  # last encoded inventory
 
@@ -133,33 +134,48 @@ class LedgerStore:
         return ledger, entry.revision or 0
 
     def _decoded(self, node: str, data: bytes) -> NodeLedger:
-        """The ledger in ``data``. Our own recent writes come back from a watch already decoded,
-        and the node's inventory, which seldom changes, is decoded once per change."""
+        """The ledger in ``data``. Our own recent writes come back from a watch already decoded.
+        The node's inventory, which seldom changes, is decoded once per change, and while the
+        value begins with the same inventory bytes only its allocations are parsed."""
         mine = self._written.get(node, {}).get(data)  # the same bytes are the same value
         if mine is not None:
             return mine
+        inventory = self._inventory.get(node)
+        if inventory is not None and data.startswith(inventory[0]) and data.endswith(b"}"):
+            try:
+                items = orjson.loads(data[len(inventory[0]) : -1])
+            except orjson.JSONDecodeError:  # more follows the allocations: read the whole value
+                items = None
+            if isinstance(items, list):
+                return NodeLedger(inventory[1], self._allocations_from(node, items))
         raw = _json(data)
-        if not isinstance(raw, dict):
-            return codec.ledger_from(raw)
+        if not isinstance(raw, dict) or not isinstance(raw.get("node"), dict):
+            return codec.ledger_from(raw)  # says what is wrong
         seen = self._nodes.get(node)
-        if seen is None or seen[0] != raw.get("node"):
-            ledger = codec.ledger_from(raw)
-            self._nodes[node] = seen = (raw.get("node"), ledger.node)
-        # Allocations of the node's last value, decoded or written here, are reused when their
-        # JSON is equal: another writer's change touches one or two of them.
+        if seen is None or seen[0] != raw["node"]:
+            seen = (raw["node"], codec.node_from(codec.Reader(raw).obj("node")))
+            self._nodes[node] = seen
+        self._inventory[node] = (b'{"node":' + encode(raw["node"]) + b',"allocations":', seen[1])
+        return NodeLedger(seen[1], self._allocations_from(node, raw.get("allocations")))
+
+    def _allocations_from(self, node: str, items: object) -> tuple[Allocation, ...]:
+        """Decoded allocations. Those of the node's last value, decoded or written here, are reused
+        when their JSON is equal: another writer's change touches one or two of them."""
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            raise InvalidArgument("allocations", f"must be a list, got {type(items).__name__}")
         before = self._parts.get(node, {})
         now: dict[object, _Part] = {}
-
-        def allocation(r: codec.Reader) -> Allocation:
-            part = before.get(r.raw.get("id"))
-            if part is None or part.raw != r.raw:
-                part = _Part(codec.allocation_from(r), r.raw)
+        allocations = []
+        for i, item in enumerate(items):
+            part = before.get(item.get("id")) if isinstance(item, dict) else None
+            if part is None or part.raw != item:
+                part = _Part(codec.allocation_from(codec.Reader(item, f"allocations[{i}]")), item)
             now[part.allocation.id] = part
-            return part.allocation
-
-        allocations = codec.Reader(raw).items("allocations", allocation)
+            allocations.append(part.allocation)
         self._parts[node] = now
-        return NodeLedger(seen[1], allocations)
+        return tuple(allocations)
 
     def remember(self, node: str, ledger: NodeLedger | None, revision: int) -> None:
         """Note a value of the node's key seen elsewhere (a watch), if it is newer than ours.

@@ -6,7 +6,7 @@ uses on its own, and what placement builds on: per-card room, model selectors, h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuledger_core.errors import Exhausted
@@ -37,7 +37,7 @@ def card_fits(card: Card, free: CardFree, request: Request) -> bool:
     return free.fits(request.mem_mib or 0, request.core_milli or 0)
 
 
-def frees(ledger: NodeLedger, use: dict[CardUuid, CardUse] | None = None) -> dict[CardUuid, CardFree]:
+def frees(ledger: NodeLedger, use: Mapping[CardUuid, CardUse] | None = None) -> dict[CardUuid, CardFree]:
     use = ledger.use() if use is None else use
     return {card.uuid: free_of(card, use.get(card.uuid)) for card in ledger.node.cards}
 

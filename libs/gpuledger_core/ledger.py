@@ -6,8 +6,9 @@ by the caller with compare-and-set on the key's revision.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, CardUuid
@@ -22,6 +23,8 @@ RELEASED_KEPT = 8  # the most released allocations a node's key remembers
 class NodeLedger:
     node: Node
     allocations: tuple[Allocation, ...] = ()
+    # What the allocations hold per card, worked out on first use (a ledger never changes).
+    _use: Mapping[CardUuid, CardUse] | None = field(default=None, init=False, compare=False, repr=False)
 
     def get(self, allocation_id: AllocationId) -> Allocation | None:
         return next((a for a in self.allocations if a.id == allocation_id), None)
@@ -32,8 +35,11 @@ class NodeLedger:
     def of_owner(self, owner_key: str) -> Allocation | None:
         return next((a for a in self.allocations if a.live and a.owner.key == owner_key), None)
 
-    def use(self) -> dict[CardUuid, CardUse]:
-        return node_use(self.allocations)
+    def use(self) -> Mapping[CardUuid, CardUse]:
+        if self._use is None:
+            object.__setattr__(self, "_use", MappingProxyType(node_use(self.allocations)))
+        assert self._use is not None
+        return self._use
 
     def _swap(self, allocation: Allocation) -> NodeLedger:
         kept = tuple(a if a.id != allocation.id else allocation for a in self.allocations)

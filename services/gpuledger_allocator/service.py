@@ -13,9 +13,9 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common.store import LedgerStore, OwnerRecord
@@ -27,6 +27,7 @@ from gpuledger_core.model import Allocation, AllocState, Card, Grant, Isolation,
 from gpuledger_core.pods import expand_models
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 MAX_OWNER_ROUNDS = 3
 VIEW_WAIT_S = 0.5  # how long a lookup waits for the view before reading every node's key
 MAX_REASONS = 5
@@ -96,11 +97,12 @@ class AllocatorService:
             allocation_id = new_allocation_id()
             first = nodes[0].node if nodes else NodeName("")
             started = time.monotonic()
-            claimed, reserved = await asyncio.gather(
-                self.store.claim_owner(call.owner, allocation_id, first, ttl_s=self.owner_ttl_s),
-                self._reserve_on(call, nodes, allocation_id, lease),
-                return_exceptions=True,
-            )
+            claim = self.store.claim_owner(call.owner, allocation_id, first, ttl_s=self.owner_ttl_s)
+            claiming = asyncio.ensure_future(claim)  # written beside the reservation, not after it
+            try:
+                reserved = await _outcome(self._reserve_on(call, nodes, allocation_id, lease))
+            finally:
+                claimed = await _outcome(claiming)
             outcome = await self._settle(call.owner, claimed, reserved, first, started)
             if outcome is not None:
                 return (await self._finish(outcome[0], call.commit)), outcome[1]
@@ -349,6 +351,14 @@ class AllocatorService:
             if ledger.get(allocation_id) is not None:
                 return name
         raise NotFound(f"allocation {allocation_id} does not exist (or was released long ago)")
+
+
+async def _outcome(work: Awaitable[T]) -> T | BaseException:
+    """What ``work`` returned, or what it raised (as ``gather(return_exceptions=True)`` has it)."""
+    try:
+        return await work
+    except Exception as err:
+        return err
 
 
 def _must(ledger: NodeLedger | None, node: str) -> NodeLedger:

@@ -26,7 +26,7 @@ from gpuledger_common.bus import SUBJECT_PREFIX, encode
 from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
 from gpuledger_core import codec
 from gpuledger_core.errors import Conflict, GpuledgerError, InvalidArgument, Unavailable
-from gpuledger_core.events import LedgerEvent, diff
+from gpuledger_core.events import diff
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, tidy
 from gpuledger_core.model import Allocation, Node, Owner
@@ -81,7 +81,6 @@ class Written:
     old: NodeLedger | None
     new: NodeLedger | None
     revision: int
-    events: tuple[LedgerEvent, ...] = ()
 
 
 @dataclass(slots=True)
@@ -93,6 +92,7 @@ class LedgerStore:
     clock: Callable[[], float] = time.time
     stats: CasStats = field(default_factory=CasStats)
     _jetstream: JetStreamContext | None = None
+    _publishing: set[asyncio.Future[None]] = field(default_factory=set)  # events on their way out
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     _known: dict[str, tuple[NodeLedger | None, int]] = field(default_factory=dict)
     _contended: dict[str, float] = field(default_factory=dict)  # when a write to the key last lost a race
@@ -237,9 +237,11 @@ class LedgerStore:
                 continue
             self.stats.writes += 1
             self.remember(node, new, written)
-            events = diff(current, new, written)
-            await self._publish(events)
-            return Written(current, new, written, events)
+            # The events go out after the caller has its answer: they are not part of it.
+            publishing = asyncio.ensure_future(self._publish(current, new, written))
+            self._publishing.add(publishing)
+            publishing.add_done_callback(self._publishing.discard)
+            return Written(current, new, written)
         self.stats.gave_up += 1
         CAS_GAVE_UP.inc()
         raise Conflict(f"the ledger of {node} kept changing; gave up after {self.max_attempts} attempts")
@@ -288,8 +290,8 @@ class LedgerStore:
         self._parts[name] = now
         return encode({"node": seen[1], "allocations": [part.fragment for part in now.values()]})
 
-    async def _publish(self, events: tuple[LedgerEvent, ...]) -> None:
-        for event in events:
+    async def _publish(self, old: NodeLedger | None, new: NodeLedger | None, revision: int) -> None:
+        for event in diff(old, new, revision):
             try:
                 subject = f"{EVENTS_SUBJECT}.{event.node}"
                 await self.nc.publish(subject, encode(codec.event_to(event)))

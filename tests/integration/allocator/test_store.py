@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
@@ -69,3 +70,70 @@ async def test_concurrent_writers_never_overfill_a_card(nc: Client) -> None:
     assert final is not None
     assert granted == 7 == len(final.live())  # 7 x 1000 MiB fit in 7611 MiB, never 8
     assert sum(s.stats.conflicts for s in stores) > 0  # the writers did race
+
+
+class _MarkerFirst:
+    """A KV watcher whose client says the snapshot is over before it delivered anything (as the
+    client's marker, and pending counts, did on a busy machine)."""
+
+    def __init__(self, real: Any) -> None:
+        self.real, self.marked = real, False
+
+    def __aiter__(self) -> _MarkerFirst:
+        return self
+
+    async def __anext__(self) -> Any:
+        if not self.marked:
+            self.marked = True
+            return None
+        return await self.real.__anext__()
+
+    async def stop(self) -> None:
+        await self.real.stop()
+
+
+class _EarlyMarkers:
+    def __init__(self, kv: Any) -> None:
+        self.kv = kv
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kv, name)
+
+    async def watch(self, keys: str, **kwargs: Any) -> _MarkerFirst:
+        return _MarkerFirst(await self.kv.watch(keys, **kwargs))
+
+
+@pytest.mark.parametrize("early_marker", [False, True])
+async def test_a_watch_snapshot_holds_every_key_while_writers_are_busy(nc: Client, early_marker: bool) -> None:
+    """The snapshot of a watch ends only when every key the bucket held has arrived, however busy
+    the bucket is and whatever the client says meanwhile (a replica's lookups and views start
+    from it: a short one made a release answer NOT_FOUND for an allocation another replica made)."""
+    store, writer = await LedgerStore.open(nc), await LedgerStore.open(nc)
+    if early_marker:
+        store.kv = _EarlyMarkers(store.kv)  # type: ignore[assignment]
+    names = [NodeName(f"n{i:03d}") for i in range(150)]
+    for name in names:
+        await store.mutate(name, lambda _, n=name: NodeLedger(Node(n, (CARD,))))  # type: ignore[misc]
+    stop = asyncio.Event()
+
+    async def churn() -> None:  # rewrite a few keys as fast as the server takes them
+        i = 0
+        while not stop.is_set():
+            name = names[i % 5]
+            await writer.mutate(name, take(f"c-{i}", 16))
+            await writer.mutate(name, lambda current, a=f"c-{i}": release(current, AllocationId(a), 0.0))  # type: ignore[misc]
+            i += 1
+
+    churning = [asyncio.create_task(churn()) for _ in range(3)]
+    try:
+        for _ in range(5):
+            seen: set[str] = set()
+            async for item in store.watch_marked(include_updates=False):
+                if item is None:
+                    break
+                seen.add(item[0])
+            assert seen == set(names)
+            assert set(await store.nodes()) == set(names)
+    finally:
+        stop.set()
+        await asyncio.gather(*churning, return_exceptions=True)

@@ -202,14 +202,11 @@ class LedgerStore:
         """Another process wrote this key lately: our cached value is likely stale, so read first."""
         return time.monotonic() - self._contended.get(node, -HOT_S) < HOT_S
 
-    def contended(self, node: str) -> bool:
-        """Whether a write of this process to the node's key lost a race to another process lately."""
-        return self._hot(node)
-
-    def busy(self, node: str) -> bool:
-        """Whether this process is writing the node's key right now."""
-        lock = self._locks.get(node)
-        return lock is not None and lock.locked()
+    def crowded(self) -> set[str]:
+        """Nodes this process is writing right now, or lost a race on to another process lately."""
+        now = time.monotonic()
+        hot = {node for node, at in self._contended.items() if now - at < HOT_S}
+        return hot | {node for node, lock in self._locks.items() if lock.locked()}
 
     async def _mutate(self, node: str, transition: Transition) -> Written:
         for attempt in range(1, self.max_attempts + 1):

@@ -60,14 +60,14 @@ class BuiltinPlacer:
         if len(self._judged) > JUDGED_KEPT:
             self._judged.clear()
         judged = self._judged.setdefault(tuple(asks), {})
+        crowded = view.store.crowded()
         for name, ledger in view.ledgers.items():
             revision = view.revisions.get(name, 0)
             seen = judged.get(name)
             if seen is None or seen[0] != revision:
                 seen = judged[name] = (revision, _judge(ledger, asks))
             if seen[1] is not None:
-                crowded = view.store.busy(name) or view.store.contended(name)
-                fitting.append((crowded, seen[1][0], name, seen[1][1]))
+                fitting.append((name in crowded, seen[1][0], name, seen[1][1]))
         # Fullest first; a node this process is writing right now, or lost a race on lately, goes
         # after the others, so concurrent requests (of this replica, and of replicas beside it)
         # spread instead of queueing on one key.

@@ -94,11 +94,28 @@ async def resilient(
             await asyncio.sleep(retry_s)
 
 
-async def follow(store: LedgerStore, apply: Apply, caught_up: Callable[[], None], retry_s: float = RETRY_S) -> None:
-    """Call ``apply`` for every value of every node's key, for ever. ``caught_up`` is called each
-    time a snapshot has been applied in full."""
-    async for item in resilient(store.nc, store.watch_marked, retry_s):
-        if item is None:
-            caught_up()
+async def follow(
+    store: LedgerStore, apply: Apply, caught_up: Callable[[], None], retry_s: float = RETRY_S, check_s: float = CHECK_S
+) -> None:
+    """Call ``apply`` for every value of every node's key, for ever, straight from the watch's
+    callback. ``caught_up`` is called each time a snapshot has been applied in full. The watch
+    starts again from a fresh snapshot at once after NATS reconnected, and after ``retry_s`` when
+    it could not start or a value could not be applied."""
+    while True:
+        seen = reconnects(store.nc)
+        try:
+            following = await store.follow_values(apply, caught_up)
+        except Exception as err:
+            log.warning("watch lost (%s); watching again in %.0fs", err, retry_s)
+            await asyncio.sleep(retry_s)
+            continue
+        try:
+            while following.failed is None and reconnects(store.nc) == seen:
+                await asyncio.sleep(check_s)
+        finally:
+            await following.stop()
+        if following.failed is not None:
+            log.warning("watch lost (%s); watching again in %.0fs", following.failed, retry_s)
+            await asyncio.sleep(retry_s)
         else:
-            apply(*item)
+            log.info("NATS reconnected; watching again from a fresh snapshot")

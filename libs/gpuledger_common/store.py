@@ -8,6 +8,7 @@ revision is unchanged. Lost races are retried a bounded number of times and coun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import random
@@ -17,7 +18,9 @@ from dataclasses import dataclass, field
 
 import orjson
 from nats.aio.client import Client
-from nats.js.api import KeyValueConfig, StorageType
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import DeliverPolicy, KeyValueConfig, StorageType
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, BucketNotFoundError, KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
@@ -55,6 +58,20 @@ class CasStats:
     conflicts: int = 0
     writes: int = 0
     gave_up: int = 0
+
+
+@dataclass(slots=True)
+class Following:
+    """A running ``follow_values``: ``failed`` holds why it stopped applying, if it did."""
+
+    sub: Subscription | None = None
+    failed: Exception | None = None
+
+    async def stop(self) -> None:
+        if self.sub is not None:
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
+            self.sub = None
 
 
 @dataclass(slots=True)
@@ -346,6 +363,49 @@ class LedgerStore:
                         return
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def follow_values(
+        self, apply: Callable[[NodeName, NodeLedger | None, int], None], caught_up: Callable[[], None]
+    ) -> Following:
+        """Call ``apply`` for every node's current value, then ``caught_up`` (once every key the
+        bucket held has arrived, as ``watch_marked`` decides it), then for every change, from the
+        subscription's own callback: no queue and no task between a change and ``apply``. The
+        returned handle says whether it failed, and stops it."""
+        prefix = f"$KV.{LEDGER_BUCKET}."
+        following = Following()
+        try:
+            info = await self._js.stream_info(f"KV_{LEDGER_BUCKET}", subjects_filter=f"{prefix}node.>")
+            keys = {s.removeprefix(prefix) for s in (info.state.subjects or {})}
+            if not keys:
+                caught_up()
+
+            async def on_msg(msg: Msg) -> None:
+                if following.failed is not None:
+                    return
+                try:
+                    key = msg.subject.removeprefix(prefix)
+                    node = NodeName(key.removeprefix("node."))
+                    operation = msg.header.get("KV-Operation") if msg.header else None
+                    deleted = operation in ("DEL", "PURGE") or not msg.data
+                    apply(node, None if deleted else self._decoded(node, msg.data), msg.metadata.sequence.stream)
+                    if keys:
+                        keys.discard(key)
+                        if not keys:
+                            caught_up()
+                except Exception as err:  # a value that cannot be read: the follower starts again
+                    following.failed = err
+
+            following.sub = await self._js.subscribe(
+                f"{prefix}node.>",
+                stream=f"KV_{LEDGER_BUCKET}",
+                cb=on_msg,
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+                inactive_threshold=300.0,
+            )
+        except Exception as err:
+            raise Unavailable(f"cannot watch the ledger: {err}") from err
+        return following
 
     # --- the owner index: one allocation per owner, whichever replica got there first ---
 

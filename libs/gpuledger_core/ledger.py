@@ -124,7 +124,10 @@ def expire(ledger: NodeLedger, now: float) -> NodeLedger:
 def prune(ledger: NodeLedger, now: float, keep_s: float = RELEASED_RETENTION_S) -> NodeLedger:
     """Forget released allocations older than ``keep_s``, or beyond the newest
     ``RELEASED_KEPT``, so the key stays small (a re-release within that window still succeeds)."""
-    released = [a for a in ledger.allocations if not a.live and now - a.updated_at < keep_s]
+    released = [a for a in ledger.allocations if not a.live]
+    if len(released) <= RELEASED_KEPT and all(now - a.updated_at < keep_s for a in released):
+        return ledger  # nothing to forget (the common case: spare the sorting below)
+    released = [a for a in released if now - a.updated_at < keep_s]
     recent = {a.id for a in sorted(released, key=lambda a: a.updated_at)[-RELEASED_KEPT:]}
     # Released just now: kept for this write, so its release is seen (and published) once.
     if keep_s > 0:

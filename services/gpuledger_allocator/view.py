@@ -50,6 +50,7 @@ class ClusterView:
             return  # an older value than one we already applied (our own write got here first)
         self.store.remember(node, ledger, revision)
         old = self.ledgers.get(node)
+        before = {a.id: a for a in old.allocations} if old is not None else {}
         if ledger is None:
             self.ledgers.pop(node, None)
             self.revisions.pop(node, None)
@@ -57,18 +58,18 @@ class ClusterView:
             self.ledgers[node] = ledger
             self.revisions[node] = revision
             for allocation in ledger.allocations:
+                if before.pop(allocation.id, None) is allocation:
+                    continue  # unchanged: indexed already
                 self._where[allocation.id] = node
                 if allocation.live:
                     self._owners[allocation.owner.key] = allocation.id
                 elif self._owners.get(allocation.owner.key) == allocation.id:
                     del self._owners[allocation.owner.key]
-        if old is not None:  # allocations pruned from the node's key are forgotten here too
-            kept = {a.id for a in ledger.allocations} if ledger is not None else set()
-            for allocation in old.allocations:
-                if allocation.id not in kept and self._where.get(allocation.id) == node:
-                    del self._where[allocation.id]
-                    if self._owners.get(allocation.owner.key) == allocation.id:
-                        del self._owners[allocation.owner.key]
+        for allocation in before.values():  # pruned from the node's key: forgotten here too
+            if self._where.get(allocation.id) == node:
+                del self._where[allocation.id]
+                if self._owners.get(allocation.owner.key) == allocation.id:
+                    del self._owners[allocation.owner.key]
         if self._subscribers:
             self._publish(diff(old, ledger, revision))
         self._changed.set()

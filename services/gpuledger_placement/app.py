@@ -47,6 +47,14 @@ def build(settings: PlacementSettings, store: LedgerStore | None, pods: PodApi, 
     return Parts(view, service, Extender(service, binder))
 
 
+async def _seed_workload(parts: Parts) -> None:
+    """Once the ledger is loaded, count what it holds as the recent workload."""
+    await parts.view.ready.wait()
+    allocations = [a for entry in parts.view.entries.values() for a in entry.ledger.allocations]
+    counted = parts.service.policies.seed(allocations)
+    log.info("workload seeded from the ledger: %d live allocation(s)", counted)
+
+
 def http_app(settings: PlacementSettings, parts: Parts) -> web.Application:
     app = extender_app(parts.extender, settings.url_prefix)
     return ops_app(lambda: parts.service.ready(), app)
@@ -63,6 +71,7 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
         parts = build(settings, store, pods, nc)
         async with asyncio.TaskGroup() as tasks:
             watching = tasks.create_task(parts.view.run())
+            seeding = tasks.create_task(_seed_workload(parts))
             await parts.view.listen(nc)
             responders = await serve_nats(nc, parts.service, settings.nats_queue)
             http = await start_http(http_app(settings, parts), settings.http_host, settings.http_port)
@@ -81,6 +90,7 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
                 await responder.close(settings.stop_timeout_s)
             await parts.view.stop_listening()
             watching.cancel()
+            seeding.cancel()
     finally:
         await pods.close()
         with contextlib.suppress(Exception):

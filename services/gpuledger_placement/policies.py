@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from gpuledger_core.fit import ContainerAsk
+from gpuledger_core.model import Allocation
 from gpuledger_core.placement import Policy, WorkloadTracker, make_policy, typical
 from gpuledger_core.pods import PodAsk
 
@@ -53,6 +55,25 @@ class Policies:
         if not self._memory:
             self._memory = self.card_memory()
         self.tracker.observe(typical(ask, self._memory))
+
+    def seed(self, allocations: Iterable[Allocation]) -> int:
+        """Count the live allocations in the ledger as the recent workload (oldest first) and
+        rebuild the policies at once: after a restart ``fgd`` and ``default`` measure against what
+        the cluster runs instead of nothing. The ledger keeps no pod CPU or memory, so these pods
+        count their cards only, until asks seen afresh take their place. Returns how many."""
+        counted = 0
+        for allocation in sorted((a for a in allocations if a.live), key=lambda a: a.created_at):
+            if len(allocation.requests) != len(allocation.grants):
+                continue  # an allocation written without its requests: its shape is unknown
+            containers = tuple(
+                ContainerAsk(grant.container, request, grant.init)
+                for grant, request in zip(allocation.grants, allocation.requests, strict=True)
+            )
+            before = self.tracker.version
+            self.observe(PodAsk(allocation.owner, containers))
+            counted += self.tracker.version != before
+        self.refresh()
+        return counted
 
     def refresh(self) -> None:
         """Take in the asks seen so far now (normally every ``refresh_s``)."""

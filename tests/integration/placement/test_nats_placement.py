@@ -13,7 +13,7 @@ from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Exhausted, InvalidArgument
 from gpuledger_core.model import Node
 from gpuledger_core.slots import device_id
-from gpuledger_testing.stack import RunningAllocator, running_placement
+from gpuledger_testing.stack import RunningAllocator, running_placement, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -78,3 +78,21 @@ async def test_the_allocator_uses_placement_when_it_is_up_and_fits_alone_when_no
 
     after = await allocate(nc, "after", 1)
     assert after["node"] == "h100-0"
+
+
+async def test_a_restarted_placement_counts_the_ledger_as_its_workload(
+    nats_server: NatsServer, nc: Client, allocator: RunningAllocator, caplog: pytest.LogCaptureFixture
+) -> None:
+    for n, cards in enumerate((1, 2)):
+        await allocate(nc, f"running-{n}", cards)
+    released = await allocate(nc, "finished", 1)
+    await bus.request(nc, "gpuledger.v1.allocator.release", {"allocation_id": released["id"]})
+    caplog.set_level("INFO", logger="gpuledger_placement.app")
+    async with running_placement(nats_server.url):
+
+        async def seeded() -> str | None:
+            found = [r.getMessage() for r in caplog.records if "workload seeded" in r.getMessage()]
+            return found[0] if found else None
+
+        message = await wait_for(seeded, what="the workload seeded")
+        assert message == "workload seeded from the ledger: 2 live allocation(s)"

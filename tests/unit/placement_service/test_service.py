@@ -9,6 +9,7 @@ import pytest
 from gpuledger_core.errors import Exhausted, FailedPrecondition, NotFound, Unavailable
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
+from gpuledger_core.ledger import release
 from gpuledger_core.model import Owner, OwnerKind, Request
 from gpuledger_core.pods import PodAsk, reserve_pod
 from gpuledger_core.slots import device_id
@@ -140,3 +141,24 @@ def test_an_unready_view_refuses_but_passes_pods_that_are_not_ours() -> None:
         built.service.filter(pod(Request(1)), NODES)
     plain = PodAsk(OWNER)
     assert built.service.filter(plain, NODES).fits == NODES
+
+
+def test_the_workload_is_seeded_from_the_live_allocations_in_the_ledger() -> None:
+    built = parts()
+    entry = built.view.entry("h100-0")
+    assert entry is not None
+    _, policy = built.service.policies.get("default")
+    ledger, owners = entry.ledger, []
+    for n, cards in enumerate((1, 2, 4)):
+        owner = Owner(OwnerKind.POD, f"uid-s{n}", "ns", f"s{n}")
+        ask = PodAsk(owner, (ContainerAsk("c", Request(cards)),))
+        ledger = reserve_pod(ledger, ask, policy, AllocationId(f"a-s{n}"), now=n, lease_s=60, slots_per_card=8)
+        owners.append(ask)
+    ledger = release(ledger, AllocationId("a-s0"), now=5)  # released: not part of the workload
+    generation = built.service.policies.generation
+
+    assert built.service.policies.seed(ledger.allocations) == 2
+    assert sorted(p.count for p in built.service.policies.tracker.seen()) == [2, 4]
+    assert built.service.policies.generation == generation + 1  # the policies were rebuilt at once
+    built.service.policies.observe(owners[2])  # the same pod asked about again: counted once
+    assert len(built.service.policies.tracker.seen()) == 2

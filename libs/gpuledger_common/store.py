@@ -107,6 +107,7 @@ class LedgerStore:
     owners: KeyValue
     max_attempts: int = 12
     clock: Callable[[], float] = time.time
+    records_expire: bool = True  # the server drops owner records at their TTL (nats-server 2.11+)
     stats: CasStats = field(default_factory=CasStats)
     _jetstream: JetStreamContext | None = None
     _publishing: set[asyncio.Future[None]] = field(default_factory=set)  # events on their way out
@@ -124,8 +125,11 @@ class LedgerStore:
         js = nc.jetstream()
         kv = await _bucket(js, LEDGER_BUCKET, replicas)
         owners = await _bucket(js, OWNER_BUCKET, replicas)
-        await _allow_ttl(js, OWNER_BUCKET)
-        return cls(nc, kv, owners, max_attempts)
+        store = cls(nc, kv, owners, max_attempts)
+        store.records_expire = await _allow_ttl(js, OWNER_BUCKET)
+        if not store.records_expire:
+            log.warning("this NATS server keeps no per-message TTLs (2.11 or newer does): owner records are deleted")
+        return store
 
     @property
     def _js(self) -> JetStreamContext:
@@ -505,15 +509,17 @@ async def _bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
         raise Unavailable(f"cannot create bucket {name}: {err}") from err
 
 
-async def _allow_ttl(js: JetStreamContext, name: str) -> None:
-    """Owner records may carry a TTL: a bucket made elsewhere without per-message TTLs gets them."""
+async def _allow_ttl(js: JetStreamContext, name: str) -> bool:
+    """Let owner records carry a TTL (a bucket made elsewhere may lack per-message TTLs); False
+    when the server does not know them (before 2.11 it ignores the setting)."""
     try:
         info = await js.stream_info(f"KV_{name}")
         if not info.config.allow_msg_ttl:
             info.config.allow_msg_ttl = True
-            await js.update_stream(info.config)
+            info = await js.update_stream(info.config)
     except Exception as err:
         raise Unavailable(f"cannot allow per-message TTLs on bucket {name}: {err}") from err
+    return bool(info.config.allow_msg_ttl)
 
 
 class _Unproven:

@@ -203,11 +203,12 @@ class AllocatorService:
         """Release the allocation; the answer waits for the ledger only. The owner record an
         Allocate wrote expires by itself (``owner_ttl_s``), and until then a new Allocate by the
         same owner finds it names nothing live and replaces it. A pod's record (written by the
-        scheduler's bind, without a TTL) is dropped after the answer."""
+        scheduler's bind, without a TTL), and every record where the server keeps no TTLs, is
+        dropped after the answer."""
         node = await self._node_of(allocation_id)
         written = await self.store.mutate(node, _release_fn(node, allocation_id, self.clock(), reason))
         released = _find(written.new, allocation_id)
-        if released.owner.kind is OwnerKind.POD:
+        if released.owner.kind is OwnerKind.POD or not self.store.records_expire:
             self._later(self._forget(released.owner, allocation_id))
         return released
 

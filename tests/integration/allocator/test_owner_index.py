@@ -118,3 +118,22 @@ async def test_a_record_naming_nothing_for_too_long_is_replaced(service: Allocat
     record = await service.store.owner_record(owner)
     assert record is not None and record.allocation == allocation.id
     assert await live_of(service, owner) == [allocation.id]
+
+
+async def test_the_store_sees_that_this_server_keeps_per_message_ttls(service: AllocatorService) -> None:
+    assert service.store.records_expire  # nats-server 2.11+: the bucket now allows them
+
+
+async def test_where_records_cannot_expire_a_release_drops_the_record(service: AllocatorService) -> None:
+    """Against a server that keeps no per-message TTLs (before 2.11), Release deletes the record."""
+    service.store.records_expire = False
+    owner = Owner(OwnerKind.TOOL, "old-server")
+    allocation, _ = await service.allocate(call(owner))
+    assert await service.store.owner_record(owner) is not None
+    await service.release(allocation.id)
+    await service.settle()
+
+    async def dropped() -> bool:
+        return await service.store.owner_record(owner) is None
+
+    await wait_for(dropped, timeout=5, what="the record dropped")

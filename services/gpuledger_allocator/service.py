@@ -34,6 +34,7 @@ MAX_REASONS = 5
 OWNER_TTL_S = 600.0  # an Allocate's owner record lives this long; later retries are answered from the view
 ABSENT_GRACE_S = 30.0  # a record naming an allocation not in the ledger is trusted this long
 OWNER_POLL_S = 0.02
+DUPLICATE_WAITS = 5  # tries of a reservation that duplicates of the request may be crowding out
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +104,25 @@ class AllocatorService:
                 reserved = await _outcome(self._reserve_on(call, nodes, allocation_id, lease))
             finally:
                 claimed = await _outcome(claiming)
+            if isinstance(claimed, int) and isinstance(reserved, Exhausted) and self.view.owned_by(call.owner):
+                reserved = await self._reserve_again(call, allocation_id, lease, reserved)
             outcome = await self._settle(call.owner, claimed, reserved, first, started)
             if outcome is not None:
                 return (await self._finish(outcome[0], call.commit)), outcome[1]
         raise Conflict(f"{call.owner.describe()}: the owner index kept changing; retry")
+
+    async def _reserve_again(
+        self, call: AllocateCall, allocation_id: AllocationId, lease: float, refused: Exhausted
+    ) -> Allocation | BaseException:
+        """This request holds the owner's record but found no room, while the owner holds other
+        reservations: duplicates of this very request (the same owner asking several replicas at
+        once), which give their room back when they find the record. Try again a few times, briefly."""
+        for _ in range(DUPLICATE_WAITS):
+            await asyncio.sleep(OWNER_POLL_S)
+            reserved = await _outcome(self._reserve_on(call, await self._nodes_for(call), allocation_id, lease))
+            if not isinstance(reserved, Exhausted):
+                return reserved
+        return refused
 
     async def _held(self, owner: Owner) -> Allocation | None:
         """The owner's live allocation as the view knows it, confirmed by a fresh read. This
@@ -148,14 +164,20 @@ class AllocatorService:
         return reserved, False
 
     async def _contest(self, owner: Owner, reserved: Allocation | BaseException) -> tuple[Allocation, bool] | None:
-        """Another record for the owner was in the way of ours: take its allocation if it is live,
-        else put ours in its place."""
+        """Another record for the owner was in the way of ours: answer with its allocation if it
+        is live; put ours in its place if it is stale; if its allocation is still being written,
+        give our room back and wait for it. None: start over."""
         for _ in range(MAX_OWNER_ROUNDS):
             record = await self.store.owner_record(owner)
-            holder = await self._holder(owner, record)
-            if holder is not None:
+            found = await self._find_anywhere(record.allocation, record.node) if record is not None else None
+            if found is not None and found.live:
                 await self._undo(reserved)
-                return holder, True
+                return found, True
+            young = record is not None and found is None and self.clock() - record.at <= self.absent_grace_s
+            if young:  # its writer is at work: hold nothing meanwhile (it may need the room)
+                await self._undo(reserved)
+                holder = await self._holder(owner, record)
+                return None if holder is None else (holder, True)
             if isinstance(reserved, BaseException):
                 raise reserved
             revision = record.revision if record is not None else 0

@@ -13,7 +13,9 @@ from nats.aio.client import Client
 from gpuledger_allocator.placer import BuiltinPlacer
 from gpuledger_allocator.service import AllocateCall, AllocatorService
 from gpuledger_allocator.view import ClusterView
+from gpuledger_common import bus
 from gpuledger_common.fleet import parse_fleet
+from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId
@@ -137,3 +139,34 @@ async def test_where_records_cannot_expire_a_release_drops_the_record(service: A
         return await service.store.owner_record(owner) is None
 
     await wait_for(dropped, timeout=5, what="the record dropped")
+
+
+async def test_one_owner_asking_three_replicas_at_once_gets_one_allocation(nc: Client, nats_server: NatsServer) -> None:
+    """The same owner's request reaches three replicas at the same moment, several times over:
+    every answer names the same allocation, and the ledger holds exactly one for the owner."""
+    replicas: list[AllocatorService] = []
+    watchers: list[asyncio.Task[None]] = []
+    connections = [await bus.connect(nats_server.url, f"replica-{n}") for n in range(3)]
+    try:
+        for n, conn in enumerate(connections):
+            store = await LedgerStore.open(conn)
+            if n == 0:
+                for entry in parse_fleet(FLEET).nodes:
+                    empty = NodeLedger(entry.node, ())
+                    await store.mutate(entry.node.name, lambda _, e=empty: e)  # type: ignore[misc]  # defaults bind the loop value
+            view = ClusterView(store)
+            watchers.append(asyncio.create_task(view.run()))
+            await view.ready.wait()
+            replicas.append(AllocatorService(store, view, BuiltinPlacer()))
+        for round_ in range(5):
+            owner = Owner(OwnerKind.TOOL, f"storm-{round_}")
+            answers = await asyncio.gather(*(replicas[i % 3].allocate(call(owner, 2)) for i in range(9)))
+            assert len({allocation.id for allocation, _ in answers}) == 1
+            assert sum(not existing for _, existing in answers) == 1  # one made it, the rest found it
+            assert await live_of(replicas[0], owner) == [answers[0][0].id]
+    finally:
+        for task in watchers:
+            task.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
+        for conn in connections:
+            await conn.close()

@@ -10,6 +10,7 @@ from gpuledger_common.announce import announce
 from gpuledger_common.fleet import Fleet, parse_fleet
 from gpuledger_common.natsserver import NatsServer, embedded_nats
 from gpuledger_proto.gpuledger.allocator import v1 as pb
+from gpuledger_testing.fake_apiserver import FakeApiServer
 from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
 
 
@@ -17,6 +18,14 @@ from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_fo
 async def nats_server() -> AsyncIterator[NatsServer]:
     async with embedded_nats() as server:
         yield server
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[FakeApiServer]:
+    """The fake Kubernetes API server, on a free port."""
+    server = await FakeApiServer().start()
+    yield server
+    await server.close()
 
 
 @pytest.fixture

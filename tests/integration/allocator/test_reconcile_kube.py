@@ -29,13 +29,6 @@ NODE = NodeName("rtx-0")
 
 
 @pytest.fixture
-async def apiserver() -> AsyncIterator[FakeApiServer]:
-    server = await FakeApiServer().start()
-    yield server
-    await server.close()
-
-
-@pytest.fixture
 async def store(nc: Client) -> LedgerStore:
     return await LedgerStore.open(nc)
 

@@ -12,13 +12,6 @@ from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_
 
 
 @pytest.fixture
-async def apiserver() -> AsyncIterator[FakeApiServer]:
-    server = await FakeApiServer().start()
-    yield server
-    await server.close()
-
-
-@pytest.fixture
 async def placement(
     nats_server: NatsServer, allocator: RunningAllocator, apiserver: FakeApiServer, tmp_path: Path
 ) -> AsyncIterator[RunningPlacement]:

@@ -40,6 +40,7 @@ WRITES_REMEMBERED = 8
 HOT_S = 1.0  # after losing a race on a key, start from a fresh read for this long
 LEDGER_BUCKET = "gpuledger-ledger"
 OWNER_BUCKET = "gpuledger-owners"
+KEY_PREFIX = f"$KV.{LEDGER_BUCKET}."  # the subject of a ledger key, less the key
 EVENTS_SUBJECT = f"{SUBJECT_PREFIX}.events"
 Transition = Callable[[NodeLedger | None], NodeLedger | None]
 
@@ -319,67 +320,56 @@ class LedgerStore:
     async def nodes(self) -> dict[NodeName, tuple[NodeLedger, int]]:
         """Every node's ledger as it is now."""
         found: dict[NodeName, tuple[NodeLedger, int]] = {}
-        async for node, ledger, revision in self.watch(include_updates=False):
+        async for node, ledger, revision in self.snapshot():
             if ledger is not None:
                 found[node] = (ledger, revision)
         return found
 
-    async def watch(self, include_updates: bool = True) -> AsyncIterator[tuple[NodeName, NodeLedger | None, int]]:
-        """Every node's current ledger, then (with ``include_updates``) every change."""
-        async for item in self.watch_marked(include_updates):
-            if item is not None:
-                yield item
+    async def snapshot(self) -> AsyncIterator[tuple[NodeName, NodeLedger | None, int]]:
+        """Every node's current value (None: deleted) and revision.
 
-    async def watch_marked(
-        self, include_updates: bool = True
-    ) -> AsyncIterator[tuple[NodeName, NodeLedger | None, int] | None]:
-        """As ``watch``, with a ``None`` between the current values and the changes.
-
-        The snapshot ends once every key the bucket held when the watch began has been seen (the
-        keys are asked of the stream first). Neither the client's end-of-snapshot marker nor the
-        messages' pending counts can be trusted for that when the machine is busy.
+        It ends once every key the bucket held when it began has arrived (the keys are asked of
+        the stream first). Neither the client's end-of-snapshot marker nor the messages' pending
+        counts can be trusted for that when the machine is busy.
         """
         try:
-            js = self.nc.jetstream()
-            info = await js.stream_info(f"KV_{LEDGER_BUCKET}", subjects_filter=f"$KV.{LEDGER_BUCKET}.node.>")
-            keys = {s.removeprefix(f"$KV.{LEDGER_BUCKET}.") for s in (info.state.subjects or {})}
+            keys = await self._keys_now()
+            if not keys:
+                return
             watcher = await self.kv.watch("node.>")
         except Exception as err:
             raise Unavailable(f"cannot watch the ledger: {err}") from err
         try:
-            snapshot = bool(keys)
-            if not snapshot:
-                yield None
-                if not include_updates:
-                    return
             async for entry in watcher:
                 if entry is None:  # the client's marker: see above
                     continue
                 node = NodeName(entry.key.removeprefix("node."))
-                revision = entry.revision or 0
-                deleted = entry.operation in ("DEL", "PURGE") or not entry.value
-                yield node, None if deleted else self._decoded(node, entry.value), revision
+                yield node, self._value(node, entry.value, entry.operation), entry.revision or 0
                 keys.discard(entry.key)
-                if snapshot and not keys:
-                    snapshot = False  # every key has been seen: the snapshot is complete
-                    yield None
-                    if not include_updates:
-                        return
+                if not keys:
+                    return
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def _keys_now(self) -> set[str]:
+        """The node keys the bucket holds now: a snapshot is complete once all have arrived."""
+        info = await self._js.stream_info(f"KV_{LEDGER_BUCKET}", subjects_filter=f"{KEY_PREFIX}node.>")
+        return {subject.removeprefix(KEY_PREFIX) for subject in (info.state.subjects or {})}
+
+    def _value(self, node: str, data: bytes | None, operation: str | None) -> NodeLedger | None:
+        """A key's value as a watch delivers it: None for a deleted (or purged) key."""
+        return None if operation in ("DEL", "PURGE") or not data else self._decoded(node, data)
 
     async def follow_values(
         self, apply: Callable[[NodeName, NodeLedger | None, int], None], caught_up: Callable[[], None]
     ) -> Following:
         """Call ``apply`` for every node's current value, then ``caught_up`` (once every key the
-        bucket held has arrived, as ``watch_marked`` decides it), then for every change, from the
+        bucket held has arrived, as ``snapshot`` decides it), then for every change, from the
         subscription's own callback: no queue and no task between a change and ``apply``. The
         returned handle says whether it failed, and stops it."""
-        prefix = f"$KV.{LEDGER_BUCKET}."
         following = Following()
         try:
-            info = await self._js.stream_info(f"KV_{LEDGER_BUCKET}", subjects_filter=f"{prefix}node.>")
-            keys = {s.removeprefix(prefix) for s in (info.state.subjects or {})}
+            keys = await self._keys_now()
             if not keys:
                 caught_up()
 
@@ -387,11 +377,10 @@ class LedgerStore:
                 if following.failed is not None:
                     return
                 try:
-                    key = msg.subject.removeprefix(prefix)
+                    key = msg.subject.removeprefix(KEY_PREFIX)
                     node = NodeName(key.removeprefix("node."))
                     operation = msg.header.get("KV-Operation") if msg.header else None
-                    deleted = operation in ("DEL", "PURGE") or not msg.data
-                    apply(node, None if deleted else self._decoded(node, msg.data), msg.metadata.sequence.stream)
+                    apply(node, self._value(node, msg.data, operation), msg.metadata.sequence.stream)
                     if keys:
                         keys.discard(key)
                         if not keys:
@@ -400,7 +389,7 @@ class LedgerStore:
                     following.failed = err
 
             following.sub = await self._js.subscribe(
-                f"{prefix}node.>",
+                f"{KEY_PREFIX}node.>",
                 stream=f"KV_{LEDGER_BUCKET}",
                 cb=on_msg,
                 ordered_consumer=True,

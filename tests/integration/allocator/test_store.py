@@ -128,9 +128,7 @@ async def test_a_watch_snapshot_holds_every_key_while_writers_are_busy(nc: Clien
     try:
         for _ in range(5):
             seen: set[str] = set()
-            async for item in store.watch_marked(include_updates=False):
-                if item is None:
-                    break
+            async for item in store.snapshot():
                 seen.add(item[0])
             assert seen == set(names)
             assert set(await store.nodes()) == set(names)

@@ -76,6 +76,21 @@ class Following:
 
 
 @dataclass(slots=True)
+class _Inventory:
+    """One node's inventory, with its JSON as a value holds it: a value that begins with
+    ``prefix`` carries this inventory, and a write splices ``fragment`` in."""
+
+    node: Node
+    json: bytes
+    prefix: bytes = field(init=False)
+    fragment: orjson.Fragment = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prefix = b'{"node":' + self.json + b',"allocations":'
+        self.fragment = orjson.Fragment(self.json)
+
+
+@dataclass(slots=True)
 class _Part:
     """One allocation of a node's value, with its JSON as decoded or encoded here."""
 
@@ -116,10 +131,8 @@ class LedgerStore:
     _known: dict[str, tuple[NodeLedger | None, int]] = field(default_factory=dict)
     _contended: dict[str, float] = field(default_factory=dict)  # when a write to the key last lost a race
     _written: dict[str, dict[bytes, NodeLedger]] = field(default_factory=dict)  # our last writes, by their bytes
-    _nodes: dict[str, tuple[object, Node]] = field(default_factory=dict)  # last decoded inventory
-    _inventory: dict[str, tuple[bytes, Node]] = field(default_factory=dict)  # a value's bytes up to its allocations
+    _inventory: dict[str, _Inventory] = field(default_factory=dict)  # each node's inventory, with its JSON
     _parts: dict[str, dict[object, _Part]] = field(default_factory=dict)  # each node's allocations, with their JSON
-    _node_json: dict[str, tuple[Node, orjson.Fragment]] = field(default_factory=dict)  # last encoded inventory
 
     @classmethod
     async def open(cls, nc: Client, *, replicas: int = 1, max_attempts: int = 12) -> LedgerStore:
@@ -163,22 +176,20 @@ class LedgerStore:
         if mine is not None:
             return mine
         inventory = self._inventory.get(node)
-        if inventory is not None and data.startswith(inventory[0]) and data.endswith(b"}"):
+        if inventory is not None and data.startswith(inventory.prefix) and data.endswith(b"}"):
             try:
-                items = orjson.loads(data[len(inventory[0]) : -1])
+                items = orjson.loads(data[len(inventory.prefix) : -1])
             except orjson.JSONDecodeError:  # more follows the allocations: read the whole value
                 items = None
             if isinstance(items, list):
-                return NodeLedger(inventory[1], self._allocations_from(node, items))
+                return NodeLedger(inventory.node, self._allocations_from(node, items))
         raw = _json(data)
         if not isinstance(raw, dict) or not isinstance(raw.get("node"), dict):
             return codec.ledger_from(raw)  # says what is wrong
-        seen = self._nodes.get(node)
-        if seen is None or seen[0] != raw["node"]:
-            seen = (raw["node"], codec.node_from(codec.Reader(raw).obj("node")))
-            self._nodes[node] = seen
-        self._inventory[node] = (b'{"node":' + encode(raw["node"]) + b',"allocations":', seen[1])
-        return NodeLedger(seen[1], self._allocations_from(node, raw.get("allocations")))
+        json = encode(raw["node"])
+        if inventory is None or inventory.json != json:
+            inventory = self._inventory[node] = _Inventory(codec.node_from(codec.Reader(raw).obj("node")), json)
+        return NodeLedger(inventory.node, self._allocations_from(node, raw.get("allocations")))
 
     def _allocations_from(self, node: str, items: object) -> tuple[Allocation, ...]:
         """Decoded allocations. Those of the node's last value, decoded or written here, are reused
@@ -293,10 +304,9 @@ class LedgerStore:
         earlier write are reused: the node's inventory, and each allocation that is the same
         object as before (they are immutable; a write changes one or two of them)."""
         name = ledger.node.name
-        seen = self._node_json.get(name)
-        if seen is None or (seen[0] is not ledger.node and seen[0] != ledger.node):
-            seen = (ledger.node, orjson.Fragment(encode(codec.node_to(ledger.node))))
-            self._node_json[name] = seen
+        inventory = self._inventory.get(name)
+        if inventory is None or (inventory.node is not ledger.node and inventory.node != ledger.node):
+            inventory = self._inventory[name] = _Inventory(ledger.node, encode(codec.node_to(ledger.node)))
         before = self._parts.get(name, {})
         now: dict[object, _Part] = {}
         for a in ledger.allocations:
@@ -307,7 +317,7 @@ class LedgerStore:
                 part.fragment = orjson.Fragment(encode(part.raw))
             now[a.id] = part
         self._parts[name] = now
-        return encode({"node": seen[1], "allocations": [part.fragment for part in now.values()]})
+        return encode({"node": inventory.fragment, "allocations": [part.fragment for part in now.values()]})
 
     async def _publish(self, old: NodeLedger | None, new: NodeLedger | None, revision: int) -> None:
         for event in diff(old, new, revision):

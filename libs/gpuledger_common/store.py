@@ -123,7 +123,7 @@ class LedgerStore:
     owners: KeyValue
     max_attempts: int = 12
     clock: Callable[[], float] = time.time
-    records_expire: bool = True  # the server drops owner records at their TTL (nats-server 2.11+)
+    records_expire: bool = False  # the server drops owner records at their TTL (see ``open``)
     stats: CasStats = field(default_factory=CasStats)
     _jetstream: JetStreamContext | None = None
     _publishing: set[asyncio.Future[None]] = field(default_factory=set)  # events on their way out
@@ -135,14 +135,20 @@ class LedgerStore:
     _parts: dict[str, dict[object, _Part]] = field(default_factory=dict)  # each node's allocations, with their JSON
 
     @classmethod
-    async def open(cls, nc: Client, *, replicas: int = 1, max_attempts: int = 12) -> LedgerStore:
+    async def open(
+        cls, nc: Client, *, replicas: int = 1, max_attempts: int = 12, record_ttls: bool = False
+    ) -> LedgerStore:
+        """The store over both buckets (made if missing). With ``record_ttls`` (the allocator,
+        which writes expiring owner records) the owners bucket is made to keep per-message TTLs,
+        and ``records_expire`` says whether the server does."""
         js = nc.jetstream()
         kv = await _bucket(js, LEDGER_BUCKET, replicas)
         owners = await _bucket(js, OWNER_BUCKET, replicas)
         store = cls(nc, kv, owners, max_attempts)
-        store.records_expire = await _allow_ttl(js, OWNER_BUCKET)
-        if not store.records_expire:
-            log.warning("this NATS server keeps no per-message TTLs (2.11 or newer does): owner records are deleted")
+        if record_ttls:
+            store.records_expire = await _allow_ttl(js, OWNER_BUCKET)
+            if not store.records_expire:
+                log.warning("NATS keeps no per-message TTLs here (2.11+ does): owner records are deleted instead")
         return store
 
     @property

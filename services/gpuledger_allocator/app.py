@@ -37,7 +37,9 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
     pods = await _pod_lister(settings)
     nc = await bus.connect(settings.nats_url, "gpuledger-allocator")
     try:
-        store = await LedgerStore.open(nc, replicas=settings.bucket_replicas, max_attempts=settings.cas_attempts)
+        store = await LedgerStore.open(
+            nc, replicas=settings.bucket_replicas, max_attempts=settings.cas_attempts, record_ttls=True
+        )
         view = ClusterView(store, settings.stale_after_s)
         placer = NatsPlacer(nc, settings.placement_timeout_s, settings.placement_retry_s)
         service = AllocatorService(store, view, placer, settings.lease_s, settings.max_lease_s)

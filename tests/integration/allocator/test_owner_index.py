@@ -38,7 +38,7 @@ async def live_of(service: AllocatorService, owner: Owner) -> list[AllocationId]
 
 @pytest.fixture
 async def service(nc: Client) -> AsyncIterator[AllocatorService]:
-    store = await LedgerStore.open(nc)
+    store = await LedgerStore.open(nc, record_ttls=True)
     for entry in parse_fleet(FLEET).nodes:
         empty = NodeLedger(entry.node, ())
         await store.mutate(entry.node.name, lambda _, e=empty: e)  # type: ignore[misc]  # defaults bind the loop value
@@ -149,7 +149,7 @@ async def test_one_owner_asking_three_replicas_at_once_gets_one_allocation(nc: C
     connections = [await bus.connect(nats_server.url, f"replica-{n}") for n in range(3)]
     try:
         for n, conn in enumerate(connections):
-            store = await LedgerStore.open(conn)
+            store = await LedgerStore.open(conn, record_ttls=True)
             if n == 0:
                 for entry in parse_fleet(FLEET).nodes:
                     empty = NodeLedger(entry.node, ())

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from gpuledger_core import codec
@@ -33,10 +33,15 @@ ALLOCATION_ANNOTATION = "gpuledger.io/allocation"
 MIB = 1 << 20
 _PLAIN = re.compile(r"[A-Za-z0-9._-]+")  # a node name that JSON takes as it is
 SUFFIXES = {
-    "m": Decimal("0.001"), "": Decimal(1), "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9),
-    "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18), "Ki": Decimal(2**10),
-    "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("0.001"), "": Decimal(1), "k": Decimal(10**3),
+    "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
+    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50),
+    "Ei": Decimal(2**60),
 }  # fmt: skip
+BINARY = frozenset(s for s in SUFFIXES if s.endswith("i"))
+# A Kubernetes quantity: a signed decimal number, then a suffix or a decimal exponent (``1e3``).
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?")
+_COUNT_LIMIT = 2**63  # no whole count of cards, MiB or percent comes near this
 
 
 class BadRequest(InvalidArgument):
@@ -212,9 +217,9 @@ def _container_ask(container: Mapping[str, Any], init: bool, at: int, models: fr
         return None
     if GPU not in wanted:
         raise InvalidArgument(where, f"{GPU_MEM} and {GPU_CORE} need {GPU} (the number of cards) beside them")
-    count = _whole(wanted[GPU], f"{where} {GPU}", "cards")
-    mem = _whole(wanted[GPU_MEM], f"{where} {GPU_MEM}", "MiB") if GPU_MEM in wanted else None
-    core = _whole(wanted[GPU_CORE], f"{where} {GPU_CORE}", "percent") if GPU_CORE in wanted else None
+    count = _count(wanted[GPU], f"{where} {GPU}", "cards")
+    mem = _count(wanted[GPU_MEM], f"{where} {GPU_MEM}", "MiB") if GPU_MEM in wanted else None
+    core = _count(wanted[GPU_CORE], f"{where} {GPU_CORE}", "percent") if GPU_CORE in wanted else None
     if count == 0:
         return None
     if core is not None and not 1 <= core <= 100:
@@ -237,11 +242,29 @@ def _extended(container: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
-def _whole(raw: Any, field: str, unit: str) -> int:
+def _count(raw: Any, field: str, unit: str) -> int:
+    """A gpuledger resource as a whole number of ``unit``: any Kubernetes quantity whose value is
+    whole (``4k`` is 4000, as the API server writes 4000); fractions and binary suffixes refused."""
+    value, suffix = parse_quantity(raw, field)
     text = str(raw).strip()
-    if isinstance(raw, bool) or not text.isdigit():
+    if suffix in BINARY:
+        raise InvalidArgument(field, _binary_problem(text, value, suffix, unit))
+    if value != value.to_integral_value():
         raise InvalidArgument(field, f"must be a whole number of {unit}, got {text!r}")
-    return int(text)
+    if value >= _COUNT_LIMIT:
+        raise InvalidArgument(field, f"{text!r} is far too many {unit}")
+    return int(value)
+
+
+def _binary_problem(text: str, value: Decimal, suffix: str, unit: str) -> str:
+    """Why a binary suffix is refused: ``gpu-mem: 2Gi`` means 2 GiB, which is 2048 (MiB) here."""
+    if unit != "MiB":
+        return f"is a count of {unit}: binary suffixes (Ki, Mi, Gi, ...) do not apply; write a number, not {text!r}"
+    mib = value / MIB
+    bytes_ = "is a count of MiB, not a size in bytes"
+    if mib != mib.to_integral_value():
+        return f"{bytes_}: {text!r} is not a whole number of MiB; write the MiB as a number"
+    return f"{bytes_}: write {int(mib)} for {text[: -len(suffix)]} {suffix}B, not {text!r}"
 
 
 def _host(container: Mapping[str, Any], resource: str) -> Decimal:
@@ -252,19 +275,26 @@ def _host(container: Mapping[str, Any], resource: str) -> Decimal:
 
 def quantity(raw: Any, field: str) -> Decimal:
     """A Kubernetes quantity (``500m``, ``16Gi``, ``1e3``) as a number."""
+    return parse_quantity(raw, field)[0]
+
+
+def parse_quantity(raw: Any, field: str) -> tuple[Decimal, str]:
+    """A Kubernetes quantity as a number, and the suffix it was written with (empty for none or
+    for a decimal exponent). Negative quantities are refused: no resource here can be negative."""
     text = str(raw).strip()
-    number, suffix = text, ""
-    for candidate in sorted(SUFFIXES, key=len, reverse=True):
-        if candidate and text.endswith(candidate):
-            number, suffix = text[: -len(candidate)], candidate
-            break
+    found = None if isinstance(raw, bool) else _QUANTITY.fullmatch(text)
+    if found is None:
+        raise InvalidArgument(field, f"{text!r} is not a Kubernetes quantity")
+    number, suffix = found.group(1), found.group(2) or ""
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        number, suffix = number + suffix, ""
     try:
         value = Decimal(number) * SUFFIXES[suffix]
-    except (InvalidOperation, KeyError):
-        raise InvalidArgument(field, f"{text!r} is not a Kubernetes quantity") from None
-    if not value.is_finite() or value < 0:
-        raise InvalidArgument(field, f"{text!r} is not a Kubernetes quantity")
-    return value
+    except ArithmeticError:  # an exponent beyond what any resource could mean
+        raise InvalidArgument(field, f"{text!r} is out of range") from None
+    if value < 0:
+        raise InvalidArgument(field, f"{text!r} is negative")
+    return value, suffix
 
 
 def _models(raw: Any) -> frozenset[str]:

@@ -151,7 +151,7 @@ def test_annotations_and_host_resources() -> None:
         (
             {"gpuledger.io/gpu": "1", "gpuledger.io/gpu-mem": "8Gi"},
             {},
-            "gpu-mem: must be a whole number of MiB, got '8Gi'",
+            "gpu-mem: is a count of MiB, not a size in bytes: write 8192 for 8 GiB, not '8Gi'",
         ),
         ({"gpuledger.io/gpu": "1", "gpuledger.io/gpu-core": "150"}, {}, "must be 1..100 percent"),
         ({"gpuledger.io/gpu": "1", "gpuledger.io/gpu-core": "0"}, {}, "must be 1..100 percent"),
@@ -170,6 +170,68 @@ def test_pods_that_make_no_sense_name_the_field(
     assert not isinstance(caught.value, BadRequest)  # the pod is unschedulable, the request is fine
 
 
+# --- quantities as the API server writes them ---
+
+
+def gpu_limits(**values: str) -> dict[str, str]:
+    names = {"gpu": "gpuledger.io/gpu", "mem": "gpuledger.io/gpu-mem", "core": "gpuledger.io/gpu-core"}
+    return {names[key]: value for key, value in values.items()}
+
+
+@pytest.mark.parametrize(
+    ("limits", "expected"),
+    [
+        (gpu_limits(gpu="1", mem="4k"), Request(1, 4000)),  # the API server's form of 4000
+        (gpu_limits(gpu="1", mem="16k"), Request(1, 16000)),
+        (gpu_limits(gpu="1", mem="1500"), Request(1, 1500)),  # written as 1.5k
+        (gpu_limits(gpu="1", mem="1.5k"), Request(1, 1500)),
+        (gpu_limits(gpu="1", mem="1e3"), Request(1, 1000)),
+        (gpu_limits(gpu="1", mem="4000"), Request(1, 4000)),
+        (gpu_limits(gpu="1", mem="1M"), Request(1, 1_000_000)),
+        (gpu_limits(gpu="2", mem="20k", core="25"), Request(2, 20000, 250)),
+        (gpu_limits(gpu="1", core="5e1"), Request(1, core_milli=500)),
+        (gpu_limits(gpu="1e0"), Request(1)),
+        (gpu_limits(gpu="8000m"), Request(8)),  # whole, though written in thousandths
+    ],
+)
+def test_any_quantity_with_a_whole_value_is_taken_at_its_exact_value(
+    limits: dict[str, str], expected: Request
+) -> None:
+    [only] = convert.pod_ask_from(pod(container("c", limits, requests=limits))).containers
+    assert only.request == expected
+
+
+@pytest.mark.parametrize(
+    ("limits", "field", "problem"),
+    [
+        (gpu_limits(gpu="1", mem="500m"), "gpu-mem", "must be a whole number of MiB, got '500m'"),
+        (gpu_limits(gpu="1", mem="0.5"), "gpu-mem", "must be a whole number of MiB, got '0.5'"),
+        (gpu_limits(gpu="1", mem="1500500m"), "gpu-mem", "must be a whole number of MiB, got '1500500m'"),
+        (gpu_limits(gpu="500m"), "gpu", "must be a whole number of cards, got '500m'"),
+        (gpu_limits(gpu="1.5"), "gpu", "must be a whole number of cards, got '1.5'"),
+        (gpu_limits(gpu="1", core="12.5"), "gpu-core", "must be a whole number of percent, got '12.5'"),
+        (gpu_limits(gpu="1", mem="2Gi"), "gpu-mem", "is a count of MiB, not a size in bytes: write 2048 for 2 GiB"),
+        (gpu_limits(gpu="1", mem="1Gi"), "gpu-mem", "write 1024 for 1 GiB, not '1Gi'"),  # 1024Mi, canonical
+        (gpu_limits(gpu="1", mem="512Mi"), "gpu-mem", "write 512 for 512 MiB, not '512Mi'"),
+        (gpu_limits(gpu="1", mem="1.5Gi"), "gpu-mem", "write 1536 for 1.5 GiB"),
+        (gpu_limits(gpu="1", mem="1Ki"), "gpu-mem", "'1Ki' is not a whole number of MiB"),
+        (gpu_limits(gpu="1Ki"), "gpu", "is a count of cards: binary suffixes (Ki, Mi, Gi, ...) do not apply"),
+        (gpu_limits(gpu="1", core="1Ki"), "gpu-core", "is a count of percent: binary suffixes"),
+        (gpu_limits(gpu="1", mem="lots"), "gpu-mem", "'lots' is not a Kubernetes quantity"),
+        (gpu_limits(gpu="1", mem="-4k"), "gpu-mem", "'-4k' is negative"),
+        (gpu_limits(gpu="1", mem="1e30"), "gpu-mem", "far too many MiB"),
+        (gpu_limits(gpu="1", mem="1e999999999"), "gpu-mem", "out of range"),
+    ],
+)
+def test_fractions_and_binary_suffixes_are_refused_naming_the_container_and_field(
+    limits: dict[str, str], field: str, problem: str
+) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        convert.pod_ask_from(pod(container("ok"), container("train", limits)))
+    assert caught.value.field == f"spec.containers[1] (train) gpuledger.io/{field}"
+    assert problem in caught.value.problem
+
+
 @pytest.mark.parametrize(
     ("raw", "value"),
     [
@@ -178,6 +240,13 @@ def test_pods_that_make_no_sense_name_the_field(
         ("1Gi", Decimal(2**30)),
         ("1.5k", Decimal(1500)),
         ("1e3", Decimal(1000)),
+        ("1E3", Decimal(1000)),
+        ("2E", Decimal(2 * 10**18)),
+        ("+4", Decimal(4)),
+        (".5", Decimal("0.5")),
+        ("5.", Decimal(5)),
+        ("250u", Decimal("0.00025")),
+        ("100n", Decimal("1E-7")),
         (4, Decimal(4)),
     ],
 )
@@ -185,7 +254,7 @@ def test_quantities(raw: Any, value: Decimal) -> None:
     assert convert.quantity(raw, "x") == value
 
 
-@pytest.mark.parametrize("raw", ["lots", "-1", "1Zi"])
-def test_bad_quantities(raw: str) -> None:
+@pytest.mark.parametrize("raw", ["lots", "-1", "1Zi", "1_000", "1e3Ki", "1.2.3", "Infinity", "NaN", "0x10", "", True])
+def test_bad_quantities(raw: Any) -> None:
     with pytest.raises(InvalidArgument):
         convert.quantity(raw, "x")

@@ -1,0 +1,1 @@
+"""A real Kubernetes control plane on loopback: built from Go modules, started for tests and ``dev up``."""

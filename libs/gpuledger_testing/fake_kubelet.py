@@ -11,13 +11,19 @@ It does what kubelet's device manager does, as far as a device plugin can tell:
 - serves PodResources ``List``/``GetAllocatableResources``/``Get`` on its own socket, listing the
   pod being admitted too (it is in kubelet's pod manager during admission);
 - ``restart()`` deletes every socket in the directory and recreates ``kubelet.sock``; the pods'
-  devices survive, as kubelet's checkpoint does.
+  devices survive, as kubelet's checkpoint does, and the device list is empty (capacity 0) until
+  the plugin registers again.
+
+Refusals carry kubelet's wording: ``str(AdmissionError)`` is the device manager's error (a failed
+RPC reads ``rpc error: code = … desc = …``, as Go's gRPC prints it), and ``pod_message`` is what
+kubelet writes into the rejected pod's status.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import stat
@@ -27,13 +33,17 @@ from dataclasses import dataclass, field
 from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Status
+from grpclib.exceptions import StreamTerminatedError
 from grpclib.server import Server
 
 from gpuledger_proto import v1 as pr
 from gpuledger_proto import v1beta1 as dp
 
+log = logging.getLogger(__name__)
+
 HEALTHY = "Healthy"
 DIAL_TIMEOUT_S = 10.0
+UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +81,32 @@ class Admitted:
 
 
 class AdmissionError(Exception):
-    """kubelet rejected the pod (UnexpectedAdmissionError); the message says why."""
+    """kubelet rejected the pod (UnexpectedAdmissionError); the message is the device manager's."""
+
+    reason = UNEXPECTED_ADMISSION_ERROR
+
+    @property
+    def pod_message(self) -> str:
+        """The rejected pod's ``status.message``, worded as kubelet words it."""
+        return f"Pod was rejected: Allocate failed due to {self}, which is unexpected"
+
+
+def rpc_error(err: BaseException) -> str:
+    """A failed device-plugin call as kubelet's Go gRPC client prints it."""
+    if isinstance(err, GRPCError):
+        return f"rpc error: code = {_go_code(err.status)} desc = {err.message or ''}"
+    if isinstance(err, TimeoutError):
+        return "rpc error: code = DeadlineExceeded desc = context deadline exceeded"
+    return f"rpc error: code = Unavailable desc = connection error: {err!r}"
+
+
+def _go_code(status: Status) -> str:
+    if status is Status.CANCELLED:
+        return "Canceled"
+    return "".join(part.capitalize() for part in status.name.split("_")) if status.value else "OK"
+
+
+RPC_FAILURES = (GRPCError, OSError, StreamTerminatedError, TimeoutError)
 
 
 class _Registration(dp.RegistrationBase):  # type: ignore[misc]
@@ -119,14 +154,17 @@ class FakeKubelet:
         resource_name: str = "gpuledger.io/gpu",
         follow_hints: bool = True,
         seed: int = 0,
+        rpc_timeout_s: float | None = None,
     ) -> None:
         self.plugin_dir, self.pod_resources_socket = plugin_dir, pod_resources_socket
         self.resource_name, self.follow_hints = resource_name, follow_hints
+        self.rpc_timeout_s = rpc_timeout_s  # kubelet sets none on Allocate/GetPreferredAllocation
         self.rng = random.Random(seed)
         self.devices: dict[str, str] = {}  # device ID -> health, as the last ListAndWatch said
         self.numa: dict[str, list[int]] = {}
         self.options: dp.DevicePluginOptions | None = None
         self.registrations = 0
+        self.generation = 0  # bumped whenever the device list is replaced
         self.pod_resources_calls = 0
         self.active: dict[tuple[str, str], FakePod] = {}
         self.pod_devices: dict[tuple[str, str], tuple[str, ...]] = {}  # (pod uid, container) -> IDs
@@ -179,7 +217,7 @@ class FakeKubelet:
                 os.unlink(path)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.pod_resources_socket)
-        await self._set_devices(dict.fromkeys(self.devices, "Unhealthy"))
+        await self._set_devices({})  # from the checkpoint: the resource, with no devices yet
         await self.start()
 
     # --- registration and the device list ---
@@ -212,14 +250,15 @@ class FakeKubelet:
                     {d.id: [n.id for n in d.topology.nodes] for d in response.devices if d.topology}
                 )
                 await self._set_devices({d.id: d.health for d in response.devices})
-        except Exception:  # any broken stream: kubelet disconnects the endpoint
-            pass
+        except Exception as err:  # any broken stream: kubelet disconnects the endpoint
+            log.info("ListAndWatch for %s ended: %r", self.resource_name, err)
         if channel is self._endpoint:  # the plugin went away: its devices are unhealthy
             await self._set_devices(dict.fromkeys(self.devices, "Unhealthy"))
 
     async def _set_devices(self, devices: dict[str, str]) -> None:
         async with self._changed:
             self.devices = devices
+            self.generation += 1
             self._changed.notify_all()
 
     async def _disconnect(self) -> None:
@@ -257,7 +296,7 @@ class FakeKubelet:
                 for container in pod.in_admission_order():
                     if container.gpus:
                         await self._admit_container(admitted, container, reusable, follow)
-            except AdmissionError:
+            except BaseException:  # refused, or cancelled halfway: nothing stays allocated
                 self.remove(pod)
                 raise
             return admitted
@@ -267,20 +306,13 @@ class FakeKubelet:
     ) -> None:
         pod = admitted.pod
         ids = await self._devices_to_allocate(admitted, container, reusable, follow)
+        request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)])
         try:
-            response = await self._stub().allocate(
-                dp.AllocateRequest(
-                    container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]
-                )
-            )
-        except GRPCError as err:
-            raise AdmissionError(
-                f"Allocate failed for {pod.name}/{container.name}: {err.message}"
-            ) from err
+            response = await self._stub().allocate(request, timeout=self.rpc_timeout_s)
+        except RPC_FAILURES as err:
+            raise AdmissionError(rpc_error(err)) from err
         if not response.container_responses:
-            raise AdmissionError(
-                f"Allocate for {pod.name}/{container.name} returned no container response"
-            )
+            raise AdmissionError(f"no containers return in allocation response {response}")
         self.pod_devices[(pod.uid, container.name)] = tuple(ids)
         admitted.devices[container.name] = tuple(ids)
         admitted.answers[container.name] = response.container_responses[0]
@@ -298,12 +330,16 @@ class FakeKubelet:
             return allocated
         in_use = {i for key, ids in self.pod_devices.items() for i in ids}
         available = self.healthy() - in_use
+        if not self.registrations:
+            raise AdmissionError(f"cannot allocate unregistered device {self.resource_name}")
         if not self.healthy():
-            raise AdmissionError("no healthy devices present; cannot allocate unhealthy devices")
+            raise AdmissionError(
+                f"no healthy devices present; cannot allocate unhealthy devices {self.resource_name}"
+            )
         if len(available) < needed - len(allocated):
             raise AdmissionError(
                 f"requested number of devices unavailable for {self.resource_name}. "
-                f"Requested: {needed}, Available: {len(available)}"
+                f"Requested: {needed - len(allocated)}, Available: {len(available)}"
             )
         chosen = list(allocated)
         if self.options is not None and self.options.get_preferred_allocation_available:
@@ -323,11 +359,11 @@ class FakeKubelet:
         )
         try:
             response = await self._stub().get_preferred_allocation(
-                dp.PreferredAllocationRequest(container_requests=[ask])
+                dp.PreferredAllocationRequest(container_requests=[ask]), timeout=self.rpc_timeout_s
             )
-        except GRPCError as err:
+        except RPC_FAILURES as err:
             raise AdmissionError(
-                f"device plugin GetPreferredAllocation rpc failed with err: {err.message}"
+                f"device plugin GetPreferredAllocation rpc failed with err: {rpc_error(err)}"
             ) from err
         return (
             list(response.container_responses[0].device_i_ds)
@@ -337,13 +373,18 @@ class FakeKubelet:
 
     def _stub(self) -> dp.DevicePluginStub:
         if self._endpoint is None:
-            raise AdmissionError(f"endpoint for {self.resource_name} is not registered")
+            raise AdmissionError(f"endpoint {self.resource_name} has been stopped")
         return dp.DevicePluginStub(self._endpoint)
 
     def remove(self, pod: FakePod) -> None:
         """The pod is gone: its devices are free again."""
-        self.active.pop(pod.key, None)
-        for key in [k for k in self.pod_devices if k[0] == pod.uid]:
+        self.remove_uid(pod.uid)
+
+    def remove_uid(self, uid: str) -> None:
+        """The pod with this UID is gone (a pod recreated under its name is not)."""
+        for key in [k for k, p in self.active.items() if p.uid == uid]:
+            del self.active[key]
+        for key in [k for k in self.pod_devices if k[0] == uid]:
             del self.pod_devices[key]
 
     # --- PodResources ---

@@ -286,7 +286,7 @@ def card_choice(repeats: int = 300) -> list[tuple[str, float, float]]:
         samples = []
         for _ in range(repeats):
             started = time.perf_counter()
-            plan(ledger, pod, policy)
+            plan(ledger, pod, policy, slots_per_card=8)
             samples.append(time.perf_counter() - started)
         out.append((label, pct(samples, 0.5), pct(samples, 0.99)))
     return out

@@ -1,18 +1,21 @@
 """Does a request fit a node, and on which cards: the simple built-in fit.
 
 The placement service has the topology- and fragmentation-aware choice; this is what the allocator
-uses on its own, and what placement builds on: per-card room, model selectors, health.
+uses on its own, and what placement builds on: per-card room, model selectors, health, and (with
+``slots_per_card``) kubelet slots: a card whose slots are all held is full for new holders.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuledger_core.errors import Exhausted
-from gpuledger_core.ids import CardUuid
+from gpuledger_core.ids import AllocationId, CardUuid
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import CORE_WHOLE, Card, CardShare, Grant, Request
+from gpuledger_core.model import CORE_WHOLE, Allocation, Card, CardShare, Grant, Owner, OwnerKind, Request
+from gpuledger_core.slots import slot_problem, slots_held
 from gpuledger_core.usage import CardFree, CardUse, free_of
 
 
@@ -42,8 +45,11 @@ def frees(ledger: NodeLedger, use: Mapping[CardUuid, CardUse] | None = None) -> 
     return {card.uuid: free_of(card, use.get(card.uuid)) for card in ledger.node.cards}
 
 
-def why_not(ledger: NodeLedger, request: Request, free: dict[CardUuid, CardFree]) -> str:
-    """A sentence a person understands about why ``request`` does not fit this node."""
+def why_not(
+    ledger: NodeLedger, request: Request, free: dict[CardUuid, CardFree], full: Collection[CardUuid] = ()
+) -> str:
+    """A sentence a person understands about why ``request`` does not fit this node (``full``: the
+    cards whose slots are all held)."""
     cards = ledger.node.cards
     wanted = [c for c in cards if request.allows(c.model)]
     if not wanted:
@@ -55,6 +61,13 @@ def why_not(ledger: NodeLedger, request: Request, free: dict[CardUuid, CardFree]
     if request.exclusive:
         idle = sum(1 for c in healthy if free[c.uuid].idle)
         return f"{idle} free whole card(s) of the {request.count} needed"
+    slotted = [c for c in healthy if c.uuid not in full]
+    if len(slotted) < request.count:
+        return (
+            f"slots used up: {len(healthy) - len(slotted)} card(s) have every kubelet slot held, "
+            f"{len(slotted)} card(s) with a free slot of the {request.count} needed"
+        )
+    healthy = slotted
     best = max(healthy, key=lambda c: (free[c.uuid].mem_mib, free[c.uuid].core_milli))
     room = free[best.uuid]
     need_mem, need_core = request.mem_mib or 0, request.core_milli or 0
@@ -69,26 +82,48 @@ def why_not(ledger: NodeLedger, request: Request, free: dict[CardUuid, CardFree]
     return f"{fitting} card(s) with room of the {request.count} needed"
 
 
-def choose_cards(ledger: NodeLedger, request: Request, free: dict[CardUuid, CardFree]) -> list[Card]:
-    """The simple choice: exclusive takes the lowest free indexes, shared the tightest fit."""
-    fitting = [c for c in ledger.node.cards if card_fits(c, free[c.uuid], request)]
+def choose_cards(
+    ledger: NodeLedger, request: Request, free: dict[CardUuid, CardFree], full: Collection[CardUuid] = ()
+) -> list[Card]:
+    """The simple choice: exclusive takes the lowest free indexes, shared the tightest fit; never
+    a card in ``full`` (all its slots held)."""
+    fitting = [c for c in ledger.node.cards if c.uuid not in full and card_fits(c, free[c.uuid], request)]
     if len(fitting) < request.count:
-        raise Exhausted(f"{ledger.node.name}: {why_not(ledger, request, free)}")
+        raise Exhausted(f"{ledger.node.name}: {why_not(ledger, request, free, full)}")
     if not request.exclusive:
         fitting.sort(key=lambda c: (free[c.uuid].mem_mib, free[c.uuid].core_milli, c.index))
     return fitting[: request.count]
 
 
-def fit_node(ledger: NodeLedger, asks: Sequence[ContainerAsk]) -> tuple[Grant, ...]:
-    """Cards for every container of one owner on this node, or ``Exhausted`` with the reason."""
+def fit_node(
+    ledger: NodeLedger, asks: Sequence[ContainerAsk], slots_per_card: int | None = None
+) -> tuple[Grant, ...]:
+    """Cards for every container of one owner on this node, or ``Exhausted`` with the reason.
+    With ``slots_per_card``, each app container takes a slot of each of its cards."""
     use = dict(ledger.use())
+    base = slots_held(ledger.allocations)
+    held = Counter(base)
     grants: list[Grant] = []
     for ask in asks:
         free = frees(ledger, use if not ask.init else ledger.use())
-        cards = choose_cards(ledger, ask.request, free)
+        cards = choose_cards(ledger, ask.request, free, _full(ledger, base if ask.init else held, slots_per_card))
         shares = tuple(share_for(card, ask.request) for card in cards)
         grants.append(Grant(ask.container, shares, ask.init))
         if not ask.init:
             for share in shares:
                 use[share.uuid] = use.get(share.uuid, CardUse()).plus(share)
+                held[share.uuid] += 1
+    whole = slot_problem(ledger, _planned(ledger, grants), slots_per_card) if slots_per_card else ""
+    if whole:  # init containers alone on a card take a slot each: only the whole request can tell
+        raise Exhausted(f"{ledger.node.name}: {whole}")
     return tuple(grants)
+
+
+def _planned(ledger: NodeLedger, grants: Sequence[Grant]) -> Allocation:
+    return Allocation(AllocationId("-planned-"), Owner(OwnerKind.TOOL, "-planned-"), ledger.node.name, tuple(grants))
+
+
+def _full(ledger: NodeLedger, held: Mapping[CardUuid, int], slots_per_card: int | None) -> frozenset[CardUuid]:
+    if slots_per_card is None:
+        return frozenset()
+    return frozenset(c.uuid for c in ledger.node.cards if held.get(c.uuid, 0) >= slots_per_card)

@@ -18,7 +18,7 @@ from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, AllocState, Grant, Isolation, Owner
 from gpuledger_core.placement import Ask, Decision, NodeState, Policy, from_ledger, place, shares
-from gpuledger_core.slots import assign_device_ids
+from gpuledger_core.slots import assign_device_ids, slot_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,14 +98,16 @@ def impossible(node: NodeState, ask: Ask) -> str:
     return ""
 
 
-def plan(ledger: NodeLedger, pod: PodAsk, policy: Policy) -> tuple[Grant, ...]:
-    """Cards for every container of ``pod`` on this node, or ``Exhausted`` with the reason."""
+def plan(ledger: NodeLedger, pod: PodAsk, policy: Policy, *, slots_per_card: int | None) -> tuple[Grant, ...]:
+    """Cards for every container of ``pod`` on this node, or ``Exhausted`` with the reason. With
+    ``slots_per_card`` (None: slots not counted) a card whose slots are all held takes no one new,
+    and each app container takes a slot of each of its cards."""
     base = ledger.live()
     grants: list[Grant] = []
     apps: list[Grant] = []
     for container in pod.containers:
         held = base if container.init else (*base, _provisional(ledger, pod.owner, apps))
-        state = from_ledger(NodeLedger(ledger.node, held))
+        state = from_ledger(NodeLedger(ledger.node, held), slots_per_card=slots_per_card)
         ask = pod.ask(container)
         found = place([state], ask, policy)
         if not isinstance(found, Decision):
@@ -115,6 +117,10 @@ def plan(ledger: NodeLedger, pod: PodAsk, policy: Policy) -> tuple[Grant, ...]:
         grants.append(grant)
         if not container.init:
             apps.append(grant)
+    # Init containers alone on a card take a slot each: only the whole pod can tell.
+    whole = slot_problem(ledger, _provisional(ledger, pod.owner, grants), slots_per_card) if slots_per_card else ""
+    if whole:
+        raise Exhausted(f"{ledger.node.name}: {whole}")
     return tuple(grants)
 
 
@@ -138,7 +144,7 @@ def reserve_pod(
         id=allocation_id,
         owner=pod.owner,
         node=ledger.node.name,
-        grants=plan(ledger, pod, policy),
+        grants=plan(ledger, pod, policy, slots_per_card=slots_per_card),
         state=AllocState.RESERVED,
         isolation=pod.isolation,
         created_at=now,

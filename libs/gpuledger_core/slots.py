@@ -8,14 +8,20 @@ the IDs kubelet passes to Allocate say which container is being admitted.
 Counting rules (the ledger and kubelet agree):
 - a grant holds one device ID per card: ``len(device_ids) == len(cards)`` == the container's
   ``gpuledger.io/gpu``, which is what kubelet counts for it;
-- a card never has more holders than slots; an exclusive holder blocks the card's other slots;
+- a card never has more holders than slots; an exclusive holder blocks the card's other slots.
+  A holder is a device ID (a pod's container) or, for an allocation without device IDs (a tool,
+  which kubelet never sees, or a pod's plan not yet reserved), what ``assign_device_ids`` would
+  give it: each app container on the card, or where none is, each init container
+  (``slots_taken``). A card whose slots are all held is full for new holders, however much
+  memory and compute it has left (``CardState.slots_free``);
 - an init container reuses the IDs of its pod's app containers on the same cards, as kubelet
   reuses init containers' devices for app containers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from gpuledger_core.errors import Exhausted, InvalidArgument
@@ -26,6 +32,7 @@ from gpuledger_core.model import Allocation, Grant, Node
 SEPARATOR = "::"
 MAX_DEVICE_ID_LEN = 63  # kubelet's limit on a device ID
 MAX_SLOTS_PER_CARD = 100
+DEFAULT_SLOTS_PER_CARD = 8  # the plugin's, placement's and the allocator's default: they must agree
 
 
 def device_id(uuid: str, slot: int) -> str:
@@ -69,6 +76,38 @@ def holders_of_ids(ledger: NodeLedger) -> dict[str, AllocationId]:
     return held
 
 
+def slots_taken(allocation: Allocation) -> Counter[CardUuid]:
+    """How many of each card's slots one allocation takes (see the counting rules above)."""
+    ids = [raw for grant in allocation.grants for raw in grant.device_ids]
+    if ids:
+        return Counter(card_of(raw) for raw in set(ids))
+    apps = Counter(share.uuid for grant in allocation.grants if not grant.init for share in grant.cards)
+    inits = Counter(share.uuid for grant in allocation.grants if grant.init for share in grant.cards)
+    return Counter({uuid: apps[uuid] or n for uuid, n in (inits | apps).items()})
+
+
+def slots_held(allocations: Iterable[Allocation]) -> Counter[CardUuid]:
+    """The slots every live allocation takes, per card."""
+    held: Counter[CardUuid] = Counter()
+    for allocation in allocations:
+        if allocation.live:
+            held.update(slots_taken(allocation))
+    return held
+
+
+def slot_problem(ledger: NodeLedger, allocation: Allocation, slots_per_card: int) -> str:
+    """Why ``allocation`` would take more slots of a card than it has free; empty when it fits."""
+    held = slots_held(ledger.allocations)
+    for uuid, wanted in sorted(slots_taken(allocation).items()):
+        if held[uuid] + wanted > slots_per_card:
+            return _all_taken(ledger, uuid, slots_per_card)
+    return ""
+
+
+def slots_free(held: Mapping[CardUuid, int], uuid: CardUuid, slots_per_card: int) -> int:
+    return max(0, slots_per_card - held.get(uuid, 0))
+
+
 def free_slots(ledger: NodeLedger, uuid: CardUuid, slots_per_card: int) -> tuple[str, ...]:
     held = holders_of_ids(ledger)
     return tuple(i for s in range(slots_per_card) if (i := device_id(uuid, s)) not in held)
@@ -82,6 +121,9 @@ def assign_device_ids(
     Call it on the ledger the allocation is about to be reserved in (inside the same CAS).
     Raises ``Exhausted`` when a card has no free slot: kubelet could not admit the container.
     """
+    problem = slot_problem(ledger, allocation, slots_per_card)
+    if problem:
+        raise Exhausted(problem)
     taken = set(holders_of_ids(ledger))
     taken.update(i for g in allocation.grants for i in g.device_ids)
     grants = list(allocation.grants)
@@ -127,7 +169,13 @@ def _next_free(ledger: NodeLedger, uuid: CardUuid, taken: set[str], slots_per_ca
         candidate = device_id(uuid, slot)
         if candidate not in taken:
             return candidate
-    raise Exhausted(f"card {uuid} on {ledger.node.name} has all {slots_per_card} slots taken")
+    raise Exhausted(_all_taken(ledger, uuid, slots_per_card))
+
+
+def _all_taken(ledger: NodeLedger, uuid: CardUuid, slots_per_card: int) -> str:
+    card = ledger.node.card(uuid)
+    label = f"card {card.index} ({uuid})" if card is not None else f"card {uuid}"
+    return f"{label} on {ledger.node.name} has all {slots_per_card} slots taken (slots used up)"
 
 
 def _check(grant: Grant) -> None:

@@ -16,7 +16,7 @@ from gpuledger_allocator.ingest import Ingest
 from gpuledger_allocator.kube import KubePodLister, PodLister, in_cluster
 from gpuledger_allocator.metrics import register as register_metrics
 from gpuledger_allocator.metrics import unregister as unregister_metrics
-from gpuledger_allocator.placer import NatsPlacer
+from gpuledger_allocator.placer import BuiltinPlacer, NatsPlacer
 from gpuledger_allocator.reconciler import Reconciler
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
@@ -41,8 +41,11 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             nc, replicas=settings.bucket_replicas, max_attempts=settings.cas_attempts, record_ttls=True
         )
         view = ClusterView(store, settings.stale_after_s)
-        placer = NatsPlacer(nc, settings.placement_timeout_s, settings.placement_retry_s)
-        service = AllocatorService(store, view, placer, settings.lease_s, settings.max_lease_s)
+        fallback = BuiltinPlacer(settings.slots_per_card)
+        placer = NatsPlacer(nc, settings.placement_timeout_s, settings.placement_retry_s, fallback)
+        service = AllocatorService(
+            store, view, placer, settings.lease_s, settings.max_lease_s, slots_per_card=settings.slots_per_card
+        )
         async with asyncio.TaskGroup() as tasks:
             watching = tasks.create_task(view.run())
             await view.ready.wait()

@@ -2,7 +2,8 @@
 
 ``NatsPlacer`` asks the placement service (``gpuledger.v1.placement.place``) for its topology- and
 fragmentation-aware choice, and falls back to ``BuiltinPlacer`` when nobody answers in time. The
-built-in order packs: nodes whose cards fit, fullest first, so that whole free cards stay whole.
+built-in order packs: nodes whose cards fit (room and a free slot), fullest first, so that whole free
+cards stay whole.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gpuledger_core.errors import Exhausted, GpuledgerError, Unavailable
 from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD
 from gpuledger_core.usage import free_of
 
 log = logging.getLogger(__name__)
@@ -32,10 +34,10 @@ Judged = tuple[float, Cards]
 JUDGED_KEPT = 5_000  # distinct requests remembered
 
 
-def _judge(ledger: NodeLedger, asks: Sequence[ContainerAsk]) -> Judged | None:
+def _judge(ledger: NodeLedger, asks: Sequence[ContainerAsk], slots_per_card: int) -> Judged | None:
     """The node's free share and the cards the built-in fit picks there, or None if it does not fit."""
     try:
-        grants = fit_node(ledger, asks)
+        grants = fit_node(ledger, asks, slots_per_card)
     except Exhausted:
         return None
     return _free_share(ledger), tuple(tuple(share.index for share in grant.cards) for grant in grants)
@@ -48,7 +50,8 @@ def _free_share(ledger: NodeLedger) -> float:
 
 
 class BuiltinPlacer:
-    def __init__(self) -> None:
+    def __init__(self, slots_per_card: int = DEFAULT_SLOTS_PER_CARD) -> None:
+        self.slots_per_card = slots_per_card
         # asks -> node -> (revision, free share if the asks fit, else None): a node is judged
         # again only when its ledger changed or the request is new.
         self._judged: dict[tuple[ContainerAsk, ...], dict[NodeName, tuple[int, Judged | None]]] = {}
@@ -65,7 +68,7 @@ class BuiltinPlacer:
             revision = view.revisions.get(name, 0)
             seen = judged.get(name)
             if seen is None or seen[0] != revision:
-                seen = judged[name] = (revision, _judge(ledger, asks))
+                seen = judged[name] = (revision, _judge(ledger, asks, self.slots_per_card))
             if seen[1] is not None:
                 fitting.append((name in crowded, seen[1][0], name, seen[1][1]))
         # Fullest first; a node this process is writing right now, or lost a race on lately, goes

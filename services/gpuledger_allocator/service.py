@@ -25,6 +25,7 @@ from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, commit, release, reserve
 from gpuledger_core.model import Allocation, AllocState, Card, Grant, Isolation, Owner, OwnerKind
 from gpuledger_core.pods import expand_models
+from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, slot_problem
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,6 +84,7 @@ class AllocatorService:
     clock: Callable[[], float] = time.time
     owner_ttl_s: float = OWNER_TTL_S
     absent_grace_s: float = ABSENT_GRACE_S
+    slots_per_card: int = DEFAULT_SLOTS_PER_CARD  # a tool's allocation holds one slot of each card
     _background: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def allocate(self, call: AllocateCall) -> tuple[Allocation, bool]:
@@ -321,7 +323,7 @@ class AllocatorService:
         reasons: list[str] = []
         for ledger in self.view.ledgers.values():
             try:
-                fit_node(ledger, call.asks)
+                fit_node(ledger, call.asks, self.slots_per_card)
             except Exhausted as err:
                 reasons.append(str(err))
         return reasons or ["the ledger has no nodes"]
@@ -354,10 +356,10 @@ class AllocatorService:
         def transition(ledger: NodeLedger | None) -> NodeLedger:
             current = _must(ledger, node)
             hinted = _hinted(current, call.asks, hint)
-            if hinted is not None:
+            if hinted is not None and not slot_problem(current, build(hinted), self.slots_per_card):
                 with contextlib.suppress(Exhausted):
                     return reserve(current, build(hinted))
-            return reserve(current, build(fit_node(current, call.asks)))
+            return reserve(current, build(fit_node(current, call.asks, self.slots_per_card)))
 
         return transition
 

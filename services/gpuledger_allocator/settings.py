@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuledger_common.settings import option, require
+from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 
 KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
 
@@ -22,6 +23,10 @@ class AllocatorSettings:
     max_lease_s: float = option(3600.0, "the longest lease a caller may ask for")
     stale_after_s: float = option(30.0, "a node whose heartbeat is older than this gets nothing new")
     sweep_interval_s: float = option(2.0, "how often expired reservations are swept")
+    slots_per_card: int = option(
+        DEFAULT_SLOTS_PER_CARD,
+        "kubelet device slots per card; must equal the plugin's setting (a tool's allocation holds one per card)",
+    )
     cas_attempts: int = option(12, "compare-and-set attempts per ledger change before giving up")
     bucket_replicas: int = option(1, "JetStream replicas for the ledger buckets")
     placement_timeout_s: float = option(0.5, "how long to wait for the placement service before fitting alone")
@@ -48,6 +53,9 @@ class AllocatorSettings:
         require(self.stale_after_s > 0, "stale_after_s", "must be positive")
         require(self.sweep_interval_s > 0, "sweep_interval_s", "must be positive")
         require(self.placement_retry_s >= 0, "placement_retry_s", "must not be negative")
+        require(
+            1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}"
+        )
         require(self.cas_attempts >= 1, "cas_attempts", "must be at least 1")
         require(self.bucket_replicas in (1, 3, 5), "bucket_replicas", "must be 1, 3 or 5")
         require(self.kube in KUBE_MODES, "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}")

@@ -39,11 +39,11 @@ class Parts:
 
 def build(settings: PlacementSettings, store: LedgerStore | None, pods: PodApi, nc: Client | None) -> Parts:
     """The service's parts over a store (None: a view fed by the caller, as the benchmark does)."""
-    view = FleetView(store, settings.stale_after_s)
+    view = FleetView(store, settings.stale_after_s, slots_per_card=settings.slots_per_card)
     tracker = WorkloadTracker(window=settings.workload_window)
     policies = Policies(tracker, view.card_memory, settings.workload_refresh_s)
     service = PlacementService(view, policies, settings.policy, parse_guard(settings.guard), _ready(view, nc, settings))
-    binder = Binder(store, service, pods, settings.lease_s, settings.slots_per_card) if store else None
+    binder = Binder(store, service, pods, settings.lease_s) if store else None
     return Parts(view, service, Extender(service, binder))
 
 

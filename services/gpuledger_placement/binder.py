@@ -48,7 +48,6 @@ class Binder:
     service: PlacementService
     pods: PodApi
     lease_s: float = 300.0
-    slots_per_card: int = 8
     clock: Callable[[], float] = time.time
 
     async def bind(self, args: BindArgs) -> Bound:
@@ -114,7 +113,7 @@ class Binder:
                 allocation_id,
                 now=self.clock(),
                 lease_s=self.lease_s,
-                slots_per_card=self.slots_per_card,
+                slots_per_card=self.service.view.slots_per_card,
             )
 
         written = await self.store.mutate(node, transition)

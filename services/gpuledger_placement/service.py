@@ -150,7 +150,7 @@ class PlacementService:
         for name in ranked[:RANKED]:
             entry = self.view.entries[name]
             try:
-                return Placed(name, plan(entry.ledger, pod, policy), tuple(ranked[:RANKED]))
+                return Placed(name, self._plan(entry, pod, policy), tuple(ranked[:RANKED]))
             except Exhausted:
                 continue
         raise Exhausted(self._nowhere(pod, exclude))
@@ -217,10 +217,13 @@ class PlacementService:
             if never:
                 return UNRESOLVABLE, f"container {container.container}: {never}"
         try:
-            plan(entry.ledger, pod, policy)
+            self._plan(entry, pod, policy)
         except Exhausted as err:
             return FAILED, str(err).removeprefix(f"{entry.state.name}: ")
         return FITS, ""
+
+    def _plan(self, entry: NodeEntry, pod: PodAsk, policy: Policy) -> tuple[Grant, ...]:
+        return plan(entry.ledger, pod, policy, slots_per_card=self.view.slots_per_card)
 
     def _rates(self, pod: PodAsk, names: Iterable[str], key: PolicyKey, policy: Policy) -> dict[str, float | None]:
         """The policy's raw score of each node (None: does not fit)."""

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from gpuledger_common.settings import option, require
 from gpuledger_core.placement import POLICIES, Guard
+from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 
 KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
 
@@ -24,7 +25,9 @@ class PlacementSettings:
     kubeconfig: str = option("", "kubeconfig file (kube=kubeconfig or auto; empty: the default one)")
     kube_timeout_s: float = option(2.0, "timeout of each Kubernetes API call made by bind")
     lease_s: float = option(300.0, "how long a bound pod's reservation waits for kubelet to admit it")
-    slots_per_card: int = option(8, "kubelet device slots per card; must equal the plugin's setting")
+    slots_per_card: int = option(
+        DEFAULT_SLOTS_PER_CARD, "kubelet device slots per card (holders a card takes); must equal the plugin's setting"
+    )
     stale_after_s: float = option(30.0, "a node without a heartbeat for this long gets nothing new (0: never)")
     workload_window: int = option(5000, "recent pod asks the fragmentation policies measure against")
     workload_refresh_s: float = option(30.0, "how often the fragmentation policies take in recent asks")
@@ -46,7 +49,9 @@ class PlacementSettings:
         require(self.kube in KUBE_MODES, "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}")
         require(0 < self.kube_timeout_s <= 30, "kube_timeout_s", "must be in (0, 30]")
         require(self.lease_s > 0, "lease_s", "must be positive")
-        require(1 <= self.slots_per_card <= 100, "slots_per_card", "must be 1..100")
+        require(
+            1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}"
+        )
         require(self.stale_after_s >= 0, "stale_after_s", "must not be negative")
         require(self.workload_window >= 1, "workload_window", "must be at least 1")
         require(self.workload_refresh_s > 0, "workload_refresh_s", "must be positive")

@@ -1,8 +1,9 @@
 """Placement's own view of the ledger, kept current by watching the bucket, plus node heartbeats.
 
-Each node's entry holds its ledger, its ``NodeState`` for placement (converted once per revision)
-and a memo of answers computed from that revision: an entry is replaced when the key changes, so
-nothing in the memo can outlive the value it was computed from.
+Each node's entry holds its ledger, its ``NodeState`` for placement (converted once per revision,
+kubelet slots counted with ``slots_per_card``) and a memo of answers computed from that revision: an
+entry is replaced when the key changes, so nothing in the memo can outlive the value it was computed
+from.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class FleetView:
     store: LedgerStore | None
     stale_after_s: float = 30.0
     clock: Callable[[], float] = time.time
+    slots_per_card: int = field(kw_only=True)  # kubelet slots per card: the plugin's setting
     entries: dict[str, NodeEntry] = field(default_factory=dict)
     heartbeats: dict[str, float] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -76,7 +78,7 @@ class FleetView:
         if ledger is None:
             self.entries.pop(node, None)
         else:
-            self.entries[node] = NodeEntry(ledger, revision, from_ledger(ledger))
+            self.entries[node] = NodeEntry(ledger, revision, from_ledger(ledger, slots_per_card=self.slots_per_card))
             self._count(ledger, 1)
 
     def _count(self, ledger: NodeLedger, sign: int) -> None:

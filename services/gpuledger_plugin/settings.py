@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuledger_common.settings import option, require
-from gpuledger_core.slots import MAX_SLOTS_PER_CARD
+from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 
 RESOURCE_NAME = "gpuledger.io/gpu"
 STRATEGIES = ("env", "cdi-cri", "cdi-annotations")
@@ -24,7 +24,7 @@ class PluginSettings:
     pod_resources_socket: str = option(
         "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources socket"
     )
-    slots_per_card: int = option(8, "kubelet devices advertised per card (containers sharing it)")
+    slots_per_card: int = option(DEFAULT_SLOTS_PER_CARD, "kubelet devices advertised per card (containers sharing it)")
     device_list_strategy: str = option("env", "comma list of env, cdi-cri, cdi-annotations")
     cdi_kind: str = option("nvidia.com/gpu", "CDI vendor/class of the card devices")
     device_specs: bool = option(False, "also pass /dev/nvidia* device nodes in Allocate answers")

@@ -38,8 +38,8 @@ class Guard:
 
 
 def card_takes(card: CardState, ask: Ask) -> bool:
-    """Whether ``card`` has room for one card's worth of ``ask``."""
-    if not card.healthy or (ask.models and card.model not in ask.models):
+    """Whether ``card`` has room for one card's worth of ``ask`` (and a free slot for it)."""
+    if not card.open or (ask.models and card.model not in ask.models):
         return False
     if ask.exclusive:
         return card.idle
@@ -89,7 +89,14 @@ def _card_problem(node: NodeState, ask: Ask) -> str:
     if ask.exclusive:
         idle = sum(1 for c in healthy if c.idle)
         return f"{idle} free whole card(s) of the {ask.count} needed"
-    return _share_problem(healthy, ask)
+    slotted = [c for c in healthy if c.open]
+    if len(slotted) < ask.count:
+        full = len(healthy) - len(slotted)
+        return (
+            f"slots used up: {full} card(s) have every kubelet slot held, "
+            f"{len(slotted)} card(s) with a free slot of the {ask.count} needed"
+        )
+    return _share_problem(slotted, ask)
 
 
 def _share_problem(healthy: list[CardState], ask: Ask) -> str:

@@ -1,7 +1,8 @@
 """The compact view of a node that placement works on, fed by the live ledger or by the simulator.
 
-A ``NodeState`` says what is *free* now: per card the compute (per-mille) and memory (MiB) left and
-whether nobody holds it, and for the node as a whole the CPU and memory left when they are known.
+A ``NodeState`` says what is *free* now: per card the compute (per-mille) and memory (MiB) left,
+whether nobody holds it and, where slots are counted, how many kubelet slots are free (a card with
+none is full for new holders); for the node as a whole the CPU and memory left when they are known.
 It carries the interconnect as a ``Topology`` so that multi-card choice can look at it.
 """
 
@@ -10,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from gpuledger_core.ids import CardUuid
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import CORE_WHOLE, Node, PcieLevel
+from gpuledger_core.slots import slots_free, slots_held
 from gpuledger_core.usage import free_of
 
-UNTRACKED = -1  # node CPU or memory that nobody reports: never a reason to refuse
+UNTRACKED = -1  # node CPU or memory (or card slots) that nobody counts: never a reason to refuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +32,17 @@ class CardState:
     idle: bool = True
     healthy: bool = True
     numa: int | None = None
+    slots_free: int = UNTRACKED  # kubelet slots no holder takes (UNTRACKED: not counted, the trace)
+
+    @property
+    def open(self) -> bool:
+        """Whether a new holder could come: healthy, with a free slot where slots are counted."""
+        return self.healthy and self.slots_free != 0
 
     @property
     def room(self) -> int:
         """What a new sharer could still get, per-mille of the card (compute and memory alike)."""
-        if not self.healthy:
+        if not self.open:
             return 0
         if self.idle:
             return CORE_WHOLE
@@ -132,10 +141,17 @@ def from_ledger(
     mem_free: int = UNTRACKED,
     cpu_total: int | None = None,
     mem_total: int | None = None,
+    slots_per_card: int | None = None,
 ) -> NodeState:
-    """The state of a live node: what its ledger leaves free, plus node CPU/memory when known."""
+    """The state of a live node: what its ledger leaves free, plus node CPU/memory when known.
+    With ``slots_per_card`` each card also says how many kubelet slots its holders leave free."""
     node = ledger.node
     use = ledger.use()
+    held = slots_held(ledger.allocations)
+
+    def free_slots(uuid: CardUuid) -> int:
+        return UNTRACKED if slots_per_card is None else slots_free(held, uuid, slots_per_card)
+
     cards = []
     for card in node.cards:
         free = free_of(card, use.get(card.uuid))
@@ -149,6 +165,7 @@ def from_ledger(
                 free.idle,
                 card.healthy,
                 card.numa,
+                free_slots(card.uuid),
             )
         )
     return NodeState(
@@ -170,14 +187,16 @@ def take(
     cards = list(node.cards)
     for pos in positions:
         card = cards[pos]
+        slots = card.slots_free - 1 if card.slots_free != UNTRACKED else UNTRACKED
         if exclusive:
-            cards[pos] = replace(card, core_free=0, mem_free=0, idle=False)
+            cards[pos] = replace(card, core_free=0, mem_free=0, idle=False, slots_free=slots)
         else:
             cards[pos] = replace(
                 card,
                 core_free=card.core_free - core,
                 mem_free=card.mem_free - mem if card.mem_total > 0 else card.mem_free,
                 idle=False,
+                slots_free=slots,
             )
     return replace(node, cards=tuple(cards))
 

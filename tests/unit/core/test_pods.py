@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from gpuledger_core.errors import Exhausted
@@ -25,17 +27,17 @@ def pod(*containers: ContainerAsk) -> PodAsk:
 
 def test_app_containers_add_up_on_the_node() -> None:
     two = pod(ContainerAsk("a", Request(1, mem_mib=6000)), ContainerAsk("b", Request(1, mem_mib=6000)))
-    grants = plan(ledger(8000, 8000), two, POLICY)
+    grants = plan(ledger(8000, 8000), two, POLICY, slots_per_card=8)
     assert {g.cards[0].index for g in grants} == {0, 1}  # 12000 MiB do not fit one 8000 MiB card
     with pytest.raises(Exhausted, match="container b"):
-        plan(ledger(8000), two, POLICY)
+        plan(ledger(8000), two, POLICY, slots_per_card=8)
 
 
 def test_an_init_container_is_placed_on_the_node_as_it_is() -> None:
     with_init = pod(
         ContainerAsk("init", Request(1, mem_mib=7000), init=True), ContainerAsk("app", Request(1, mem_mib=7000))
     )
-    grants = plan(ledger(8000), with_init, POLICY)
+    grants = plan(ledger(8000), with_init, POLICY, slots_per_card=8)
     assert [(g.container, g.init, g.cards[0].index) for g in grants] == [("init", True, 0), ("app", False, 0)]
 
 
@@ -60,8 +62,46 @@ def test_the_last_free_slot_limits_holders_per_card() -> None:
     current = ledger(8000)
     for n in range(2):
         current = reserve_pod(current, small, POLICY, AllocationId(f"a-{n}"), now=0, lease_s=9, slots_per_card=2)
-    with pytest.raises(Exhausted, match="slots taken"):
+    with pytest.raises(Exhausted, match="slots used up"):
         reserve_pod(current, small, POLICY, AllocationId("a-3"), now=0, lease_s=9, slots_per_card=2)
+
+
+def small_shares(count: int) -> list[PodAsk]:
+    small = (ContainerAsk("c", Request(1, mem_mib=100, core_milli=10)),)
+    return [PodAsk(Owner(OwnerKind.POD, f"uid-{n}", "ns", f"p{n}"), small) for n in range(count)]
+
+
+@pytest.mark.parametrize("policy", ["bestfit", "binpack", "default", "fgd", "gpupacking", "spread"])
+def test_small_shares_spread_to_the_next_card_when_slots_run_out(policy: str) -> None:
+    # Two cards with 8 slots each: the ninth small share goes to card 1, not refused on card 0.
+    current = ledger(80000, 80000)
+    for n, pod_ in enumerate(small_shares(16)):
+        current = reserve_pod(
+            current, pod_, make_policy(policy), AllocationId(f"a-{n}"), now=0, lease_s=9, slots_per_card=8
+        )
+    per_card = Counter(card_of(i) for a in current.allocations for g in a.grants for i in g.device_ids)
+    assert sorted(per_card.values()) == [8, 8]
+    with pytest.raises(Exhausted, match="slots used up: 2 card\\(s\\) have every kubelet slot held"):
+        plan(current, small_shares(1)[0], make_policy(policy), slots_per_card=8)
+    assert plan(current, small_shares(1)[0], make_policy(policy), slots_per_card=None)  # not counted: fits
+
+
+@pytest.mark.parametrize(
+    ("containers", "slots", "fits"),
+    [
+        ((Request(1, mem_mib=10), Request(1, mem_mib=10)), 1, False),  # two app containers need two slots
+        ((Request(1, mem_mib=10), Request(1, mem_mib=10)), 2, True),
+        ((Request(1),), 1, True),
+    ],
+)
+def test_each_app_container_of_a_pod_takes_a_slot(containers: tuple[Request, ...], slots: int, fits: bool) -> None:
+    pod_ = pod(*(ContainerAsk(f"c{n}", r) for n, r in enumerate(containers)))
+    try:
+        plan(ledger(8000), pod_, POLICY, slots_per_card=slots)
+    except Exhausted as err:
+        assert not fits and "slots used up" in str(err)
+    else:
+        assert fits
 
 
 @pytest.mark.parametrize(
@@ -97,4 +137,4 @@ def test_what_never_fits(ask: Ask, reason: str) -> None:
 def test_a_pod_without_card_containers() -> None:
     empty = PodAsk(OWNER)
     assert not empty.wants_cards and empty.single() is None and empty.main() is None
-    assert plan(NodeLedger(ledger(8000).node), empty, POLICY) == ()
+    assert plan(NodeLedger(ledger(8000).node), empty, POLICY, slots_per_card=8) == ()

@@ -162,3 +162,28 @@ def test_the_workload_is_seeded_from_the_live_allocations_in_the_ledger() -> Non
     assert built.service.policies.generation == generation + 1  # the policies were rebuilt at once
     built.service.policies.observe(owners[2])  # the same pod asked about again: counted once
     assert len(built.service.policies.tracker.seen()) == 2
+
+
+def small_share(n: int) -> PodAsk:
+    owner = Owner(OwnerKind.POD, f"uid-small-{n}", "ns", f"small-{n}")
+    return PodAsk(owner, (ContainerAsk("c", Request(1, mem_mib=100, core_milli=10)),))
+
+
+def test_shares_spread_to_the_next_card_once_a_cards_slots_are_held_and_filter_says_so() -> None:
+    built = parts()  # 8 slots per card (the default)
+    entry = built.view.entry("p4-0")  # two cards
+    assert entry is not None
+    ledger, revision = entry.ledger, entry.revision
+    for n in range(16):
+        placed = built.service.place(small_share(n), exclude=set(NODES) - {"p4-0"})
+        assert placed.node == "p4-0"
+        _, policy = built.service.policies.get("default")
+        ledger = reserve_pod(ledger, small_share(n), policy, AllocationId(f"a-{n}"), now=0, lease_s=9, slots_per_card=8)
+        revision += 1
+        built.view.apply(NodeName("p4-0"), ledger, revision)
+    per_card = sorted(sum(1 for a in ledger.live() for s in a.shares() if s.index == i) for i in (0, 1))
+    assert per_card == [8, 8]  # the ninth went to card 1, not refused on card 0
+    found = built.service.filter(small_share(99), ["p4-0"])
+    assert found.fits == ()
+    assert found.failed["p4-0"].startswith("slots used up: 2 card(s) have every kubelet slot held")
+    assert built.service.prioritize(small_share(99), ["p4-0", "h100-0"])["p4-0"] == 0

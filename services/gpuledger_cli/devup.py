@@ -18,13 +18,16 @@ from pathlib import Path
 
 from gpuledger_cli import render
 from gpuledger_cli.client import allocator
+from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.processes import ServiceDied
 from gpuledger_cli.dev.scenario import run_scenario
-from gpuledger_cli.dev.stack import Stack, running_stack
+from gpuledger_cli.dev.stack import KUBERNETES, Stack, running_stack
 from gpuledger_common import pbconvert as conv
 from gpuledger_common.fleet import FleetError, load_fleet
 from gpuledger_common.natsserver import free_port
 from gpuledger_proto.gpuledger.allocator import v1 as pb
+from gpuledger_testing.controlplane.build import BuildError
+from gpuledger_testing.controlplane.cluster import ControlPlaneError
 
 DEFAULT_FLEET = Path(str(resources.files("gpuledger_common") / "fleets" / "dev.yaml"))
 
@@ -37,6 +40,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up.add_argument("--once", action="store_true", help="run the scenario, print the result and exit")
     up.add_argument("--grpc-port", type=int, default=0, help="allocator gRPC port (0: any free port)")
     up.add_argument("--dashboard-port", type=int, default=8080, help="dashboard port (0: any free port)")
+    up.add_argument(
+        "--kubernetes",
+        choices=KUBERNETES,
+        default="sim",
+        help="sim: simulated API server, scheduler and kubelets (quick); real: a real kube-apiserver, "
+        "kube-scheduler and kube-controller-manager with kwok nodes (built from Go modules on first use)",
+    )
     up.set_defaults(run=dev_up)
 
 
@@ -54,13 +64,13 @@ async def dev_up(args: argparse.Namespace) -> int:
     stop = _stop_on_signals()
     try:
         async with running_stack(
-            fleet, args.dashboard_port or free_port(), args.grpc_port or free_port(), say
+            fleet, args.dashboard_port or free_port(), args.grpc_port or free_port(), say, args.kubernetes
         ) as stack:
             return await _run(stack, args.once, stop)
     except ServiceDied as err:
         print(f"gpuledger dev up: {err}", file=sys.stderr)
         return 1
-    except TimeoutError as err:
+    except (TimeoutError, ControlPlaneError, BuildError) as err:
         print(f"gpuledger dev up: {err}", file=sys.stderr)
         return 1
 
@@ -77,6 +87,8 @@ async def _run(stack: Stack, once: bool, stop: asyncio.Event) -> int:
         return 0 if ok else 1
     say(f"dashboard: {stack.dashboard}   gRPC: {stack.grpc}   NATS: {stack.nats_url}")
     say(f"try: gpuledger inspect --server {stack.grpc}   (Ctrl-C stops everything)")
+    if isinstance(stack.cluster, RealCluster):
+        say(f"try: kubectl --kubeconfig {stack.cluster.kubeconfig} get pods -n demo -o wide")
     watching = asyncio.create_task(stack.supervisor.watch())
     stopping = asyncio.create_task(stop.wait())
     try:

@@ -108,7 +108,13 @@ class SimCluster:
         self.apiserver.set_phase(stored["metadata"]["namespace"], name, "Running")  # as kubelet reports it
         return Outcome(name, node, {c: admitted.env(c) for c in admitted.answers})
 
-    def delete(self, namespace: str, name: str) -> None:
+    async def use_extender(self, url: str) -> None:
+        self.extender = url
+
+    async def pod_uid(self, namespace: str, name: str) -> str:
+        return str(self.apiserver.pod(namespace, name)["metadata"]["uid"])
+
+    async def delete(self, namespace: str, name: str) -> None:
         """The pod is deleted: its node's kubelet stops it, the API server forgets it."""
         pod = self.apiserver.pod(namespace, name)
         self.apiserver.delete_pod(namespace, name)

@@ -77,6 +77,26 @@ class Supervisor:
         await service.start()
         return service
 
+    def get(self, name: str) -> ServiceProcess:
+        found = next((s for s in self.services if s.name == name), None)
+        if found is None:
+            raise KeyError(f"no service {name!r} (have {', '.join(s.name for s in self.services)})")
+        return found
+
+    async def kill(self, name: str) -> None:
+        """SIGKILL the service, as a crash or an OOM kill would."""
+        service = self.get(name)
+        if service.alive and service.process is not None:
+            service.process.kill()
+            await service.process.wait()
+
+    async def restart(self, name: str) -> ServiceProcess:
+        """Start the service again with the same arguments (what a pod restart does)."""
+        service = self.get(name)
+        await service.stop()
+        await service.start()
+        return service
+
     def check(self) -> None:
         """Raise ``ServiceDied`` for the first service that is no longer running."""
         for service in self.services:

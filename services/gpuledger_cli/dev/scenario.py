@@ -136,8 +136,8 @@ async def _wait_unhealthy(stack: Stack, node: str) -> int | None:
 
 async def _delete_pod(stack: Stack, checks: Checks, name: str) -> None:
     """Delete the pod; the allocator's reconciliation with the API server releases its cards."""
-    uid = stack.cluster.apiserver.pod("demo", name)["metadata"]["uid"]
-    stack.cluster.delete("demo", name)
+    uid = await stack.cluster.pod_uid("demo", name)
+    await stack.cluster.delete("demo", name)
     mine = pb.ListAllocationsRequest(owner_kind="pod", owner_id=uid, include_released=True)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + RELEASE_WAIT_S

@@ -13,14 +13,17 @@ from pathlib import Path
 import aiohttp
 
 from gpuledger_cli.client import allocator
+from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.kubesim import SimCluster
 from gpuledger_cli.dev.processes import Supervisor
 from gpuledger_common.fleet import Fleet
-from gpuledger_common.natsserver import embedded_nats, free_port
+from gpuledger_common.natsserver import NatsServer, embedded_nats, free_port
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 Say = Callable[[str], None]
 READY_S = 90.0
+KUBERNETES = ("sim", "real")
+Cluster = SimCluster | RealCluster
 
 
 @dataclass
@@ -30,8 +33,9 @@ class Stack:
     grpc: str
     dashboard: str
     extender: str
-    cluster: SimCluster
+    cluster: Cluster
     supervisor: Supervisor
+    nats: NatsServer
 
 
 async def wait_until(check: Callable[[], Awaitable[bool]], what: str, supervisor: Supervisor) -> None:
@@ -57,19 +61,27 @@ async def _nodes_in_ledger(grpc: str, count: int) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def running_stack(fleet: Fleet, dashboard_port: int, grpc_port: int, say: Say) -> AsyncIterator[Stack]:
+async def running_stack(
+    fleet: Fleet, dashboard_port: int, grpc_port: int, say: Say, kubernetes: str = "sim"
+) -> AsyncIterator[Stack]:
+    """The whole stack; ``kubernetes`` is ``sim`` (simulated API server, scheduler and kubelets) or
+    ``real`` (a real control plane built from Go modules, kwok nodes and simulated kubelets)."""
+    if kubernetes not in KUBERNETES:
+        raise ValueError(f"kubernetes must be one of {'|'.join(KUBERNETES)}, got {kubernetes!r}")
     run_dir = Path(tempfile.mkdtemp(prefix="gl-"))  # short: unix socket paths stay under 108 bytes
     supervisor = Supervisor(run_dir)
     names = [str(n.node.name) for n in fleet.nodes]
-    cluster = SimCluster(run_dir, names)
+    cluster: Cluster = SimCluster(run_dir, names) if kubernetes == "sim" else RealCluster(run_dir, fleet)
     say(f"logs and sockets in {run_dir}")
     try:
         async with embedded_nats() as nats:
             say(f"nats-server with JetStream on {nats.url}")
+            if isinstance(cluster, RealCluster):
+                say("starting the control plane (binaries are built from Go modules on first use: minutes)")
             kubeconfig = await cluster.start()
-            say(f"simulated API server on {cluster.apiserver.url}, {len(names)} simulated kubelet(s)")
+            say(_cluster_started(cluster, len(names)))
             stack = await _start_services(
-                fleet, nats.url, kubeconfig, cluster, supervisor, dashboard_port, grpc_port, say
+                fleet, nats, kubeconfig, cluster, supervisor, dashboard_port, grpc_port, say
             )
             yield stack
     finally:
@@ -79,11 +91,22 @@ async def running_stack(fleet: Fleet, dashboard_port: int, grpc_port: int, say: 
         say("stopped every process; removed sockets and logs")
 
 
+def _cluster_started(cluster: Cluster, kubelets: int) -> str:
+    if isinstance(cluster, SimCluster):
+        return f"simulated API server on {cluster.apiserver.url}, {kubelets} simulated kubelet(s)"
+    access = cluster.control_plane.access
+    server = access.server if access else "?"
+    return (
+        f"kube-apiserver on {server}, kube-controller-manager, kwok with {kubelets} node(s) and simulated "
+        f"kubelets; try: kubectl --kubeconfig {cluster.kubeconfig} get pods -A -o wide"
+    )
+
+
 async def _start_services(
     fleet: Fleet,
-    nats_url: str,
+    nats: NatsServer,
     kubeconfig: Path,
-    cluster: SimCluster,
+    cluster: Cluster,
     supervisor: Supervisor,
     dashboard_port: int,
     grpc_port: int,
@@ -91,6 +114,7 @@ async def _start_services(
 ) -> Stack:
     local = ["--http-host", "127.0.0.1"]
     grpc = f"127.0.0.1:{grpc_port}"
+    nats_url = nats.url
     await supervisor.start(
         "allocator",
         "gpuledger_allocator",
@@ -145,8 +169,7 @@ async def _start_services(
                 *local,
                 "--http-port",
                 "0",
-                "--kube",
-                "off",
+                *(["--kube", "off"] if isinstance(cluster, SimCluster) else ["--kube", "on", "--kubeconfig", str(kubeconfig)]),
             ],
         )
         await supervisor.start(
@@ -172,8 +195,8 @@ async def _start_services(
     say("every node's inventory is in the ledger")
     extender = f"http://127.0.0.1:{placement_port}/gpuledger"
     await wait_until(lambda: _http_ok(f"http://127.0.0.1:{placement_port}/readyz"), "placement", supervisor)
-    cluster.extender = extender
+    await cluster.use_extender(extender)
     say(f"placement ready; the extender is {extender}")
     await wait_until(cluster.devices_ready, "every plugin registered with its kubelet", supervisor)
     say("every plugin shim registered with its kubelet and listed its devices")
-    return Stack(fleet, nats_url, grpc, f"http://127.0.0.1:{dashboard_port}/", extender, cluster, supervisor)
+    return Stack(fleet, nats_url, grpc, f"http://127.0.0.1:{dashboard_port}/", extender, cluster, supervisor, nats)

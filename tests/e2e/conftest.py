@@ -1,0 +1,59 @@
+"""The e2e suite: pytest against a real control plane (etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler with gpuledger's extender, kwok nodes with simulated kubelets), built from Go modules
+on first use and started once per session on loopback, with the real gpuledger services as processes.
+
+Every test module here runs in the session's event loop (``pytestmark``): the stack's kubelets live in it."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from gpuledger_cli.dev.kubereal import RealCluster
+from gpuledger_cli.dev.stack import Stack, running_stack
+from gpuledger_common.fleet import Fleet, load_fleet
+from gpuledger_common.natsserver import free_port
+from gpuledger_testing.controlplane.api import KubeApi
+from gpuledger_testing.controlplane.cluster import ControlPlane
+
+E2E_FLEET = Path(__file__).with_name("fleet.yaml")
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    """A bare control plane (no gpuledger services, no scheduler) for tests of the harness itself."""
+    workdir = Path(tempfile.mkdtemp(prefix="gl-cp-"))
+    with ControlPlane(workdir) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def fleet() -> Fleet:
+    return load_fleet(str(E2E_FLEET))
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def stack(fleet: Fleet) -> AsyncIterator[Stack]:
+    """The whole gpuledger stack on the real control plane, as ``gpuledger dev up --kubernetes real`` runs it."""
+    async with running_stack(fleet, free_port(), free_port(), _say, "real") as running:
+        yield running
+
+
+@pytest.fixture
+def cluster(stack: Stack) -> RealCluster:
+    assert isinstance(stack.cluster, RealCluster)
+    return stack.cluster
+
+
+@pytest.fixture
+def api(cluster: RealCluster) -> KubeApi:
+    assert cluster.api is not None
+    return cluster.api
+
+
+def _say(message: str) -> None:
+    print(f"[e2e stack] {message}", flush=True)

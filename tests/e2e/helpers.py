@@ -1,0 +1,102 @@
+"""What the e2e tests share: pods as users write them, waiting on the real API server, the ledger
+read straight from JetStream, and the ledger-versus-pods check."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gpuledger_cli.dev.kubereal import RealCluster
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_testing.controlplane.api import ApiError, KubeApi, wait_for
+from gpuledger_testing.ledger_check import Report, check, read_ledger
+
+SLOTS_PER_CARD = 8
+
+
+def pod(name: str, namespace: str, limits: dict[str, str], annotations: dict[str, str] | None = None,
+        node: str = "") -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "schedulerName": "gpuledger-scheduler",
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "app", "image": "cuda", "resources": {"limits": dict(limits)}}],
+    }
+    if node:
+        term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}
+        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [term]}}}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}}, "spec": spec}
+
+
+def share(mib: int, cards: int = 1) -> dict[str, str]:
+    return {"gpuledger.io/gpu": str(cards), "gpuledger.io/gpu-mem": str(mib)}
+
+
+@contextlib.asynccontextmanager
+async def namespace(api: KubeApi, name: str) -> AsyncIterator[str]:
+    """A namespace for one test, deleted (with its pods) afterwards."""
+    with contextlib.suppress(ApiError):
+        await api.create("/api/v1/namespaces", {"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(ApiError):
+            await api.call("DELETE", f"/api/v1/namespaces/{name}/pods", params={"gracePeriodSeconds": "0"})
+        with contextlib.suppress(ApiError):
+            await api.delete(f"/api/v1/namespaces/{name}")
+
+
+async def get_pod(api: KubeApi, namespace: str, name: str) -> dict[str, Any]:
+    return dict(await api.get(f"/api/v1/namespaces/{namespace}/pods/{name}"))
+
+
+async def pods_in(api: KubeApi, namespace: str) -> list[dict[str, Any]]:
+    return list((await api.get(f"/api/v1/namespaces/{namespace}/pods"))["items"])
+
+
+async def running(api: KubeApi, namespace: str, name: str, timeout: float = 60) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        found = await get_pod(api, namespace, name)
+        return found if found.get("status", {}).get("phase") == "Running" else None
+
+    return dict(await wait_for(check, timeout, f"pod {namespace}/{name} Running"))
+
+
+async def ledger(nats_url: str) -> dict[str, NodeLedger]:
+    return await read_ledger(nats_url)
+
+
+async def live_allocations_of(nats_url: str, uid: str) -> list[Any]:
+    return [a for found in (await ledger(nats_url)).values() for a in found.live() if a.owner.id == uid]
+
+
+async def released(nats_url: str, uid: str, timeout: float = 30) -> None:
+    async def check() -> bool:
+        return not await live_allocations_of(nats_url, uid)
+
+    await wait_for(check, timeout, f"the cards of pod uid {uid} released")
+
+
+async def all_pods(api: KubeApi) -> list[dict[str, Any]]:
+    return list((await api.get("/api/v1/pods"))["items"])
+
+
+async def consistent(cluster: RealCluster, nats_url: str, timeout: float = 60) -> Report:
+    """Wait until the ledger equals what the pods hold (see gpuledger_testing.ledger_check)."""
+    assert cluster.api is not None
+    api = cluster.api
+    last: list[Report] = []
+
+    async def check_now() -> Report | None:
+        report = check((await ledger(nats_url)).values(), await all_pods(api), SLOTS_PER_CARD, time.time())
+        last[:] = [report]
+        return report if report.ok else None
+
+    try:
+        found: Report = await wait_for(check_now, timeout, "ledger equal to the pods", interval=1.0)
+    except TimeoutError as err:
+        raise AssertionError(f"{err}: {last[0] if last else 'never checked'}") from None
+    return found

@@ -9,7 +9,10 @@ kubelet writes one (``phase: Failed`` with a reason and message).
 
 from __future__ import annotations
 
+import math
+import re
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from gpuledger_testing.fake_kubelet import FakeContainer, FakePod
@@ -19,7 +22,7 @@ TERMINAL = ("Succeeded", "Failed")
 
 
 def fake_pod(pod: dict[str, Any], resource: str) -> FakePod:
-    """The pod as the device manager sees it; ValueError if a count is not a whole number."""
+    """The pod as the device manager sees it; ValueError if a count is not a quantity."""
     meta, spec = pod["metadata"], pod.get("spec", {})
     containers = [_container(c, resource, init=True) for c in spec.get("initContainers") or []]
     containers += [_container(c, resource, init=False) for c in spec.get("containers") or []]
@@ -33,13 +36,24 @@ def _container(container: dict[str, Any], resource: str, init: bool) -> FakeCont
     return FakeContainer(container["name"], _count(quantity, resource), init, restartable)
 
 
-def _count(quantity: object, resource: str) -> int:
-    if quantity is None:
+def _count(raw: object, resource: str) -> int:
+    """As kubelet counts devices: the quantity's value rounded up (the API server writes 1000 as 1k
+    and refuses fractions of an extended resource)."""
+    if raw is None:
         return 0
-    text = str(quantity)
-    if not text.isdigit():
-        raise ValueError(f"{resource} must be a whole number of devices, not {text!r}")
-    return int(text)
+    text = str(raw).strip()
+    found = _QUANTITY.fullmatch(text)
+    if found is None or found.group(1).startswith("-"):
+        raise ValueError(f"{resource}: {text!r} is not a count of devices")
+    number, suffix = found.group(1), found.group(2) or ""
+    scale = Decimal(f"1{suffix}") if suffix[:1] in ("e", "E") else _SCALE[suffix]
+    return math.ceil(Decimal(number) * scale)
+
+
+_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?")
+_SCALE = {"": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3")}
+_SCALE |= {s: Decimal(10) ** (3 * (i + 1)) for i, s in enumerate("kMGTPE")}
+_SCALE |= {s: Decimal(2) ** (10 * (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))}
 
 
 def uid(pod: dict[str, Any]) -> str:

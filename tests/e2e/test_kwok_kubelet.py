@@ -4,6 +4,7 @@ device plugin written here: node capacity, admission before Running, refusals, f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import tempfile
@@ -12,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import pytest_asyncio
@@ -22,10 +24,10 @@ from grpclib.const import Status
 from gpuledger_plugin.kubelet import KubeletLink, Registration
 from gpuledger_proto import v1 as pr
 from gpuledger_proto import v1beta1 as dp
-from gpuledger_testing.controlplane.api import KubeApi, wait_for
-from gpuledger_testing.controlplane.cluster import ControlPlane
+from gpuledger_testing.controlplane.api import ApiError, KubeApi, wait_for
+from gpuledger_testing.controlplane.cluster import Access, ControlPlane
 from gpuledger_testing.kubelet_pods import ADMITTED
-from gpuledger_testing.kwok_kubelet import GPU, KwokKubelet
+from gpuledger_testing.kwok_kubelet import GPU, KwokKubelet, KwokKubeletSettings
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
 
@@ -125,6 +127,13 @@ class Node:
         found: dict[str, Any] = await self.api.get(f"/api/v1/namespaces/{self.namespace}/pods/{name}")
         return found
 
+    async def gone(self, name: str) -> bool:
+        try:
+            await self.get(name)
+        except ApiError as err:
+            return err.status == 404
+        return False
+
     async def phase(self, name: str, phase: str) -> dict[str, Any]:
         async def reached() -> dict[str, Any] | None:
             pod = await self.get(name)
@@ -159,8 +168,12 @@ async def until(check: Callable[[], Any], what: str, within: float = 30) -> None
     await wait_for(reached, within, what)
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def node(control_plane: ControlPlane) -> AsyncIterator[Node]:
+@contextlib.asynccontextmanager
+async def running_node(
+    control_plane: ControlPlane, access: Access | None = None, settings: KwokKubeletSettings | None = None
+) -> AsyncIterator[Node]:
+    """A fresh kwok node (and namespace) with its kubelet (reaching the API server through
+    ``access`` if given) and the tiny plugin registered."""
     assert control_plane.access is not None
     name = namespace = f"kk-{uuid.uuid4().hex[:6]}"
     work = Path(tempfile.mkdtemp(prefix="gl-kk-", dir="/tmp"))  # unix socket paths must stay short
@@ -173,7 +186,8 @@ async def node(control_plane: ControlPlane) -> AsyncIterator[Node]:
         node = {"metadata": {"name": name}, "status": {"capacity": CAPACITY, "allocatable": CAPACITY}}
         await api.create("/api/v1/nodes", node)
         try:
-            async with KwokKubelet(name, work / "dp", work / "pr.sock", control_plane.access) as kubelet:
+            kubelet = KwokKubelet(name, work / "dp", work / "pr.sock", access or control_plane.access, settings)
+            async with kubelet:
                 here = Node(name, namespace, api, kubelet, plugin, KubeletLink(registration, plugin), work / "pr.sock")
                 here.start_plugin()
                 try:
@@ -185,6 +199,58 @@ async def node(control_plane: ControlPlane) -> AsyncIterator[Node]:
             await api.delete(f"/api/v1/namespaces/{namespace}")
             await api.delete(f"/api/v1/nodes/{name}")
             shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def node(control_plane: ControlPlane) -> AsyncIterator[Node]:
+    async with running_node(control_plane) as here:
+        yield here
+
+
+class Forwarder:
+    """A TCP forwarder on loopback in front of the API server that can be cut (its port closed and
+    every connection dropped) and restored on the same port: an API server that is briefly away."""
+
+    def __init__(self, target: str) -> None:
+        address = urlsplit(target)
+        self.host, self.target_port = address.hostname or "127.0.0.1", address.port or 443
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._pipe, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        for writer in list(self._writers):
+            writer.close()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            upstream_reader, upstream = await asyncio.open_connection(self.host, self.target_port)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, upstream}
+        try:
+            await asyncio.gather(_copy(reader, upstream), _copy(upstream_reader, writer))
+        finally:
+            self._writers -= {writer, upstream}
+            writer.close()
+            upstream.close()
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while chunk := await reader.read(1 << 16):
+            writer.write(chunk)
+            await writer.drain()
+    writer.close()
 
 
 async def test_the_node_advertises_every_device_and_allocatable_the_healthy_ones(
@@ -290,6 +356,34 @@ async def test_a_restart_keeps_assignments_and_the_plugin_registers_again(node: 
     await node.phase("other", "Running")
     assert not set(node.kubelet.assignments[other["metadata"]["uid"]]["app"]) & set(before["app"])
     assert await node.node_counts() == ("3", "3")
+
+
+async def test_the_kubelet_rides_out_an_api_server_outage(control_plane: ControlPlane) -> None:
+    assert control_plane.access is not None
+    forwarder = Forwarder(control_plane.access.server)
+    await forwarder.start()
+    through = Access(f"https://127.0.0.1:{forwarder.port}", control_plane.access.ca_pem, control_plane.access.token)
+    quick = KwokKubeletSettings(call_timeout_s=2.0, watch_s=20, backoff_max_s=0.5)
+    try:
+        async with running_node(control_plane, through, quick) as node:
+            before = await node.pod("before", gpus=1)
+            await node.phase("before", "Running")
+
+            await forwarder.cut()  # what happens now reaches the kubelet only once the API server is back
+            node.plugin.set_health("dev-2", "Unhealthy")
+            await node.kubelet.device_manager.wait_for(lambda k: len(k.healthy()) == 2)
+            await node.api.delete(f"/api/v1/namespaces/{node.namespace}/pods/before")
+            await until(lambda: node.gone("before"), "before deleted (by kwok)")
+            await node.pod("during", gpus=2)
+            assert await node.node_counts() == ("3", "3")  # the kubelet could not write its news
+
+            await forwarder.start()
+            await until(lambda: _is(node.node_counts(), ("3", "2")), "allocatable 2 written after the outage")
+            await node.phase("during", "Running")  # needs before's device: it was freed
+            assert before["metadata"]["uid"] not in node.kubelet.assignments
+            assert set(await node.listed()) == {"during"}
+    finally:
+        await forwarder.cut()
 
 
 async def _is(counts: Any, expected: tuple[str, str]) -> bool:

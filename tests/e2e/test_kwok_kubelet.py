@@ -44,6 +44,7 @@ class TinyPlugin(dp.DevicePluginBase):  # type: ignore[misc]
         self.hold: asyncio.Event | None = None
         self.allocated: list[list[str]] = []  # the device IDs of every Allocate call, in order
         self.called = asyncio.Event()  # set at each Allocate call
+        self.in_flight = self.most_in_flight = 0
         self.streaming = True  # False: every ListAndWatch stream ends, as when the plugin exits
         self._pulse = asyncio.Event()
 
@@ -79,8 +80,13 @@ class TinyPlugin(dp.DevicePluginBase):  # type: ignore[misc]
         ids = [list(r.devices_ids) for r in request.container_requests]
         self.allocated.extend(ids)
         self.called.set()
-        if self.hold is not None:
-            await self.hold.wait()
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.hold is not None:
+                await self.hold.wait()
+        finally:
+            self.in_flight -= 1
         if self.fail:
             raise GRPCError(Status.INTERNAL, self.fail)
         envs = [dp.ContainerAllocateResponse(envs={"TINY_DEVICES": ",".join(sorted(i))}) for i in ids]
@@ -295,6 +301,37 @@ async def test_a_gpu_pod_runs_only_after_allocate_answered(node: Node) -> None:
     await node.pod("plain")  # no devices: admitted at once, no Allocate
     await node.phase("plain", "Running")
     assert len(node.plugin.allocated) == 1
+
+
+async def test_init_containers_first_one_allocate_per_container_and_one_pod_at_a_time(node: Node) -> None:
+    node.plugin.hold = asyncio.Event()
+    init = {"name": "setup", "image": "setup", "resources": {"limits": {GPU: "1"}}}
+    first = await node.pod("first", gpus=1, initContainers=[init])
+    second = await node.pod("second", gpus=2)
+    await asyncio.wait_for(node.plugin.called.wait(), 30)
+    node.plugin.hold.set()
+    await node.phase("first", "Running")
+    await node.phase("second", "Running")
+    assert node.plugin.most_in_flight == 1  # kubelet admits one pod, one container, at a time
+    setup, app = node.plugin.allocated[0], node.plugin.allocated[1]
+    assert len(node.plugin.allocated) == 3 and setup == app  # the app container reuses the init's device
+    held = node.kubelet.assignments
+    assert held[first["metadata"]["uid"]] == {"setup": tuple(setup), "app": tuple(app)}
+    assert not set(held[second["metadata"]["uid"]]["app"]) & set(app)
+    assert (await node.listed())["first"] == app  # PodResources lists app containers only
+
+
+async def test_a_pod_deleted_while_allocate_runs_keeps_nothing(node: Node) -> None:
+    node.plugin.hold = asyncio.Event()
+    made = await node.pod("brief", gpus=2)
+    await asyncio.wait_for(node.plugin.called.wait(), 30)
+    await node.api.delete(f"/api/v1/namespaces/{node.namespace}/pods/brief")
+    await until(lambda: node.gone("brief"), "brief deleted (by kwok)")
+    node.plugin.hold.set()
+    await node.kubelet.wait_for(lambda k: made["metadata"]["uid"] not in k.assignments and not k.device_manager.active)
+    assert "brief" not in await node.listed()
+    await node.pod("next", gpus=3)
+    await node.phase("next", "Running")
 
 
 async def test_a_failed_allocate_fails_the_pod_as_kubelet_does(node: Node) -> None:

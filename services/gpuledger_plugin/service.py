@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, NotFound
+from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, NotFound, Unavailable
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Node
@@ -31,6 +31,7 @@ from gpuledger_plugin.transitions import GrantRef, bind
 log = logging.getLogger(__name__)
 
 BIND_ATTEMPTS = 3
+OUTAGE_PAUSE_S, OUTAGE_PAUSE_MAX_S = 0.05, 1.0  # between reads of a ledger that cannot be reached
 
 
 class DeviceBoard:
@@ -155,13 +156,20 @@ class PluginService:
     # --- Allocate ---
 
     async def allocate(self, device_ids: Sequence[str]) -> Outcome:
+        """Bind the reservation these device IDs belong to. kubelet gives Allocate no deadline and
+        refuses the pod for good on an error, so a ledger that cannot be reached (NATS restarting)
+        is waited for; the server's ``answer_timeout_s`` bounds the whole call."""
         async with self._lock:
-            attempt = 1
+            attempt, pause = 1, OUTAGE_PAUSE_S
             while True:
-                ledger = await self._read()
-                found = await self._identify(ledger, device_ids)
                 try:
+                    ledger = await self._read()
+                    found = await self._identify(ledger, device_ids)
                     return await self._bind(found)
+                except Unavailable as err:
+                    log.info("Allocate for %s waits for the ledger: %s", sorted(device_ids), err)
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
                 except Conflict as err:
                     if attempt == BIND_ATTEMPTS:
                         raise

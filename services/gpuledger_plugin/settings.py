@@ -36,12 +36,12 @@ class PluginSettings:
         "/run/nvidia/mps", "the MPS daemon's pipe directory on the host"
     )
     answer_timeout_s: float = option(
-        3.0, "the longest any kubelet call waits for NATS or the ledger"
+        30.0, "the longest any kubelet call waits for NATS or the ledger (a NATS restart is ridden out)"
     )
     placement_timeout_s: float = option(0.2, "how long GetPreferredAllocation waits for placement")
     pod_resources_timeout_s: float = option(1.0, "how long to wait for kubelet's PodResources List")
     reconcile_interval_s: float = option(30.0, "how often to compare the ledger with kubelet")
-    kubelet_poll_s: float = option(1.0, "how often to look for a restarted kubelet")
+    kubelet_poll_s: float = option(0.2, "how often to look for a restarted kubelet (one stat of kubelet.sock)")
     http_host: str = option("0.0.0.0", "address for /healthz, /readyz, /metrics")
     http_port: int = option(8083, "port for /healthz, /readyz, /metrics (0: any free port)")
     log_level: str = option("info", "debug, info, warning or error")

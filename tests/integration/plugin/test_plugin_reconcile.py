@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -83,3 +84,19 @@ async def test_every_call_answers_within_the_bound_when_nats_is_down(stack: Stac
     message = str(refused.value)
     assert "gpuledger-plugin on node n1" in message
     assert "NATS" in message or "ledger" in message
+
+
+async def test_allocate_rides_out_a_nats_restart(stack: Stack) -> None:
+    """kubelet refuses a pod for good when Allocate fails, so a short NATS outage is waited out."""
+    p = pod("p", FakeContainer("main", gpus=1))
+    allocation = await stack.reserve(p, {"main": (share(0),)})
+    await stack.nats.kill()
+    admitting = asyncio.ensure_future(stack.kubelet.admit(p))
+    await asyncio.sleep(0.3)  # the outage must be under way while kubelet admits
+    assert not admitting.done()
+    await stack.nats.start()
+    admitted = await admitting
+    assert admitted.env("main")["GPULEDGER_ALLOCATION_ID"] == allocation.id
+    bound = (await stack.ledger()).get(allocation.id)
+    assert bound is not None
+    assert bound.state is AllocState.BOUND

@@ -36,8 +36,9 @@ def share(mib: int, cards: int = 1) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def namespace(api: KubeApi, name: str) -> AsyncIterator[str]:
-    """A namespace for one test, deleted (with its pods) afterwards."""
+async def namespace(api: KubeApi, name: str, nats_url: str = "") -> AsyncIterator[str]:
+    """A namespace for one test, deleted (with its pods) afterwards; with ``nats_url``, the exit
+    also waits until the ledger holds nothing for the namespace (the next test finds the room)."""
     with contextlib.suppress(ApiError):
         await api.create("/api/v1/namespaces", {"metadata": {"name": name}})
     try:
@@ -47,6 +48,15 @@ async def namespace(api: KubeApi, name: str) -> AsyncIterator[str]:
             await api.call("DELETE", f"/api/v1/namespaces/{name}/pods", params={"gracePeriodSeconds": "0"})
         with contextlib.suppress(ApiError):
             await api.delete(f"/api/v1/namespaces/{name}")
+        if nats_url:
+            await _namespace_released(nats_url, name)
+
+
+async def _namespace_released(nats_url: str, name: str, timeout: float = 60) -> None:
+    async def check() -> bool:
+        return not any(a.owner.namespace == name for found in (await ledger(nats_url)).values() for a in found.live())
+
+    await wait_for(check, timeout, f"every card held in namespace {name} released", interval=0.5)
 
 
 async def get_pod(api: KubeApi, namespace: str, name: str) -> dict[str, Any]:

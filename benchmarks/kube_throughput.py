@@ -1,0 +1,168 @@
+"""Pods per second bound by a real kube-scheduler through gpuledger's extender, next to the same
+number of pods asking a plain extended resource with no extender, in the same run, on the same
+kwok nodes.
+
+The whole stack runs as ``gpuledger dev up --kubernetes real`` runs it (a real kube-apiserver,
+kube-scheduler with deploy/scheduler/scheduler-config.yaml, kube-controller-manager, kwok nodes
+with simulated kubelets; nats-server, the allocator, placement, an inventory and a plugin shim
+per node). A second kube-scheduler (profile ``plain-scheduler``, no extender) binds the plain pods.
+Rounds alternate plain and gpuledger bursts so drift hits both alike; each burst creates every
+pod, waits until all are bound (``spec.nodeName`` set), then deletes them and waits for the ledger
+to give their cards back. Binds refused come from placement's own counters; the extender's CPU per
+pod from its process's CPU time.
+
+    python benchmarks/kube_throughput.py [--nodes 13] [--pods 100] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gpuledger_cli.dev.kubereal import RealCluster
+from gpuledger_cli.dev.stack import Stack, running_stack
+from gpuledger_common.fleet import load_fleet
+from gpuledger_common.natsserver import free_port
+from gpuledger_testing.controlplane.api import KubeApi, wait_for
+from gpuledger_testing.controlplane.cluster import plain_scheduler_config
+from gpuledger_testing.ledger_check import read_ledger
+
+PLAIN = "example.com/gpu"
+NAMESPACE = "bench"
+CLK_TCK = 100
+
+
+def fleet_file(directory: Path, nodes: int) -> Path:
+    path = directory / "bench-fleet.yaml"
+    path.write_text("nodes:\n" + "".join(f"  - name: h100-{i}\n    profile: h100-sxm-8\n" for i in range(nodes)))
+    return path
+
+
+def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
+    scheduler, resource = ("plain-scheduler", PLAIN) if kind == "plain" else ("gpuledger-scheduler", "gpuledger.io/gpu")
+    return [{
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{kind}-{round_no}-{i:04d}", "namespace": NAMESPACE, "labels": {"bench": kind}},
+        "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "app", "image": "cuda", "resources": {"limits": {resource: "1"}}}]},
+    } for i in range(count)]
+
+
+async def bound_count(api: KubeApi, kind: str) -> int:
+    found = await api.get(f"/api/v1/namespaces/{NAMESPACE}/pods", labelSelector=f"bench={kind}")
+    return sum(1 for p in found["items"] if p["spec"].get("nodeName"))
+
+
+async def burst(api: KubeApi, kind: str, count: int, round_no: int) -> float:
+    """Seconds from the first create until every pod is bound."""
+    started = time.perf_counter()
+    sem = asyncio.Semaphore(16)
+
+    async def create(body: dict[str, Any]) -> None:
+        async with sem:
+            await api.create(f"/api/v1/namespaces/{NAMESPACE}/pods", body)
+
+    await asyncio.gather(*(create(b) for b in pods(kind, count, round_no)))
+
+    async def all_bound() -> bool:
+        return await bound_count(api, kind) >= count
+
+    await wait_for(all_bound, 600, f"{count} {kind} pods bound", interval=0.05)
+    return time.perf_counter() - started
+
+
+async def clear(api: KubeApi, kind: str) -> None:
+    await api.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods",
+                   params={"labelSelector": f"bench={kind}", "gracePeriodSeconds": "0"})
+
+    async def gone() -> bool:
+        found = await api.get(f"/api/v1/namespaces/{NAMESPACE}/pods", labelSelector=f"bench={kind}")
+        return not found["items"]
+
+    await wait_for(gone, 120, f"{kind} pods gone", interval=0.2)
+
+
+async def ledger_empty(stack: Stack) -> bool:
+    return not any(found.live() for found in (await read_ledger(stack.nats_url)).values())
+
+
+async def metric(url: str, name: str, labels: str) -> float:
+    async with aiohttp.ClientSession() as http, http.get(url) as reply:
+        text = await reply.text()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and all(part in line for part in labels.split(",") if part):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+async def run(args: argparse.Namespace) -> int:
+    fleet = load_fleet(str(fleet_file(Path(tempfile.mkdtemp(prefix="gl-bench-")), args.nodes)))
+    async with running_stack(fleet, free_port(), free_port(), lambda m: print(f"[stack] {m}", flush=True), "real") as stack:
+        cluster = stack.cluster
+        assert isinstance(cluster, RealCluster) and cluster.api is not None
+        api = cluster.api
+        await api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        for node in cluster.nodes:  # the plain resource, as another device plugin would advertise it
+            await api.patch(f"/api/v1/nodes/{node}/status",
+                            {"status": {"capacity": {PLAIN: "8"}, "allocatable": {PLAIN: "8"}}},
+                            "application/strategic-merge-patch+json")
+        await asyncio.to_thread(cluster.control_plane.start_scheduler, "plain-scheduler",
+                                plain_scheduler_config("plain-scheduler"))
+        metrics_url = re.sub(r"/gpuledger$", "/metrics", stack.extender)
+        placement = stack.supervisor.get("placement").process
+        assert placement is not None
+        rows: dict[str, list[float]] = {"plain": [], "gpuledger": []}
+        refused: list[float] = []
+        cpu_per_pod: list[float] = []
+        for round_no in range(args.rounds):
+            for kind in ("plain", "gpuledger"):
+                failed_before = await metric(metrics_url, "gpuledger_placement_failures_total", 'verb="bind"')
+                cpu_before = cpu_seconds(placement.pid)
+                seconds = await burst(api, kind, args.pods, round_no)
+                cpu_after = cpu_seconds(placement.pid)
+                rows[kind].append(args.pods / seconds)
+                if kind == "gpuledger":
+                    refused.append(await metric(metrics_url, "gpuledger_placement_failures_total", 'verb="bind"')
+                                   - failed_before)
+                    cpu_per_pod.append((cpu_after - cpu_before) / args.pods * 1000)
+                print(f"round {round_no} {kind:9s}: {args.pods} pods bound in {seconds:.2f} s "
+                      f"({args.pods / seconds:.1f} pods/s)", flush=True)
+                await clear(api, kind)
+            await wait_for(lambda: ledger_empty(stack), 120, "every card back in the ledger", interval=0.5)
+    plain, ours = statistics.median(rows["plain"]), statistics.median(rows["gpuledger"])
+    print()
+    print(f"| path | pods/s (median of {args.rounds}) | runs |")
+    print("|---|---|---|")
+    print(f"| plain extended resource, no extender | {plain:.1f} | {', '.join(f'{r:.1f}' for r in rows['plain'])} |")
+    print(f"| gpuledger extender (filter + bind) | {ours:.1f} | {', '.join(f'{r:.1f}' for r in rows['gpuledger'])} |")
+    print(f"ratio gpuledger / plain: {ours / plain:.2f}")
+    print(f"binds refused per {args.pods} pods: {', '.join(f'{r:.0f}' for r in refused)}")
+    print(f"placement CPU per pod (ms, filter + bind + ledger watch): {', '.join(f'{c:.2f}' for c in cpu_per_pod)}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=13)
+    parser.add_argument("--pods", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    return asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,12 +13,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from gpuledger_core.errors import Exhausted
-from gpuledger_core.fit import ContainerAsk
+from gpuledger_core.fit import ContainerAsk, share_for
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, AllocState, Grant, Isolation, Owner
 from gpuledger_core.placement import Ask, Decision, NodeState, Policy, from_ledger, place, shares
 from gpuledger_core.slots import assign_device_ids, slot_problem
+
+Hint = tuple[tuple[int, ...], ...]  # card indexes per container, in the pod's container order
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +119,10 @@ def plan(ledger: NodeLedger, pod: PodAsk, policy: Policy, *, slots_per_card: int
         grants.append(grant)
         if not container.init:
             apps.append(grant)
-    # Init containers alone on a card take a slot each: only the whole pod can tell.
-    whole = slot_problem(ledger, _provisional(ledger, pod.owner, grants), slots_per_card) if slots_per_card else ""
-    if whole:
-        raise Exhausted(f"{ledger.node.name}: {whole}")
+    if slots_per_card and len(grants) > len(apps):  # init containers alone on a card take a slot each
+        whole = slot_problem(ledger, _provisional(ledger, pod.owner, grants), slots_per_card)
+        if whole:
+            raise Exhausted(f"{ledger.node.name}: {whole}")
     return tuple(grants)
 
 
@@ -137,14 +139,38 @@ def reserve_pod(
     now: float,
     lease_s: float,
     slots_per_card: int,
+    hint: Hint | None = None,
 ) -> NodeLedger:
     """The one transition that places ``pod`` on this node: cards chosen on this very ledger,
-    device IDs assigned, reserved. Raises ``Exhausted`` with the reason when it does not fit."""
+    device IDs assigned, reserved. Raises ``Exhausted`` with the reason when it does not fit.
+
+    ``hint``: card indexes per container chosen for this pod earlier (placement's filter), taken
+    while they still fit, so that the pods chosen for this node beside it keep fitting too;
+    otherwise (or if the hint does not match the pod) the cards are chosen again."""
+    hinted = hinted_grants(ledger, pod, hint) if hint is not None else None
+    if hinted is not None:
+        try:
+            return _reserve(ledger, pod, allocation_id, hinted, now, lease_s, slots_per_card)
+        except Exhausted:
+            pass
+    grants = plan(ledger, pod, policy, slots_per_card=slots_per_card)
+    return _reserve(ledger, pod, allocation_id, grants, now, lease_s, slots_per_card)
+
+
+def _reserve(
+    ledger: NodeLedger,
+    pod: PodAsk,
+    allocation_id: AllocationId,
+    grants: tuple[Grant, ...],
+    now: float,
+    lease_s: float,
+    slots_per_card: int,
+) -> NodeLedger:
     allocation = Allocation(
         id=allocation_id,
         owner=pod.owner,
         node=ledger.node.name,
-        grants=plan(ledger, pod, policy, slots_per_card=slots_per_card),
+        grants=grants,
         state=AllocState.RESERVED,
         isolation=pod.isolation,
         created_at=now,
@@ -153,3 +179,26 @@ def reserve_pod(
         requests=tuple(c.request for c in pod.containers),
     )
     return reserve(ledger, assign_device_ids(ledger, allocation, slots_per_card))
+
+
+def hint_of(grants: tuple[Grant, ...]) -> Hint:
+    """The card indexes of each grant: what ``reserve_pod`` takes as a hint."""
+    return tuple(tuple(share.index for share in grant.cards) for grant in grants)
+
+
+def hinted_grants(ledger: NodeLedger, pod: PodAsk, hint: Hint) -> tuple[Grant, ...] | None:
+    """The pod's grants on the hinted cards (shares as its requests say), or None when the hint
+    does not match the pod and this node (another count of containers or cards, a card not here
+    or of another model)."""
+    cards = {card.index: card for card in ledger.node.cards}
+    if len(hint) != len(pod.containers):
+        return None
+    grants = []
+    for container, indexes in zip(pod.containers, hint, strict=True):
+        if len(indexes) != container.request.count or len(set(indexes)) != len(indexes):
+            return None
+        if any(i not in cards or not container.request.allows(cards[i].model) for i in indexes):
+            return None
+        shares_ = tuple(share_for(cards[i], container.request) for i in indexes)
+        grants.append(Grant(container.container, shares_, container.init))
+    return tuple(grants)

@@ -138,3 +138,25 @@ def test_a_pod_without_card_containers() -> None:
     empty = PodAsk(OWNER)
     assert not empty.wants_cards and empty.single() is None and empty.main() is None
     assert plan(NodeLedger(ledger(8000).node), empty, POLICY, slots_per_card=8) == ()
+
+
+def test_a_hint_is_taken_while_it_fits_and_a_stale_or_foreign_one_is_not() -> None:
+    one = pod(ContainerAsk("c", Request(1, mem_mib=1000)))
+    empty = ledger(8000, 8000, 8000)
+
+    def cards(state: NodeLedger, hint: tuple[tuple[int, ...], ...] | None, ask: PodAsk = one) -> list[int]:
+        after = reserve_pod(state, ask, POLICY, AllocationId("a"), now=0, lease_s=9, slots_per_card=8, hint=hint)
+        found = after.get(AllocationId("a"))
+        assert found is not None
+        assert [card_of(i) for i in found.grants[0].device_ids] == [s.uuid for s in found.shares()]
+        return [s.index for s in found.shares()]
+
+    assert cards(empty, None) == [0]
+    assert cards(empty, ((2,),)) == [2]
+    whole = pod(ContainerAsk("w", Request(1)))
+    full = reserve_pod(empty, whole, POLICY, AllocationId("w"), now=0, lease_s=9, slots_per_card=8, hint=((2,),))
+    assert cards(full, ((2,),)) == [0]  # card 2 is taken now: chosen again
+    for foreign in (((0, 1),), ((7,),), ((0,), (1,))):  # another count, no such card, another pod's shape
+        assert cards(empty, foreign) == [0]
+    hinted = reserve_pod(empty, one, POLICY, AllocationId("a"), now=0, lease_s=9, slots_per_card=8, hint=((1,),))
+    assert [s.mem_mib for s in hinted.allocations[0].shares()] == [1000]  # the share is the request's

@@ -10,7 +10,10 @@ call carries 800 node names and a real pod's JSON, as kube-scheduler sends them 
   in the background (``--churn`` node changes per second arrive as the watch would deliver them);
 
 The client sends the calls one at a time, interleaved (bare, filter, prioritize), over keep-alive
-connections, and reports p50/p99 and the ratio to the bare handler. "cold" repeats the calls with
+connections, and reports p50/p99 and the ratio to the bare handler. Filter chooses the node for the
+pod (so it also scores every node that fits) and records the pod as assumed there; every call
+names the same pod, so each replaces the previous call's assumption. kube-scheduler skips
+prioritize when filter leaves one node: for a GPU pod, filter is now the whole round trip. "cold" repeats the calls with
 every node's cached answers dropped first (as if every node had changed since the last call). It
 also times the card choice on one 8-card node.
 
@@ -183,8 +186,7 @@ async def serve_real(port: int, nodes: int, seed: int, churn: float) -> None:
     app = http_app(settings, parts)
 
     async def cold(_: web.Request) -> web.Response:
-        for entry in parts.view.entries.values():
-            entry.memo.clear()
+        parts.service.drop_answers()
         return web.Response(text="ok")
 
     app.router.add_post("/bench/cold", cold)
@@ -247,8 +249,9 @@ async def measure(args: argparse.Namespace, bare: str, real: str) -> dict[str, l
             check = await reply.json()
             assert check["Error"] == "", check
             fits = len(check["NodeNames"])
-            print(f"filter keeps {fits} of {len(names)} nodes; {len(check['FailedNodes'])} failed, "
-                  f"{len(check['FailedAndUnresolvableNodes'])} unresolvable")  # fmt: skip
+            failed, never = len(check["FailedNodes"]), len(check["FailedAndUnresolvableNodes"])
+            print(f"filter answers {fits} of {len(names)} nodes (the one it chose; the pod is assumed there); "
+                  f"{failed} failed, {never} unresolvable")  # fmt: skip
         for _ in range(20):  # warm-up
             await timed(session, f"{bare}/bare/filter", body)
             await timed(session, f"{real}/gpuledger/filter", body)

@@ -19,6 +19,7 @@ from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.placement import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
+from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.binder import Binder
 from gpuledger_placement.kube import KubePodApi, NoPodApi, PodApi
 from gpuledger_placement.policies import Policies
@@ -42,7 +43,9 @@ def build(settings: PlacementSettings, store: LedgerStore | None, pods: PodApi, 
     view = FleetView(store, settings.stale_after_s, slots_per_card=settings.slots_per_card)
     tracker = WorkloadTracker(window=settings.workload_window)
     policies = Policies(tracker, view.card_memory, settings.workload_refresh_s)
-    service = PlacementService(view, policies, settings.policy, parse_guard(settings.guard), _ready(view, nc, settings))
+    guard, ready = parse_guard(settings.guard), _ready(view, nc, settings)
+    assumed = Assumptions(settings.assume_ttl_s)
+    service = PlacementService(view, policies, settings.policy, guard, ready, assumed=assumed)
     binder = Binder(store, service, pods, settings.lease_s) if store else None
     return Parts(view, service, Extender(service, binder))
 

@@ -1,14 +1,17 @@
 """The extender's bind: reserve in the ledger, mirror onto the pod, create the Binding.
 
 1. Read the pod (its containers' requests; its UID must be the one the scheduler names).
-2. Reserve with ONE compare-and-set on the node's key: cards chosen on the value being replaced,
-   kubelet device IDs assigned, ``reserve``; then claim the pod in the owner index. A pod that
-   already holds a live reservation on this node (a retried bind) keeps it.
+2. Reserve with ONE compare-and-set on the node's key: the cards filter chose for the pod while
+   they still fit (else cards chosen again on the value being replaced), kubelet device IDs
+   assigned, ``reserve``; the written value goes into placement's view at once; then claim the pod
+   in the owner index. A pod that already holds a live reservation on this node (a retried bind)
+   keeps it.
 3. Write the allocation to the pod's ``gpuledger.io/allocation`` annotation.
 4. Create the Binding. If the API server says the pod is bound already, to this node, the bind
    succeeded earlier: done. If the bind surely failed, release the reservation and the annotation.
    If it cannot be told (the API server stopped answering), the reservation stays: it expires with
    its lease unless kubelet admits the pod.
+Either way the pod's assumption (filter's choice, ``assumed.py``) ends with the bind.
 See docs/extender.md.
 """
 
@@ -22,10 +25,10 @@ from dataclasses import dataclass
 
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Conflict, Exhausted, FailedPrecondition, GpuledgerError, NotFound, Unavailable
-from gpuledger_core.ids import AllocationId
+from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release
-from gpuledger_core.model import Allocation, Owner
-from gpuledger_core.pods import PodAsk, reserve_pod
+from gpuledger_core.model import Allocation, Owner, OwnerKind
+from gpuledger_core.pods import Hint, PodAsk, hint_of, reserve_pod
 from gpuledger_placement import convert
 from gpuledger_placement.convert import BindArgs
 from gpuledger_placement.kube import PodApi
@@ -51,6 +54,16 @@ class Binder:
     clock: Callable[[], float] = time.time
 
     async def bind(self, args: BindArgs) -> Bound:
+        owner = Owner(OwnerKind.POD, args.uid)  # the key filter's assumption is under
+        try:
+            bound = await self._bind(args)
+        except BaseException:
+            self.service.assumed.forget(owner, "failed")
+            raise
+        self.service.assumed.forget(owner, "bound")
+        return bound
+
+    async def _bind(self, args: BindArgs) -> Bound:
         raw = await self.pods.get_pod(args.namespace, args.name)
         ref = convert.pod_ref_from(raw)
         if ref.uid != args.uid:
@@ -102,6 +115,7 @@ class Binder:
             raise Exhausted(f"{node}: node inventory is stale (no heartbeat)")
         key, policy = self.service.policies.get(pod.policy or self.service.policy)
         allocation_id = AllocationId(f"a-{secrets.token_hex(8)}")
+        hint = self._hint(pod, node)
 
         def transition(ledger: NodeLedger | None) -> NodeLedger:
             if ledger is None:
@@ -114,14 +128,24 @@ class Binder:
                 now=self.clock(),
                 lease_s=self.lease_s,
                 slots_per_card=self.service.view.slots_per_card,
+                hint=hint,
             )
 
         written = await self.store.mutate(node, transition)
         found = written.new.get(allocation_id) if written.new else None
-        if found is None:
+        if found is None or written.new is None:
             raise Conflict(f"the reservation for {pod.owner.describe()} on {node} was not written")
+        # Seen at once by filter (the watch brings the same revision later, and it is ignored).
+        self.service.view.apply(NodeName(node), written.new, written.revision)
         log.info("reserved %s on %s for %s (policy %s)", allocation_id, node, pod.owner.describe(), key[0])
         return found
+
+    def _hint(self, pod: PodAsk, node: str) -> Hint | None:
+        """The cards filter chose for this very pod on this node, if it did."""
+        assumed = self.service.assumed.of(pod.owner)
+        if assumed is None or assumed.node != node or assumed.containers != pod.containers:
+            return None
+        return hint_of(assumed.allocation.grants)
 
     async def _owned(self, owner: Owner, node: str) -> Allocation | None:
         """The owner's live allocation on ``node``; one elsewhere, or a record of nothing, is dropped."""

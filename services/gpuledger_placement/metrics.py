@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -20,3 +20,10 @@ DECISIONS = Counter(
 NODES_FILTERED = Counter("gpuledger_placement_filtered_nodes_total", "Nodes judged by filter, by result", ["result"])
 FAILURES = Counter("gpuledger_placement_failures_total", "Calls that failed, by verb and error code", ["verb", "code"])
 ROLLBACKS = Counter("gpuledger_placement_bind_rollbacks_total", "Reservations released because the bind failed")
+ASSUMPTIONS = Counter(
+    "gpuledger_placement_assumptions_total",
+    "Pods filter placed on a node before their bind: made, and how each ended "
+    "(written, bound, failed, refiltered, expired)",
+    ["event"],
+)
+ASSUMED = Gauge("gpuledger_placement_assumed_pods", "Pods placed by filter whose reservation is not in the view yet")

@@ -19,7 +19,7 @@ from gpuledger_core.errors import GpuledgerError, InvalidArgument
 from gpuledger_placement import convert, metrics
 from gpuledger_placement.binder import Binder
 from gpuledger_placement.convert import BadRequest
-from gpuledger_placement.service import PlacementService
+from gpuledger_placement.service import Filtered, PlacementService
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -74,7 +74,7 @@ class Extender:
         except GpuledgerError as err:
             metrics.FAILURES.labels("filter", err.code).inc()
             return _reply(convert.filter_error_to(f"gpuledger placement: {err}"))
-        self._count_filter(pod.wants_cards, found.fits, found.failed, found.unresolvable)
+        self._count_filter(pod.wants_cards, found)
         return _reply(convert.filter_result_to(args, found.fits, found.failed, found.unresolvable))
 
     async def prioritize(self, request: web.Request) -> web.Response:
@@ -111,14 +111,15 @@ class Extender:
         return _reply(convert.bind_result_to())
 
     @staticmethod
-    def _count_filter(wants: bool, fits: Any, failed: Any, unresolvable: Any) -> None:
+    def _count_filter(wants: bool, found: Filtered) -> None:
         if not wants:
             metrics.DECISIONS.labels("filter", "passthrough").inc()
             return
-        metrics.DECISIONS.labels("filter", "fit" if fits else "no_fit").inc()
-        metrics.NODES_FILTERED.labels("fit").inc(len(fits))
-        metrics.NODES_FILTERED.labels("failed").inc(len(failed))
-        metrics.NODES_FILTERED.labels("unresolvable").inc(len(unresolvable))
+        metrics.DECISIONS.labels("filter", "fit" if found.fits else "no_fit").inc()
+        metrics.NODES_FILTERED.labels("fit").inc(len(found.fits))
+        metrics.NODES_FILTERED.labels("passed_over").inc(len(found.passed_over))
+        metrics.NODES_FILTERED.labels("failed").inc(len(found.failed))
+        metrics.NODES_FILTERED.labels("unresolvable").inc(len(found.unresolvable))
 
 
 def extender_app(extender: Extender, prefix: str) -> web.Application:

@@ -1,13 +1,15 @@
 """Placement's decisions over its view of the ledger: filter, prioritize, place, preferred.
 
-Nothing here does I/O: every answer is computed from the view. Per node, answers are cached in the
-node's entry under the pod's shape (and the policy's generation where the policy matters), so a
-node is only re-examined after its ledger changed.
+Nothing here does I/O: every answer is computed from the view and from the pods filter has placed
+whose bind has not reached the view yet (``assumed.py``), which count against their nodes. Per
+node, answers are cached in the node's entry under the pod's shape (and the policy's generation
+where the policy matters), so a node is only re-examined after its ledger, or the pods assumed on
+it, changed.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import heapq
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -15,25 +17,21 @@ from itertools import count
 from random import Random
 from typing import cast
 
-from gpuledger_core.errors import Exhausted, FailedPrecondition, NotFound, Unavailable
-from gpuledger_core.ids import CardUuid
-from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Grant, Request
+from gpuledger_core.errors import Exhausted, NotFound, Unavailable
+from gpuledger_core.ids import AllocationId
+from gpuledger_core.model import Grant
 from gpuledger_core.placement import (
     Ask,
-    Decision,
     Guard,
-    NodeState,
     Policy,
     filter_nodes,
-    from_ledger,
-    place,
     rate,
     scale,
 )
-from gpuledger_core.pods import PodAsk, expand_models, impossible, plan
-from gpuledger_core.slots import parse_device_id
+from gpuledger_core.pods import PodAsk, expand_models, impossible, plan, reserve_pod
+from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.policies import Policies, PolicyKey
+from gpuledger_placement.preferred import preferred_ids
 from gpuledger_placement.view import FleetView, NodeEntry
 
 FITS, FAILED, UNRESOLVABLE = 0, 1, 2
@@ -48,6 +46,7 @@ class Filtered:
     fits: tuple[str, ...]
     failed: dict[str, str]
     unresolvable: dict[str, str]
+    passed_over: tuple[str, ...] = ()  # nodes that fit too but were not chosen (filter answers one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +65,12 @@ class PlacementService:
         guard: Guard | None = None,
         ready: Callable[[], str] = lambda: "",
         rng: Random | None = None,
+        assumed: Assumptions | None = None,
     ) -> None:
         self.view, self.policies, self.policy, self.guard = view, policies, policy, guard
         self.ready = ready
         self.rng = rng or Random()
+        self.assumed = assumed if assumed is not None else Assumptions()
         self._keys: dict[object, int] = {}
         self._next_key = count()
         self._known: frozenset[str] = frozenset()
@@ -108,11 +109,32 @@ class PlacementService:
     # --- the extender's verbs ---
 
     def filter(self, pod: PodAsk, names: Sequence[str]) -> Filtered:
+        """The extender's filter. For a pod that wants cards: the one node placement chooses among
+        those it fits, assumed there until its bind (the others that fit are ``passed_over``), and
+        why each other node does not fit. Every node passes a pod that wants none."""
         if not pod.wants_cards:  # not ours: every node will do, ledger or not
             return Filtered(tuple(names), {}, {})
         self.check()
         pod = self.resolve(pod)
         self.policies.observe(pod)
+        self.assumed.expire()
+        self.assumed.forget(pod.owner, "refiltered")  # its earlier choice must not stand in its way
+        judged = self._judged(pod, names)
+        chosen = self._assume_best(pod, judged.fits) if judged.fits else None
+        if chosen is None:
+            return judged
+        others = tuple(name for name in judged.fits if name != chosen)
+        return Filtered((chosen,), judged.failed, judged.unresolvable, others)
+
+    def judge(self, pod: PodAsk, names: Sequence[str]) -> Filtered:
+        """Every node's verdict for the pod, the assumed pods counted; nothing is chosen."""
+        if not pod.wants_cards:
+            return Filtered(tuple(names), {}, {})
+        self.check()
+        self.assumed.expire()
+        return self._judged(self.resolve(pod), names)
+
+    def _judged(self, pod: PodAsk, names: Sequence[str]) -> Filtered:
         fits: list[str] = []
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
@@ -125,10 +147,37 @@ class PlacementService:
                 unresolvable[name] = why
         return Filtered(tuple(fits), failed, unresolvable)
 
+    def _assume_best(self, pod: PodAsk, fits: Sequence[str]) -> str | None:
+        """Choose the best of ``fits``, plan the pod there (cards and device IDs, beside the pods
+        already assumed there) and assume it there; None if it could be planned on none."""
+        key, policy = self.policies.get(pod.policy or self.policy)
+        allocation_id = AllocationId(f"assumed-{pod.owner.key}")
+        for name in self._ranked(pod, fits, key, policy):
+            entry = self._entry(name)
+            assert entry is not None
+            try:
+                after = reserve_pod(
+                    entry.ledger,
+                    pod,
+                    policy,
+                    allocation_id,
+                    now=self.view.clock(),
+                    lease_s=self.assumed.ttl_s,
+                    slots_per_card=self.view.slots_per_card,
+                )
+            except Exhausted:
+                continue
+            allocation = after.get(allocation_id)
+            assert allocation is not None
+            self.assumed.assume(allocation, pod.containers)
+            return name
+        return None
+
     def prioritize(self, pod: PodAsk, names: Sequence[str]) -> dict[str, int]:
         if not pod.wants_cards:
             return dict.fromkeys(names, 0)
         self.check()
+        self.assumed.expire()
         pod = self.resolve(pod)
         key, policy = self.policies.get(pod.policy or self.policy)
         return scale(self._rates(pod, names, key, policy))
@@ -138,22 +187,26 @@ class PlacementService:
     def place(self, pod: PodAsk, exclude: Collection[str] = ()) -> Placed:
         """The best node and every container's cards there, or ``Exhausted`` with reasons."""
         self.check()
+        self.assumed.expire()
         pod = self.resolve(pod)
         key, policy = self.policies.get(pod.policy or self.policy)
         self.policies.observe(pod)
         candidates = [name for name in self.view.entries if name not in exclude]
-        rates = self._rates(pod, candidates, key, policy)
-        scored = [(-score, order, name) for order, (name, score) in enumerate(rates.items()) if score is not None]
-        ranked = [name for *_, name in sorted(scored)]
-        if policy.randomized:
-            self.rng.shuffle(ranked)
-        for name in ranked[:RANKED]:
-            entry = self.view.entries[name]
+        ranked = self._ranked(pod, candidates, key, policy)
+        for name in ranked:
+            entry = self._entry(name)
+            assert entry is not None
             try:
-                return Placed(name, self._plan(entry, pod, policy), tuple(ranked[:RANKED]))
+                return Placed(name, self._plan(entry, pod, policy), tuple(ranked))
             except Exhausted:
                 continue
         raise Exhausted(self._nowhere(pod, exclude))
+
+    def drop_answers(self) -> None:
+        """Forget every cached answer (the benchmark's cold runs)."""
+        for entry in self.view.entries.values():
+            entry.memo.clear()
+        self.assumed.drop_answers()
 
     def preferred(self, node: str, available: Collection[str], must_include: Collection[str], size: int) -> list[str]:
         """The best-connected ``size`` cards among the device IDs kubelet offers on ``node``."""
@@ -161,21 +214,30 @@ class PlacementService:
         entry = self.view.entries.get(node)
         if entry is None:
             raise NotFound(f"node {node} is not in the ledger")
-        offered = _ids_by_card(available, must_include)
-        fixed = {parse_device_id(i)[0] for i in must_include}
-        if len(fixed) >= size:
-            return sorted(must_include)[:size]
-        if fixed:
-            raise FailedPrecondition("a preference that must include given devices is ranked by the node itself")
-        ask = Ask(Request(size))
-        state = _offered_only(entry.ledger, offered)
-        found = place([state], ask, self.policies.get("binpack")[1])
-        if not isinstance(found, Decision):
-            return []
-        uuids = {card.index: card.uuid for card in entry.ledger.node.cards}
-        return [offered[uuids[index]][0] for index in found.cards]
+        return preferred_ids(entry.ledger, available, must_include, size, self.policies.get("binpack")[1])
 
     # --- per node, cached per revision: the question is prepared once per call ---
+
+    def _entry(self, name: str) -> NodeEntry | None:
+        """The node's entry in the view, or the entry with its assumed pods counted if it has any."""
+        entry = self.view.entries.get(name)
+        if entry is None or name not in self.assumed.nodes:
+            return entry
+        return self._counted(name, entry)
+
+    def _counted(self, name: str, entry: NodeEntry) -> NodeEntry:
+        counted = self.assumed.entry(name, entry, self.view.slots_per_card)
+        return entry if counted is None else counted.entry
+
+    def _ranked(self, pod: PodAsk, names: Iterable[str], key: PolicyKey, policy: Policy) -> list[str]:
+        """The first ``RANKED`` nodes of ``names`` that fit, best first (any order if randomized)."""
+        rates = self._rates(pod, names, key, policy)
+        scored = [(-score, order, name) for order, (name, score) in enumerate(rates.items()) if score is not None]
+        if not policy.randomized:
+            return [name for *_, name in heapq.nsmallest(RANKED, scored)]
+        ranked = [name for *_, name in scored]
+        self.rng.shuffle(ranked)
+        return ranked[:RANKED]
 
     def _verdicts(self, pod: PodAsk, names: Iterable[str]) -> Iterator[tuple[str, Verdict]]:
         single = pod.single()
@@ -186,10 +248,12 @@ class PlacementService:
             policy_key, policy = self.policies.get(pod.policy or self.policy)
             key = self._key(("filter", policy_key, pod.containers))
             compute = partial(self._pod_verdict, pod=pod, policy=policy)
-        entries, now = self.view.entries, self.view.clock()
+        now, entries, assumed, counted = self.view.clock(), self.view.entries, self.assumed.nodes, self._counted
         stale = self.view.stale if self.view.stale_after_s else None
         for name in names:
             entry = entries.get(name)
+            if entry is not None and name in assumed:
+                entry = counted(name, entry)
             if entry is None:
                 yield name, (FAILED, "not in the gpuledger ledger: no inventory from this node yet")
             elif stale is not None and stale(name, now):
@@ -200,9 +264,14 @@ class PlacementService:
             else:
                 found = entry.memo.get(key)
                 if found is None:
-                    found = compute(entry)
+                    found = self._counting_assumed(name, compute(entry))
                     entry.remember(key, found)
                 yield name, cast(Verdict, found)
+
+    def _counting_assumed(self, name: str, verdict: Verdict) -> Verdict:
+        """A node that is full counting the pods placed there and not bound yet says so."""
+        pods = self.assumed.pods_on(name) if verdict[0] == FAILED else 0
+        return (FAILED, f"{verdict[1]} (counting {pods} pod(s) placed here, being bound)") if pods else verdict
 
     def _single_verdict(self, entry: NodeEntry, ask: Ask) -> Verdict:
         never = impossible(entry.state, ask)
@@ -231,11 +300,13 @@ class PlacementService:
         if main is None:
             return dict.fromkeys(names)
         memo_key = self._key(("rate", key, single.shape if single is not None else pod.containers))
-        entries, now = self.view.entries, self.view.clock()
+        now, entries, assumed, counted = self.view.clock(), self.view.entries, self.assumed.nodes, self._counted
         stale = self.view.stale if self.view.stale_after_s else None
         found: dict[str, float | None] = {}
         for name in names:
             entry = entries.get(name)
+            if entry is not None and name in assumed:
+                entry = counted(name, entry)
             if entry is None or (stale is not None and stale(name, now)):
                 found[name] = None
                 continue
@@ -260,19 +331,3 @@ class PlacementService:
         shown = "; ".join(reasons[:SHOWN_REASONS]) + (f"; and {more} more node(s)" if more > 0 else "")
         return f"{pod.owner.describe()} fits on no node: {shown}"
 
-
-def _ids_by_card(available: Collection[str], must_include: Collection[str]) -> dict[CardUuid, list[str]]:
-    found: dict[CardUuid, list[str]] = {}
-    for raw in sorted({*available, *must_include}, key=lambda i: (parse_device_id(i)[0], parse_device_id(i)[1])):
-        found.setdefault(parse_device_id(raw)[0], []).append(raw)
-    return found
-
-
-def _offered_only(ledger: NodeLedger, offered: Collection[CardUuid]) -> NodeState:
-    """The node with every card idle where kubelet offers a slot and unusable elsewhere."""
-    state = from_ledger(NodeLedger(ledger.node))
-    cards = tuple(
-        card if uuid in offered else dataclasses.replace(card, healthy=False)
-        for card, uuid in zip(state.cards, (c.uuid for c in ledger.node.cards), strict=True)
-    )
-    return dataclasses.replace(state, cards=cards)

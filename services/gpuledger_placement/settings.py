@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from gpuledger_common.settings import option, require
 from gpuledger_core.placement import POLICIES, Guard
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
+from gpuledger_placement.assumed import DEFAULT_TTL_S
 
 KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
+MAX_ASSUME_TTL_S = 600.0  # kube-scheduler's longest wait before binding (volume binding's default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,10 @@ class PlacementSettings:
     lease_s: float = option(300.0, "how long a bound pod's reservation waits for kubelet to admit it")
     slots_per_card: int = option(
         DEFAULT_SLOTS_PER_CARD, "kubelet device slots per card (holders a card takes); must equal the plugin's setting"
+    )
+    assume_ttl_s: float = option(
+        DEFAULT_TTL_S,
+        "how long the node filter chose for a pod holds the pod's room there while its bind is awaited",
     )
     stale_after_s: float = option(30.0, "a node without a heartbeat for this long gets nothing new (0: never)")
     workload_window: int = option(5000, "recent pod asks the fragmentation policies measure against")
@@ -52,6 +58,7 @@ class PlacementSettings:
         require(
             1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}"
         )
+        require(0 < self.assume_ttl_s <= MAX_ASSUME_TTL_S, "assume_ttl_s", f"must be in (0, {MAX_ASSUME_TTL_S:g}]")
         require(self.stale_after_s >= 0, "stale_after_s", "must not be negative")
         require(self.workload_window >= 1, "workload_window", "must be at least 1")
         require(self.workload_refresh_s > 0, "workload_refresh_s", "must be positive")

@@ -100,12 +100,12 @@ def test_the_pod_policy_overrides_the_service_policy() -> None:
 def test_several_containers_must_fit_together() -> None:
     built = parts()
     two = pod(Request(1), Request(1))  # two app containers, a whole card each
-    found = built.service.filter(two, NODES)
+    found = built.service.judge(two, NODES)
     assert "rtx-0" not in found.fits and {"p4-0", "h100-0", "a100-0"} <= set(found.fits)
     assert "rtx-0" in found.failed
     # An init container runs before the apps: it may use the same card.
     with_init = pod(Request(1), init=(Request(1),))
-    assert "rtx-0" in built.service.filter(with_init, NODES).fits
+    assert "rtx-0" in built.service.judge(with_init, NODES).fits
 
 
 def test_place_chooses_a_node_and_cards_and_ranks_the_rest() -> None:
@@ -183,7 +183,7 @@ def test_shares_spread_to_the_next_card_once_a_cards_slots_are_held_and_filter_s
         built.view.apply(NodeName("p4-0"), ledger, revision)
     per_card = sorted(sum(1 for a in ledger.live() for s in a.shares() if s.index == i) for i in (0, 1))
     assert per_card == [8, 8]  # the ninth went to card 1, not refused on card 0
-    found = built.service.filter(small_share(99), ["p4-0"])
+    found = built.service.judge(small_share(99), ["p4-0"])
     assert found.fits == ()
     assert found.failed["p4-0"].startswith("slots used up: 2 card(s) have every kubelet slot held")
     assert built.service.prioritize(small_share(99), ["p4-0", "h100-0"])["p4-0"] == 0

@@ -6,6 +6,8 @@ import pytest
 
 from gpuledger_common.settings import SettingsError, load
 from gpuledger_core.placement import Guard
+from gpuledger_placement.app import build
+from gpuledger_placement.kube import NoPodApi
 from gpuledger_placement.settings import PlacementSettings, parse_guard
 
 
@@ -14,6 +16,13 @@ def test_defaults_and_environment() -> None:
     assert settings.policy == "fgd" and settings.slots_per_card == 4
     assert settings.url_prefix == "/gpuledger" and settings.kube == "auto"
     assert load(PlacementSettings, ["--policy", "spread"], {"GPULEDGER_POLICY": "fgd"}).policy == "spread"
+    assert settings.assume_ttl_s == 30.0
+    assert load(PlacementSettings, [], {"GPULEDGER_ASSUME_TTL_S": "5"}).assume_ttl_s == 5.0
+
+
+def test_the_assumption_ttl_reaches_the_service() -> None:
+    parts = build(PlacementSettings(kube="off", assume_ttl_s=7.5), None, NoPodApi(), None)
+    assert parts.service.assumed.ttl_s == 7.5
 
 
 @pytest.mark.parametrize(
@@ -23,6 +32,8 @@ def test_defaults_and_environment() -> None:
         (["--url-prefix", "gpuledger/"], "url_prefix"),
         (["--kube", "maybe"], "kube"),
         (["--slots-per-card", "0"], "slots_per_card"),
+        (["--assume-ttl-s", "0"], "assume_ttl_s"),
+        (["--assume-ttl-s", "601"], "assume_ttl_s"),
         (["--guard", "4"], "guard"),
         (["--nats-url", "http://x"], "nats_url"),
     ],

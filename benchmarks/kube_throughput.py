@@ -49,12 +49,19 @@ def fleet_file(directory: Path, nodes: int) -> Path:
 
 def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
     scheduler, resource = ("plain-scheduler", PLAIN) if kind == "plain" else ("gpuledger-scheduler", "gpuledger.io/gpu")
-    return [{
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{kind}-{round_no}-{i:04d}", "namespace": NAMESPACE, "labels": {"bench": kind}},
-        "spec": {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
-                 "containers": [{"name": "app", "image": "cuda", "resources": {"limits": {resource: "1"}}}]},
-    } for i in range(count)]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{kind}-{round_no}-{i:04d}", "namespace": NAMESPACE, "labels": {"bench": kind}},
+            "spec": {
+                "schedulerName": scheduler,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "app", "image": "cuda", "resources": {"limits": {resource: "1"}}}],
+            },
+        }
+        for i in range(count)
+    ]
 
 
 async def bound_count(api: KubeApi, kind: str) -> int:
@@ -81,8 +88,11 @@ async def burst(api: KubeApi, kind: str, count: int, round_no: int) -> float:
 
 
 async def clear(api: KubeApi, kind: str) -> None:
-    await api.call("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods",
-                   params={"labelSelector": f"bench={kind}", "gracePeriodSeconds": "0"})
+    await api.call(
+        "DELETE",
+        f"/api/v1/namespaces/{NAMESPACE}/pods",
+        params={"labelSelector": f"bench={kind}", "gracePeriodSeconds": "0"},
+    )
 
     async def gone() -> bool:
         found = await api.get(f"/api/v1/namespaces/{NAMESPACE}/pods", labelSelector=f"bench={kind}")
@@ -112,17 +122,22 @@ def cpu_seconds(pid: int) -> float:
 
 async def run(args: argparse.Namespace) -> int:
     fleet = load_fleet(str(fleet_file(Path(tempfile.mkdtemp(prefix="gl-bench-")), args.nodes)))
-    async with running_stack(fleet, free_port(), free_port(), lambda m: print(f"[stack] {m}", flush=True), "real") as stack:
+    async with running_stack(
+        fleet, free_port(), free_port(), lambda m: print(f"[stack] {m}", flush=True), "real"
+    ) as stack:
         cluster = stack.cluster
         assert isinstance(cluster, RealCluster) and cluster.api is not None
         api = cluster.api
         await api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
         for node in cluster.nodes:  # the plain resource, as another device plugin would advertise it
-            await api.patch(f"/api/v1/nodes/{node}/status",
-                            {"status": {"capacity": {PLAIN: "8"}, "allocatable": {PLAIN: "8"}}},
-                            "application/strategic-merge-patch+json")
-        await asyncio.to_thread(cluster.control_plane.start_scheduler, "plain-scheduler",
-                                plain_scheduler_config("plain-scheduler"))
+            await api.patch(
+                f"/api/v1/nodes/{node}/status",
+                {"status": {"capacity": {PLAIN: "8"}, "allocatable": {PLAIN: "8"}}},
+                "application/strategic-merge-patch+json",
+            )
+        await asyncio.to_thread(
+            cluster.control_plane.start_scheduler, "plain-scheduler", plain_scheduler_config("plain-scheduler")
+        )
         metrics_url = re.sub(r"/gpuledger$", "/metrics", stack.extender)
         placement = stack.supervisor.get("placement").process
         assert placement is not None
@@ -137,11 +152,15 @@ async def run(args: argparse.Namespace) -> int:
                 cpu_after = cpu_seconds(placement.pid)
                 rows[kind].append(args.pods / seconds)
                 if kind == "gpuledger":
-                    refused.append(await metric(metrics_url, "gpuledger_placement_failures_total", 'verb="bind"')
-                                   - failed_before)
+                    refused.append(
+                        await metric(metrics_url, "gpuledger_placement_failures_total", 'verb="bind"') - failed_before
+                    )
                     cpu_per_pod.append((cpu_after - cpu_before) / args.pods * 1000)
-                print(f"round {round_no} {kind:9s}: {args.pods} pods bound in {seconds:.2f} s "
-                      f"({args.pods / seconds:.1f} pods/s)", flush=True)
+                print(
+                    f"round {round_no} {kind:9s}: {args.pods} pods bound in {seconds:.2f} s "
+                    f"({args.pods / seconds:.1f} pods/s)",
+                    flush=True,
+                )
                 await clear(api, kind)
             await wait_for(lambda: ledger_empty(stack), 120, "every card back in the ledger", interval=0.5)
     plain, ours = statistics.median(rows["plain"]), statistics.median(rows["gpuledger"])

@@ -60,13 +60,18 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
         for c in containers
         for part in ("limits", "requests")
     )
-    return PodView(str(meta.get("uid", "")), str(meta.get("namespace", "")), str(meta.get("name", "")),
-                   str(spec.get("nodeName", "")), str(status.get("phase", "")), wants,
-                   bool(meta.get("deletionTimestamp")))
+    return PodView(
+        str(meta.get("uid", "")),
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        str(spec.get("nodeName", "")),
+        str(status.get("phase", "")),
+        wants,
+        bool(meta.get("deletionTimestamp")),
+    )
 
 
-def check(ledgers: Iterable[NodeLedger], pods: Iterable[Mapping[str, Any]], slots_per_card: int, now: float
-          ) -> Report:
+def check(ledgers: Iterable[NodeLedger], pods: Iterable[Mapping[str, Any]], slots_per_card: int, now: float) -> Report:
     report = Report()
     views = {v.uid: v for v in map(pod_view, pods)}
     held: dict[str, list[Allocation]] = {}

@@ -16,8 +16,9 @@ from gpuledger_testing.ledger_check import Report, check, read_ledger
 SLOTS_PER_CARD = 8
 
 
-def pod(name: str, namespace: str, limits: dict[str, str], annotations: dict[str, str] | None = None,
-        node: str = "") -> dict[str, Any]:
+def pod(
+    name: str, namespace: str, limits: dict[str, str], annotations: dict[str, str] | None = None, node: str = ""
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "schedulerName": "gpuledger-scheduler",
         "terminationGracePeriodSeconds": 1,
@@ -25,10 +26,15 @@ def pod(name: str, namespace: str, limits: dict[str, str], annotations: dict[str
     }
     if node:
         term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}
-        spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [term]}}}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}}, "spec": spec}
+        spec["affinity"] = {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+        }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
+        "spec": spec,
+    }
 
 
 def share(mib: int, cards: int = 1) -> dict[str, str]:

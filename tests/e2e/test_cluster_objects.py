@@ -37,6 +37,7 @@ async def test_an_overlay_applies_with_server_side_dry_run(cluster: RealCluster,
     # A server-side dry run creates nothing, so the namespace the objects go into must exist already.
     cluster.control_plane.kubectl("create", "namespace", "gpuledger", check=False)
     done = cluster.control_plane.kubectl(
-        "apply", "--server-side", "--dry-run=server", "-k", str(DEPLOY / "overlays" / overlay), check=False)
+        "apply", "--server-side", "--dry-run=server", "-k", str(DEPLOY / "overlays" / overlay), check=False
+    )
     assert done.returncode == 0, done.stderr
     assert "serverside-applied" in done.stdout, done.stdout

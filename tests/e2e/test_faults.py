@@ -64,19 +64,33 @@ async def test_a_fault_mid_burst_leaves_the_ledger_equal_to_the_pods(
     async with namespace(api, f"e2e-burst-{fault}", stack.nats_url) as ns:
         pods = [pod(f"burst-{i:03d}", ns, share(1000)) for i in range(BURST)]
         for body in pods:
-            body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "kubernetes.io/hostname", "operator": "In", "values": list(NODES)}]}]}}}
+            body["spec"]["affinity"] = {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "kubernetes.io/hostname", "operator": "In", "values": list(NODES)}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
         creating = asyncio.ensure_future(_create_all(api, ns, pods))
         await wait_for(lambda: _bound_at_least(api, ns, BURST // 4), 120, f"{BURST // 4} pods bound")
         await FAULTS[fault](stack, cluster)
         await creating
-        await wait_for(lambda: _settled(cluster, api, ns), SETTLED_S, "every pod Running or Pending with a reason",
-                       interval=1.0)
+        await wait_for(
+            lambda: _settled(cluster, api, ns), SETTLED_S, "every pod Running or Pending with a reason", interval=1.0
+        )
         after = await pods_in(api, ns)
         expected = EXPECTED_REFUSALS.get(fault)
-        refused = [f"{p['metadata']['name']}: {p['status'].get('message')}" for p in after
-                   if p["status"].get("phase") == "Failed"]
+        refused = [
+            f"{p['metadata']['name']}: {p['status'].get('message')}"
+            for p in after
+            if p["status"].get("phase") == "Failed"
+        ]
         unexpected = [r for r in refused if expected is None or expected not in r]
         assert not unexpected, f"kubelet refused pods the ledger placed, after {fault}: {unexpected[:5]}"
         print(f"{fault}: {len(refused)} pod(s) refused by kubelet at admission", flush=True)
@@ -107,4 +121,3 @@ async def _settled(cluster: RealCluster, api: KubeApi, ns: str) -> bool:
                 continue
         return False
     return True
-

@@ -31,8 +31,9 @@ async def test_a_completed_pod_releases_its_cards(stack: Stack, api: KubeApi) ->
         made = await api.create(f"/api/v1/namespaces/{ns}/pods", pod("done", ns, share(4000), node=NODE))
         uid = made["metadata"]["uid"]
         await running(api, ns, "done")
-        await api.patch(f"/api/v1/namespaces/{ns}/pods/done",
-                        {"metadata": {"annotations": {"gpuledger.io/test-complete": "true"}}})
+        await api.patch(
+            f"/api/v1/namespaces/{ns}/pods/done", {"metadata": {"annotations": {"gpuledger.io/test-complete": "true"}}}
+        )
         await released(stack.nats_url, uid)
         assert (await get_pod(api, ns, "done"))["status"]["phase"] == "Succeeded"
 

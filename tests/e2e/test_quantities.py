@@ -24,8 +24,10 @@ async def test_whole_number_forms_mean_exactly_that_many_mib(
 ) -> None:
     name = f"mem-{written.lower()}"
     async with namespace(api, f"e2e-quantity-{written.lower()}", stack.nats_url) as ns:
-        made = await api.create(f"/api/v1/namespaces/{ns}/pods", pod(
-            name, ns, {"gpuledger.io/gpu": "1", "gpuledger.io/gpu-mem": written}, node=NODE))
+        made = await api.create(
+            f"/api/v1/namespaces/{ns}/pods",
+            pod(name, ns, {"gpuledger.io/gpu": "1", "gpuledger.io/gpu-mem": written}, node=NODE),
+        )
         stored = made["spec"]["containers"][0]["resources"]["limits"]["gpuledger.io/gpu-mem"]
         await running(api, ns, name)
         env = cluster.kubelets[NODE].container_envs(made["metadata"]["uid"])["app"]
@@ -35,10 +37,14 @@ async def test_whole_number_forms_mean_exactly_that_many_mib(
 
 
 @pytest.mark.timeout(120)
-async def test_a_binary_suffix_is_refused_with_the_field_named(stack: Stack, cluster: RealCluster, api: KubeApi) -> None:
+async def test_a_binary_suffix_is_refused_with_the_field_named(
+    stack: Stack, cluster: RealCluster, api: KubeApi
+) -> None:
     async with namespace(api, "e2e-quantity-gi", stack.nats_url) as ns:
-        made = await api.create(f"/api/v1/namespaces/{ns}/pods", pod(
-            "mem-2gi", ns, {"gpuledger.io/gpu": "1", "gpuledger.io/gpu-mem": "2Gi"}, node=NODE))
+        made = await api.create(
+            f"/api/v1/namespaces/{ns}/pods",
+            pod("mem-2gi", ns, {"gpuledger.io/gpu": "1", "gpuledger.io/gpu-mem": "2Gi"}, node=NODE),
+        )
         outcome = await cluster.outcome(ns, "mem-2gi", made["metadata"]["uid"])
         assert not outcome.node
         assert "gpuledger.io/gpu-mem" in outcome.pending and "2048" in outcome.pending, outcome.pending
@@ -49,7 +55,9 @@ async def test_a_binary_suffix_is_refused_with_the_field_named(stack: Stack, clu
 async def test_a_fraction_is_refused_by_the_api_server(stack: Stack, api: KubeApi) -> None:
     async with namespace(api, "e2e-quantity-frac", stack.nats_url) as ns:
         with pytest.raises(ApiError) as refused:
-            await api.create(f"/api/v1/namespaces/{ns}/pods", pod(
-                "mem-frac", ns, {"gpuledger.io/gpu": "1", "gpuledger.io/gpu-mem": "500m"}, node=NODE))
+            await api.create(
+                f"/api/v1/namespaces/{ns}/pods",
+                pod("mem-frac", ns, {"gpuledger.io/gpu": "1", "gpuledger.io/gpu-mem": "500m"}, node=NODE),
+            )
         assert refused.value.status == 422
         assert "gpuledger.io/gpu-mem" in str(refused.value)

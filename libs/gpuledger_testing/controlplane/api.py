@@ -4,6 +4,7 @@ token, the control plane's CA). Errors carry the HTTP status and the API server'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import ssl
 from collections.abc import AsyncIterator, Mapping
@@ -21,10 +22,8 @@ class ApiError(Exception):
     def __init__(self, status: int, method: str, path: str, body: str) -> None:
         self.status, self.body = status, body
         reason = body
-        try:
+        with contextlib.suppress(ValueError, AttributeError):
             reason = str(json.loads(body).get("message", body))
-        except (ValueError, AttributeError):
-            pass
         super().__init__(f"{method} {path}: {status} {reason[:400]}")
 
 
@@ -49,13 +48,20 @@ class KubeApi:
             await self._http.close()
             self._http = None
 
-    async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-                   params: Mapping[str, str] | None = None) -> Any:
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        params: Mapping[str, str] | None = None,
+    ) -> Any:
         assert self._http is not None, "use KubeApi as an async context manager"
         data = None if body is None else json.dumps(body)
         headers = {"Content-Type": content_type} if data is not None else {}
-        async with self._http.request(method, f"{self.access.server}{path}", data=data, headers=headers,
-                                      params=params, timeout=self._timeout) as reply:
+        async with self._http.request(
+            method, f"{self.access.server}{path}", data=data, headers=headers, params=params, timeout=self._timeout
+        ) as reply:
             text = await reply.text()
             if reply.status >= 400:
                 raise ApiError(reply.status, method, path, text)
@@ -74,12 +80,18 @@ class KubeApi:
         body = None if grace_s is None else {"kind": "DeleteOptions", "apiVersion": "v1", "gracePeriodSeconds": grace_s}
         return await self.call("DELETE", path, body)
 
-    async def watch(self, path: str, resource_version: str, timeout_s: int = 60, **params: str
-                    ) -> AsyncIterator[dict[str, Any]]:
+    async def watch(
+        self, path: str, resource_version: str, timeout_s: int = 60, **params: str
+    ) -> AsyncIterator[dict[str, Any]]:
         """The watch events of a list path from ``resource_version`` (each ``{"type", "object"}``)."""
         assert self._http is not None
-        query = {"watch": "true", "resourceVersion": resource_version, "allowWatchBookmarks": "true",
-                 "timeoutSeconds": str(timeout_s), **params}
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_s),
+            **params,
+        }
         timeout = aiohttp.ClientTimeout(total=timeout_s + 10, sock_read=timeout_s + 10)
         async with self._http.get(f"{self.access.server}{path}", params=query, timeout=timeout) as reply:
             if reply.status >= 400:

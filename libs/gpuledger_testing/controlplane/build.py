@@ -136,8 +136,9 @@ def kube_tools_go_mod(upstream: str) -> str:
     replaces = "\n".join(f"\t{name} => {name} {staging_version}" for name in staging)
     return (
         "module gpuledger.io/tools/kubernetes\n\n"
-        f"{go_line}\n\n" + ("\n".join(godebug) + "\n\n" if godebug else "") +
-        f"require k8s.io/kubernetes {KUBERNETES}\n\nreplace (\n{replaces}\n)\n"
+        f"{go_line}\n\n"
+        + ("\n".join(godebug) + "\n\n" if godebug else "")
+        + f"require k8s.io/kubernetes {KUBERNETES}\n\nreplace (\n{replaces}\n)\n"
     )
 
 
@@ -157,16 +158,32 @@ def build_kubernetes(go: str, root: Path, found: Binaries) -> None:
     stamp = " ".join(
         f"-X k8s.io/{pkg}/version.{key}={value}"
         for pkg in ("component-base", "client-go/pkg")
-        for key, value in (("gitVersion", KUBERNETES), ("gitMajor", "1"), ("gitMinor", KUBERNETES.split(".")[1]),
-                           ("gitTreeState", "clean"))
+        for key, value in (
+            ("gitVersion", KUBERNETES),
+            ("gitMajor", "1"),
+            ("gitMinor", KUBERNETES.split(".")[1]),
+            ("gitTreeState", "clean"),
+        )
     )
     for command in KUBE_COMMANDS:
         target: Path = getattr(found, command.replace("-", "_"))
         if target.is_file():
             continue
         out = workdir / "out" / command
-        _run([go, "build", "-trimpath", "-ldflags", f"-s -w {stamp}", "-o", str(out), f"k8s.io/kubernetes/cmd/{command}"],
-             workdir, f"build {command} {KUBERNETES}")
+        _run(
+            [
+                go,
+                "build",
+                "-trimpath",
+                "-ldflags",
+                f"-s -w {stamp}",
+                "-o",
+                str(out),
+                f"k8s.io/kubernetes/cmd/{command}",
+            ],
+            workdir,
+            f"build {command} {KUBERNETES}",
+        )
         _install(out, target)
 
 
@@ -176,8 +193,11 @@ def build_etcd(go: str, root: Path, found: Binaries) -> None:
     _write_module(workdir, "tools", go_mod, ["go.etcd.io/etcd/server/v3"])
     _run([go, "mod", "tidy"], workdir, "resolve etcd modules")
     out = workdir / "out" / "etcd"
-    _run([go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), "go.etcd.io/etcd/server/v3"],
-         workdir, f"build etcd {ETCD}")
+    _run(
+        [go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), "go.etcd.io/etcd/server/v3"],
+        workdir,
+        f"build etcd {ETCD}",
+    )
     _install(out, found.etcd)
 
 

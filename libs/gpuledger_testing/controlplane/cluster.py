@@ -47,8 +47,13 @@ def advertise_address() -> str:
     The API server only writes it into the ``kubernetes`` Service's endpoints; nothing dials it.
     """
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True,
-                             text=True, timeout=5, check=False).stdout
+        out = subprocess.run(
+            ["ip", "-4", "-o", "addr", "show", "scope", "global"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        ).stdout
         for line in out.splitlines():
             parts = line.split()
             if "inet" in parts:
@@ -116,8 +121,15 @@ class Access:
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "gpuledger-e2e", "cluster": {
-                "server": self.server, "certificate-authority-data": base64.b64encode(self.ca_pem).decode()}}],
+            "clusters": [
+                {
+                    "name": "gpuledger-e2e",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": base64.b64encode(self.ca_pem).decode(),
+                    },
+                }
+            ],
             "users": [{"name": user, "user": {"token": self.token}}],
             "contexts": [{"name": "gpuledger-e2e", "context": {"cluster": "gpuledger-e2e", "user": user}}],
             "current-context": "gpuledger-e2e",
@@ -179,13 +191,31 @@ class ControlPlane:
         assert self.bins is not None
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
-        process = self._spawn("etcd", [
-            str(self.bins.etcd), "--name", "e2e", "--data-dir", str(self.workdir / "etcd"),
-            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", f"e2e=http://127.0.0.1:{peer}", "--unsafe-no-fsync", "--log-level", "warn",
-            "--quota-backend-bytes", str(4 << 30),
-        ])
+        process = self._spawn(
+            "etcd",
+            [
+                str(self.bins.etcd),
+                "--name",
+                "e2e",
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                self.etcd_url,
+                "--advertise-client-urls",
+                self.etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"e2e=http://127.0.0.1:{peer}",
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+                "--quota-backend-bytes",
+                str(4 << 30),
+            ],
+        )
         self._wait(process, lambda: _http_ok(f"{self.etcd_url}/health"), "etcd /health")
 
     def _start_apiserver(self) -> None:
@@ -197,17 +227,38 @@ class ControlPlane:
         tokens.write_text(f'{admin},{ADMIN_TOKEN_USER},{ADMIN_TOKEN_USER},"system:masters"\n')
         tokens.chmod(0o600)
         argv = [
-            str(self.bins.kube_apiserver), "--etcd-servers", self.etcd_url,
-            "--bind-address", "127.0.0.1", "--secure-port", str(port), "--advertise-address", advertise_address(),
-            "--tls-cert-file", str(self.pki.server_cert), "--tls-private-key-file", str(self.pki.server_key),
-            "--client-ca-file", str(self.pki.ca_cert),
-            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-            "--service-account-key-file", str(self.pki.sa_key),
-            "--service-account-signing-key-file", str(self.pki.sa_key),
-            "--token-auth-file", str(tokens), "--authorization-mode", "RBAC",
-            "--service-cluster-ip-range", SERVICE_CIDR, "--allow-privileged=true", "--profiling=false",
+            str(self.bins.kube_apiserver),
+            "--etcd-servers",
+            self.etcd_url,
+            "--bind-address",
+            "127.0.0.1",
+            "--secure-port",
+            str(port),
+            "--advertise-address",
+            advertise_address(),
+            "--tls-cert-file",
+            str(self.pki.server_cert),
+            "--tls-private-key-file",
+            str(self.pki.server_key),
+            "--client-ca-file",
+            str(self.pki.ca_cert),
+            "--service-account-issuer",
+            "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file",
+            str(self.pki.sa_key),
+            "--service-account-signing-key-file",
+            str(self.pki.sa_key),
+            "--token-auth-file",
+            str(tokens),
+            "--authorization-mode",
+            "RBAC",
+            "--service-cluster-ip-range",
+            SERVICE_CIDR,
+            "--allow-privileged=true",
+            "--profiling=false",
             # No controller here creates default ServiceAccounts or lifts not-ready taints.
-            "--disable-admission-plugins", "ServiceAccount,TaintNodesByCondition",
+            "--disable-admission-plugins",
+            "ServiceAccount,TaintNodesByCondition",
         ]
         if self.feature_gates:
             argv += ["--feature-gates", _gates(self.feature_gates)]
@@ -223,8 +274,13 @@ class ControlPlane:
         if not self.controllers:
             return
         argv = [
-            str(self.bins.kube_controller_manager), "--kubeconfig", str(self.admin_kubeconfig),
-            "--controllers", ",".join(self.controllers), "--leader-elect=false", "--secure-port=0",
+            str(self.bins.kube_controller_manager),
+            "--kubeconfig",
+            str(self.admin_kubeconfig),
+            "--controllers",
+            ",".join(self.controllers),
+            "--leader-elect=false",
+            "--secure-port=0",
         ]
         if self.feature_gates:
             argv += ["--feature-gates", _gates(self.feature_gates)]
@@ -236,9 +292,18 @@ class ControlPlane:
         stages = self.workdir / "kwok-stages.yaml"
         stages.write_text(resources.files("gpuledger_testing.controlplane").joinpath("stages.yaml").read_text())
         argv = [
-            str(self.bins.kwok), "--kubeconfig", str(self.admin_kubeconfig), "--config", str(stages),
-            "--manage-all-nodes=true", "--cidr", KWOK_CIDR, "--node-ip", "198.51.100.1",
-            "--server-address", f"127.0.0.1:{free_port()}",
+            str(self.bins.kwok),
+            "--kubeconfig",
+            str(self.admin_kubeconfig),
+            "--config",
+            str(stages),
+            "--manage-all-nodes=true",
+            "--cidr",
+            KWOK_CIDR,
+            "--node-ip",
+            "198.51.100.1",
+            "--server-address",
+            f"127.0.0.1:{free_port()}",
         ]
         process = self._spawn("kwok", argv)
         self._wait(process, lambda: True, "kwok")
@@ -291,9 +356,16 @@ class ControlPlane:
         """One call to the API server as the admin; the decoded JSON answer (or text)."""
         assert self.access is not None
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.access.server}{path}", data=data, method=method, headers={
-            "Authorization": f"Bearer {self.access.token}", "Content-Type": content_type,
-            "Accept": "application/json"})
+        req = urllib.request.Request(
+            f"{self.access.server}{path}",
+            data=data,
+            method=method,
+            headers={
+                "Authorization": f"Bearer {self.access.token}",
+                "Content-Type": content_type,
+                "Accept": "application/json",
+            },
+        )
         try:
             with urllib.request.urlopen(req, context=self._ssl(), timeout=30) as answer:
                 raw = answer.read()
@@ -304,11 +376,19 @@ class ControlPlane:
         except ValueError:
             return raw.decode(errors="replace")
 
-    def kubectl(self, *args: str, check: bool = True, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self, *args: str, check: bool = True, input_text: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run the real kubectl against this API server as the admin."""
         assert self.bins is not None and self.admin_kubeconfig is not None
-        done = subprocess.run([str(self.bins.kubectl), "--kubeconfig", str(self.admin_kubeconfig), *args],
-                              capture_output=True, text=True, timeout=120, input=input_text, check=False)
+        done = subprocess.run(
+            [str(self.bins.kubectl), "--kubeconfig", str(self.admin_kubeconfig), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            input=input_text,
+            check=False,
+        )
         if check and done.returncode != 0:
             raise ControlPlaneError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
         return done
@@ -328,8 +408,11 @@ def scheduler_config(extender_url: str, source: Path = REPO_SCHEDULER_CONFIG) ->
 
 def plain_scheduler_config(name: str) -> dict[str, Any]:
     """A kube-scheduler configuration with one profile ``name`` and no extender."""
-    return {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
-            "profiles": [{"schedulerName": name}]}
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "profiles": [{"schedulerName": name}],
+    }
 
 
 def _gates(gates: Mapping[str, bool]) -> str:

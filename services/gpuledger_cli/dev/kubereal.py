@@ -37,8 +37,11 @@ def node_object(name: str, cpu_milli: int = 0, memory_mib: int = 0) -> dict[str,
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
-                     "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
         "status": {"capacity": capacity, "allocatable": dict(capacity)},
     }
 
@@ -135,8 +138,9 @@ class RealCluster:
     async def scheduling_failure(self, namespace: str, name: str, uid: str) -> str:
         """The message of the pod's latest FailedScheduling event ('' if none)."""
         assert self.api is not None
-        events = await self.api.get(f"/api/v1/namespaces/{namespace}/events",
-                                    fieldSelector=f"involvedObject.uid={uid},reason=FailedScheduling")
+        events = await self.api.get(
+            f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.uid={uid},reason=FailedScheduling"
+        )
         items = sorted(events.get("items", []), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
         return str(items[-1].get("message", "")) if items else ""
 

@@ -102,6 +102,13 @@ def _cluster_started(cluster: Cluster, kubelets: int) -> str:
     )
 
 
+def _inventory_kube(cluster: Cluster, kubeconfig: Path) -> list[str]:
+    """The simulated API server has no Node objects to label; the real one has."""
+    if isinstance(cluster, SimCluster):
+        return ["--kube", "off"]
+    return ["--kube", "on", "--kubeconfig", str(kubeconfig)]
+
+
 async def _start_services(
     fleet: Fleet,
     nats: NatsServer,
@@ -169,7 +176,7 @@ async def _start_services(
                 *local,
                 "--http-port",
                 "0",
-                *(["--kube", "off"] if isinstance(cluster, SimCluster) else ["--kube", "on", "--kubeconfig", str(kubeconfig)]),
+                *_inventory_kube(cluster, kubeconfig),
             ],
         )
         await supervisor.start(

@@ -21,7 +21,7 @@ from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.fake_apiserver import FakeApiServer
 from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_placement, wait_for
 
-from .helpers import bind_args, gpu_pod, post
+from .helpers import args, bind_args, gpu_pod, post
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -191,3 +191,22 @@ async def test_a_bound_pod_is_what_the_allocator_reports(
         return any(a.owner.id == "uid-seen" for a in reply.allocations)
 
     await wait_for(listed, what="the allocator to see the pod's reservation")
+
+
+async def test_a_bind_takes_the_cards_filter_chose_whatever_order_the_binds_land_in(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    # Both pods are filtered onto p4-0 (two cards) before either bind: "first" is given card 0,
+    # "second" card 1. The second bind lands first and still takes card 1, leaving card 0 to the
+    # first; re-planned on the ledger alone it would have taken card 0.
+    for name in ("first", "second"):
+        apiserver.add_pod(gpu_pod(name, gpu=1))
+        _, body = await post(http, f"{placement.url}/filter", args(gpu_pod(name, gpu=1), ["p4-0"]))
+        assert body["NodeNames"] == ["p4-0"]
+    assert await post(http, f"{placement.url}/bind", bind_args("second", "p4-0")) == (200, {"Error": ""})
+    assert await post(http, f"{placement.url}/bind", bind_args("first", "p4-0")) == (200, {"Error": ""})
+    cards = {}
+    for name in ("first", "second"):
+        [held] = await live_of(store, "p4-0", f"uid-{name}")
+        cards[name] = [s.index for s in held.shares()]
+    assert cards == {"first": [0], "second": [1]}

@@ -90,13 +90,16 @@ def _card_problem(node: NodeState, ask: Ask) -> str:
         idle = sum(1 for c in healthy if c.idle)
         return f"{idle} free whole card(s) of the {ask.count} needed"
     slotted = [c for c in healthy if c.open]
+    full = len(healthy) - len(slotted)
     if len(slotted) < ask.count:
-        full = len(healthy) - len(slotted)
         return (
             f"slots used up: {full} card(s) have every kubelet slot held, "
             f"{len(slotted)} card(s) with a free slot of the {ask.count} needed"
         )
-    return _share_problem(slotted, ask)
+    problem = _share_problem(slotted, ask)
+    if full:  # the cards that are slot-full are part of why, though another card is named
+        problem += f"; {full} other card(s) have every kubelet slot held (slots used up)"
+    return problem
 
 
 def _share_problem(healthy: list[CardState], ask: Ask) -> str:

@@ -79,7 +79,7 @@ CASES = [
         "the card with slots lacks memory",
         node(slotted(used(0, 900, 40000), 0), slotted(used(1, 900, 100), 3)),
         gpu_ask(1, mem_mib=1000),
-        "card 1 has 100 MiB free, 900 MiB short of 1000 MiB",
+        "card 1 has 100 MiB free, 900 MiB short of 1000 MiB; 1 other card(s) have every kubelet slot held",
     ),
     ("slots not counted", node(used(0, 900, 40000)), gpu_ask(1, core_milli=10), ""),
 ]

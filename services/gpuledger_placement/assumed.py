@@ -57,7 +57,6 @@ class Counted:
     base: NodeEntry  # the view's entry it was made from
     generation: int  # of the node's assumptions it counts
     entry: NodeEntry
-    pods: int  # how many assumed pods it counts
 
 
 @dataclass(slots=True)
@@ -142,7 +141,7 @@ class Assumptions:
             return None
         ledger = NodeLedger(base.ledger.node, (*base.ledger.allocations, *extra))
         entry = NodeEntry(ledger, base.revision, from_ledger(ledger, slots_per_card=slots_per_card))
-        counted = self._counted[node] = Counted(base, self.generation(node), entry, len(extra))
+        counted = self._counted[node] = Counted(base, self.generation(node), entry)
         return counted
 
     def drop_answers(self) -> None:

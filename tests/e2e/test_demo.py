@@ -1,11 +1,13 @@
 """The demo scenario of `gpuledger dev up`, on the real control plane: every pod created through
 kube-apiserver, scheduled by kube-scheduler through gpuledger's extender, admitted by the node's
-kubelet (Allocate from the plugin shim) and turned Running by kwok."""
+kubelet (Allocate from the plugin shim) and turned Running by kwok; then looked at with kubectl,
+as a user of `dev up --kubernetes real` would."""
 
 from __future__ import annotations
 
 import pytest
 
+from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.scenario import run_scenario
 from gpuledger_cli.dev.stack import Stack
 
@@ -13,7 +15,14 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest.mark.timeout(300)
-async def test_demo_scenario_on_the_real_control_plane(stack: Stack) -> None:
+async def test_demo_scenario_on_the_real_control_plane(stack: Stack, cluster: RealCluster) -> None:
     said: list[str] = []
     assert await run_scenario(stack, said.append), "\n".join(said)
     assert any("stays pending" in line for line in said), said
+
+    wide = cluster.control_plane.kubectl("get", "pods", "-n", "demo", "-o", "wide").stdout
+    assert "app-a" in wide and "Running" in wide and "rtx-0" in wide, wide
+    described = cluster.control_plane.kubectl("describe", "pod", "-n", "demo", "app-c-10").stdout
+    assert "FailedScheduling" in described and "MiB short of" in described, described
+    annotated = cluster.control_plane.kubectl("describe", "pod", "-n", "demo", "train-4").stdout
+    assert "gpuledger.io/allocation" in annotated, annotated

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
@@ -148,17 +149,24 @@ def settings_for(dirs: Path, nats_url: str, **extra: object) -> PluginSettings:
     return PluginSettings(**values)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-async def stack(dirs: Path, nats_server: NatsServer) -> AsyncIterator[Stack]:
+@contextlib.asynccontextmanager
+async def plugin_stack(dirs: Path, nats_server: NatsServer, **settings: object) -> AsyncIterator[Stack]:
+    """The plugin shim with a fake kubelet on a one-node ledger; ``settings`` override the test defaults."""
     nc = await bus.connect(nats_server.url, "test")
     store = await LedgerStore.open(nc)
     await store.mutate(NODE, lambda _: NodeLedger(make_node()))
     kubelet = FakeKubelet(str(dirs / "dp"), str(dirs / "pr.sock"))
     await kubelet.start()
     try:
-        async with running(settings_for(dirs, nats_server.url)) as plugin:
+        async with running(settings_for(dirs, nats_server.url, **settings)) as plugin:
             await kubelet.wait_for(lambda k: len(k.healthy()) == CARDS * SLOTS)
             yield Stack(nats_server, nc, store, kubelet, plugin, dirs)
     finally:
         await kubelet.stop()
         await nc.close()
+
+
+@pytest.fixture
+async def stack(dirs: Path, nats_server: NatsServer) -> AsyncIterator[Stack]:
+    async with plugin_stack(dirs, nats_server) as running_stack:
+        yield running_stack

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
+from gpuledger_common.natsserver import NatsServer
 from gpuledger_core.model import AllocState
 from gpuledger_plugin.metrics import RECONCILE_MISMATCHES
 from gpuledger_testing.fake_kubelet import AdmissionError, FakeContainer
 
-from .conftest import Stack, pod, share
+from .conftest import Stack, plugin_stack, pod, share
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -86,17 +88,19 @@ async def test_every_call_answers_within_the_bound_when_nats_is_down(stack: Stac
     assert "NATS" in message or "ledger" in message
 
 
-async def test_allocate_rides_out_a_nats_restart(stack: Stack) -> None:
-    """kubelet refuses a pod for good when Allocate fails, so a short NATS outage is waited out."""
-    p = pod("p", FakeContainer("main", gpus=1))
-    allocation = await stack.reserve(p, {"main": (share(0),)})
-    await stack.nats.kill()
-    admitting = asyncio.ensure_future(stack.kubelet.admit(p))
-    await asyncio.sleep(0.3)  # the outage must be under way while kubelet admits
-    assert not admitting.done()
-    await stack.nats.start()
-    admitted = await admitting
-    assert admitted.env("main")["GPULEDGER_ALLOCATION_ID"] == allocation.id
-    bound = (await stack.ledger()).get(allocation.id)
-    assert bound is not None
-    assert bound.state is AllocState.BOUND
+async def test_allocate_rides_out_a_nats_restart(dirs: Path, nats_server: NatsServer) -> None:
+    """kubelet refuses a pod for good when Allocate fails, so a short NATS outage is waited out
+    (within answer_timeout_s, here 20 s: a restart on a loaded machine takes seconds)."""
+    async with plugin_stack(dirs, nats_server, answer_timeout_s=20.0) as stack:
+        p = pod("p", FakeContainer("main", gpus=1))
+        allocation = await stack.reserve(p, {"main": (share(0),)})
+        await stack.nats.kill()
+        admitting = asyncio.ensure_future(stack.kubelet.admit(p))
+        await asyncio.sleep(0.3)  # the outage must be under way while kubelet admits
+        assert not admitting.done()
+        await stack.nats.start()
+        admitted = await admitting
+        assert admitted.env("main")["GPULEDGER_ALLOCATION_ID"] == allocation.id
+        bound = (await stack.ledger()).get(allocation.id)
+        assert bound is not None
+        assert bound.state is AllocState.BOUND

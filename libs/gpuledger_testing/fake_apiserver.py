@@ -1,28 +1,34 @@
-"""A small fake kube-apiserver: the real REST paths and status codes for the calls bind makes.
+"""A small fake kube-apiserver: the real REST paths, status codes and ``Status`` bodies for the calls
+gpuledger makes, checked against a real kube-apiserver by tests/e2e/test_fake_contract.py.
 
-Serves, for pods kept in memory: ``GET`` and ``PATCH`` (JSON merge patch, and strategic merge patch
-taken as a merge patch, which is the same thing for annotations) of
-``/api/v1/namespaces/{ns}/pods/{name}``, ``POST .../pods/{name}/binding``, and ``GET
-/api/v1/nodes/{name}``. Errors are ``Status`` objects with the API server's codes and messages:
-401 without the bearer token, 404 for a missing pod, 409 for a second binding of a bound pod or a UID
-precondition that does not hold. ``kubeconfig()`` writes a file that points a real client here.
+Pods (``/api/v1/namespaces/{ns}/pods``): create, get, list (also ``/api/v1/pods``, every namespace),
+JSON merge patch and strategic merge patch (taken as a merge patch: the same for maps such as
+annotations and labels, where ``null`` deletes a key), PUT, the ``status`` subresource (a write of
+the pod leaves ``status`` alone, a write of ``/status`` leaves ``spec`` alone), delete, and
+``/binding`` (with the UID as a precondition). Nodes (``/api/v1/nodes``): create, get, patch, delete.
 
-``GET /api/v1/pods`` lists the pods of every namespace, ordered by namespace and name, in pages
-when asked (``limit``; ``metadata.continue`` names the next page, and continued pages come from the
-snapshot taken for the first, as the real API server serves them); an unknown or expired continue
-token is 410 ``Expired``. Tests change pods with ``set_phase`` and ``delete_pod``, expire continue
-tokens with ``expire_continues``, and take the server down and up again on the same port with
-``close`` and ``start``.
+As the real server does: a created pod is defaulted and its resources written in canonical form
+(``4000`` reads back as ``4k``; see ``apiserver_rules`` and ``quantity``), and refused with 422
+naming the field when validation fails; every write that changes an object gives it a new
+``resourceVersion`` (one that changes nothing keeps it); a write carrying a stale
+``metadata.resourceVersion`` is 409 ``Conflict``; deleting a pod bound to a node marks it
+(``deletionTimestamp``, ``deletionGracePeriodSeconds``) until a delete with
+``gracePeriodSeconds=0`` removes it, and an unbound one goes at once. Lists come in pages when
+asked (``limit``; ``metadata.continue`` names the next page, served from the first page's
+snapshot); a continue token that cannot be read is 400, one whose snapshot is gone 410 ``Expired``.
+Namespaces are not modelled (any namespace exists), nor are watches and selectors (refused, 400).
 
-Faults for tests: ``fail_lists`` (answer the next list requests with a status, or normally for
-``None``), ``fail_bindings`` (answer the next bindings with a status), ``stall_bindings`` (hold
-bindings until released), and ``requests`` records every call.
+Tests set state directly with ``add_pod`` (defaulted as a create would, status as given),
+``set_phase``, ``delete_pod`` (gone at once, as after the kubelet's confirmation) and ``add_node``;
+expire continue tokens with ``expire_continues``; take the server down and up on the same port
+with ``close`` and ``start``. Faults: ``fail_lists`` (answer the next list requests with a status,
+or normally for ``None``), ``fail_bindings``, ``stall_bindings`` (hold bindings until released);
+``requests`` records every call. ``kubeconfig()`` writes a file that points a real client here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import json
 import uuid
@@ -33,53 +39,45 @@ from typing import Any
 from aiohttp import web
 
 from gpuledger_common.natsserver import free_port
+from gpuledger_testing import apiserver_rules as rules
+from gpuledger_testing.apiserver_http import (
+    continue_token,
+    continued,
+    grace_period,
+    list_limit,
+    read_object,
+    route,
+    written,
+)
+from gpuledger_testing.apiserver_status import (
+    FieldError,
+    already_exists,
+    bad_request,
+    conflict,
+    invalid,
+    modified,
+    not_found,
+    status,
+)
 
-POD_PATH = "/api/v1/namespaces/{namespace}/pods/{name}"
-PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
-
-
-def status(code: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> web.Response:
-    body = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Success" if code < 400 else "Failure",
-        "message": message,
-        "reason": reason,
-        "details": dict(details or {}),
-        "code": code,
-    }
-    return web.json_response(body, status=code)
-
-
-def _conflict(name: str, message: str) -> web.Response:
-    full = f'Operation cannot be fulfilled on pods/binding "{name}": {message}'
-    return status(409, "Conflict", full, {"name": name, "kind": "pods/binding"})
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
+PODS = "/api/v1/namespaces/{namespace}/pods"
+POD_PATH = PODS + "/{name}"
+NODE_PATH = "/api/v1/nodes/{name}"
+UNFILTERED = ("labelSelector", "fieldSelector", "watch")  # what lists here cannot do
+EXPIRED = "The provided continue parameter is too old to display a consistent list result."
+Object = dict[str, Any]
 
 
 class FakeApiServer:
     def __init__(self, token: str = "fake-token") -> None:
         self.token = token
-        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.bindings: list[dict[str, Any]] = []
+        self.pods: dict[tuple[str, str], Object] = {}
+        self.nodes: dict[str, Object] = {}
+        self.bindings: list[Object] = []
         self.requests: list[tuple[str, str]] = []
         self.fail_bindings: list[tuple[int, str]] = []
         self.fail_lists: list[tuple[int, str] | None] = []  # None: answer that one normally
-        self._snapshots: dict[int, list[dict[str, Any]]] = {}  # resourceVersion -> the pods then
+        self._snapshots: dict[tuple[int, str], list[Object]] = {}  # (resourceVersion, namespace) -> pods
         self.stall_bindings: asyncio.Event | None = None
         self._version = 1
         self._runner: web.AppRunner | None = None
@@ -89,21 +87,21 @@ class FakeApiServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    # --- state ---
+    # --- state, for tests ---
 
-    def add_pod(self, pod: Mapping[str, Any]) -> dict[str, Any]:
-        stored = copy.deepcopy(dict(pod))
+    def add_pod(self, pod: Mapping[str, Any]) -> Object:
+        """Store ``pod`` as if created (defaulted, canonical resources; ``rules.Undecodable`` for a
+        quantity that is not one) and then given the status it carries, without validation."""
+        stored = rules.defaulted(pod)
         meta = stored.setdefault("metadata", {})
         meta.setdefault("namespace", "default")
-        meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("annotations", {})
-        stored.setdefault("spec", {}).setdefault("containers", [])
+        self._created(stored, "Pod")
         stored.setdefault("status", {"phase": "Pending"})
-        self._touch(stored)
         self.pods[(meta["namespace"], meta["name"])] = stored
         return stored
 
-    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+    def pod(self, namespace: str, name: str) -> Object:
         return self.pods[(namespace, name)]
 
     def set_phase(self, namespace: str, name: str, phase: str) -> None:
@@ -119,9 +117,19 @@ class FakeApiServer:
         self._snapshots.clear()
 
     def add_node(self, name: str) -> None:
-        self.nodes[name] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+        self.nodes[name] = self._created({"metadata": {"name": name}}, "Node")
 
-    def _touch(self, obj: dict[str, Any]) -> None:
+    def _created(self, obj: Object, kind: str) -> Object:
+        obj.update(kind=kind, apiVersion="v1")
+        meta = obj["metadata"]
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.update(creationTimestamp=rules.timestamp(), generation=1)
+        for key in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+            meta.pop(key, None)
+        self._touch(obj)
+        return obj
+
+    def _touch(self, obj: Object) -> None:
         self._version += 1
         obj["metadata"]["resourceVersion"] = str(self._version)
 
@@ -129,11 +137,19 @@ class FakeApiServer:
 
     async def start(self) -> FakeApiServer:
         app = web.Application(middlewares=[self._auth])
-        app.router.add_get(POD_PATH, self._get_pod)
-        app.router.add_patch(POD_PATH, self._patch_pod)
-        app.router.add_post(POD_PATH + "/binding", self._bind)
-        app.router.add_get("/api/v1/nodes/{name}", self._get_node)
         app.router.add_get("/api/v1/pods", self._list_pods)
+        app.router.add_get(PODS, self._list_pods)
+        app.router.add_post(PODS, self._create_pod)
+        for path in (POD_PATH, POD_PATH + "/status"):
+            app.router.add_get(path, self._get_pod)
+            app.router.add_patch(path, self._write_pod)
+            app.router.add_put(path, self._write_pod)
+        app.router.add_delete(POD_PATH, self._delete_pod)
+        app.router.add_post(POD_PATH + "/binding", self._bind)
+        app.router.add_post("/api/v1/nodes", self._create_node)
+        app.router.add_get(NODE_PATH, self._get_node)
+        app.router.add_patch(NODE_PATH, self._write_node)
+        app.router.add_delete(NODE_PATH, self._delete_node)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         self.port = self.port or free_port()  # started again: the same address
@@ -162,38 +178,81 @@ class FakeApiServer:
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.requests.append((request.method, request.path))
-        if request.headers.get("Authorization") != f"Bearer {self.token}":
+        given = request.headers.get("Authorization")
+        if given is None:
+            return status(403, "Forbidden", f'User "system:anonymous" cannot {request.method} {request.path}')
+        if given != f"Bearer {self.token}":
             return status(401, "Unauthorized", "Unauthorized")
         response: web.StreamResponse = await handler(request)
         return response
 
-    def _find(self, request: web.Request) -> dict[str, Any] | web.Response:
+    # --- pods ---
+
+    def _find(self, request: web.Request) -> Object | web.Response:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
-        found = self.pods.get((namespace, name))
-        if found is None:
-            return status(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
-        return found
+        return self.pods.get((namespace, name)) or not_found("pods", name)
 
     async def _get_pod(self, request: web.Request) -> web.Response:
         found = self._find(request)
         return found if isinstance(found, web.Response) else web.json_response(found)
 
-    async def _patch_pod(self, request: web.Request) -> web.Response:
+    async def _create_pod(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        body = await read_object(request, "Pod")
+        if isinstance(body, web.Response):
+            return body
+        meta = body["metadata"]
+        if meta.setdefault("namespace", namespace) != namespace:
+            return bad_request("the namespace of the provided object does not match the namespace sent on the request")
+        try:
+            pod = rules.defaulted(body)
+        except rules.Undecodable as err:
+            return bad_request(f'Pod in version "v1" cannot be handled as a Pod: {err}')
+        name = str(meta.get("name") or "")
+        errors = rules.creation_errors(pod)
+        if errors:
+            return invalid("Pod", name, errors)
+        if (namespace, name) in self.pods:
+            return already_exists("pods", name)
+        pod["metadata"].pop("uid", None)
+        pod["status"] = {"phase": "Pending", "qosClass": rules.qos_class(pod)}
+        self.pods[(namespace, name)] = self._created(pod, "Pod")
+        return web.json_response(pod, status=201)
+
+    async def _write_pod(self, request: web.Request) -> web.Response:
+        """PATCH or PUT of a pod or its ``status``."""
         found = self._find(request)
         if isinstance(found, web.Response):
             return found
-        if request.content_type not in PATCH_TYPES:
-            unknown = f"the body of the request was in an unknown format: {request.content_type}"
-            return status(415, "UnsupportedMediaType", unknown)
+        new = await written(request, found, "Pod")
+        if isinstance(new, web.Response):
+            return new
+        if route(request).endswith("/status"):
+            new["spec"] = found.get("spec")
+            new["metadata"].pop("ownerReferences", None)
+            if "ownerReferences" in found["metadata"]:
+                new["metadata"]["ownerReferences"] = found["metadata"]["ownerReferences"]
+        else:
+            new["status"] = found.get("status")
         try:
-            patch = json.loads(await request.read())
-        except ValueError as err:
-            return status(400, "BadRequest", f"error decoding patch: {err}")
-        patched = merge_patch(found, patch)
-        patched["metadata"]["uid"] = found["metadata"]["uid"]
-        found.clear()
-        found.update(patched)
-        self._touch(found)
+            new = rules.defaulted(new)
+        except rules.Undecodable as err:
+            return bad_request(f'Pod in version "v1" cannot be handled as a Pod: {err}')
+        return self._update(found, new, "pods", rules.update_errors(found, new))
+
+    async def _delete_pod(self, request: web.Request) -> web.Response:
+        found = self._find(request)
+        if isinstance(found, web.Response):
+            return found
+        grace = await grace_period(request)
+        if isinstance(grace, web.Response):
+            return grace
+        deletion = rules.delete(found, grace)
+        if deletion is rules.Deletion.GONE:
+            meta = found["metadata"]
+            del self.pods[(meta["namespace"], meta["name"])]
+        if deletion is not rules.Deletion.UNCHANGED:
+            self._touch(found)
         return web.json_response(found)
 
     async def _bind(self, request: web.Request) -> web.Response:
@@ -203,71 +262,140 @@ class FakeApiServer:
         if self.fail_bindings:
             code, message = self.fail_bindings.pop(0)
             return status(code, "InternalError" if code >= 500 else "BadRequest", message)
+        binding = await read_object(request, "Binding")
+        if isinstance(binding, web.Response):
+            return binding
+        meta = binding["metadata"]
+        if meta.get("name") != name:
+            return bad_request("name in URL does not match name in Binding object")
+        target = str((binding.get("target") or {}).get("name") or "")
+        if not target:
+            return status(500, message="target.name: Required value")
         found = self._find(request)
         if isinstance(found, web.Response):
             return found
-        try:
-            binding = json.loads(await request.read())
-            target = binding["target"]["name"]
-        except (ValueError, KeyError, TypeError):
-            return status(400, "BadRequest", "Binding: target.name: Required value")
-        wanted_uid = (binding.get("metadata") or {}).get("uid")
-        uid = found["metadata"]["uid"]
-        if wanted_uid and wanted_uid != uid:
-            return _conflict(name, f"Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: {uid}")
-        if found["spec"].get("nodeName"):
-            return _conflict(name, f'pod {name} is already assigned to node "{found["spec"]["nodeName"]}"')
+        failed = rules.binding_precondition(found, meta)
+        if failed:
+            return conflict("pods", name, failed)
+        node = found["spec"].get("nodeName")
+        if found["metadata"].get("deletionTimestamp"):
+            return conflict("pods/binding", name, f"pod {name} is being deleted, cannot be assigned to a host")
+        if node:
+            return conflict("pods/binding", name, f'pod {name} is already assigned to node "{node}"')
         found["spec"]["nodeName"] = target
+        scheduled = {"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                     "lastTransitionTime": rules.timestamp()}
+        conditions = found.setdefault("status", {}).setdefault("conditions", [])
+        conditions[:] = [c for c in conditions if c.get("type") != "PodScheduled"] + [scheduled]
         self._touch(found)
         self.bindings.append(binding)
-        return status(201, "", "")
-
-    async def _get_node(self, request: web.Request) -> web.Response:
-        name = request.match_info["name"]
-        found = self.nodes.get(name)
-        if found is None:
-            return status(404, "NotFound", f'nodes "{name}" not found', {"name": name, "kind": "nodes"})
-        return web.json_response(found)
+        return status(201)
 
     async def _list_pods(self, request: web.Request) -> web.Response:
         failure = self.fail_lists.pop(0) if self.fail_lists else None
         if failure is not None:
             code, message = failure
             return status(code, "InternalError" if code >= 500 else "BadRequest", message)
-        try:
-            limit = int(request.query.get("limit") or 0)
-        except ValueError:
-            return status(400, "BadRequest", f"limit: Invalid value: {request.query['limit']!r}")
+        unfiltered = [key for key in UNFILTERED if request.query.get(key)]
+        if unfiltered:
+            return bad_request(f"the fake API server cannot {', '.join(unfiltered)}")
+        limit = list_limit(request)
+        if isinstance(limit, web.Response):
+            return limit
+        namespace = request.match_info.get("namespace", "")
         token = request.query.get("continue")
         if token:
-            found = self._continued(token)
-            if found is None:
-                expired = "The provided continue parameter is too old to display a consistent list result."
-                return status(410, "Expired", expired)
+            found = self._continued(token, namespace)
+            if isinstance(found, web.Response):
+                return found
             version, start, pods = found
         else:
-            version, start = self._version, 0
-            pods = [copy.deepcopy(self.pods[key]) for key in sorted(self.pods)]
+            version, start, pods = self._version, 0, self._listing(namespace)
         page = pods[start : start + limit] if limit else pods[start:]
         meta: dict[str, Any] = {"resourceVersion": str(version)}
         rest = len(pods) - start - len(page)
         if limit and rest > 0:
-            self._snapshots[version] = pods
-            meta["continue"] = _continue_token(version, start + len(page))
+            self._snapshots[(version, namespace)] = pods
+            meta["continue"] = continue_token(version, start + len(page))
             meta["remainingItemCount"] = rest
         return web.json_response({"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": page})
 
-    def _continued(self, token: str) -> tuple[int, int, list[dict[str, Any]]] | None:
-        try:
-            raw = json.loads(base64.urlsafe_b64decode(token.encode()))
-            version, start = int(raw["rv"]), int(raw["start"])
-        except (ValueError, KeyError, TypeError):
-            return None
-        pods = self._snapshots.get(version)
-        return None if pods is None else (version, start, pods)
+    def _listing(self, namespace: str) -> list[Object]:
+        """The pods in etcd's key order (``namespace/name``), as list items (no kind)."""
+        keys = sorted((k for k in self.pods if not namespace or k[0] == namespace), key="/".join)
+        items = [copy.deepcopy(self.pods[key]) for key in keys]
+        for item in items:
+            item.pop("kind", None)
+            item.pop("apiVersion", None)
+        return items
 
+    def _continued(self, token: str, namespace: str) -> tuple[int, int, list[Object]] | web.Response:
+        found = continued(token)
+        if isinstance(found, web.Response):
+            return found
+        version, start = found
+        pods = self._snapshots.get((version, namespace))
+        return status(410, "Expired", EXPIRED) if pods is None else (version, start, pods)
 
-def _continue_token(version: int, start: int) -> str:
-    """Opaque to clients, like the real one (which also encodes a version and where to go on)."""
-    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": version, "start": start})
-    return base64.urlsafe_b64encode(raw.encode()).decode()
+    # --- nodes ---
+
+    async def _create_node(self, request: web.Request) -> web.Response:
+        body = await read_object(request, "Node")
+        if isinstance(body, web.Response):
+            return body
+        name = str(body["metadata"].get("name") or "")
+        if not name:
+            return invalid("Node", name, [FieldError("metadata.name", "Required", "name or generateName is required")])
+        if name in self.nodes:
+            return already_exists("nodes", name)
+        body["metadata"].pop("uid", None)
+        self.nodes[name] = self._created(body, "Node")
+        return web.json_response(body, status=201)
+
+    def _find_node(self, request: web.Request) -> Object | web.Response:
+        name = request.match_info["name"]
+        return self.nodes.get(name) or not_found("nodes", name)
+
+    async def _get_node(self, request: web.Request) -> web.Response:
+        found = self._find_node(request)
+        return found if isinstance(found, web.Response) else web.json_response(found)
+
+    async def _write_node(self, request: web.Request) -> web.Response:
+        found = self._find_node(request)
+        if isinstance(found, web.Response):
+            return found
+        new = await written(request, found, "Node")
+        return new if isinstance(new, web.Response) else self._update(found, new, "nodes", [])
+
+    async def _delete_node(self, request: web.Request) -> web.Response:
+        found = self._find_node(request)
+        if isinstance(found, web.Response):
+            return found
+        name = request.match_info["name"]
+        del self.nodes[name]
+        self._version += 1
+        return status(200, details={"name": name, "kind": "nodes", "uid": found["metadata"]["uid"]}, coded=False)
+
+    # --- writes ---
+
+    def _update(self, old: Object, new: Object, resource: str, errors: list[FieldError]) -> web.Response:
+        """Store ``new`` over ``old``: system metadata kept, a stale resourceVersion refused; a
+        write that changes nothing keeps the resourceVersion."""
+        meta, was = new["metadata"], old["metadata"]
+        name = str(was["name"])
+        wanted = meta.get("resourceVersion")
+        if wanted and wanted != was["resourceVersion"]:
+            return modified(resource, name)
+        errors = rules.immutable_errors(was, meta) + errors
+        if errors:
+            return invalid(str(old.get("kind") or resource), name, errors)
+        rules.keep_system_meta(was, meta)
+        if new == old:
+            return web.json_response(old)
+        if new.get("spec") != old.get("spec") and "generation" in meta:
+            meta["generation"] = int(meta["generation"]) + 1
+        old.clear()
+        old.update(new)
+        self._touch(old)
+        return web.json_response(old)
+

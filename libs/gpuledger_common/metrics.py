@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 CAS_ATTEMPTS = Counter("gpuledger_ledger_cas_attempts_total", "Compare-and-set writes tried on the ledger")
 CAS_CONFLICTS = Counter(
@@ -10,4 +10,17 @@ CAS_CONFLICTS = Counter(
 )
 CAS_GAVE_UP = Counter(
     "gpuledger_ledger_cas_gave_up_total", "Ledger changes abandoned after the bounded number of retries"
+)
+OUTAGE_RETRIES = Counter(
+    "gpuledger_ledger_outage_retries_total",
+    "Ledger reads and writes tried again because JetStream had no leader or NATS was reconnecting",
+)
+OUTAGE_GAVE_UP = Counter(
+    "gpuledger_ledger_outage_gave_up_total",
+    "Ledger reads and writes refused as unavailable after waiting out their whole window",
+)
+OUTAGE_WAITED = Histogram(
+    "gpuledger_ledger_outage_wait_seconds",
+    "How long a ledger read or write waited out an outage before it succeeded",
+    buckets=(0.1, 0.25, 0.5, 1, 2, 4, 6, 8, 10, 15),
 )

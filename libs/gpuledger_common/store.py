@@ -3,6 +3,12 @@
 Any number of allocator, placement or plugin processes may write; each write reads the node's
 key, applies a pure transition from ``gpuledger_core.ledger`` and writes back only if the key's
 revision is unchanged. Lost races are retried a bounded number of times and counted.
+
+Every read and write rides out a JetStream outage (a leader election, a reconnect) within the
+call's window (``gpuledger_common.outage``). A write whose answer was lost is tried again with
+the same bytes on the same revision: if the first one was applied, the second fails as a
+conflict, and the message that took that revision's place says whether it was ours. So a write
+is applied at most once, and never over a change it did not see (docs/ledger.md).
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ import hashlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import NoReturn, TypeVar
 
 import orjson
 from nats.aio.client import Client
@@ -22,11 +29,19 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import DeliverPolicy, KeyValueConfig, StorageType
 from nats.js.client import JetStreamContext
-from nats.js.errors import APIError, BucketNotFoundError, KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
 from nats.js.kv import KeyValue
 
 from gpuledger_common.bus import SUBJECT_PREFIX, encode
 from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
+from gpuledger_common.outage import ATTEMPT_S, RETRY_S, Outage, OutageStats, outage_of, ride_out
 from gpuledger_core import codec
 from gpuledger_core.errors import Conflict, GpuledgerError, InvalidArgument, Unavailable
 from gpuledger_core.events import diff
@@ -43,6 +58,7 @@ OWNER_BUCKET = "gpuledger-owners"
 KEY_PREFIX = f"$KV.{LEDGER_BUCKET}."  # the subject of a ledger key, less the key
 EVENTS_SUBJECT = f"{SUBJECT_PREFIX}.events"
 Transition = Callable[[NodeLedger | None], NodeLedger | None]
+T = TypeVar("T")
 
 
 def node_key(node: str) -> str:
@@ -124,7 +140,9 @@ class LedgerStore:
     max_attempts: int = 12
     clock: Callable[[], float] = time.time
     records_expire: bool = False  # the server drops owner records at their TTL (see ``open``)
+    retry_s: float = RETRY_S  # how long a call waits out a JetStream outage (``outage.within`` narrows it)
     stats: CasStats = field(default_factory=CasStats)
+    outage: OutageStats = field(default_factory=OutageStats)
     _jetstream: JetStreamContext | None = None
     _publishing: set[asyncio.Future[None]] = field(default_factory=set)  # events on their way out
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
@@ -136,17 +154,29 @@ class LedgerStore:
 
     @classmethod
     async def open(
-        cls, nc: Client, *, replicas: int = 1, max_attempts: int = 12, record_ttls: bool = False
+        cls,
+        nc: Client,
+        *,
+        replicas: int = 1,
+        max_attempts: int = 12,
+        record_ttls: bool = False,
+        retry_s: float = RETRY_S,
     ) -> LedgerStore:
         """The store over both buckets (made if missing). With ``record_ttls`` (the allocator,
         which writes expiring owner records) the owners bucket is made to keep per-message TTLs,
-        and ``records_expire`` says whether the server does."""
-        js = nc.jetstream()
-        kv = await _bucket(js, LEDGER_BUCKET, replicas)
-        owners = await _bucket(js, OWNER_BUCKET, replicas)
-        store = cls(nc, kv, owners, max_attempts)
+        and ``records_expire`` says whether the server does. ``retry_s``: how long each call
+        waits out a JetStream outage; opening waits it out too."""
+        js = nc.jetstream(timeout=ATTEMPT_S)
+        outage = OutageStats()
+
+        async def opened(what: str, work: Callable[[], Awaitable[T]]) -> T:
+            return await ride_out(nc, what, work, retry_s, outage)
+
+        kv = await opened(f"open bucket {LEDGER_BUCKET}", lambda: _bucket(js, LEDGER_BUCKET, replicas))
+        owners = await opened(f"open bucket {OWNER_BUCKET}", lambda: _bucket(js, OWNER_BUCKET, replicas))
+        store = cls(nc, kv, owners, max_attempts, retry_s=retry_s, outage=outage, _jetstream=js)
         if record_ttls:
-            store.records_expire = await _allow_ttl(js, OWNER_BUCKET)
+            store.records_expire = await opened("allow per-message TTLs", lambda: _allow_ttl(js, OWNER_BUCKET))
             if not store.records_expire:
                 log.warning("NATS keeps no per-message TTLs here (2.11+ does): owner records are deleted instead")
         return store
@@ -154,20 +184,52 @@ class LedgerStore:
     @property
     def _js(self) -> JetStreamContext:
         if self._jetstream is None:
-            self._jetstream = self.nc.jetstream()
+            self._jetstream = self.nc.jetstream(timeout=ATTEMPT_S)
         return self._jetstream
 
-    def _connected(self, what: str) -> None:
-        """Fail at once while NATS is away, rather than after the request's timeout."""
-        if not self.nc.is_connected:
-            raise Unavailable(f"cannot {what}: NATS is disconnected (reconnecting)")
+    async def _ride_out(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``, tried again through a JetStream outage until this call's window ends."""
+        return await ride_out(self.nc, what, attempt, self.retry_s, self.outage)
+
+    async def _cas(
+        self, what: str, bucket: str, key: str, data: bytes, revision: int, put: Callable[[], Awaitable[int]]
+    ) -> int:
+        """``put()``, a compare-and-set of ``data`` on ``revision``, ridden out; its new revision.
+        A put whose answer was lost (a timeout, a dropped connection) may have been applied:
+        tried again, it then fails as a conflict, and the key's first message after
+        ``revision`` (the write that took its place) says whether it was this one."""
+        unsure = False
+
+        async def attempt() -> int:
+            nonlocal unsure
+            try:
+                return await put()
+            except KeyWrongLastSequenceError:
+                if unsure and (landed := await self._landed(bucket, key, revision, data)):
+                    return landed
+                raise
+            except Exception as err:
+                unsure = unsure or outage_of(err) is Outage.UNKNOWN
+                raise
+
+        return await self._ride_out(what, attempt)
+
+    async def _landed(self, bucket: str, key: str, revision: int, data: bytes) -> int:
+        """The revision ``data`` was written at on top of ``revision``, or 0 if another write
+        took that place (or it is no longer kept: the transition then runs on a fresh read)."""
+        try:
+            msg = await self._js.get_msg(f"KV_{bucket}", seq=revision + 1, subject=f"$KV.{bucket}.{key}", next=True)
+        except NotFoundError:
+            return 0
+        return (msg.seq or 0) if msg.data == data else 0
 
     async def read(self, node: str) -> tuple[NodeLedger | None, int]:
-        self._connected(f"read the ledger of {node}")
         try:
-            entry = await self.kv.get(node_key(node))
+            entry = await self._ride_out(f"read the ledger of {node}", lambda: self.kv.get(node_key(node)))
         except (KeyNotFoundError, KeyDeletedError):
             return None, 0
+        except Unavailable:
+            raise
         except Exception as err:
             raise Unavailable(f"cannot read the ledger of {node}: {err}") from err
         ledger = self._decoded(node, entry.value) if entry.value else None
@@ -283,27 +345,45 @@ class LedgerStore:
         raise Conflict(f"the ledger of {node} kept changing; gave up after {self.max_attempts} attempts")
 
     async def _write(self, node: str, new: NodeLedger | None, revision: int) -> int:
-        self._connected(f"write the ledger of {node}")
         key = node_key(node)
+        what = f"write the ledger of {node}"
         try:
             if new is None:
-                await self.kv.delete(key, last=revision)
-                return revision + 1
+                return await self._ride_out(what, lambda: self._delete(key, revision))
             data = self._encoded(new)
             # Noted before the write: its watch entry may arrive before the write's own answer.
             recent = self._written.setdefault(node, {})
             recent[data] = new
             while len(recent) > WRITES_REMEMBERED:
                 del recent[next(iter(recent))]  # dicts keep insertion order: the oldest goes
+            return await self._cas(what, LEDGER_BUCKET, key, data, revision, lambda: self._put(key, data, revision))
+        except (KeyWrongLastSequenceError, Unavailable):
+            raise
+        except Exception as err:
+            raise Unavailable(f"cannot write the ledger of {node}: {err}") from err
+
+    async def _put(self, key: str, data: bytes, revision: int) -> int:
+        try:
             if revision == 0:
                 return await self.kv.create(key, data)
             return await self.kv.update(key, data, last=revision)
         except KeyWrongLastSequenceError:
             raise
-        except Exception as err:
+        except APIError as err:
             if "wrong last sequence" in str(err) or "key exists" in str(err):
                 raise KeyWrongLastSequenceError() from err
-            raise Unavailable(f"cannot write the ledger of {node}: {err}") from err
+            raise
+
+    async def _delete(self, key: str, revision: int) -> int:
+        """Delete a node's key on ``revision``. Tried again after a lost answer, a delete that was
+        applied fails as a conflict, and the transition runs again on the deleted key."""
+        try:
+            await self.kv.delete(key, last=revision)
+        except APIError as err:
+            if "wrong last sequence" in str(err):
+                raise KeyWrongLastSequenceError() from err
+            raise
+        return revision + 1
 
     def _encoded(self, ledger: NodeLedger) -> bytes:
         """The ledger's bytes, as ``codec.ledger_to`` spells it. Parts already encoded for an
@@ -349,10 +429,12 @@ class LedgerStore:
         counts can be trusted for that when the machine is busy.
         """
         try:
-            keys = await self._keys_now()
+            keys = await self._ride_out("list the ledger's nodes", self._keys_now)
             if not keys:
                 return
-            watcher = await self.kv.watch("node.>")
+            watcher = await self._ride_out("watch the ledger", lambda: self.kv.watch("node.>"))
+        except Unavailable:
+            raise
         except Exception as err:
             raise Unavailable(f"cannot watch the ledger: {err}") from err
         try:
@@ -423,11 +505,12 @@ class LedgerStore:
         return None if record is None else (record.allocation, record.node, record.revision)
 
     async def owner_record(self, owner: Owner) -> OwnerRecord | None:
-        self._connected("read the owner index")
         try:
-            entry = await self.owners.get(owner_key(owner))
+            entry = await self._ride_out("read the owner index", lambda: self.owners.get(owner_key(owner)))
         except (KeyNotFoundError, KeyDeletedError):
             return None
+        except Unavailable:
+            raise
         except Exception as err:
             raise Unavailable(f"cannot read the owner index: {err}") from err
         if not entry.value:
@@ -449,7 +532,6 @@ class LedgerStore:
         """Record ``allocation`` as the owner's: a new record (``revision`` 0) or a change of the
         record at ``revision``; with ``ttl_s`` the server drops the record after that long.
         Returns the record's new revision, or None if someone else's record is in the way."""
-        self._connected("write the owner index")
         key = owner_key(owner)
         data = encode({"allocation": allocation, "node": node, "owner": owner.key, "at": self.clock()})
         try:
@@ -460,26 +542,32 @@ class LedgerStore:
                     return None
                 # A new record where an old one was deleted: the delete marker is the last revision.
                 try:
-                    await self.owners.get(key)
+                    await self._ride_out("read the owner index", lambda: self.owners.get(key))
                 except (KeyNotFoundError, KeyDeletedError) as gone:  # deleted (it has an entry), or expired
                     entry = getattr(gone, "entry", None)
                     return await self._put_owner(key, data, (entry.revision or 0) if entry else 0, ttl_s)
                 return None
         except KeyWrongLastSequenceError:
             return None
+        except Unavailable:
+            raise
         except Exception as err:
             raise Unavailable(f"cannot write the owner index: {err}") from err
 
     async def _put_owner(self, key: str, data: bytes, revision: int, ttl_s: float | None) -> int:
         subject = f"$KV.{OWNER_BUCKET}.{key}"
         headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
-        try:
-            ack = await self._js.publish(subject, data, headers=headers, msg_ttl=ttl_s)
-        except APIError as err:
-            if err.err_code in (10071, 10164) or "wrong last sequence" in str(err):
-                raise KeyWrongLastSequenceError() from err
-            raise
-        return ack.seq
+
+        async def put() -> int:
+            try:
+                ack = await self._js.publish(subject, data, headers=dict(headers), msg_ttl=ttl_s)
+            except APIError as err:
+                if err.err_code in (10071, 10164) or "wrong last sequence" in str(err):
+                    raise KeyWrongLastSequenceError() from err
+                raise
+            return ack.seq
+
+        return await self._cas("write the owner index", OWNER_BUCKET, key, data, revision, put)
 
     async def forget_owner_of(self, owner: Owner, allocation_id: AllocationId) -> None:
         """Drop the owner's record if it still names ``allocation_id`` (so the owner may
@@ -489,12 +577,14 @@ class LedgerStore:
             await self.forget_owner(owner, record[2])
 
     async def forget_owner(self, owner: Owner, revision: int) -> None:
-        """Drop the owner's record if it is still the one read at ``revision``."""
-        self._connected("write the owner index")
+        """Drop the owner's record if it is still the one read at ``revision`` (tried again after
+        a lost answer, a delete that was applied fails as a conflict: the record is gone)."""
         try:
-            await self.owners.delete(owner_key(owner), last=revision)
+            await self._ride_out("write the owner index", lambda: self.owners.delete(owner_key(owner), last=revision))
         except KeyWrongLastSequenceError:
             pass
+        except Unavailable:
+            raise
         except Exception as err:
             if "wrong last sequence" not in str(err):
                 raise Unavailable(f"cannot write the owner index: {err}") from err
@@ -506,12 +596,12 @@ async def _bucket(js: JetStreamContext, name: str, replicas: int) -> KeyValue:
     except BucketNotFoundError:
         pass
     except Exception as err:
-        raise Unavailable(f"cannot open bucket {name}: {err}") from err
+        _unless_outage(err, f"cannot open bucket {name}")
     config = KeyValueConfig(bucket=name, history=5, storage=StorageType.FILE, replicas=replicas)
     try:
         return await js.create_key_value(config)
     except Exception as err:
-        raise Unavailable(f"cannot create bucket {name}: {err}") from err
+        _unless_outage(err, f"cannot create bucket {name}")
 
 
 async def _allow_ttl(js: JetStreamContext, name: str) -> bool:
@@ -523,8 +613,15 @@ async def _allow_ttl(js: JetStreamContext, name: str) -> bool:
             info.config.allow_msg_ttl = True
             info = await js.update_stream(info.config)
     except Exception as err:
-        raise Unavailable(f"cannot allow per-message TTLs on bucket {name}: {err}") from err
+        _unless_outage(err, f"cannot allow per-message TTLs on bucket {name}")
     return bool(info.config.allow_msg_ttl)
+
+
+def _unless_outage(err: Exception, what: str) -> NoReturn:
+    """Let an outage through to be ridden out; anything else is ``Unavailable`` at once."""
+    if outage_of(err) is not None:
+        raise err
+    raise Unavailable(f"{what}: {err}") from err
 
 
 class _Unproven:

@@ -20,7 +20,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from gpuledger_common.settings import redact_url
+from gpuledger_common.settings import SettingsError, nats_servers, redact_url
 from gpuledger_core.errors import GpuledgerError, InvalidArgument, Unavailable, from_code
 
 log = logging.getLogger(__name__)
@@ -29,22 +29,35 @@ SUBJECT_PREFIX = "gpuledger.v1"
 Handler = Callable[[Any], Awaitable[Any]]
 
 
-async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> Client:
-    """Connect, and keep reconnecting forever if the server goes away later."""
-    shown = redact_url(url)
+async def connect(servers: str, name: str, *, connect_timeout: float = 5.0) -> Client:
+    """Connect to one of ``servers`` (a URL or a comma-separated list of them, as the
+    ``nats_url`` setting has it), and keep reconnecting forever, to any of them, if the server
+    goes away later. Logs name the server actually reached, never the configured list alone."""
+    try:
+        pool = list(nats_servers(servers))
+    except SettingsError as err:
+        raise InvalidArgument("nats_url", str(err).removeprefix("nats_url: ")) from None
+    shown = redact_url(",".join(pool))
+    clients: list[Client] = []  # the client, once connected (the callbacks need it)
+    last = ""  # the server of the current (or last) connection, as logs show it
 
     async def on_error(err: Exception) -> None:
         log.warning("nats error: %s", err)
 
     async def on_disconnect() -> None:
-        log.info("nats disconnected from %s", shown)
+        if clients and clients[0].is_reconnecting:
+            log.info("nats disconnected from %s; reconnecting to one of %s", last or "NATS", shown)
+        else:
+            log.info("nats disconnected from %s", last or "NATS")
 
     async def on_reconnect() -> None:
-        log.info("nats reconnected to %s", shown)
+        nonlocal last
+        last = server_of(clients[0]) if clients else ""
+        log.info("nats reconnected to %s", last or "NATS")
 
     try:
-        return await nats.connect(
-            url,
+        nc = await nats.connect(
+            servers=pool,
             name=name,
             connect_timeout=connect_timeout,
             max_reconnect_attempts=-1,
@@ -56,6 +69,16 @@ async def connect(url: str, name: str, *, connect_timeout: float = 5.0) -> Clien
         )
     except Exception as err:  # nats raises several unrelated types on a failed first connect
         raise Unavailable(f"cannot connect to NATS at {shown}: {err}") from err
+    clients.append(nc)
+    last = server_of(nc)
+    log.info("nats connected to %s (of %s)", last, shown)
+    return nc
+
+
+def server_of(nc: Client) -> str:
+    """The server the client is connected to now, password hidden; empty while disconnected."""
+    url = nc.connected_url
+    return redact_url(url.geturl()) if url is not None else ""
 
 
 def encode(value: Any) -> bytes:

@@ -12,6 +12,7 @@ import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, get_type_hints
+from urllib.parse import urlsplit
 
 S = TypeVar("S")
 ENV_PREFIX = "GPULEDGER_"
@@ -69,6 +70,12 @@ def load(
         raise SettingsError(str(err)) from err
 
 
+def env_default(name: str, default: str, env: Mapping[str, str] | None = None) -> str:
+    """A command-line tool's default for option ``name``: ``GPULEDGER_<NAME>`` if set."""
+    env = os.environ if env is None else env
+    return env.get(ENV_PREFIX + name.upper(), default)
+
+
 def describe(settings: object) -> dict[str, Any]:
     """The effective settings, secrets redacted (passwords in URLs too), for the start-up log line."""
     shown: dict[str, Any] = {}
@@ -83,7 +90,10 @@ def describe(settings: object) -> dict[str, Any]:
 
 
 def redact_url(url: str) -> str:
-    """``nats://user:password@host:4222`` -> ``nats://***@host:4222``; other text unchanged."""
+    """``nats://user:password@host:4222`` -> ``nats://***@host:4222``; other text unchanged. A
+    comma-separated list of URLs is redacted URL by URL."""
+    if "," in url:
+        return ",".join(redact_url(part) for part in url.split(","))
     scheme, sep, rest = url.partition("://")
     if not sep:
         return url
@@ -91,6 +101,54 @@ def redact_url(url: str) -> str:
     if "@" not in authority:
         return url
     return f"{scheme}://***@{authority.rsplit('@', 1)[1]}{slash}{path}"
+
+
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def nats_servers(raw: str, name: str = "nats_url") -> tuple[str, ...]:
+    """The servers of a ``nats_url`` setting: one URL or a comma-separated list of them
+    (``nats://a:4222,nats://b:4222``), each checked; ``SettingsError`` names the bad entry
+    (its password hidden)."""
+    problem = nats_url_problem(raw)
+    if problem:
+        raise SettingsError(f"{name}: {problem}")
+    return tuple(part.strip() for part in raw.split(","))
+
+
+def nats_url_problem(raw: str) -> str:
+    """What is wrong with a ``nats_url`` setting, naming the bad entry; empty when nothing is."""
+    entries = [part.strip() for part in raw.split(",")]
+    if entries == [""]:
+        return "must name at least one server, e.g. nats://127.0.0.1:4222"
+    for i, entry in enumerate(entries, 1):
+        problem = _server_problem(entry)
+        if problem:
+            where = f"entry {i} of {len(entries)}" if len(entries) > 1 else "the URL"
+            return f"{where} ({redact_url(entry)!r}) {problem}"
+    if len({urlsplit(e).scheme in ("ws", "wss") for e in entries}) > 1:
+        return "mixes websocket (ws://, wss://) and plain (nats://, tls://) servers"
+    return ""
+
+
+def _server_problem(entry: str) -> str:
+    """What is wrong with one server URL; empty when nothing is."""
+    if not entry:
+        return "is empty (two commas in a row, or one at an end)"
+    url = urlsplit(entry)
+    if url.scheme not in NATS_SCHEMES:
+        return "must start with nats://, tls://, ws:// or wss://"
+    if not url.hostname:
+        return "names no host"
+    try:
+        port = url.port
+    except ValueError:
+        return "has a port that is not a number in 1..65535"
+    if port == 0:
+        return "has port 0"
+    if url.path not in ("", "/") or url.query or url.fragment:
+        return "must be scheme://[user:password@]host[:port], with nothing after the port"
+    return ""
 
 
 def require(condition: bool, name: str, problem: str) -> None:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from grpclib import GRPCError
-from grpclib.const import Status
+from grpclib.const import Handler, Status
 
 from gpuledger_allocator.queries import AllocationFilter, cluster, list_allocations
 from gpuledger_allocator.service import AllocateCall, AllocatorService
 from gpuledger_common import pbconvert as conv
+from gpuledger_common.outage import within
 from gpuledger_core import errors
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.model import Isolation
@@ -19,6 +20,7 @@ from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+ANSWER_S = 1.0  # of a caller's deadline, kept for answering after the ledger's outage window
 
 STATUS = {
     errors.InvalidArgument: Status.INVALID_ARGUMENT,
@@ -50,6 +52,12 @@ def _id(value: str) -> AllocationId:
 class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
     def __init__(self, service: AllocatorService) -> None:
         self.service = service
+
+    def __mapping__(self) -> dict[str, Handler]:
+        """The generated handlers, each waiting out a ledger outage only until ``ANSWER_S``
+        before the caller's deadline, so the caller hears why rather than DEADLINE_EXCEEDED."""
+        mapping: dict[str, Handler] = super().__mapping__()
+        return {path: handler._replace(func=_before_deadline(handler.func)) for path, handler in mapping.items()}
 
     async def allocate(self, allocate_request: pb.AllocateRequest) -> pb.AllocateResponse:
         async def work() -> pb.AllocateResponse:
@@ -112,6 +120,17 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
                     yield conv.event_to(event)
         finally:
             self.service.view.unsubscribe(queue)
+
+
+def _before_deadline(func: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+    async def handle(stream: Any) -> None:
+        if stream.deadline is None:
+            await func(stream)
+            return
+        with within(stream.deadline.time_remaining() - ANSWER_S):
+            await func(stream)
+
+    return handle
 
 
 def _isolation(value: str) -> Isolation:

@@ -38,7 +38,11 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
     nc = await bus.connect(settings.nats_url, "gpuledger-allocator")
     try:
         store = await LedgerStore.open(
-            nc, replicas=settings.bucket_replicas, max_attempts=settings.cas_attempts, record_ttls=True
+            nc,
+            replicas=settings.bucket_replicas,
+            max_attempts=settings.cas_attempts,
+            record_ttls=True,
+            retry_s=settings.ledger_retry_s,
         )
         view = ClusterView(store, settings.stale_after_s)
         fallback = BuiltinPlacer(settings.slots_per_card)

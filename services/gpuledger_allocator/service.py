@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from gpuledger_allocator.view import ClusterView
+from gpuledger_common.outage import within
 from gpuledger_common.store import LedgerStore, OwnerRecord
 from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.fit import ContainerAsk, fit_node, share_for
@@ -89,7 +90,12 @@ class AllocatorService:
 
     async def allocate(self, call: AllocateCall) -> tuple[Allocation, bool]:
         """Reserve (and with ``commit``, commit) cards for the owner; the owner's existing
-        allocation if it has one. The reservation and the owner's record are written at once."""
+        allocation if it has one. The reservation and the owner's record are written at once.
+        Its ledger writes share one outage window (``store.retry_s``), as do every call's."""
+        with within(self.store.retry_s):
+            return await self._allocate(call)
+
+    async def _allocate(self, call: AllocateCall) -> tuple[Allocation, bool]:
         lease = self._lease(call.lease_s)
         call = self._with_known_models(call)
         held = await self._held(call.owner)
@@ -219,6 +225,10 @@ class AllocatorService:
             await self.store.mutate(reserved.node, undo)
 
     async def commit(self, allocation_id: AllocationId, node: NodeName | None = None) -> Allocation:
+        with within(self.store.retry_s):
+            return await self._commit(allocation_id, node)
+
+    async def _commit(self, allocation_id: AllocationId, node: NodeName | None) -> Allocation:
         node = node or await self._node_of(allocation_id)
         written = await self.store.mutate(node, lambda ledger: commit(_must(ledger, node), allocation_id, self.clock()))
         return _find(written.new, allocation_id)
@@ -229,6 +239,10 @@ class AllocatorService:
         same owner finds it names nothing live and replaces it. A pod's record (written by the
         scheduler's bind, without a TTL), and every record where the server keeps no TTLs, is
         dropped after the answer."""
+        with within(self.store.retry_s):
+            return await self._release(allocation_id, reason)
+
+    async def _release(self, allocation_id: AllocationId, reason: str) -> Allocation:
         node = await self._node_of(allocation_id)
         written = await self.store.mutate(node, _release_fn(node, allocation_id, self.clock(), reason))
         released = _find(written.new, allocation_id)
@@ -253,9 +267,10 @@ class AllocatorService:
             log.info("could not drop the owner record of %s yet: %s", owner.describe(), err)
 
     async def get(self, allocation_id: AllocationId) -> Allocation:
-        node = await self._node_of(allocation_id)
-        ledger, _ = await self.store.read(node)
-        return _find(ledger, allocation_id)
+        with within(self.store.retry_s):
+            node = await self._node_of(allocation_id)
+            ledger, _ = await self.store.read(node)
+            return _find(ledger, allocation_id)
 
     async def sweep(self) -> int:
         """Expire reservations whose lease ran out; returns how many nodes were tidied."""
@@ -291,7 +306,7 @@ class AllocatorService:
 
     async def _finish(self, allocation: Allocation, want_commit: bool) -> Allocation:
         if want_commit and allocation.state is AllocState.RESERVED:
-            return await self.commit(allocation.id, allocation.node)
+            return await self._commit(allocation.id, allocation.node)
         return allocation
 
     async def _nodes_for(self, call: AllocateCall) -> list[Candidate]:
@@ -355,6 +370,8 @@ class AllocatorService:
 
         def transition(ledger: NodeLedger | None) -> NodeLedger:
             current = _must(ledger, node)
+            if current.get(allocation_id) is not None:
+                return current  # an earlier try of this very write was applied, its answer lost
             hinted = _hinted(current, call.asks, hint)
             if hinted is not None and not slot_problem(current, build(hinted), self.slots_per_card):
                 with contextlib.suppress(Exhausted):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuledger_common.settings import option, require
+from gpuledger_common.outage import RETRY_S
+from gpuledger_common.settings import nats_servers, option, require
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 
 KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
@@ -14,7 +15,9 @@ KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
 class AllocatorSettings:
     """gpuledger-allocator: owns the ledger of cards; NATS and gRPC APIs."""
 
-    nats_url: str = option("nats://127.0.0.1:4222", "NATS server URL")
+    nats_url: str = option(
+        "nats://127.0.0.1:4222", "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)"
+    )
     grpc_host: str = option("0.0.0.0", "gRPC listen address")
     grpc_port: int = option(50051, "gRPC listen port (0: any free port)")
     http_host: str = option("0.0.0.0", "address for /healthz, /readyz, /metrics")
@@ -28,6 +31,11 @@ class AllocatorSettings:
         "kubelet device slots per card; must equal the plugin's setting (a tool's allocation holds one per card)",
     )
     cas_attempts: int = option(12, "compare-and-set attempts per ledger change before giving up")
+    ledger_retry_s: float = option(
+        RETRY_S,
+        "how long a request waits out a JetStream outage (a leader election, a lost server) before it is "
+        "refused as unavailable; a gRPC caller's deadline shortens it",
+    )
     bucket_replicas: int = option(1, "JetStream replicas for the ledger buckets")
     placement_timeout_s: float = option(0.5, "how long to wait for the placement service before fitting alone")
     placement_retry_s: float = option(2.0, "after placement did not answer, how long to fit alone before asking again")
@@ -45,7 +53,7 @@ class AllocatorSettings:
     log_format: str = option("text", "text or json")
 
     def __post_init__(self) -> None:
-        require(self.nats_url.startswith(("nats://", "tls://")), "nats_url", f"{self.nats_url!r} is not a nats:// URL")
+        nats_servers(self.nats_url)
         require(0 <= self.grpc_port < 65536, "grpc_port", "must be 0..65535")
         require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
         require(self.lease_s > 0, "lease_s", "must be positive")
@@ -57,6 +65,7 @@ class AllocatorSettings:
             1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}"
         )
         require(self.cas_attempts >= 1, "cas_attempts", "must be at least 1")
+        require(0 <= self.ledger_retry_s <= 60, "ledger_retry_s", "must be 0..60 seconds")
         require(self.bucket_replicas in (1, 3, 5), "bucket_replicas", "must be 1, 3 or 5")
         require(self.kube in KUBE_MODES, "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}")
         require(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be positive")

@@ -7,6 +7,7 @@ import getpass
 import json
 
 from gpuledger_common import bus, inventory_api
+from gpuledger_common.settings import SettingsError, env_default, nats_servers
 from gpuledger_core.errors import InvalidArgument
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
@@ -14,7 +15,13 @@ DEFAULT_NATS = "nats://127.0.0.1:4222"
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("health", help="mark a card healthy or unhealthy (asks the node's inventory)")
-    p.add_argument("--nats", default=DEFAULT_NATS, help="NATS server URL")
+    p.add_argument(
+        "--nats-url",
+        "--nats",
+        dest="nats_url",
+        default=env_default("nats_url", DEFAULT_NATS),
+        help="NATS servers: one URL or a comma-separated list (env GPULEDGER_NATS_URL; default %(default)s)",
+    )
     p.add_argument("--node", required=True, help="the node")
     p.add_argument("--card", required=True, help="card index or UUID")
     state = p.add_mutually_exclusive_group(required=True)
@@ -34,10 +41,17 @@ def card_ref(value: str) -> str | int:
     return value
 
 
+def servers(value: str) -> str:
+    try:
+        return ",".join(nats_servers(value, "--nats-url"))
+    except SettingsError as err:
+        raise InvalidArgument("--nats-url", str(err).removeprefix("--nats-url: ")) from None
+
+
 async def set_health(args: argparse.Namespace) -> int:
     card = card_ref(args.card)
     who = args.by or getpass.getuser()
-    nc = await bus.connect(args.nats, "gpuledger-cli")
+    nc = await bus.connect(servers(args.nats_url), "gpuledger-cli")
     try:
         result = await inventory_api.set_card_health(nc, args.node, card, args.healthy, who, args.note)
     finally:

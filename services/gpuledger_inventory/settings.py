@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from gpuledger_common.settings import nats_url_problem, redact_url
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_inventory.health import DEFAULT_IGNORED_XIDS
 
@@ -63,8 +64,8 @@ class Settings:
             raise InvalidArgument("log_level", f"must be debug|info|warning|error, got {self.log_level!r}")
         if self.log_format not in ("text", "json"):
             raise InvalidArgument("log_format", f"must be text|json, got {self.log_format!r}")
-        if not self.nats_url.startswith(("nats://", "tls://", "ws://", "wss://")):
-            raise InvalidArgument("nats_url", f"must be a nats:// URL, got {self.nats_url!r}")
+        if problem := nats_url_problem(self.nats_url):
+            raise InvalidArgument("nats_url", problem)
 
     @property
     def use_kube(self) -> bool:
@@ -76,15 +77,8 @@ class Settings:
         """The effective settings for the start-up log (a password in the URL is hidden)."""
         out = asdict(self)
         out["ignore_xids"] = sorted(self.ignore_xids)
-        out["nats_url"] = _redact(self.nats_url)
+        out["nats_url"] = redact_url(self.nats_url)
         return out
-
-
-def _redact(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    if "@" not in rest:
-        return url
-    return f"{scheme}{sep}***@{rest.split('@', 1)[1]}"
 
 
 def parse_xids(text: str) -> frozenset[int]:

@@ -10,10 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.ops import bound_port, ops_app, start_http
+from gpuledger_common.outage import within
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import GpuledgerError
@@ -60,7 +62,19 @@ async def _seed_workload(parts: Parts) -> None:
 
 def http_app(settings: PlacementSettings, parts: Parts) -> web.Application:
     app = extender_app(parts.extender, settings.url_prefix)
+    app.middlewares.append(_one_outage_window(settings.ledger_retry_s))
     return ops_app(lambda: parts.service.ready(), app)
+
+
+def _one_outage_window(seconds: float) -> Middleware:
+    """The ledger reads and writes of one request (a bind's) share one outage window."""
+
+    @web.middleware
+    async def within_window(request: web.Request, handler: Handler) -> web.StreamResponse:
+        with within(seconds):
+            return await handler(request)
+
+    return within_window
 
 
 async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) -> None:
@@ -70,7 +84,7 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
     nc = await bus.connect(settings.nats_url, "gpuledger-placement")
     pods = await _pod_api(settings)
     try:
-        store = await LedgerStore.open(nc)
+        store = await LedgerStore.open(nc, retry_s=settings.ledger_retry_s)
         parts = build(settings, store, pods, nc)
         async with asyncio.TaskGroup() as tasks:
             watching = tasks.create_task(parts.view.run())

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuledger_common.settings import option, require
+from gpuledger_common.settings import nats_servers, option, require
 from gpuledger_core.placement import POLICIES, Guard
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_placement.assumed import DEFAULT_TTL_S
 
 KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
+BIND_RETRY_S = 3.0  # 3 x kube_timeout_s (2 s) + this < the scheduler's httpTimeout (10 s)
 MAX_ASSUME_TTL_S = 600.0  # kube-scheduler's longest wait before binding (volume binding's default)
 
 
@@ -17,7 +18,9 @@ MAX_ASSUME_TTL_S = 600.0  # kube-scheduler's longest wait before binding (volume
 class PlacementSettings:
     """gpuledger-placement: chooses nodes and cards; kube-scheduler extender and NATS API."""
 
-    nats_url: str = option("nats://127.0.0.1:4222", "NATS server URL")
+    nats_url: str = option(
+        "nats://127.0.0.1:4222", "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)"
+    )
     http_host: str = option("0.0.0.0", "address of the extender and of /healthz, /readyz, /metrics")
     http_port: int = option(8080, "port of the extender and the ops endpoints (0: any free port)")
     url_prefix: str = option("/gpuledger", "path the extender verbs hang under (the scheduler's urlPrefix path)")
@@ -26,6 +29,11 @@ class PlacementSettings:
     kube: str = option("auto", "Kubernetes access: auto, in-cluster, kubeconfig or off")
     kubeconfig: str = option("", "kubeconfig file (kube=kubeconfig or auto; empty: the default one)")
     kube_timeout_s: float = option(2.0, "timeout of each Kubernetes API call made by bind")
+    ledger_retry_s: float = option(
+        BIND_RETRY_S,
+        "how long a bind waits out a JetStream outage (a leader election) before it answers Error; with "
+        "3 kube calls of kube_timeout_s it must fit the scheduler's httpTimeout (10 s)",
+    )
     lease_s: float = option(300.0, "how long a bound pod's reservation waits for kubelet to admit it")
     slots_per_card: int = option(
         DEFAULT_SLOTS_PER_CARD, "kubelet device slots per card (holders a card takes); must equal the plugin's setting"
@@ -43,7 +51,7 @@ class PlacementSettings:
     log_format: str = option("text", "text or json")
 
     def __post_init__(self) -> None:
-        require(self.nats_url.startswith(("nats://", "tls://")), "nats_url", f"{self.nats_url!r} is not a nats:// URL")
+        nats_servers(self.nats_url)
         require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
         require(
             (self.url_prefix.startswith("/") and not self.url_prefix.endswith("/")) or self.url_prefix == "",
@@ -54,6 +62,7 @@ class PlacementSettings:
         parse_guard(self.guard)
         require(self.kube in KUBE_MODES, "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}")
         require(0 < self.kube_timeout_s <= 30, "kube_timeout_s", "must be in (0, 30]")
+        require(0 <= self.ledger_retry_s <= 60, "ledger_retry_s", "must be 0..60 seconds")
         require(self.lease_s > 0, "lease_s", "must be positive")
         require(
             1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}"

@@ -56,7 +56,7 @@ async def running(
     log.info("gpuledger-plugin starting with %s", describe(settings))
     nc = await _connect(settings, stop)
     try:
-        store = await LedgerStore.open(nc)
+        store = await LedgerStore.open(nc, retry_s=settings.ledger_retry_s)
         service = _service(settings, nc, store)
         handler = DevicePlugin(service, settings.answer_timeout_s, redact_url(settings.nats_url))
         wake = asyncio.Event()  # reconcile now: set after every registration with kubelet

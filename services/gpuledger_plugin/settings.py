@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuledger_common.settings import option, require
+from gpuledger_common.outage import RETRY_S
+from gpuledger_common.settings import nats_servers, option, require
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 
 RESOURCE_NAME = "gpuledger.io/gpu"
@@ -16,7 +17,9 @@ class PluginSettings:
     """gpuledger-plugin: the kubelet device plugin that hands containers their ledger cards."""
 
     node: str = option("", "this node's name, as in the ledger (required)")
-    nats_url: str = option("nats://127.0.0.1:4222", "NATS server URL")
+    nats_url: str = option(
+        "nats://127.0.0.1:4222", "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)"
+    )
     device_plugin_dir: str = option(
         "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory"
     )
@@ -38,6 +41,11 @@ class PluginSettings:
     answer_timeout_s: float = option(
         30.0, "the longest any kubelet call waits for NATS or the ledger (a NATS restart is ridden out)"
     )
+    ledger_retry_s: float = option(
+        RETRY_S,
+        "how long one ledger read or write waits out a JetStream outage (a leader election) before the "
+        "call reads again (Allocate keeps trying until answer_timeout_s)",
+    )
     placement_timeout_s: float = option(0.2, "how long GetPreferredAllocation waits for placement")
     pod_resources_timeout_s: float = option(1.0, "how long to wait for kubelet's PodResources List")
     reconcile_interval_s: float = option(30.0, "how often to compare the ledger with kubelet")
@@ -49,11 +57,7 @@ class PluginSettings:
 
     def __post_init__(self) -> None:
         require(bool(self.node), "node", "is required (the Kubernetes node name)")
-        require(
-            self.nats_url.startswith(("nats://", "tls://")),
-            "nats_url",
-            f"{self.nats_url!r} is not a nats:// URL",
-        )
+        nats_servers(self.nats_url)
         require(
             1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD,
             "slots_per_card",
@@ -74,6 +78,7 @@ class PluginSettings:
         for name in ("answer_timeout_s", "placement_timeout_s", "pod_resources_timeout_s"):
             require(getattr(self, name) > 0, name, "must be positive")
         require(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be positive")
+        require(0 <= self.ledger_retry_s <= 60, "ledger_retry_s", "must be 0..60 seconds")
         require(self.kubelet_poll_s > 0, "kubelet_poll_s", "must be positive")
         require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
         require(self.log_format in ("text", "json"), "log_format", "must be text or json")

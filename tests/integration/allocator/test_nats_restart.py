@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
+from prometheus_client import REGISTRY
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
@@ -21,6 +23,7 @@ from gpuledger_testing.stack import running_allocator, wait_for
 from ..conftest import FLEET
 
 pytestmark = pytest.mark.timeout(60)
+RETRY_S = 1.5  # the allocator's ledger_retry_s here
 
 
 @pytest.fixture
@@ -46,7 +49,7 @@ def request(owner: str) -> pb.AllocateRequest:
 async def test_the_allocator_recovers_after_nats_comes_back(server: NatsServer) -> None:
     nc = await bus.connect(server.url, "test")
     try:
-        async with running_allocator(server.url) as allocator:
+        async with running_allocator(server.url, ledger_retry_s=RETRY_S) as allocator:
             api = allocator.stub()
             await announce(nc, [n.node for n in parse_fleet(FLEET).nodes])
 
@@ -56,10 +59,13 @@ async def test_the_allocator_recovers_after_nats_comes_back(server: NatsServer) 
             await wait_for(fleet_known, what="fleet in the ledger")
             before = (await api.allocate(request("before"))).allocation
 
-            await server.kill()  # NATS is gone: the allocator refuses at once, it does not hang or die
+            await server.kill()  # NATS is gone: the allocator waits it out, then refuses; it does not hang or die
+            started = time.monotonic()
             with pytest.raises(GRPCError) as caught:
-                await asyncio.wait_for(api.allocate(request("during")), 2)
+                await asyncio.wait_for(api.allocate(request("during")), RETRY_S + 2)
             assert caught.value.status is Status.UNAVAILABLE
+            assert "NATS is disconnected" in (caught.value.message or "")
+            assert RETRY_S - 0.5 <= time.monotonic() - started < RETRY_S + 2
             await server.start()  # the same port and store: the ledger survives
 
             async def allocates() -> pb.Allocation:
@@ -75,3 +81,34 @@ async def test_the_allocator_recovers_after_nats_comes_back(server: NatsServer) 
             await wait_for(both_held, timeout=10, what="the view following the ledger again")
     finally:
         await nc.close()
+
+
+async def test_an_allocate_during_a_short_outage_waits_it_out(server: NatsServer) -> None:
+    nc = await bus.connect(server.url, "test")
+    try:
+        async with running_allocator(server.url, ledger_retry_s=8.0) as allocator:
+            api = allocator.stub()
+            await announce(nc, [n.node for n in parse_fleet(FLEET).nodes])
+
+            async def fleet_known() -> bool:
+                return len((await api.get_cluster(pb.GetClusterRequest())).nodes) == 3
+
+            await wait_for(fleet_known, what="fleet in the ledger")
+            retries = _retries()
+            await server.kill()
+            allocating = asyncio.ensure_future(api.allocate(request("during")))
+            await wait_for(lambda: _more(retries), what="the allocate waiting for NATS")
+            assert not allocating.done()
+            await server.start()
+            during = (await asyncio.wait_for(allocating, 10)).allocation
+            assert during.state == "bound"
+    finally:
+        await nc.close()
+
+
+def _retries() -> float:
+    return REGISTRY.get_sample_value("gpuledger_ledger_outage_retries_total") or 0.0
+
+
+async def _more(than: float) -> bool:
+    return _retries() > than

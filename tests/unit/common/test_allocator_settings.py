@@ -24,6 +24,7 @@ def test_the_defaults_are_valid() -> None:
         ({"GPULEDGER_STALE_AFTER_S": "0"}, "stale_after_s"),
         ({"GPULEDGER_SWEEP_INTERVAL_S": "-2"}, "sweep_interval_s"),
         ({"GPULEDGER_CAS_ATTEMPTS": "0"}, "cas_attempts"),
+        ({"GPULEDGER_LEDGER_RETRY_S": "-1"}, "ledger_retry_s"),
         ({"GPULEDGER_BUCKET_REPLICAS": "2"}, "bucket_replicas"),
         ({"GPULEDGER_LOG_FORMAT": "xml"}, "log_format"),
         ({"GPULEDGER_LOG_LEVEL": "trace"}, "log_level"),
@@ -36,7 +37,7 @@ def test_a_bad_setting_is_rejected_naming_the_field(env: dict[str, str], field: 
 
 
 def test_a_non_nats_url_is_rejected_at_construction() -> None:
-    with pytest.raises(SettingsError, match=r"^nats_url: 'http://x' is not a nats:// URL$"):
+    with pytest.raises(SettingsError, match=r"^nats_url: the URL \('http://x'\) must start with nats://"):
         AllocatorSettings(nats_url="http://x")
 
 

@@ -283,6 +283,9 @@ class FakeApiServer:
         if node:
             return conflict("pods/binding", name, f'pod {name} is already assigned to node "{node}"')
         found["spec"]["nodeName"] = target
+        annotations = meta.get("annotations") or {}
+        if annotations:  # kube-apiserver copies a Binding's annotations onto the pod
+            found["metadata"].setdefault("annotations", {}).update(annotations)
         scheduled = {"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                      "lastTransitionTime": rules.timestamp()}
         conditions = found.setdefault("status", {}).setdefault("conditions", [])

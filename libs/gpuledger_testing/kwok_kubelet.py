@@ -79,6 +79,8 @@ class KwokKubelet:
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._queued: set[str] = set()
         self._pulse = asyncio.Event()
+        self._admitting = asyncio.Event()
+        self._admitting.set()
         self._runner: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
         self._since = (0, 0)  # (registrations, device generation) at the last start
@@ -253,8 +255,17 @@ class KwokKubelet:
 
     # --- admission ---
 
+    def hold_admissions(self) -> None:
+        """Queue new pods without admitting them until ``resume_admissions`` (a benchmark measures
+        binding alone: on a real cluster admission runs on the node, not beside the control plane)."""
+        self._admitting.clear()
+
+    def resume_admissions(self) -> None:
+        self._admitting.set()
+
     async def _admit_pods(self) -> None:
         while True:
+            await self._admitting.wait()
             pod_uid = await self._queue.get()
             self._queued.discard(pod_uid)
             pod = self._pods.get(pod_uid)

@@ -28,6 +28,7 @@ from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, Owner
 from gpuledger_core.placement import from_ledger
+from gpuledger_core.pods import PodAsk
 from gpuledger_placement.metrics import ASSUMED, ASSUMPTIONS
 from gpuledger_placement.view import NodeEntry
 
@@ -38,8 +39,12 @@ DEFAULT_TTL_S = 30.0
 @dataclass(frozen=True, slots=True)
 class Assumption:
     allocation: Allocation  # what the pod would hold on ``allocation.node``; never written
-    containers: tuple[ContainerAsk, ...]  # what it was planned for
+    pod: PodAsk  # what it was planned for, as filter read it from the scheduler's copy of the pod
     at: float  # when filter chose (monotonic)
+
+    @property
+    def containers(self) -> tuple[ContainerAsk, ...]:
+        return self.pod.containers
 
     @property
     def node(self) -> str:
@@ -68,10 +73,10 @@ class Assumptions:
     _generations: dict[str, int] = field(default_factory=dict)
     _counted: dict[str, Counted] = field(default_factory=dict)
 
-    def assume(self, allocation: Allocation, containers: tuple[ContainerAsk, ...]) -> Assumption:
+    def assume(self, allocation: Allocation, pod: PodAsk) -> Assumption:
         """Record that ``allocation``'s owner is placed on its node; replaces the owner's earlier one."""
         replaced = self.forget(allocation.owner, "refiltered")
-        made = Assumption(allocation, containers, self.clock())
+        made = Assumption(allocation, pod, self.clock())
         self._by_owner[allocation.owner.key] = made
         self._by_node.setdefault(made.node, {})[allocation.owner.key] = made
         self._bump(made.node)

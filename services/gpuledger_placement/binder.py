@@ -1,14 +1,16 @@
 """The extender's bind: reserve in the ledger, mirror onto the pod, create the Binding.
 
-1. Read the pod (its containers' requests; its UID must be the one the scheduler names).
+1. Know the pod: as filter read it moments ago (its assumption), or read afresh (its UID must be
+   the one the scheduler names).
 2. Reserve with ONE compare-and-set on the node's key: the cards filter chose for the pod while
    they still fit (else cards chosen again on the value being replaced), kubelet device IDs
    assigned, ``reserve``; the written value goes into placement's view at once; then claim the pod
    in the owner index. A pod that already holds a live reservation on this node (a retried bind)
    keeps it.
-3. Write the allocation to the pod's ``gpuledger.io/allocation`` annotation.
-4. Create the Binding. If the API server says the pod is bound already, to this node, the bind
-   succeeded earlier: done. If the bind surely failed, release the reservation and the annotation.
+3. Create the Binding, carrying the allocation as its ``gpuledger.io/allocation`` annotation (the
+   API server copies a Binding's annotations onto the pod in the same write). If the API server
+   says the pod is bound already, to this node, the bind succeeded earlier: done. If the bind
+   surely failed, release the reservation (no annotation was written).
    If it cannot be told (the API server stopped answering), the reservation stays: it expires with
    its lease unless kubelet admits the pod.
 Either way the pod's assumption (filter's choice, ``assumed.py``) ends with the bind.
@@ -64,28 +66,41 @@ class Binder:
         return bound
 
     async def _bind(self, args: BindArgs) -> Bound:
+        pod, bound_to = await self._pod(args)
+        allocation = await self.reserve(pod, args.node) if pod.wants_cards else None
+        if bound_to:
+            return Bound(allocation, again=True)
+        annotations = None
+        if allocation is not None:
+            annotations = {convert.ALLOCATION_ANNOTATION: convert.allocation_annotation(allocation)}
+        try:
+            # The API server sets the node and the allocation annotation in one write.
+            await self.pods.bind(args.namespace, args.name, args.uid, args.node, annotations)
+        except GpuledgerError as err:
+            if await self._bound_here(args):
+                return Bound(allocation, again=True)
+            if allocation is not None and not isinstance(err, Unavailable):
+                await self.roll_back(allocation, f"bind failed: {err}")
+            raise
+        return Bound(allocation, again=False)
+
+    async def _pod(self, args: BindArgs) -> tuple[PodAsk, str]:
+        """What the pod asks, and the node it is bound to already ('' if none).
+
+        A pod filter has just placed is taken as filter read it from the scheduler's copy (its UID
+        is the one bound, and the Binding itself refuses a pod bound meanwhile); any other pod (a
+        retried bind, an assumption that expired, another replica's filter) is read afresh.
+        """
+        assumed = self.service.assumed.of(Owner(OwnerKind.POD, args.uid))
+        if assumed is not None and (assumed.pod.owner.namespace, assumed.pod.owner.name) == (args.namespace, args.name):
+            return assumed.pod, ""
         raw = await self.pods.get_pod(args.namespace, args.name)
         ref = convert.pod_ref_from(raw)
         if ref.uid != args.uid:
             raise Conflict(f"pod {args.namespace}/{args.name} is now uid {ref.uid}, not {args.uid}: it was recreated")
         if ref.node_name and ref.node_name != args.node:
             raise FailedPrecondition(f"pod {args.namespace}/{args.name} is bound to {ref.node_name} already")
-        pod = self.service.resolve(convert.pod_ask_from(raw))
-        allocation = await self.reserve(pod, args.node) if pod.wants_cards else None
-        if ref.node_name:
-            return Bound(allocation, again=True)
-        try:
-            if allocation is not None:
-                annotation = convert.allocation_annotation(allocation)
-                await self.pods.annotate(args.namespace, args.name, {convert.ALLOCATION_ANNOTATION: annotation})
-            await self.pods.bind(args.namespace, args.name, args.uid, args.node)
-        except GpuledgerError as err:
-            if await self._bound_here(args):
-                return Bound(allocation, again=True)
-            if allocation is not None and not isinstance(err, Unavailable):
-                await self.roll_back(allocation, args, f"bind failed: {err}")
-            raise
-        return Bound(allocation, again=False)
+        return self.service.resolve(convert.pod_ask_from(raw)), ref.node_name
 
     async def reserve(self, pod: PodAsk, node: str) -> Allocation:
         """The pod's live reservation on ``node``: the one it has, or a new one (one CAS)."""
@@ -100,13 +115,13 @@ class Binder:
             await self._release(allocation, "duplicate bind")
         raise Conflict(f"{pod.owner.describe()}: the owner index kept changing; retry")
 
-    async def roll_back(self, allocation: Allocation, args: BindArgs, reason: str) -> None:
+    async def roll_back(self, allocation: Allocation, reason: str) -> None:
+        """Release a reservation whose Binding surely failed (so its annotation was never written)."""
         log.warning("rolling back %s on %s: %s", allocation.id, allocation.node, reason)
         ROLLBACKS.inc()
         try:
             await self._release(allocation, reason)
             await self.store.forget_owner_of(allocation.owner, allocation.id)
-            await self.pods.annotate(args.namespace, args.name, {convert.ALLOCATION_ANNOTATION: None})
         except GpuledgerError as err:  # the lease ends it anyway
             log.warning("roll-back of %s incomplete (%s); its lease will end it", allocation.id, err)
 

@@ -1,9 +1,12 @@
 """The Kubernetes adapter: the one module of this service that imports kubernetes_asyncio.
 
-Bind asks three things of the API server: read the pod, merge-patch its annotations, and create its
-Binding (``POST /api/v1/namespaces/{ns}/pods/{name}/binding``). Responses are read raw (JSON as
+Bind asks at most two things of the API server: read the pod (only when filter did not just see it),
+and create its Binding (``POST /api/v1/namespaces/{ns}/pods/{name}/binding``), whose annotations the
+API server copies onto the pod in the same write (so the allocation annotation and the node are set
+together or not at all). Responses are read raw (JSON as
 the API server sent it), so the pod goes through the same conversion as the extender's pod, and the
-client's model classes (which cannot decode a Binding's ``Status`` reply) stay out of the way.
+client's model classes (which cannot decode a Binding's ``Status`` reply) stay out of the way;
+kubernetes_asyncio only loads the configuration.
 HTTP errors become the gpuledger error that says what to do: 404 ``NotFound``, 409 ``Conflict``,
 other 4xx ``FailedPrecondition``, 5xx and transport errors ``Unavailable``.
 """
@@ -12,19 +15,25 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from collections.abc import Mapping
 from typing import Any, Protocol
+
+import aiohttp
 
 from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, NotFound, Unavailable
 
 log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
+JSON = "application/json"
 
 
 class PodApi(Protocol):
     async def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]: ...
     async def annotate(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None: ...
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -37,7 +46,9 @@ class NoPodApi:
     async def annotate(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         await self.get_pod(namespace, name)
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
         await self.get_pod(namespace, name)
 
     async def close(self) -> None:
@@ -45,67 +56,107 @@ class NoPodApi:
 
 
 class KubePodApi:
-    def __init__(self, api_client: Any, timeout_s: float) -> None:
-        from kubernetes_asyncio import client
+    """Pods through the API server. kubernetes_asyncio loads the configuration (in-cluster or a
+    kubeconfig, with its token refresh); the requests go over one aiohttp session of our own, with
+    no proxy or netrc lookup per request (the library's session reads both from the environment on
+    every call, in a thread): bind is on kube-scheduler's critical path."""
 
-        self._api_client = api_client
-        self._core = client.CoreV1Api(api_client)
+    def __init__(self, configuration: Any, timeout_s: float) -> None:
+        self._config = configuration
         self.timeout_s = timeout_s
+        self._server = str(configuration.host).rstrip("/")
+        self._proxy = configuration.proxy or None
+        self._server_name = getattr(configuration, "tls_server_name", None) or None  # kubeconfig tls-server-name
+        connector = aiohttp.TCPConnector(limit=64, ssl=_ssl_context(configuration))
+        self._http = aiohttp.ClientSession(
+            connector=connector, trust_env=False, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        )
 
     @classmethod
     async def connect(cls, mode: str, kubeconfig: str, timeout_s: float) -> KubePodApi:
         """``mode``: in-cluster, kubeconfig, or auto (in-cluster when possible, else a kubeconfig)."""
         from kubernetes_asyncio import client, config
 
+        configuration = client.Configuration()
         try:
             if mode == "in-cluster":
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
+                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
             elif mode == "kubeconfig" or kubeconfig:
-                await config.load_kube_config(config_file=kubeconfig or None)
+                await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
             else:
-                await _auto(config)
+                await _auto(config, configuration)
         except Exception as err:  # configuration problems come in several unrelated types
             raise Unavailable(f"cannot configure Kubernetes access ({mode}): {err}") from err
-        return cls(client.ApiClient(), timeout_s)
+        return cls(configuration, timeout_s)
 
     async def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
         what = f"pod {namespace}/{name}"
-        found = await self._call(what, self._core.read_namespaced_pod, name, namespace)
+        found = await self._call(what, "GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
         if not isinstance(found, dict):
             raise Unavailable(f"the API server sent {what} in an unexpected form")
         return found
 
     async def annotate(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         body = {"metadata": {"annotations": dict(annotations)}}
-        patch = self._core.patch_namespaced_pod
-        await self._call(f"pod {namespace}/{name}", patch, name, namespace, body, _content_type=MERGE_PATCH)
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        await self._call(f"pod {namespace}/{name}", "PATCH", path, body, MERGE_PATCH)
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
+        if annotations:
+            meta["annotations"] = dict(annotations)
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        create = self._core.create_namespaced_pod_binding
-        await self._call(f"binding of pod {namespace}/{name} to {node}", create, name, namespace, body)
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/binding"
+        await self._call(f"binding of pod {namespace}/{name} to {node}", "POST", path, body)
 
     async def close(self) -> None:
-        await self._api_client.close()
+        await self._http.close()
 
-    async def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+    async def _headers(self, content_type: str) -> dict[str, str]:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        auth = await self._config.auth_settings()  # runs the configuration's token refresh, if any
+        token = auth.get("BearerToken", {}).get("value")
+        if token:
+            headers["Authorization"] = str(token)
+        return headers
+
+    async def _call(self, what: str, method: str, path: str, body: Any = None, content_type: str = JSON) -> Any:
         try:
-            response = await method(*args, _preload_content=False, _request_timeout=self.timeout_s, **kwargs)
-            status, data = response.status, await response.read()
-            response.release()
+            headers = await self._headers(content_type)
+            data = None if body is None else json.dumps(body, separators=(",", ":"))
+            async with self._http.request(
+                method, self._server + path, data=data, headers=headers, proxy=self._proxy,
+                server_hostname=self._server_name,
+            ) as response:
+                status, raw = response.status, await response.read()
         except GpuledgerError:
             raise
         except Exception as err:  # timeouts, refused connections, TLS: all mean "not now"
             raise Unavailable(f"Kubernetes API unreachable for {what}: {err or type(err).__name__}") from err
-        body = _json(data)
+        found = _json(raw)
         if 200 <= status < 300:
-            return body
-        raise http_error(status, what, body)
+            return found
+        raise http_error(status, what, found)
+
+
+def _ssl_context(configuration: Any) -> ssl.SSLContext | bool:
+    """TLS as the configuration says (the CA, a client certificate, verification)."""
+    if not str(configuration.host).startswith("https"):
+        return False
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
+    if not configuration.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def http_error(status: int, what: str, body: Any) -> GpuledgerError:
@@ -127,9 +178,9 @@ def _json(data: bytes) -> Any:
         return None
 
 
-async def _auto(config: Any) -> None:
+async def _auto(config: Any, configuration: Any) -> None:
     """In a pod, its service account; elsewhere, the default kubeconfig."""
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     except Exception:  # not in a pod
-        await config.load_kube_config()
+        await config.load_kube_config(client_configuration=configuration)

@@ -169,7 +169,7 @@ class PlacementService:
                 continue
             allocation = after.get(allocation_id)
             assert allocation is not None
-            self.assumed.assume(allocation, pod.containers)
+            self.assumed.assume(allocation, pod)
             return name
         return None
 

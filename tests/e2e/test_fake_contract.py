@@ -115,8 +115,11 @@ class Server:
     async def patch(self, name: str, body: Any, content_type: str = MERGE, sub: str = "") -> Reply:
         return await self.http.call("PATCH", self.pods(name, sub), body, content_type)
 
-    async def bind(self, name: str, node: str = NOWHERE, uid: str = "") -> Reply:
-        meta = {"name": name, **({"uid": uid} if uid else {})}
+    async def bind(self, name: str, node: str = NOWHERE, uid: str = "",
+                   annotations: Mapping[str, str] | None = None) -> Reply:
+        meta: dict[str, Any] = {"name": name, **({"uid": uid} if uid else {})}
+        if annotations:
+            meta["annotations"] = dict(annotations)
         binding = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         return await self.http.call("POST", self.pods(name, "binding"), binding)
@@ -395,6 +398,17 @@ async def test_a_binding_sets_the_node_and_answers_201_success(server: Server) -
     assert read["spec"]["nodeName"] == NOWHERE
     assert {"type": "PodScheduled", "status": "True"} in [
         {k: c[k] for k in ("type", "status")} for c in read["status"]["conditions"]]
+
+
+async def test_a_bindings_annotations_are_written_onto_the_pod_with_the_node(server: Server) -> None:
+    """Placement's bind relies on it: the allocation annotation and the node land in one write."""
+    made = await server.create("p")
+    await server.patch("p", {"metadata": {"annotations": {"kept": "yes"}}})
+    bound = await server.bind("p", uid=made["metadata"]["uid"], annotations={"gpuledger.io/allocation": "{}"})
+    assert_status(bound, 201, None)
+    read = (await server.get("p")).body
+    assert read["spec"]["nodeName"] == NOWHERE
+    assert read["metadata"]["annotations"] == {"a": "1", "kept": "yes", "gpuledger.io/allocation": "{}"}
 
 
 @pytest.mark.parametrize("node", [NOWHERE, "another-node"])

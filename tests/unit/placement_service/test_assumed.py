@@ -57,9 +57,9 @@ def with_clock(built: Parts) -> Clock:
 def test_an_assumption_is_replaced_by_the_same_pods_next_and_ends_once() -> None:
     assumed = Assumptions(30.0, Clock())
     made, replaced = events("made"), events("refiltered")
-    assumed.assume(held(1, "p4-0"), ())
+    assumed.assume(held(1, "p4-0"), PodAsk(owner(1)))
     generation = assumed.generation("p4-0")
-    assumed.assume(held(1, "h100-0"), ())
+    assumed.assume(held(1, "h100-0"), PodAsk(owner(1)))
     assert (events("made"), events("refiltered")) == (made + 2, replaced + 1)
     assert assumed.pods_on("p4-0") == 0 and assumed.pods_on("h100-0") == 1 and len(assumed) == 1
     assert assumed.generation("p4-0") > generation  # p4-0's answers are stale now
@@ -72,9 +72,9 @@ def test_an_assumption_is_replaced_by_the_same_pods_next_and_ends_once() -> None
 def test_assumptions_expire_oldest_first_after_the_ttl() -> None:
     clock = Clock()
     assumed = Assumptions(30.0, clock)
-    assumed.assume(held(1), ())
+    assumed.assume(held(1), PodAsk(owner(1)))
     clock.now += 20
-    assumed.assume(held(2), ())
+    assumed.assume(held(2), PodAsk(owner(2)))
     clock.now += 10
     expired = events("expired")
     assert assumed.expire() == 1
@@ -87,8 +87,8 @@ def test_assumptions_expire_oldest_first_after_the_ttl() -> None:
 
 def test_an_assumption_ends_when_the_ledger_holds_the_pod() -> None:
     assumed = Assumptions(30.0, Clock())
-    assumed.assume(held(1), ())
-    assumed.assume(held(2), ())
+    assumed.assume(held(1), PodAsk(owner(1)))
+    assumed.assume(held(2), PodAsk(owner(2)))
     built = parts()
     entry = built.view.entry("p4-0")
     assert entry is not None

@@ -39,8 +39,9 @@ from gpuledger_common.metrics import OUTAGE_GAVE_UP, OUTAGE_RETRIES, OUTAGE_WAIT
 from gpuledger_core.errors import Unavailable
 
 T = TypeVar("T")
-RETRY_S = 8.0  # the default window: an election takes 4-9 s; the CLI's gRPC deadline is 10 s
+RETRY_S = 12.0  # the default window: an election after a crash took 4-10 s here (raft waits 4-9 s)
 ATTEMPT_S = 2.0  # how long one JetStream request waits for its answer
+MIN_ATTEMPT_S = 0.25  # ... at least, when the call's window is (nearly) over
 FIRST_BACKOFF_S = 0.05
 MAX_BACKOFF_S = 0.5
 CONNECTED_POLL_S = 0.05
@@ -48,7 +49,7 @@ CONNECTED_POLL_S = 0.05
 # (asked a server that is not the leader, during a change of leader).
 UNAVAILABLE_CODES = frozenset({10008, 10009})
 
-_deadline: ContextVar[float | None] = ContextVar("gpuledger_outage_deadline", default=None)
+_window: ContextVar[tuple[float, float] | None] = ContextVar("gpuledger_outage_window", default=None)
 
 
 class Outage(Enum):
@@ -88,19 +89,26 @@ def describe(err: BaseException) -> str:
 def within(seconds: float) -> Iterator[None]:
     """Ledger requests made inside share one outage window ending ``seconds`` from now (an
     earlier end already set stays). With no time left, each request is still tried once."""
-    end = time.monotonic() + max(0.0, seconds)
-    outer = _deadline.get()
-    token = _deadline.set(end if outer is None else min(outer, end))
+    now = time.monotonic()
+    end = now + max(0.0, seconds)
+    outer = _window.get()
+    token = _window.set((now, end) if outer is None or end < outer[1] else outer)
     try:
         yield
     finally:
-        _deadline.reset(token)
+        _window.reset(token)
 
 
 def time_left(window_s: float) -> float:
     """Seconds left in the current call's window (``window_s`` from now outside any)."""
-    end = _deadline.get()
-    return window_s if end is None else max(0.0, end - time.monotonic())
+    window = _window.get()
+    return window_s if window is None else max(0.0, window[1] - time.monotonic())
+
+
+def window_length(window_s: float) -> float:
+    """How long the current call's window is, from its start (``window_s`` outside any)."""
+    window = _window.get()
+    return window_s if window is None else window[1] - window[0]
 
 
 @dataclass(slots=True)
@@ -129,7 +137,8 @@ async def ride_out(
             raise Unavailable(f"cannot {what}: the NATS connection is closed")
         if nc.is_connected:  # while reconnecting a request would only wait for its timeout
             try:
-                result = await attempt()
+                async with asyncio.timeout(max(end - loop.time(), MIN_ATTEMPT_S)):
+                    result = await attempt()
             except Exception as err:
                 if outage_of(err) is None:
                     raise
@@ -145,7 +154,7 @@ async def ride_out(
         if left <= 0:
             stats.gave_up += 1
             OUTAGE_GAVE_UP.inc()
-            raise Unavailable(_refusal(what, reason, loop.time() - started))
+            raise Unavailable(_refusal(what, reason, window_length(window_s)))
         stats.retries += 1
         OUTAGE_RETRIES.inc()
         pause = CONNECTED_POLL_S if not nc.is_connected else delay * random.uniform(0.5, 1.0)
@@ -153,8 +162,8 @@ async def ride_out(
         delay = min(delay * 2, MAX_BACKOFF_S)
 
 
-def _refusal(what: str, reason: str, waited: float) -> str:
+def _refusal(what: str, reason: str, window: float) -> str:
     return (
-        f"cannot {what}: JetStream did not answer it for {waited:.1f}s ({reason}); the NATS "
-        "cluster is electing a leader or has lost the quorum of its servers; retry later"
+        f"cannot {what}: JetStream did not take it within this request's {window:.1f}s ({reason}); "
+        "the NATS cluster is electing a leader or has lost the quorum of its servers; retry later"
     )

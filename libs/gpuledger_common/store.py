@@ -41,7 +41,17 @@ from nats.js.kv import KeyValue
 
 from gpuledger_common.bus import SUBJECT_PREFIX, encode
 from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
-from gpuledger_common.outage import ATTEMPT_S, RETRY_S, Outage, OutageStats, outage_of, ride_out
+from gpuledger_common.outage import (
+    ATTEMPT_S,
+    MIN_ATTEMPT_S,
+    RETRY_S,
+    Outage,
+    OutageStats,
+    outage_of,
+    ride_out,
+    time_left,
+    within,
+)
 from gpuledger_core import codec
 from gpuledger_core.errors import Conflict, GpuledgerError, InvalidArgument, Unavailable
 from gpuledger_core.events import diff
@@ -295,9 +305,23 @@ class LedgerStore:
         state when the transition changed nothing. Writes to one node from this process take
         turns, so compare-and-set only ever races with other processes.
         """
+        with within(self.retry_s):  # the read, the write and any retries: one outage window
+            return await self._mutate_in_turn(node, transition)
+
+    async def _mutate_in_turn(self, node: str, transition: Transition) -> Written:
         lock = self._locks.setdefault(node, asyncio.Lock())
-        async with lock:
+        try:  # the writes ahead may be waiting out an outage: wait for them within this call's window
+            async with asyncio.timeout(time_left(self.retry_s)):
+                await lock.acquire()
+        except TimeoutError:
+            raise Unavailable(
+                f"cannot write the ledger of {node}: the writes to it ahead of this one are still waiting "
+                "out a JetStream outage"
+            ) from None
+        try:
             return await self._mutate(node, transition)
+        finally:
+            lock.release()
 
     def _hot(self, node: str) -> bool:
         """Another process wrote this key lately: our cached value is likely stale, so read first."""
@@ -438,7 +462,11 @@ class LedgerStore:
         except Exception as err:
             raise Unavailable(f"cannot watch the ledger: {err}") from err
         try:
-            async for entry in watcher:
+            while True:
+                try:
+                    entry = await self._next_entry(watcher)
+                except _WatchEnded:
+                    return
                 if entry is None:  # the client's marker: see above
                     continue
                 node = NodeName(entry.key.removeprefix("node."))
@@ -448,6 +476,18 @@ class LedgerStore:
                     return
         finally:
             await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def _next_entry(self, watcher: KeyValue.KeyWatcher) -> KeyValue.Entry | None:
+        """The watch's next entry, within the call's outage window, or ``retry_s`` outside one (a
+        stream that lost its leader mid-snapshot sends nothing more)."""
+        wait = max(time_left(self.retry_s), MIN_ATTEMPT_S)
+        try:
+            entry: object = await watcher.updates(wait)  # type: ignore[no-untyped-call]
+        except TimeoutError:
+            raise Unavailable("cannot read the ledger: its snapshot stalled (JetStream has no leader?)") from None
+        if entry is not None and not isinstance(entry, KeyValue.Entry):  # the watcher was stopped
+            raise _WatchEnded()
+        return entry
 
     async def _keys_now(self) -> set[str]:
         """The node keys the bucket holds now: a snapshot is complete once all have arrived."""
@@ -534,6 +574,10 @@ class LedgerStore:
         Returns the record's new revision, or None if someone else's record is in the way."""
         key = owner_key(owner)
         data = encode({"allocation": allocation, "node": node, "owner": owner.key, "at": self.clock()})
+        with within(self.retry_s):
+            return await self._claim(key, data, revision, ttl_s)
+
+    async def _claim(self, key: str, data: bytes, revision: int, ttl_s: float | None) -> int | None:
         try:
             try:
                 return await self._put_owner(key, data, revision, ttl_s)
@@ -622,6 +666,10 @@ def _unless_outage(err: Exception, what: str) -> NoReturn:
     if outage_of(err) is not None:
         raise err
     raise Unavailable(f"{what}: {err}") from err
+
+
+class _WatchEnded(Exception):
+    """A watcher stopped before the snapshot was complete."""
 
 
 class _Unproven:

@@ -28,12 +28,19 @@ def parse_server(server: str) -> tuple[str, int]:
     return host, int(port)
 
 
+DEFAULT_TIMEOUT_S = 15.0  # the allocator waits out a JetStream election for up to 12 s of it
+
+
 @contextlib.asynccontextmanager
-async def allocator(server: str) -> AsyncIterator[pb.AllocatorStub]:
+async def allocator(server: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> AsyncIterator[pb.AllocatorStub]:
+    """A stub whose calls have ``timeout_s`` as their gRPC deadline; the allocator answers
+    before it (with UNAVAILABLE if the ledger cannot be written by then)."""
+    if not timeout_s > 0:
+        raise errors.InvalidArgument("--timeout", f"must be a positive number of seconds, got {timeout_s:g}")
     host, port = parse_server(server)
     channel = Channel(host, port)
     try:
-        yield pb.AllocatorStub(channel, timeout=10.0)
+        yield pb.AllocatorStub(channel, timeout=timeout_s)
     except GRPCError as err:
         raise from_grpc(err) from err
     except (ConnectionError, OSError) as err:

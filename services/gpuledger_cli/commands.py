@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from gpuledger_cli import render
-from gpuledger_cli.client import allocator
+from gpuledger_cli.client import DEFAULT_TIMEOUT_S, allocator
 from gpuledger_common import pbconvert as conv
 from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument
@@ -21,6 +21,12 @@ DEFAULT_SERVER = "127.0.0.1:50051"
 def add_server(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server", default=DEFAULT_SERVER, help="allocator gRPC address HOST:PORT")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds to wait for the allocator's answer (gRPC deadline; default %(default)g)",
+    )
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -72,7 +78,7 @@ async def alloc(args: argparse.Namespace) -> int:
         commit=not args.reserve_only,
         node=args.node,
     )
-    async with allocator(args.server) as api:
+    async with allocator(args.server, args.timeout) as api:
         reply = await api.allocate(request)
     allocation = conv.allocation_from(reply.allocation)
     if args.json:
@@ -83,7 +89,7 @@ async def alloc(args: argparse.Namespace) -> int:
 
 
 async def release(args: argparse.Namespace) -> int:
-    async with allocator(args.server) as api:
+    async with allocator(args.server, args.timeout) as api:
         reply = await api.release(pb.ReleaseRequest(allocation_id=args.allocation_id, reason=args.reason))
     allocation = conv.allocation_from(reply)
     if args.json:
@@ -94,7 +100,7 @@ async def release(args: argparse.Namespace) -> int:
 
 
 async def inspect(args: argparse.Namespace) -> int:
-    async with allocator(args.server) as api:
+    async with allocator(args.server, args.timeout) as api:
         reply = await api.get_cluster(pb.GetClusterRequest(node=args.node, model=args.model))
     nodes = [conv.node_status_from(n) for n in reply.nodes]
     if args.json:

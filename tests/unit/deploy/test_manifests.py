@@ -22,6 +22,7 @@ import yaml
 
 from gpuledger_common.fleet import load_fleet
 from gpuledger_common.natsserver import find_binary
+from gpuledger_common.settings import nats_servers
 
 from .kustomize import KustomizeError, build
 from .manifests import (
@@ -250,21 +251,27 @@ def test_every_command_flag_and_variable_is_a_real_setting(path: str, workload: 
 
 
 @pytest.mark.parametrize("path", RENDERS)
-def test_every_gpuledger_container_reaches_nats_with_the_secret(path: str) -> None:
+def test_every_gpuledger_container_lists_every_nats_server_with_the_secret(path: str) -> None:
     objects = rendered(path)
-    nats = named(objects, "Service", "gpuledger-nats")
+    servers = named(objects, "StatefulSet", "gpuledger-nats")
+    headless = named(objects, "Service", servers["spec"]["serviceName"])
+    pods = {f"{servers['metadata']['name']}-{i}" for i in range(servers["spec"]["replicas"])}
+    client = next(p["port"] for p in headless["spec"]["ports"] if p["name"] == "client")
     for _, _, container in containers(objects):
         if not container.get("command", [""])[0].startswith("gpuledger"):
             continue
         env = [e["name"] for e in container["env"]]
-        url = urlsplit(container_env(objects, container)["GPULEDGER_NATS_URL"])
-        assert (url.scheme, url.username, url.password) == ("nats", "$(NATS_USER)", "$(NATS_PASSWORD)")
+        listed = container_env(objects, container)["GPULEDGER_NATS_URL"]
+        urls = [urlsplit(u) for u in nats_servers(listed)]  # as the services read it
+        for url in urls:
+            assert (url.scheme, url.username, url.password) == ("nats", "$(NATS_USER)", "$(NATS_PASSWORD)")
+            domain = (url.hostname or "").partition(".")[2]
+            assert domain == f"{headless['metadata']['name']}.{NAMESPACE}.svc" and url.port == client
+        # every server of the StatefulSet, each once: a client reconnects to any that is up
+        assert sorted((u.hostname or "").split(".")[0] for u in urls) == sorted(pods), container["name"]
         # Kubernetes expands $(NAME) only from variables defined earlier in the list.
         assert env.index("NATS_USER") < env.index("GPULEDGER_NATS_URL")
         assert env.index("NATS_PASSWORD") < env.index("GPULEDGER_NATS_URL")
-        host = (url.hostname or "").split(".")
-        assert host[0] == nats["metadata"]["name"] and host[1:] in ([], [NAMESPACE, "svc"])
-        assert url.port in [p["port"] for p in nats["spec"]["ports"]]
 
 
 # --- the central services ----------------------------------------------------------------------

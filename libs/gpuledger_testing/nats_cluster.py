@@ -101,6 +101,12 @@ class NatsCluster:
         if member.server is not None:
             await member.server.kill()
 
+    async def terminate(self, name: str) -> None:
+        """SIGTERM: the server stops as in a rolling update (it hands its leaderships over)."""
+        member = self.member(name)
+        if member.server is not None:
+            await member.server.stop()
+
     async def wipe(self, name: str) -> None:
         """Delete a stopped server's store (its disk is lost)."""
         member = self.member(name)

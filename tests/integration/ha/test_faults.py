@@ -48,6 +48,24 @@ async def test_the_ledger_leader_is_killed_mid_burst(
     await consistent(burst, cluster_nc)
 
 
+async def test_the_ledger_leader_stopped_cleanly_hands_over_without_refusing(
+    cluster: NatsCluster, cluster_nc: Client, replicas: list[RunningAllocator]
+) -> None:
+    leader = await stream_leader(cluster_nc, LEDGER)
+    async with Probe(cluster_nc).running() as probe, Burst(replicas).running() as burst:
+        await granted(burst, BEFORE, since=0.0)
+        stopped = time.monotonic()
+        await cluster.terminate(leader)  # as a rolling update stops it
+        elected = await wait_for(lambda: new_leader(cluster_nc, leader), FAULT_S, "a new ledger leader")
+        await granted(burst, AFTER, since=stopped)
+    refused = probe.refused_for(stopped)
+    report("leader stopped (SIGTERM)", refused, burst, stopped, f"{leader} -> {elected}")
+    assert refused < 2.0, f"writes were refused for {refused:.1f}s although the leader handed over"
+    assert not [a for a in burst.asked if a.ended >= stopped and a.status is Status.UNAVAILABLE]
+    await cluster.start(leader)
+    await consistent(burst, cluster_nc)
+
+
 async def test_a_follower_is_killed_mid_burst(
     cluster: NatsCluster, cluster_nc: Client, replicas: list[RunningAllocator]
 ) -> None:

@@ -80,7 +80,7 @@ def describe(err: BaseException) -> str:
     if isinstance(err, NoRespondersError | NoStreamResponseError):
         return "no stream leader answered"
     if isinstance(err, TimeoutError):
-        return f"no answer within {ATTEMPT_S:g}s"
+        return "no answer in time"
     text = str(err).removeprefix("nats: ")
     return text or type(err).__name__
 

@@ -221,6 +221,9 @@ class LedgerStore:
             except Exception as err:
                 unsure = unsure or outage_of(err) is Outage.UNKNOWN
                 raise
+            except asyncio.CancelledError:  # cut off at the end of the window: it may have been applied
+                unsure = True
+                raise
 
         return await self._ride_out(what, attempt)
 

@@ -69,7 +69,8 @@ async def test_the_ledger_leader_stopped_cleanly_hands_over_without_refusing(
 async def test_a_follower_is_killed_mid_burst(
     cluster: NatsCluster, cluster_nc: Client, replicas: list[RunningAllocator]
 ) -> None:
-    follower = await a_follower(cluster_nc)
+    follower = await a_follower(cluster_nc, await cluster.wait_meta_leader())
+    roles = await roles_of(cluster, cluster_nc, follower)
     async with Probe(cluster_nc).running() as probe, Burst(replicas).running() as burst:
         await granted(burst, BEFORE, since=0.0)
         killed = time.monotonic()
@@ -77,7 +78,7 @@ async def test_a_follower_is_killed_mid_burst(
         await granted(burst, AFTER, since=killed)
         await wait_for(async_(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted")
     refused = probe.refused_for(killed)
-    report("follower killed", refused, burst, killed, follower)
+    report("follower killed", refused, burst, killed, roles)
     ridden_out(burst, killed, refused)
     assert await stream_leader(cluster_nc, LEDGER) != follower
     await cluster.start(follower)
@@ -117,7 +118,7 @@ async def test_two_servers_killed_one_after_the_other_stop_writes_until_a_quorum
 async def test_a_server_whose_store_is_wiped_rejoins_and_catches_up(
     cluster: NatsCluster, cluster_nc: Client, replicas: list[RunningAllocator]
 ) -> None:
-    victim = await a_follower(cluster_nc)
+    victim = await a_follower(cluster_nc, await cluster.wait_meta_leader())
     async with Probe(cluster_nc).running() as probe, Burst(replicas).running() as burst:
         await granted(burst, BEFORE, since=0.0)
         killed = time.monotonic()
@@ -161,12 +162,19 @@ async def is_leader(nc: Client, name: str) -> bool:
     return await stream_leader(nc, LEDGER) == name
 
 
-async def a_follower(nc: Client) -> str:
-    """A follower of the ledger stream, one that leads neither the owner stream if there is one."""
+async def a_follower(nc: Client, meta_leader: str) -> str:
+    """A follower of the ledger stream: one that leads nothing (neither the owner stream nor the
+    JetStream meta group) if there is one, else one that leads least."""
     ledger, owners = await stream_cluster(nc, LEDGER), await stream_cluster(nc, STREAMS[1])
     followers = [p.name for p in ledger.replicas or [] if p.name]
-    spare = [name for name in followers if name != owners.leader]
-    return (spare or followers)[0]
+    return min(followers, key=lambda name: (name == owners.leader) + (name == meta_leader))
+
+
+async def roles_of(cluster: NatsCluster, nc: Client, name: str) -> str:
+    """``name``, and what it leads besides following the ledger stream."""
+    leads = [what for what, leader in (("owner stream", await stream_leader(nc, STREAMS[1])),) if leader == name]
+    leads += ["JetStream meta group"] if await cluster.wait_meta_leader() == name else []
+    return f"{name}, leading {' and '.join(leads) or 'nothing'}"
 
 
 def async_(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:

@@ -485,11 +485,11 @@ class LedgerStore:
         stream that lost its leader mid-snapshot sends nothing more)."""
         wait = max(time_left(self.retry_s), MIN_ATTEMPT_S)
         try:
-            entry: object = await watcher.updates(wait)  # type: ignore[no-untyped-call]
+            entry: KeyValue.Entry | None = await asyncio.wait_for(anext(watcher), wait)
         except TimeoutError:
             raise Unavailable("cannot read the ledger: its snapshot stalled (JetStream has no leader?)") from None
-        if entry is not None and not isinstance(entry, KeyValue.Entry):  # the watcher was stopped
-            raise _WatchEnded()
+        except StopAsyncIteration:  # the watcher was stopped
+            raise _WatchEnded() from None
         return entry
 
     async def _keys_now(self) -> set[str]:

@@ -10,11 +10,11 @@ kubelet writes one (``phase: Failed`` with a reason and message).
 from __future__ import annotations
 
 import math
-import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from gpuledger_testing import quantity
 from gpuledger_testing.fake_kubelet import FakeContainer, FakePod
 
 ADMITTED = "gpuledger.io/KubeletAdmitted"
@@ -31,9 +31,9 @@ def fake_pod(pod: dict[str, Any], resource: str) -> FakePod:
 
 def _container(container: dict[str, Any], resource: str, init: bool) -> FakeContainer:
     resources = container.get("resources") or {}
-    quantity = (resources.get("limits") or {}).get(resource) or (resources.get("requests") or {}).get(resource)
+    raw = (resources.get("limits") or {}).get(resource) or (resources.get("requests") or {}).get(resource)
     restartable = init and container.get("restartPolicy") == "Always"
-    return FakeContainer(container["name"], _count(quantity, resource), init, restartable)
+    return FakeContainer(container["name"], _count(raw, resource), init, restartable)
 
 
 def _count(raw: object, resource: str) -> int:
@@ -42,18 +42,13 @@ def _count(raw: object, resource: str) -> int:
     if raw is None:
         return 0
     text = str(raw).strip()
-    found = _QUANTITY.fullmatch(text)
-    if found is None or found.group(1).startswith("-"):
+    try:
+        value = quantity.parse(text).value
+    except ValueError:
+        value = Decimal(-1)
+    if value < 0:
         raise ValueError(f"{resource}: {text!r} is not a count of devices")
-    number, suffix = found.group(1), found.group(2) or ""
-    scale = Decimal(f"1{suffix}") if suffix[:1] in ("e", "E") else _SCALE[suffix]
-    return math.ceil(Decimal(number) * scale)
-
-
-_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?")
-_SCALE = {"": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3")}
-_SCALE |= {s: Decimal(10) ** (3 * (i + 1)) for i, s in enumerate("kMGTPE")}
-_SCALE |= {s: Decimal(2) ** (10 * (i + 1)) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))}
+    return math.ceil(value)
 
 
 def uid(pod: dict[str, Any]) -> str:

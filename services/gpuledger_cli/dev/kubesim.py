@@ -15,7 +15,8 @@ from typing import Any
 import aiohttp
 
 from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.fake_kubelet import AdmissionError, FakeContainer, FakeKubelet, FakePod
+from gpuledger_testing.fake_kubelet import AdmissionError, FakeKubelet
+from gpuledger_testing.kubelet_pods import fake_pod
 
 GPU = "gpuledger.io/gpu"
 
@@ -40,20 +41,6 @@ def gpu_pod(name: str, limits: dict[str, str], annotations: dict[str, str] | Non
             "containers": [{"name": "app", "image": "cuda", "resources": {"limits": limits, "requests": limits}}],
         },
     }
-
-
-def fake_pod(pod: dict[str, Any]) -> FakePod:
-    meta, spec = pod["metadata"], pod["spec"]
-
-    def containers(key: str, init: bool) -> list[FakeContainer]:
-        found = []
-        for c in spec.get(key, []):
-            gpus = int(c.get("resources", {}).get("limits", {}).get(GPU, "0"))
-            found.append(FakeContainer(c["name"], gpus, init))
-        return found
-
-    every = containers("initContainers", True) + containers("containers", False)
-    return FakePod(meta["namespace"], meta["name"], meta["uid"], tuple(every))
 
 
 class SimCluster:
@@ -101,7 +88,7 @@ class SimCluster:
         if not node:
             return Outcome(name, pending=why)
         try:
-            admitted = await self.kubelets[node].admit(fake_pod(stored))
+            admitted = await self.kubelets[node].admit(fake_pod(stored, GPU))
         except AdmissionError as err:
             self.apiserver.set_phase(stored["metadata"]["namespace"], name, "Failed")
             return Outcome(name, node, pending=f"kubelet refused it: {err}")
@@ -120,7 +107,7 @@ class SimCluster:
         self.apiserver.delete_pod(namespace, name)
         node = pod.get("spec", {}).get("nodeName", "")
         if node in self.kubelets:
-            self.kubelets[node].remove(fake_pod(pod))
+            self.kubelets[node].remove(fake_pod(pod, GPU))
 
     async def _schedule(self, pod: dict[str, Any], names: list[str]) -> tuple[str, str]:
         found = await self._post("filter", {"Pod": pod, "Nodes": None, "NodeNames": names})

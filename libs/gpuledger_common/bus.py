@@ -29,10 +29,14 @@ SUBJECT_PREFIX = "gpuledger.v1"
 Handler = Callable[[Any], Awaitable[Any]]
 
 
-async def connect(servers: str, name: str, *, connect_timeout: float = 5.0) -> Client:
+async def connect(
+    servers: str, name: str, *, connect_timeout: float = 5.0, stop: asyncio.Event | None = None
+) -> Client:
     """Connect to one of ``servers`` (a URL or a comma-separated list of them, as the
-    ``nats_url`` setting has it), and keep reconnecting forever, to any of them, if the server
-    goes away later. Logs name the server actually reached, never the configured list alone."""
+    ``nats_url`` setting has it), trying them in turn until one answers, and keep reconnecting
+    forever, to any of them, if the server goes away later. Logs name the server actually
+    reached, never the configured list alone. ``stop`` set while no server has answered yet
+    ends the wait with ``Unavailable`` (a service told to stop while NATS is away)."""
     try:
         pool = list(nats_servers(servers))
     except SettingsError as err:
@@ -56,7 +60,7 @@ async def connect(servers: str, name: str, *, connect_timeout: float = 5.0) -> C
         log.info("nats reconnected to %s", last or "NATS")
 
     try:
-        nc = await nats.connect(
+        connecting = nats.connect(
             servers=pool,
             name=name,
             connect_timeout=connect_timeout,
@@ -67,12 +71,29 @@ async def connect(servers: str, name: str, *, connect_timeout: float = 5.0) -> C
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
         )
+        nc = await _unless_stopped(connecting, stop, shown)
+    except Unavailable:
+        raise
     except Exception as err:  # nats raises several unrelated types on a failed first connect
         raise Unavailable(f"cannot connect to NATS at {shown}: {err}") from err
     clients.append(nc)
     last = server_of(nc)
     log.info("nats connected to %s (of %s)", last, shown)
     return nc
+
+
+async def _unless_stopped(connecting: Awaitable[Client], stop: asyncio.Event | None, shown: str) -> Client:
+    if stop is None:
+        return await connecting
+    attempt = asyncio.ensure_future(connecting)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({attempt, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not attempt.done():
+        attempt.cancel()
+        await asyncio.gather(attempt, return_exceptions=True)
+        raise Unavailable(f"stopped before any NATS server of {shown} answered")
+    return attempt.result()
 
 
 def server_of(nc: Client) -> str:

@@ -25,7 +25,7 @@ from gpuledger_common import bus
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe
 from gpuledger_common.store import LedgerStore
-from gpuledger_core.errors import GpuledgerError
+from gpuledger_core.errors import GpuledgerError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,15 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
     stop = stop or _stop_on_signals()
     log.info("gpuledger-allocator starting with %s", describe(settings))
     pods = await _pod_lister(settings)
-    nc = await bus.connect(settings.nats_url, "gpuledger-allocator")
+    try:
+        nc = await bus.connect(settings.nats_url, "gpuledger-allocator", stop=stop)
+    except Unavailable:
+        if pods is not None:
+            await pods.close()
+        if stop.is_set():  # told to stop while waiting for NATS
+            log.info("gpuledger-allocator stopped before NATS answered")
+            return
+        raise
     try:
         store = await LedgerStore.open(
             nc,

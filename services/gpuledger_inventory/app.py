@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gpuledger_common import bus, inventory_api
 from gpuledger_common.fleet import load_fleet
+from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_inventory import http
 from gpuledger_inventory.health import HealthPolicy
@@ -72,7 +73,13 @@ async def serve(
     store = HealthStore(settings.state_file)
     state = NodeState(NodeName(settings.node), gpus.backend, store.load(policy), host or Host())
     stop = stop or _signals()
-    nc = await bus.connect(settings.nats_url, f"gpuledger-inventory-{settings.node}")
+    try:
+        nc = await bus.connect(settings.nats_url, f"gpuledger-inventory-{settings.node}", stop=stop)
+    except Unavailable:
+        if stop.is_set():  # told to stop while waiting for NATS
+            log.info("stopped before NATS answered")
+            return
+        raise
     node_api = node_api or await build_node_api(settings)
     inventory = Inventory(settings, gpus, state, nc, node_api, store)
     responders = [

@@ -18,7 +18,7 @@ from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.outage import within
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
-from gpuledger_core.errors import GpuledgerError
+from gpuledger_core.errors import GpuledgerError, Unavailable
 from gpuledger_core.placement import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
 from gpuledger_placement.assumed import Assumptions
@@ -81,7 +81,13 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
     """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
     stop = stop or _stop_on_signals()
     log.info("gpuledger-placement starting with %s", describe(settings))
-    nc = await bus.connect(settings.nats_url, "gpuledger-placement")
+    try:
+        nc = await bus.connect(settings.nats_url, "gpuledger-placement", stop=stop)
+    except Unavailable:
+        if stop.is_set():  # told to stop while waiting for NATS
+            log.info("gpuledger-placement stopped before NATS answered")
+            return
+        raise
     pods = await _pod_api(settings)
     try:
         store = await LedgerStore.open(nc, retry_s=settings.ledger_retry_s)

@@ -117,7 +117,7 @@ async def _connect(settings: PluginSettings, stop: asyncio.Event | None) -> Clie
     delay = 0.5
     while True:
         try:
-            return await bus.connect(settings.nats_url, f"gpuledger-plugin-{settings.node}")
+            return await bus.connect(settings.nats_url, f"gpuledger-plugin-{settings.node}", stop=stop)
         except Unavailable as err:
             if stop is not None and stop.is_set():
                 raise

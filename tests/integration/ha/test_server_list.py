@@ -3,7 +3,10 @@ server it actually reached, on connect and on reconnect, never the dead one."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
+import sys
 from urllib.parse import urlsplit
 
 import pytest
@@ -59,3 +62,28 @@ async def test_an_allocator_starts_while_a_server_of_its_list_is_down(cluster: N
         assert urlsplit(allocator.settings.nats_url.split(",")[0]).port == down.port
         reply = await allocator.stub().get_cluster(pb.GetClusterRequest())
         assert reply.nodes == []  # it answers: connected to a server that is up, buckets made
+
+
+async def test_an_allocator_waiting_for_nats_stops_on_sigterm() -> None:
+    """No server of its list is up: it keeps trying (as it should at start), and SIGTERM ends it
+    cleanly, as it would in a pod being deleted."""
+    servers = f"nats://127.0.0.1:{free_port()},nats://127.0.0.1:{free_port()}"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuledger_allocator", "--nats-url", servers, "--kube", "off",
+        "--grpc-port", "0", "--http-port", "0",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stderr is not None
+    try:
+        seen = b""
+        while b"nats error" not in seen:  # it is trying the servers
+            seen += await asyncio.wait_for(process.stderr.readline(), 20)
+        process.send_signal(signal.SIGTERM)
+        _, rest = await asyncio.wait_for(process.communicate(), 10)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    text = (seen + rest).decode()
+    assert process.returncode == 0, text
+    assert "stopped before NATS answered" in text and "Traceback" not in text

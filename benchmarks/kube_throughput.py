@@ -11,8 +11,8 @@ pod, waits until all are bound (``spec.nodeName`` set), then deletes them and wa
 to give their cards back. While a burst is being bound the simulated kubelets hold their
 admissions (both kinds of pod alike): on a cluster, admission (kubelet, the plugin shim's Allocate)
 runs on the GPU nodes, while here every process shares the same 2 cores with the control plane
-(``--admit-during-bursts`` measures with admission running too). Binds refused come from placement's own counters; the extender's CPU per
-pod from its process's CPU time.
+(``--admit-during-bursts`` measures with admission running too). Binds refused come from
+placement's own counters; the extender's CPU per pod from its process's CPU time.
 
     python benchmarks/kube_throughput.py [--nodes 13] [--pods 100] [--rounds 3]
 """

@@ -34,7 +34,7 @@ DEFAULT_CONTROLLERS = ("garbage-collector-controller", "namespace-controller", "
 SERVICE_CIDR = "10.96.0.0/16"  # only written into Services; nothing here dials it
 KWOK_CIDR = "198.51.100.0/24"  # pod IPs kwok writes into statuses (a documentation range)
 STARTUP_S = 90.0
-REPO_SCHEDULER_CONFIG = Path(__file__).resolve().parents[3] / "deploy" / "scheduler" / "scheduler-config.yaml"
+SCHEDULER_CONFIG = Path("deploy") / "scheduler" / "scheduler-config.yaml"
 
 
 class ControlPlaneError(RuntimeError):
@@ -398,9 +398,26 @@ class ControlPlane:
             yield name, process.tail(60)
 
 
-def scheduler_config(extender_url: str, source: Path = REPO_SCHEDULER_CONFIG) -> dict[str, Any]:
+def find_scheduler_config() -> Path:
+    """``deploy/scheduler/scheduler-config.yaml`` of the checkout: ``$GPULEDGER_SCHEDULER_CONFIG``, or
+    the first found from the working directory upwards, or beside this source tree (an editable
+    install). tox and ``dev.py`` run from the checkout's root; an installed copy has no ``deploy/``."""
+    configured = os.environ.get("GPULEDGER_SCHEDULER_CONFIG")
+    if configured:
+        return Path(configured)
+    here = Path(__file__).resolve()
+    for directory in (Path.cwd(), *Path.cwd().parents, *here.parents):
+        if (directory / SCHEDULER_CONFIG).is_file():
+            return directory / SCHEDULER_CONFIG
+    raise ControlPlaneError(
+        f"cannot find {SCHEDULER_CONFIG} from {Path.cwd()} or {here.parent}: run from the gpuledger checkout "
+        "or set GPULEDGER_SCHEDULER_CONFIG"
+    )
+
+
+def scheduler_config(extender_url: str, source: Path | None = None) -> dict[str, Any]:
     """gpuledger's scheduler configuration from ``deploy/`` with the extender pointed at ``extender_url``."""
-    config = yaml.safe_load(source.read_text())
+    config = yaml.safe_load((source or find_scheduler_config()).read_text())
     for extender in config.get("extenders", []):
         extender["urlPrefix"] = extender_url
     return dict(config)

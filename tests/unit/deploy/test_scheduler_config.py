@@ -91,5 +91,6 @@ def test_the_verbs_and_prefix_are_what_placement_serves(extender: dict[str, Any]
 
 
 def test_the_timeout_leaves_bind_room_for_its_api_calls(extender: dict[str, Any]) -> None:
-    budget = 3 * PlacementSettings().kube_timeout_s + 1.0  # get, bind (and a re-read after a failed bind), the ledger write
+    # get, bind (and a re-read after a failed bind), and the ledger write
+    budget = 3 * PlacementSettings().kube_timeout_s + 1.0
     assert seconds(extender["httpTimeout"]) >= budget

@@ -90,8 +90,11 @@ async def _unless_stopped(connecting: Awaitable[Client], stop: asyncio.Event | N
     await asyncio.wait({attempt, stopping}, return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
     if not attempt.done():
-        attempt.cancel()
-        await asyncio.gather(attempt, return_exceptions=True)
+        while not attempt.done():  # nats-py's connect loop can lose a cancellation (inside wait_for)
+            attempt.cancel()
+            await asyncio.wait({attempt}, timeout=0.5)
+        if not attempt.cancelled() and attempt.exception() is None:
+            await attempt.result().close()  # it connected just as it was told to stop
         raise Unavailable(f"stopped before any NATS server of {shown} answered")
     return attempt.result()
 

@@ -135,6 +135,8 @@ class Binder:
         def transition(ledger: NodeLedger | None) -> NodeLedger:
             if ledger is None:
                 raise NotFound(f"node {node} is not in the ledger")
+            if ledger.get(allocation_id) is not None:  # a write whose answer was lost went through
+                return ledger
             return reserve_pod(
                 ledger,
                 pod,

@@ -3,9 +3,10 @@
 Two repairs, both decided again inside each compare-and-set on the node's current ledger:
 
 - **release**: a live allocation owned by a pod (``Owner.id`` is the pod's UID) whose pod is not in
-  the listing ("pod deleted") or has finished ("pod finished"). A pod missing from the listing may
-  have been created after the listing began, so an allocation created less than ``grace_s`` before
-  the listing started is left alone.
+  the listing ("pod deleted"), has finished ("pod finished"), or is bound carrying another
+  allocation in its annotation (a leftover of a bind attempt that died halfway). A pod missing from
+  the listing may have been created after the listing began, so an allocation created less than
+  ``grace_s`` before the listing started is left alone.
 - **rebuild**: a pod placed on the node, with the ``gpuledger.io/allocation`` annotation, whose
   allocation the ledger does not hold (the bucket was lost) gets it back, bound, if its cards are on
   the node and it fits beside what is there; otherwise it is a conflict, reported and left alone.
@@ -25,6 +26,7 @@ from gpuledger_core.model import Allocation, AllocState, OwnerKind
 
 POD_DELETED = "pod deleted"
 POD_FINISHED = "pod finished"
+POD_HOLDS_ANOTHER = "its pod is bound with another allocation"
 FINISHED_PHASES = ("Succeeded", "Failed")
 
 
@@ -79,7 +81,13 @@ def release_reason(allocation: Allocation, listing: Listing, grace_s: float) -> 
     pod = listing.pods.get(PodUid(allocation.owner.id))
     if pod is None:
         return POD_DELETED if allocation.created_at <= listing.started_at - grace_s else ""
-    return POD_FINISHED if pod.finished else ""
+    if pod.finished:
+        return POD_FINISHED
+    if pod.node and pod.allocation is not None and pod.allocation.id != allocation.id:
+        # The Binding wrote the node and the annotation together, so this one lost: e.g. a bind
+        # that died after its reservation and before its owner record, followed by a retry.
+        return POD_HOLDS_ANOTHER
+    return ""
 
 
 def wants_rebuild(ledger: NodeLedger, pod: PodSeen, now: float) -> Allocation | None:

@@ -6,8 +6,16 @@ from dataclasses import replace
 
 import pytest
 
-from gpuledger_allocator.reconcile import POD_DELETED, POD_FINISHED, Listing, PodSeen, reconciled, release_reason
-from gpuledger_core.ids import PodUid
+from gpuledger_allocator.reconcile import (
+    POD_DELETED,
+    POD_FINISHED,
+    POD_HOLDS_ANOTHER,
+    Listing,
+    PodSeen,
+    reconciled,
+    release_reason,
+)
+from gpuledger_core.ids import AllocationId, PodUid
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, AllocState, Grant, Owner, OwnerKind
 from tests.unit.core.builders import NODE, allocation, ledger, share
@@ -47,6 +55,10 @@ YOUNG = held("young", created_at=NOW - 5)
         ("bound allocation", replace(OLD, state=AllocState.BOUND), [], POD_DELETED),
         ("already released", replace(OLD, state=AllocState.RELEASED), [], ""),
         ("owned by a tool", replace(OLD, owner=Owner(OwnerKind.TOOL, "uid-old")), [], ""),
+        ("bound pod holds this one", OLD, [pod_of(OLD, annotated=True)], ""),
+        ("bound pod holds another", OLD, [replace(pod_of(OLD), allocation=replace(OLD, id=AllocationId("new")))],
+         POD_HOLDS_ANOTHER),
+        ("unbound pod's reservation", OLD, [replace(pod_of(OLD, "Pending", node=""), allocation=None)], ""),
     ],
 )
 def test_release_reason(case: str, alloc: Allocation, pods: list[PodSeen], reason: str) -> None:
@@ -139,11 +151,15 @@ def test_rebuild_never_revives_a_released_allocation() -> None:
     assert out.ledger == start and out.rebuilt == ()
 
 
-def test_rebuild_skips_a_pod_whose_owner_has_another_live_allocation() -> None:
+def test_a_bound_pods_stray_allocation_is_released_and_its_annotated_one_rebuilt() -> None:
+    """The Binding writes the node and the annotation together: a bound pod's annotation names the
+    allocation it holds, and another live one of the same pod is a leftover of a failed attempt."""
     other = replace(held("other", created_at=1.0), owner=LOST.owner)
     start = reserve(ledger(8000), other)
     out = reconciled(start, listing(pod_of(LOST, annotated=True)), GRACE, NOW)
-    assert out.ledger == start and out.rebuilt == ()
+    assert out.released == ((other.id, POD_HOLDS_ANOTHER),)
+    assert out.rebuilt == (LOST.id,)
+    assert [a.id for a in out.ledger.live()] == [LOST.id]
 
 
 def test_rebuild_of_another_pods_allocation_is_a_conflict() -> None:

@@ -35,9 +35,10 @@ from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.stack import Stack, running_stack
 from gpuledger_common.fleet import load_fleet
 from gpuledger_common.natsserver import free_port
-from gpuledger_testing.controlplane.api import KubeApi, wait_for
+from gpuledger_testing.controlplane.api import KubeApi
 from gpuledger_testing.controlplane.cluster import plain_scheduler_config
 from gpuledger_testing.ledger_check import read_ledger
+from gpuledger_testing.waiting import wait_for
 
 PLAIN = "example.com/gpu"
 NAMESPACE = "bench"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from grpclib.client import Channel
@@ -18,24 +18,7 @@ from gpuledger_common.natsserver import free_port
 from gpuledger_placement.app import serve as place_serve
 from gpuledger_placement.settings import PlacementSettings
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-
-T = TypeVar("T")
-
-
-async def wait_for(check: Callable[[], Awaitable[T | None]], timeout: float = 10.0, what: str = "condition") -> T:
-    """Poll ``check`` until it returns something truthy; return that."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    last: Exception | None = None
-    while loop.time() < deadline:
-        try:
-            result = await check()
-            if result:
-                return result
-        except Exception as err:  # not ready yet
-            last = err
-        await asyncio.sleep(0.02)
-    raise TimeoutError(f"{what} not reached within {timeout:g}s (last error: {last})")
+from gpuledger_testing.waiting import wait_for as wait_for  # the tests' one way to wait, re-exported here
 
 
 async def answers(stub: pb.AllocatorStub) -> bool:

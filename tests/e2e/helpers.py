@@ -10,10 +10,12 @@ from typing import Any
 
 from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_testing.controlplane.api import ApiError, KubeApi, wait_for
+from gpuledger_testing.controlplane.api import ApiError, KubeApi
 from gpuledger_testing.ledger_check import Report, check, read_ledger
+from gpuledger_testing.waiting import wait_for
 
 SLOTS_PER_CARD = 8
+POLL_S = 0.1  # how often a wait asks the API server or the ledger again
 
 
 def pod(
@@ -78,7 +80,7 @@ async def running(api: KubeApi, namespace: str, name: str, timeout: float = 60) 
         found = await get_pod(api, namespace, name)
         return found if found.get("status", {}).get("phase") == "Running" else None
 
-    return dict(await wait_for(check, timeout, f"pod {namespace}/{name} Running"))
+    return dict(await wait_for(check, timeout, f"pod {namespace}/{name} Running", POLL_S))
 
 
 async def ledger(nats_url: str) -> dict[str, NodeLedger]:
@@ -93,7 +95,7 @@ async def released(nats_url: str, uid: str, timeout: float = 30) -> None:
     async def check() -> bool:
         return not await live_allocations_of(nats_url, uid)
 
-    await wait_for(check, timeout, f"the cards of pod uid {uid} released")
+    await wait_for(check, timeout, f"the cards of pod uid {uid} released", POLL_S)
 
 
 async def all_pods(api: KubeApi) -> list[dict[str, Any]]:

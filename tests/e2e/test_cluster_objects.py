@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpuledger_cli.dev.kubereal import RealCluster
-from gpuledger_testing.controlplane.api import KubeApi, wait_for
+from gpuledger_testing.controlplane.api import KubeApi
+from gpuledger_testing.waiting import wait_for
+from tests.e2e.helpers import POLL_S
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -23,7 +25,7 @@ async def test_the_inventory_labels_its_node_through_the_real_api(cluster: RealC
         labels = (await api.get("/api/v1/nodes/h100-0"))["metadata"].get("labels", {})
         return labels if any(k.startswith("gpuledger.io/gpu.") for k in labels) else None
 
-    labels = await wait_for(labelled, 60, "gpuledger labels on h100-0")
+    labels = await wait_for(labelled, 60, "gpuledger labels on h100-0", POLL_S)
     seen = json.loads(cluster.control_plane.kubectl("get", "node", "h100-0", "-o", "json").stdout)
     assert {k: v for k, v in seen["metadata"]["labels"].items() if k.startswith("gpuledger.io/")} == {
         k: v for k, v in labels.items() if k.startswith("gpuledger.io/")

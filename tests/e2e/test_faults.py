@@ -12,8 +12,9 @@ import pytest
 
 from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.stack import Stack
-from gpuledger_testing.controlplane.api import KubeApi, wait_for
-from tests.e2e.helpers import consistent, namespace, pod, pods_in, share
+from gpuledger_testing.controlplane.api import KubeApi
+from gpuledger_testing.waiting import wait_for
+from tests.e2e.helpers import POLL_S, consistent, namespace, pod, pods_in, share
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -78,7 +79,7 @@ async def test_a_fault_mid_burst_leaves_the_ledger_equal_to_the_pods(
                 }
             }
         creating = asyncio.ensure_future(_create_all(api, ns, pods))
-        await wait_for(lambda: _bound_at_least(api, ns, BURST // 4), 120, f"{BURST // 4} pods bound")
+        await wait_for(lambda: _bound_at_least(api, ns, BURST // 4), 120, f"{BURST // 4} pods bound", POLL_S)
         await FAULTS[fault](stack, cluster)
         await creating
         await wait_for(

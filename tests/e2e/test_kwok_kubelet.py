@@ -24,10 +24,11 @@ from grpclib.const import Status
 from gpuledger_plugin.kubelet import KubeletLink, Registration
 from gpuledger_proto import v1 as pr
 from gpuledger_proto import v1beta1 as dp
-from gpuledger_testing.controlplane.api import ApiError, KubeApi, wait_for
+from gpuledger_testing.controlplane.api import ApiError, KubeApi
 from gpuledger_testing.controlplane.cluster import Access, ControlPlane
 from gpuledger_testing.kubelet_pods import ADMITTED
 from gpuledger_testing.kwok_kubelet import GPU, KwokKubelet, KwokKubeletSettings
+from gpuledger_testing.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
 
@@ -145,7 +146,7 @@ class Node:
             pod = await self.get(name)
             return pod if pod.get("status", {}).get("phase") == phase else None
 
-        found: dict[str, Any] = await wait_for(reached, 30, f"pod {name} {phase}")
+        found: dict[str, Any] = await wait_for(reached, 30, f"pod {name} {phase}", 0.1)
         return found
 
     async def node_counts(self) -> tuple[str, str]:
@@ -171,7 +172,7 @@ async def until(check: Callable[[], Any], what: str, within: float = 30) -> None
     async def reached() -> bool:
         return bool(await check())
 
-    await wait_for(reached, within, what)
+    await wait_for(reached, within, what, 0.1)
 
 
 @contextlib.asynccontextmanager

@@ -3,7 +3,6 @@ token, the control plane's CA). Errors carry the HTTP status and the API server'
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import ssl
@@ -99,19 +98,3 @@ class KubeApi:
             async for line in reply.content:
                 if line.strip():
                     yield json.loads(line)
-
-
-async def wait_for(check: Any, timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Await ``check()`` until it returns something truthy, at most ``timeout`` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    last: Exception | None = None
-    while loop.time() < deadline:
-        try:
-            found = await check()
-            if found:
-                return found
-        except (ApiError, aiohttp.ClientError, OSError) as err:
-            last = err
-        await asyncio.sleep(interval)
-    raise TimeoutError(f"{what} not reached within {timeout:g}s" + (f" (last error: {last})" if last else ""))

@@ -1,0 +1,28 @@
+"""Waiting on a condition in tests and benchmarks: poll it, never sleep for timing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def wait_for(
+    check: Callable[[], Awaitable[T | None]], timeout: float = 10.0, what: str = "condition", interval: float = 0.02
+) -> T:
+    """Await ``check()`` every ``interval`` seconds until it returns something truthy, and return that.
+    An exception from ``check`` means "not ready yet"; the last one is named if time runs out."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: Exception | None = None
+    while loop.time() < deadline:
+        try:
+            result = await check()
+            if result:
+                return result
+        except Exception as err:  # not ready yet
+            last = err
+        await asyncio.sleep(interval)
+    raise TimeoutError(f"{what} not reached within {timeout:g}s (last error: {last})")

@@ -15,6 +15,7 @@ import pytest
 from grpclib.const import Status
 from nats.aio.client import Client
 
+from gpuledger_common import bus
 from gpuledger_common.outage import RETRY_S
 from gpuledger_testing.nats_cluster import NatsCluster, stream_cluster, stream_leader
 from gpuledger_testing.stack import RunningAllocator, wait_for
@@ -45,7 +46,7 @@ async def test_the_ledger_leader_is_killed_mid_burst(
     report("leader killed", refused, burst, killed, f"{leader} -> {elected}")
     ridden_out(burst, killed, refused)
     await cluster.start(leader)
-    await consistent(burst, cluster_nc)
+    await consistent(burst, cluster)
 
 
 async def test_the_ledger_leader_stopped_cleanly_hands_over_without_refusing(
@@ -63,7 +64,7 @@ async def test_the_ledger_leader_stopped_cleanly_hands_over_without_refusing(
     assert refused < 2.0, f"writes were refused for {refused:.1f}s although the leader handed over"
     assert not [a for a in burst.asked if a.ended >= stopped and a.status is Status.UNAVAILABLE]
     await cluster.start(leader)
-    await consistent(burst, cluster_nc)
+    await consistent(burst, cluster)
 
 
 async def test_a_follower_is_killed_mid_burst(
@@ -82,7 +83,7 @@ async def test_a_follower_is_killed_mid_burst(
     ridden_out(burst, killed, refused)
     assert await stream_leader(cluster_nc, LEDGER) != follower
     await cluster.start(follower)
-    await consistent(burst, cluster_nc)
+    await consistent(burst, cluster)
 
 
 async def test_two_servers_killed_one_after_the_other_stop_writes_until_a_quorum_returns(
@@ -112,7 +113,7 @@ async def test_two_servers_killed_one_after_the_other_stop_writes_until_a_quorum
     report("second of two servers killed", resumed - lost, burst, lost, f"{second}; {first} back")
     print(f"  writes resumed {resumed - back:.1f}s after a second server was back")
     await cluster.start(second)
-    await consistent(burst, cluster_nc)
+    await consistent(burst, cluster)
 
 
 async def test_a_server_whose_store_is_wiped_rejoins_and_catches_up(
@@ -134,7 +135,7 @@ async def test_a_server_whose_store_is_wiped_rejoins_and_catches_up(
     stepdown = orjson.dumps({"placement": {"preferred": victim}})
     await cluster_nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{LEDGER}", stepdown, timeout=5)
     await wait_for(lambda: is_leader(cluster_nc, victim), SETTLE_S, f"{victim} leading the ledger stream")
-    await consistent(burst, cluster_nc)
+    await consistent(burst, cluster)
 
 
 # --- helpers ---
@@ -184,17 +185,22 @@ def async_(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
     return checked
 
 
-async def consistent(burst: Burst, nc: Client) -> None:
+async def consistent(burst: Burst, cluster: NatsCluster) -> None:
     """Every stream replica current, then the ledger checked against the clients' answers, and
-    checked again once the reservations of errored Allocates have reached the end of their lease."""
-    await wait_for(lambda: all_current(nc), SETTLE_S, "every stream replica current")
-    problems = verify(burst, await read_ledger(nc), unreported_left=True)
-    assert not problems, "\n".join(problems)
+    checked again once the reservations of errored Allocates have reached the end of their lease.
+    The check is an observer of its own: a fresh connection to the cluster's server list."""
+    nc = await bus.connect(cluster.url, "ha-check")
+    try:
+        await wait_for(lambda: all_current(nc), SETTLE_S, "every stream replica current")
+        problems = verify(burst, await read_ledger(nc), unreported_left=True)
+        assert not problems, "\n".join(problems)
 
-    async def settled() -> bool:
-        return not verify(burst, await read_ledger(nc), unreported_left=False)
+        async def settled() -> bool:
+            return not verify(burst, await read_ledger(nc), unreported_left=False)
 
-    await wait_for(settled, LEASE_S + 10, "reservations no client was told of released")
+        await wait_for(settled, LEASE_S + 10, "reservations no client was told of released")
+    finally:
+        await nc.close()
 
 
 def report(fault: str, refused_s: float, burst: Burst, at: float, servers: str, until: float = float("inf")) -> None:

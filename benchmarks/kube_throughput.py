@@ -35,7 +35,7 @@ from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.stack import Stack, running_stack
 from gpuledger_common.fleet import load_fleet
 from gpuledger_common.natsserver import free_port
-from gpuledger_testing.controlplane.api import KubeApi
+from gpuledger_testing.controlplane.api import STRATEGIC, KubeApi
 from gpuledger_testing.controlplane.cluster import plain_scheduler_config
 from gpuledger_testing.ledger_check import read_ledger
 from gpuledger_testing.waiting import wait_for
@@ -146,7 +146,7 @@ async def run(args: argparse.Namespace) -> int:
             await api.patch(
                 f"/api/v1/nodes/{node}/status",
                 {"status": {"capacity": {PLAIN: "8"}, "allocatable": {PLAIN: "8"}}},
-                "application/strategic-merge-patch+json",
+                STRATEGIC,
             )
         await asyncio.to_thread(
             cluster.control_plane.start_scheduler, "plain-scheduler", plain_scheduler_config("plain-scheduler")

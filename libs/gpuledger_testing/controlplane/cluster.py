@@ -17,7 +17,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -152,7 +152,6 @@ class ControlPlane:
     access: Access | None = None
     pki: Pki | None = None
     admin_kubeconfig: Path | None = None
-    _tokens: dict[str, str] = field(default_factory=dict)
 
     def __enter__(self) -> ControlPlane:
         try:
@@ -222,7 +221,6 @@ class ControlPlane:
         assert self.bins is not None and self.pki is not None
         port = free_port()
         admin = os.urandom(16).hex()
-        self._tokens = {"admin": admin}
         tokens = self.workdir / "tokens.csv"
         tokens.write_text(f'{admin},{ADMIN_TOKEN_USER},{ADMIN_TOKEN_USER},"system:masters"\n')
         tokens.chmod(0o600)
@@ -392,10 +390,6 @@ class ControlPlane:
         if check and done.returncode != 0:
             raise ControlPlaneError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
         return done
-
-    def logs(self) -> Iterator[tuple[str, str]]:
-        for name, process in self.processes.items():
-            yield name, process.tail(60)
 
 
 def find_scheduler_config() -> Path:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import statistics
 import sys
@@ -128,9 +129,49 @@ async def timed(url: str, verb: str) -> tuple[float, float]:
     )
 
 
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = _stat(pid)
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _label(pid: int) -> str:
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    words = [w.decode(errors="replace") for w in argv if w]
+    if not words:
+        return "?"
+    for i, word in enumerate(words):
+        if word == "-m" and i + 1 < len(words):
+            return words[i + 1].removeprefix("gpuledger_")
+    return Path(words[0]).name
+
+
+def cpu_by_process() -> dict[str, float]:
+    """CPU seconds so far of this process and every descendant, summed by program (the benchmark
+    itself runs the simulated kubelets; ``plugin`` sums every node's shim)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(_stat(int(entry.name))[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    ours, grew = {os.getpid()}, True
+    while grew:
+        found = {pid for pid, parent in parents.items() if parent in ours} - ours
+        ours |= found
+        grew = bool(found)
+    totals: dict[str, float] = {}
+    for pid in ours:
+        try:
+            name = "benchmark + simulated kubelets" if pid == os.getpid() else _label(pid)
+            totals[name] = totals.get(name, 0.0) + cpu_seconds(pid)
+        except OSError:
+            continue
+    return totals
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -157,12 +198,14 @@ async def run(args: argparse.Namespace) -> int:
         rows: dict[str, list[float]] = {"plain": [], "gpuledger": []}
         refused: list[float] = []
         cpu_per_pod: list[float] = []
+        breakdown: dict[str, dict[str, list[float]]] = {"plain": {}, "gpuledger": {}}
         mean_ms: dict[str, list[float]] = {"filter": [], "bind": []}
         for round_no in range(args.rounds):
             for kind in ("plain", "gpuledger"):
                 failed_before = await metric(metrics_url, "gpuledger_placement_failures_total", 'verb="bind"')
                 timed_before = {v: await timed(metrics_url, v) for v in mean_ms}
                 cpu_before = cpu_seconds(placement.pid)
+                all_before = cpu_by_process()
                 for kubelet in cluster.kubelets.values():
                     if args.admit_during_bursts:
                         kubelet.resume_admissions()
@@ -172,6 +215,9 @@ async def run(args: argparse.Namespace) -> int:
                 for kubelet in cluster.kubelets.values():
                     kubelet.resume_admissions()
                 cpu_after = cpu_seconds(placement.pid)
+                for name, used in cpu_by_process().items():
+                    per_pod = (used - all_before.get(name, 0.0)) / args.pods * 1000
+                    breakdown[kind].setdefault(name, []).append(per_pod)
                 rows[kind].append(args.pods / seconds)
                 if kind == "gpuledger":
                     refused.append(
@@ -200,6 +246,14 @@ async def run(args: argparse.Namespace) -> int:
     print(f"placement CPU per pod (ms, filter + bind + ledger watch): {', '.join(f'{c:.2f}' for c in cpu_per_pod)}")
     for verb, values in mean_ms.items():
         print(f"mean {verb} time inside placement (ms, from its histogram): {', '.join(f'{v:.2f}' for v in values)}")
+    print()
+    print("CPU per pod while a burst binds (ms, median over rounds), by process:")
+    print("| process | plain | gpuledger |")
+    print("|---|---|---|")
+    names = sorted(set(breakdown["plain"]) | set(breakdown["gpuledger"]))
+    for name in sorted(names, key=lambda n: -statistics.median(breakdown["gpuledger"].get(n, [0.0]))):
+        cells = [f"{statistics.median(breakdown[k][name]):.2f}" if name in breakdown[k] else "-" for k in breakdown]
+        print(f"| {name} | {' | '.join(cells)} |")
     return 0
 
 

@@ -171,11 +171,15 @@ class LedgerStore:
         max_attempts: int = 12,
         record_ttls: bool = False,
         retry_s: float = RETRY_S,
+        deny_rollups: bool = False,
     ) -> LedgerStore:
         """The store over both buckets (made if missing). With ``record_ttls`` (the allocator,
         which writes expiring owner records) the owners bucket is made to keep per-message TTLs,
         and ``records_expire`` says whether the server does. ``retry_s``: how long each call
-        waits out a JetStream outage; opening waits it out too."""
+        waits out a JetStream outage; opening waits it out too. With ``deny_rollups`` (the
+        allocator, which owns the buckets) both streams refuse ``Nats-Rollup`` headers: a put
+        on a node's own key with ``Nats-Rollup: all`` would otherwise purge every other key,
+        which no subject permission can stop."""
         js = nc.jetstream(timeout=ATTEMPT_S)
         outage = OutageStats()
 
@@ -185,6 +189,9 @@ class LedgerStore:
         kv = await opened(f"open bucket {LEDGER_BUCKET}", lambda: _bucket(js, LEDGER_BUCKET, replicas))
         owners = await opened(f"open bucket {OWNER_BUCKET}", lambda: _bucket(js, OWNER_BUCKET, replicas))
         store = cls(nc, kv, owners, max_attempts, retry_s=retry_s, outage=outage, _jetstream=js)
+        if deny_rollups:
+            for bucket in (LEDGER_BUCKET, OWNER_BUCKET):
+                await opened(f"deny rollups on bucket {bucket}", lambda bucket=bucket: _deny_rollups(js, bucket))
         if record_ttls:
             store.records_expire = await opened("allow per-message TTLs", lambda: _allow_ttl(js, OWNER_BUCKET))
             if not store.records_expire:
@@ -473,7 +480,7 @@ class LedgerStore:
                 if entry is None:  # the client's marker: see above
                     continue
                 node = NodeName(entry.key.removeprefix("node."))
-                yield node, self._value(node, entry.value, entry.operation), entry.revision or 0
+                yield node, self.watched_value(node, entry.value, entry.operation), entry.revision or 0
                 keys.discard(entry.key)
                 if not keys:
                     return
@@ -497,8 +504,9 @@ class LedgerStore:
         info = await self._js.stream_info(f"KV_{LEDGER_BUCKET}", subjects_filter=f"{KEY_PREFIX}node.>")
         return {subject.removeprefix(KEY_PREFIX) for subject in (info.state.subjects or {})}
 
-    def _value(self, node: str, data: bytes | None, operation: str | None) -> NodeLedger | None:
-        """A key's value as a watch delivers it: None for a deleted (or purged) key."""
+    def watched_value(self, node: str, data: bytes | None, operation: str | None) -> NodeLedger | None:
+        """A key's value as a watch delivers it: None for a deleted (or purged) key. Decoded as
+        ``read`` decodes (the node's inventory once per change, unchanged allocations reused)."""
         return None if operation in ("DEL", "PURGE") or not data else self._decoded(node, data)
 
     async def follow_values(
@@ -521,7 +529,7 @@ class LedgerStore:
                     key = msg.subject.removeprefix(KEY_PREFIX)
                     node = NodeName(key.removeprefix("node."))
                     operation = msg.header.get("KV-Operation") if msg.header else None
-                    apply(node, self._value(node, msg.data, operation), msg.metadata.sequence.stream)
+                    apply(node, self.watched_value(node, msg.data, operation), msg.metadata.sequence.stream)
                     if keys:
                         keys.discard(key)
                         if not keys:
@@ -662,6 +670,18 @@ async def _allow_ttl(js: JetStreamContext, name: str) -> bool:
     except Exception as err:
         _unless_outage(err, f"cannot allow per-message TTLs on bucket {name}")
     return bool(info.config.allow_msg_ttl)
+
+
+async def _deny_rollups(js: JetStreamContext, name: str) -> None:
+    """Make the bucket's stream refuse messages with a ``Nats-Rollup`` header (nothing of ours
+    purges a key; a rollup of ``all`` on one key empties the bucket)."""
+    try:
+        info = await js.stream_info(f"KV_{name}")
+        if info.config.allow_rollup_hdrs:
+            info.config.allow_rollup_hdrs = False
+            await js.update_stream(info.config)
+    except Exception as err:
+        _unless_outage(err, f"cannot deny rollups on bucket {name}")
 
 
 def _unless_outage(err: Exception, what: str) -> NoReturn:

@@ -6,14 +6,12 @@ of the ``NodeLedgerPort`` shape.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 from gpuledger_common.follow import resilient
 from gpuledger_common.store import LedgerStore, Transition, node_key
-from gpuledger_core import codec
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.ledger import NodeLedger
 
@@ -55,10 +53,7 @@ class StoreLedger:
             async for entry in watcher:
                 if entry is None:
                     continue
-                if entry.operation in ("DEL", "PURGE") or not entry.value:
-                    yield None
-                else:
-                    yield codec.ledger_from(json.loads(entry.value))
+                yield self.store.watched_value(self.node, entry.value, entry.operation)
         except Exception as err:
             raise Unavailable(f"ledger watch of {self.node} failed: {err}") from err
         finally:

@@ -67,7 +67,10 @@ class Binder:
 
     async def _bind(self, args: BindArgs) -> Bound:
         pod, bound_to = await self._pod(args)
-        allocation = await self.reserve(pod, args.node) if pod.wants_cards else None
+        # A pod filter has just placed most likely holds nothing yet: its owner record is not
+        # read first (the claim after the reservation finds one, should there be one).
+        just_filtered = self.service.assumed.of(pod.owner) is not None and not bound_to
+        allocation = await self.reserve(pod, args.node, just_filtered) if pod.wants_cards else None
         if bound_to:
             return Bound(allocation, again=True)
         annotations = None
@@ -102,10 +105,12 @@ class Binder:
             raise FailedPrecondition(f"pod {args.namespace}/{args.name} is bound to {ref.node_name} already")
         return self.service.resolve(convert.pod_ask_from(raw)), ref.node_name
 
-    async def reserve(self, pod: PodAsk, node: str) -> Allocation:
-        """The pod's live reservation on ``node``: the one it has, or a new one (one CAS)."""
-        for _ in range(OWNER_ROUNDS):
-            existing = await self._owned(pod.owner, node)
+    async def reserve(self, pod: PodAsk, node: str, likely_new: bool = False) -> Allocation:
+        """The pod's live reservation on ``node``: the one it has, or a new one (one CAS). With
+        ``likely_new`` the first round does not look for one it has: a claim that finds the owner
+        recorded already drops the new reservation and takes the recorded one, as for a race."""
+        for round_no in range(OWNER_ROUNDS):
+            existing = None if likely_new and round_no == 0 else await self._owned(pod.owner, node)
             if existing is not None:
                 return existing
             allocation = await self._reserve_new(pod, node)

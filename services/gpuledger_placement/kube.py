@@ -67,7 +67,9 @@ class KubePodApi:
         self._server = str(configuration.host).rstrip("/")
         self._proxy = configuration.proxy or None
         self._server_name = getattr(configuration, "tls_server_name", None) or None  # kubeconfig tls-server-name
-        connector = aiohttp.TCPConnector(limit=64, ssl=_ssl_context(configuration))
+        # Idle connections are kept 60 s (the API server closes them after 90 s): a TLS handshake
+        # costs both sides more than a Binding, and binds come in bursts seconds apart.
+        connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=60.0, ssl=_ssl_context(configuration))
         self._http = aiohttp.ClientSession(
             connector=connector, trust_env=False, timeout=aiohttp.ClientTimeout(total=timeout_s)
         )

@@ -120,6 +120,29 @@ async def test_an_unanswered_binding_keeps_the_reservation_for_the_retry(
     assert [a.id for a in await live_of(store, "h100-0", "uid-slow")] == [kept.id]
 
 
+async def test_a_refiltered_retry_keeps_the_reservation_it_already_holds(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    # The first Binding's outcome is unknown, so its reservation stays; the scheduler filters the
+    # pod again (a new assumption, on other cards) and binds: the pod keeps the one it holds.
+    apiserver.add_pod(gpu_pod("twice", gpu=1))
+    _, body = await post(http, f"{placement.url}/filter", args(gpu_pod("twice", gpu=1), ["h100-0"]))
+    assert body["NodeNames"] == ["h100-0"]
+    apiserver.fail_bindings.append((503, "etcdserver: request timed out"))
+    _, body = await post(http, f"{placement.url}/bind", bind_args("twice", "h100-0"))
+    assert "timed out" in body["Error"]
+    [kept] = await live_of(store, "h100-0", "uid-twice")
+
+    _, body = await post(http, f"{placement.url}/filter", args(gpu_pod("twice", gpu=1), ["h100-0"]))
+    assert body["NodeNames"] == ["h100-0"]
+    assert await post(http, f"{placement.url}/bind", bind_args("twice", "h100-0")) == (200, {"Error": ""})
+    assert [a.id for a in await live_of(store, "h100-0", "uid-twice")] == [kept.id]
+    record = await store.owner_of(pod_owner("twice"))
+    assert record is not None and record[0] == kept.id
+    annotation = apiserver.pod("default", "twice")["metadata"]["annotations"]["gpuledger.io/allocation"]
+    assert json.loads(annotation)["id"] == kept.id
+
+
 async def test_bind_refuses_a_recreated_pod_and_a_missing_one(
     placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
 ) -> None:

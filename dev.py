@@ -56,7 +56,7 @@ def ensure_chromium() -> None:
 def install(*extra: str) -> None:
     ensure_venv()
     run(BIN / "python", "-m", "pip", "install", "-q", "--upgrade", "pip")
-    run(BIN / "python", "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "-e", ".", *extra)
+    run(BIN / "python", "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "-e", ".[dev]", *extra)
 
 
 def main(argv: list[str]) -> int:

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from gpuledger_cli import commands, devup, health, sim
+from gpuledger_cli import commands, health, sim
 from gpuledger_core.errors import GpuledgerError, InvalidArgument
 
 EXIT_CODES = {"invalid_argument": 2, "not_found": 3, "resource_exhausted": 4, "unavailable": 5}
@@ -18,10 +18,33 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = top.add_subparsers(dest="command", required=True)
     commands.register(sub)
-    devup.register(sub)
+    register_dev(sub)
     health.register(sub)
     sim.register(sub)
     return top
+
+
+def register_dev(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``gpuledger dev``, where the local stack's simulated fleet and cluster are installed."""
+    try:
+        from gpuledger_cli import devup
+    except ModuleNotFoundError as err:
+        if err.name != "gpuledger_testing":
+            raise
+        dev = sub.add_parser("dev", help="the local development stack (not in this install)")
+        dev.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        dev.set_defaults(run=_no_dev)
+        return
+    devup.register(sub)
+
+
+async def _no_dev(args: argparse.Namespace) -> int:
+    print(
+        "gpuledger dev: this install has no local stack (the production image leaves out the "
+        "simulated fleet and cluster); use the image's dev target or a development install",
+        file=sys.stderr,
+    )
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -66,6 +67,12 @@ class Settings:
             raise InvalidArgument("log_format", f"must be text|json, got {self.log_format!r}")
         if problem := nats_url_problem(self.nats_url):
             raise InvalidArgument("nats_url", problem)
+        if self.fake_fleet and importlib.util.find_spec("gpuledger_testing") is None:
+            raise InvalidArgument(
+                "fake_fleet",
+                "needs the simulated fleet, which this install leaves out (the production image); "
+                "use the image's dev target or install gpuledger with its test utilities",
+            )
 
     @property
     def use_kube(self) -> bool:

@@ -1,8 +1,8 @@
-"""deploy/compose/compose.yaml: its structure, and that every command and flag it names is real.
+"""deploy/compose/compose.yaml as data: its structure, and that every command and setting it names is real.
 
-No Docker engine runs here, so the file is checked as data: the services and what they depend
-on, the image built from deploy/Dockerfile, volumes, ports, health checks, and every program,
-flag and GPULEDGER_* variable against the programs themselves (tests/unit/deploy/services.py).
+The services and what they depend on, the image built from deploy/Dockerfile, volumes, ports,
+health checks, and every program, flag and GPULEDGER_* variable against the programs themselves
+(tests/unit/deploy/services.py) and the manifests' settings. tests/compose runs the stack for real.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ def test_every_gpuledger_service_is_the_one_image_built_from_the_dockerfile(name
     context = (COMPOSE.parent / build["context"]).resolve()
     assert context == ROOT
     assert (context / build["dockerfile"]).resolve() == DEPLOY / "Dockerfile"
+    assert build["target"] == "dev"  # the simulated fleet is not in the production image
     assert service["image"] == services()["allocator"]["image"]
 
 
@@ -87,19 +88,31 @@ def test_every_service_has_a_health_check_and_restarts(name: str) -> None:
 def test_health_checks_ask_the_service_port(name: str) -> None:
     service = services()[name]
     check = " ".join(service["healthcheck"]["test"])
-    script = program(service["command"][0])
-    port = _flag_value(service["command"], "--http-port") or (script and script.defaults["http_port"])
+    port = _setting(service, "http_port") or program(service["command"][0]).defaults["http_port"]
     assert f"http://127.0.0.1:{port}/healthz" in check or f"http://127.0.0.1:{port}/readyz" in check
 
 
 def test_the_dashboard_and_grpc_are_published_on_loopback() -> None:
     allocator = services()["allocator"]
-    assert "127.0.0.1:8081:8081" in allocator["ports"]
-    assert "127.0.0.1:50051:50051" in allocator["ports"]
-    assert _flag_value(allocator["command"], "--http-port") == "8081"
-    assert _flag_value(allocator["command"], "--grpc-port") == "50051"
+    ports = [_defaults(p) for p in allocator["ports"]]
+    assert "127.0.0.1:8081:8081" in ports
+    assert "127.0.0.1:50051:50051" in ports
+    assert _setting(allocator, "http_port") == "8081"
+    assert _setting(allocator, "grpc_port") == "50051"
     published = [p for s in services().values() for p in s.get("ports", [])]
     assert all(p.startswith("127.0.0.1:") for p in published)
+
+
+@pytest.mark.parametrize("name", sorted(gpuledger_services()))
+def test_settings_have_the_names_and_values_of_the_manifests(name: str) -> None:
+    service = services()[name]
+    manifest = _manifest_settings(service["command"][0].removeprefix("gpuledger-"))
+    env = service["environment"]
+    shared = set(env) & set(manifest) - {"GPULEDGER_KUBE", "GPULEDGER_LOG_FORMAT", "GPULEDGER_BUCKET_REPLICAS"}
+    assert {"GPULEDGER_HTTP_PORT", "GPULEDGER_LOG_LEVEL"} <= shared
+    assert {k: str(env[k]) for k in shared} == {k: manifest[k] for k in shared}
+    assert env["GPULEDGER_KUBE"] == "off"  # no cluster in compose
+    assert not any(a.startswith("-") for a in service["command"])  # settings by variable, as in the manifests
 
 
 def test_inventories_run_on_the_mounted_fleet_each_as_its_own_node() -> None:
@@ -107,11 +120,10 @@ def test_inventories_run_on_the_mounted_fleet_each_as_its_own_node() -> None:
     for name, service in services().items():
         if not name.startswith("inventory-"):
             continue
-        command = service["command"]
-        assert _flag_value(command, "--node") == name.removeprefix("inventory-")
-        assert _flag_value(command, "--node") in nodes
-        assert _flag_value(command, "--kube") == "off"
-        source, _ = _bind_mount(service, _flag_value(command, "--fake-fleet") or "")
+        assert _setting(service, "node") == name.removeprefix("inventory-")
+        assert _setting(service, "node") in nodes
+        assert _setting(service, "kube") == "off"
+        source, _ = _bind_mount(service, _setting(service, "fake_fleet") or "")
         assert source == FLEET
         assert service["depends_on"]["allocator"] == {"condition": "service_healthy"}
 
@@ -135,6 +147,26 @@ def test_the_plugin_is_left_out_and_the_file_says_why() -> None:
 
 def _flag_value(command: list[str], flag: str) -> str | None:
     return command[command.index(flag) + 1] if flag in command else None
+
+
+def _setting(service: dict[str, Any], field: str) -> str | None:
+    """A setting as the program reads it: its flag, else its GPULEDGER_* variable."""
+    flag = _flag_value(service["command"], "--" + field.replace("_", "-"))
+    value = service.get("environment", {}).get("GPULEDGER_" + field.upper())
+    return flag or (None if value is None else str(value))
+
+
+def _defaults(text: str) -> str:
+    """``${NAME:-default}`` as compose reads it when NAME is not set."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)
+
+
+def _manifest_settings(service: str) -> dict[str, str]:
+    base = yaml.safe_load((DEPLOY / "kubernetes" / "base" / "kustomization.yaml").read_text())
+    for generator in base["configMapGenerator"]:
+        if generator["name"] == f"gpuledger-{service}-settings":
+            return dict(literal.split("=", 1) for literal in generator["literals"])
+    raise AssertionError(f"the manifests have no settings for {service}")
 
 
 def _bind_mount(service: dict[str, Any], target: str) -> tuple[Path, str]:

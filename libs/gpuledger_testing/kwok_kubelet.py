@@ -265,8 +265,8 @@ class KwokKubelet:
 
     async def _admit_pods(self) -> None:
         while True:
-            await self._admitting.wait()
             pod_uid = await self._queue.get()
+            await self._admitting.wait()  # after the pod arrives: a hold set while waiting for it counts
             self._queued.discard(pod_uid)
             pod = self._pods.get(pod_uid)
             if pod is None or is_deleting(pod):

@@ -304,6 +304,20 @@ async def test_a_gpu_pod_runs_only_after_allocate_answered(node: Node) -> None:
     assert len(node.plugin.allocated) == 1
 
 
+async def test_held_admissions_admit_nothing_until_resumed(node: Node) -> None:
+    await node.pod("before-hold", gpus=1)  # the admitting loop is then waiting for the next pod
+    await node.phase("before-hold", "Running")
+    calls = len(node.plugin.allocated)
+    node.kubelet.hold_admissions()
+    made = await node.pod("while-held", gpus=1)
+    await asyncio.sleep(2.0)  # kwok and the kubelet have seen the pod long since
+    assert len(node.plugin.allocated) == calls
+    assert made["metadata"]["uid"] not in node.kubelet.admitted
+    node.kubelet.resume_admissions()
+    await node.phase("while-held", "Running")
+    assert len(node.plugin.allocated) == calls + 1
+
+
 async def test_init_containers_first_one_allocate_per_container_and_one_pod_at_a_time(node: Node) -> None:
     node.plugin.hold = asyncio.Event()
     init = {"name": "setup", "image": "setup", "resources": {"limits": {GPU: "1"}}}

@@ -1,0 +1,153 @@
+"""docker compose up of deploy/compose (with offline.yaml) on a real dockerd, used as a person would.
+
+Traffic stays on the compose network and the host's loopback: the ports are published on
+127.0.0.1 only, and the containers reach no registry (the images are built beforehand).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+
+import pytest
+
+from gpuledger_testing.browser import chromium
+from gpuledger_testing.engine.stack import ComposeStack
+from gpuledger_testing.waiting import wait_for
+
+from .cli import holders, host
+from .conftest import TIMINGS
+
+pytestmark = pytest.mark.timeout(300)
+
+SERVICES = {"nats", "allocator", "placement", "inventory-rtx-0", "inventory-p4-0", "inventory-h100-0"}
+LOG_LINE = re.compile(r"^(?P<service>[a-z0-9-]+?)-1\s+\| (?P<text>.*)$")
+
+
+def alloc_json(out: str) -> dict[str, object]:
+    allocation: dict[str, object] = json.loads(out)["allocation"]
+    return allocation
+
+
+def test_every_service_is_healthy_by_its_health_check(stack: ComposeStack) -> None:
+    found = stack.services()
+    assert set(found) == SERVICES
+    for name, row in found.items():
+        assert (row["State"], row["Health"]) == ("running", "healthy"), name
+        assert stack.inspect(name, "{{.HostConfig.RestartPolicy.Name}}") == "unless-stopped"
+        assert stack.inspect(name, "{{.Config.User}}") == "10001:10001", f"{name} runs as root"
+
+
+def test_inspect_and_alloc_from_the_host_on_the_published_port(stack: ComposeStack) -> None:
+    table = host("inspect", "--server", stack.grpc_address)
+    assert table.returncode == 0, table.stderr
+    assert "3 node(s), 11 card(s)" in table.stdout
+    made = host(
+        "alloc", "--server", stack.grpc_address, "--gpu", "1", "--gpu-mem", "4096", "--owner", "host-tool", "--json"
+    )
+    assert made.returncode == 0, made.stderr
+    allocation = alloc_json(made.stdout)
+    seen = host("inspect", "--server", stack.grpc_address, "--json")
+    assert any(h[0] == allocation["id"] and h[1] == "host-tool" and h[4] == 4096 for h in holders(seen.stdout))
+
+
+def test_inspect_and_alloc_from_a_container_over_the_compose_network(stack: ComposeStack) -> None:
+    made = stack.exec(
+        "placement", "gpuledger", "alloc", "--server", "allocator:50051", "--gpu", "1", "--gpu-mem", "2048",
+        "--owner", "container-tool", "--json",
+    )
+    assert made.returncode == 0, made.stderr
+    allocation = alloc_json(made.stdout)
+    seen = stack.exec("inventory-rtx-0", "gpuledger", "inspect", "--server", "allocator:50051", "--json")
+    assert seen.returncode == 0, seen.stderr
+    assert any(h[0] == allocation["id"] and h[1] == "container-tool" for h in holders(seen.stdout))
+    # and the host sees the same ledger
+    assert allocation["id"] in {h[0] for h in holders(host("inspect", "--server", stack.grpc_address, "--json").stdout)}
+
+
+async def test_the_dashboard_is_served_to_the_host_and_follows_the_ledger(stack: ComposeStack) -> None:
+    async with chromium() as page:
+        await page.goto(stack.dashboard_url)
+        assert await page.wait_for("document.querySelectorAll('.card').length === 11", timeout=20)
+        await page.wait_for("document.getElementById('live').className === 'on'", timeout=20)
+        made = await asyncio.to_thread(
+            host, "alloc", "--server", stack.grpc_address, "--gpu", "1", "--gpu-mem", "1000", "--owner",
+            "dashboard-watcher", "--node", "p4-0", "--json",
+        )
+        assert made.returncode == 0, made.stderr
+        allocation = alloc_json(made.stdout)
+        assert allocation["node"] == "p4-0"
+        held = await page.wait_for(
+            "[...document.querySelectorAll('.card[data-node=\"p4-0\"]')].map(c => c.title)"
+            ".find(t => t.includes('dashboard-watcher'))",
+            timeout=20,
+        )
+        assert "1000 MiB" in held
+        summary = await page.evaluate("document.getElementById('summary').textContent")
+        assert summary.startswith("3 node(s), 11 card(s), ")
+        shot = os.environ.get("GPULEDGER_SCREENSHOT")  # for a person to look at
+        if shot:
+            image = await page.screenshot()
+            await asyncio.to_thread(_write, shot, image)
+
+
+def _write(path: str, data: bytes) -> None:
+    with open(path, "wb") as out:
+        out.write(data)
+
+
+async def _ledger(stack: ComposeStack) -> set[tuple[str, str, str, int, int]] | None:
+    seen = await asyncio.to_thread(host, "inspect", "--server", stack.grpc_address, "--json")
+    return holders(seen.stdout) if seen.returncode == 0 else None
+
+
+async def _healthy_again(stack: ComposeStack, service: str, restarts: int) -> bool:
+    state = await asyncio.to_thread(stack.inspect, service, "{{.RestartCount}} {{.State.Health.Status}}")
+    count, health = state.split()
+    return int(count) > restarts and health == "healthy"
+
+
+async def test_a_killed_allocator_is_restarted_by_its_policy_and_keeps_every_allocation(stack: ComposeStack) -> None:
+    made = host("alloc", "--server", stack.grpc_address, "--gpu", "2", "--owner", "before-the-kill", "--json")
+    assert made.returncode == 0, made.stderr
+    before = await _ledger(stack)
+    assert before and any(h[1] == "before-the-kill" for h in before)
+    restarts = int(stack.inspect("allocator", "{{.RestartCount}}"))
+    os.kill(int(stack.inspect("allocator", "{{.State.Pid}}")), signal.SIGKILL)  # no clean shutdown
+    started = asyncio.get_running_loop().time()
+    await wait_for(lambda: _healthy_again(stack, "allocator", restarts), timeout=120, what="allocator restarted")
+    TIMINGS["allocator SIGKILLed until healthy again (s)"] = asyncio.get_running_loop().time() - started
+    assert await wait_for(lambda: _ledger(stack), timeout=30, what="the ledger") == before
+
+
+async def test_nats_recreated_on_its_named_volume_keeps_the_ledger(stack: ComposeStack) -> None:
+    before = await _ledger(stack)
+    assert before
+    old = stack.container("nats")
+    await asyncio.to_thread(stack.compose, "up", "--detach", "--no-deps", "--force-recreate", "--wait", "nats")
+    assert stack.container("nats") != old  # a new container, the same volume
+    assert await wait_for(lambda: _ledger(stack), timeout=60, what="the ledger after NATS came back") == before
+
+
+def test_logs_are_one_line_per_event_under_the_service_name(stack: ComposeStack) -> None:
+    lines = stack.logs("allocator", "placement", "inventory-rtx-0")
+    parsed = [LOG_LINE.match(line) for line in lines]
+    assert all(parsed), [line for line, m in zip(lines, parsed, strict=True) if not m][:5]
+    by_service: dict[str, list[str]] = {}
+    for match in parsed:
+        assert match
+        by_service.setdefault(match["service"], []).append(match["text"])
+    assert set(by_service) == {"allocator", "placement", "inventory-rtx-0"}
+    stamp = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL)\s+\S+: ")
+    for service, texts in by_service.items():
+        strays = [t for t in texts if not stamp.match(t)]
+        assert not strays, f"{service}: lines that are not one event each: {strays[:5]}"
+    assert any("starting with" in t for t in by_service["allocator"])  # the effective settings, one line
+
+
+def test_down_with_volumes_leaves_nothing_running(stack: ComposeStack) -> None:
+    stack.down()
+    assert stack.leftovers() == {"containers": [], "volumes": [], "networks": []}

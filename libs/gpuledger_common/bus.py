@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,9 +18,10 @@ import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import NoRespondersError
+from nats.errors import AuthorizationError, NoRespondersError, SecureConnRequiredError
 from nats.errors import TimeoutError as NatsTimeout
 
+from gpuledger_common.natscreds import NONE, NatsCredentials
 from gpuledger_common.settings import SettingsError, nats_servers, redact_url
 from gpuledger_core.errors import GpuledgerError, InvalidArgument, Unavailable, from_code
 
@@ -30,23 +32,37 @@ Handler = Callable[[Any], Awaitable[Any]]
 
 
 async def connect(
-    servers: str, name: str, *, connect_timeout: float = 5.0, stop: asyncio.Event | None = None
+    servers: str,
+    name: str,
+    *,
+    connect_timeout: float = 5.0,
+    stop: asyncio.Event | None = None,
+    credentials: NatsCredentials = NONE,
 ) -> Client:
     """Connect to one of ``servers`` (a URL or a comma-separated list of them, as the
     ``nats_url`` setting has it), trying them in turn until one answers, and keep reconnecting
     forever, to any of them, if the server goes away later. Logs name the server actually
     reached, never the configured list alone. ``stop`` set while no server has answered yet
-    ends the wait with ``Unavailable`` (a service told to stop while NATS is away)."""
+    ends the wait with ``Unavailable`` (a service told to stop while NATS is away).
+    ``credentials``: the user, its password file and TLS (see ``natscreds``)."""
     try:
         pool = list(nats_servers(servers))
+        options = credentials.connect_options()
     except SettingsError as err:
-        raise InvalidArgument("nats_url", str(err).removeprefix("nats_url: ")) from None
+        field, _, problem = str(err).partition(": ")
+        raise InvalidArgument(field, problem) from None
     shown = redact_url(",".join(pool))
     clients: list[Client] = []  # the client, once connected (the callbacks need it)
     last = ""  # the server of the current (or last) connection, as logs show it
 
+    refused: list[Exception] = []  # a server turned the credentials down before any connection
+    refusing = asyncio.Event()
+
     async def on_error(err: Exception) -> None:
         log.warning("nats error: %s", err)
+        if not clients and refusal(err):
+            refused.append(err)
+            refusing.set()
 
     async def on_disconnect() -> None:
         if clients and clients[0].is_reconnecting:
@@ -70,8 +86,11 @@ async def connect(
             error_cb=on_error,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
+            **options,
         )
-        nc = await _unless_stopped(connecting, stop, shown)
+        nc = await _unless_stopped(connecting, stop, shown, refusing)
+    except Refused:
+        raise Unavailable(f"NATS at {shown} refused this client: {refused[0]}") from refused[0]
     except Unavailable:
         raise
     except Exception as err:  # nats raises several unrelated types on a failed first connect
@@ -82,19 +101,39 @@ async def connect(
     return nc
 
 
-async def _unless_stopped(connecting: Awaitable[Client], stop: asyncio.Event | None, shown: str) -> Client:
-    if stop is None:
-        return await connecting
+class Refused(Exception):
+    """A server refused the client's credentials or TLS: trying again will not help."""
+
+
+def refusal(err: Exception) -> bool:
+    """Whether ``err`` is a refusal that no retry mends (wrong user or password, a server
+    certificate the CA does not vouch for, TLS required and not offered)."""
+    if isinstance(err, (AuthorizationError, SecureConnRequiredError, ssl.SSLCertVerificationError)):
+        return True
+    text = str(err).lower()
+    return "authorization violation" in text or "certificate verify failed" in text
+
+
+async def _unless_stopped(
+    connecting: Awaitable[Client], stop: asyncio.Event | None, shown: str, refusing: asyncio.Event
+) -> Client:
+    """The connection, unless ``stop`` is set (``Unavailable``) or a server refuses the
+    credentials (``Refused``) first."""
     attempt = asyncio.ensure_future(connecting)
-    stopping = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({attempt, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    stopping.cancel()
+    waits = [asyncio.ensure_future(refusing.wait())]
+    if stop is not None:
+        waits.append(asyncio.ensure_future(stop.wait()))
+    await asyncio.wait({attempt, *waits}, return_when=asyncio.FIRST_COMPLETED)
+    for wait in waits:
+        wait.cancel()
     if not attempt.done():
         while not attempt.done():  # nats-py's connect loop can lose a cancellation (inside wait_for)
             attempt.cancel()
             await asyncio.wait({attempt}, timeout=0.5)
         if not attempt.cancelled() and attempt.exception() is None:
             await attempt.result().close()  # it connected just as it was told to stop
+        if refusing.is_set():
+            raise Refused()
         raise Unavailable(f"stopped before any NATS server of {shown} answered")
     return attempt.result()
 
@@ -136,6 +175,17 @@ async def request(nc: Client, subject: str, payload: Any, timeout: float = 5.0) 
     raise from_code(str(error.get("code", "internal")), str(error.get("message", "unknown error")))
 
 
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether ``subject`` is one that a subscription to ``pattern`` (``*``, ``>``) asked for."""
+    want, got = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(got) > i
+        if i >= len(got) or (token != "*" and token != got[i]):
+            return False
+    return len(got) == len(want)
+
+
 def error_reply(err: Exception) -> dict[str, Any]:
     if isinstance(err, GpuledgerError):
         return {"ok": False, "error": {"code": err.code, "message": str(err)}}
@@ -160,6 +210,11 @@ class Responder:
         return self
 
     async def _on_msg(self, msg: Msg) -> None:
+        if not subject_matches(self.subject, msg.subject):
+            # A JetStream consumer made to deliver a stream's messages here (anyone allowed to
+            # make one can aim it anywhere) keeps the stream's subject: not a request to us.
+            log.warning("ignoring a message on %s delivered to %s", msg.subject, self.subject)
+            return
         await self._slots.acquire()
         task = asyncio.create_task(self._answer(msg))
         self._tasks.add(task)

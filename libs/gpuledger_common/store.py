@@ -190,8 +190,8 @@ class LedgerStore:
         owners = await opened(f"open bucket {OWNER_BUCKET}", lambda: _bucket(js, OWNER_BUCKET, replicas))
         store = cls(nc, kv, owners, max_attempts, retry_s=retry_s, outage=outage, _jetstream=js)
         if deny_rollups:
-            for bucket in (LEDGER_BUCKET, OWNER_BUCKET):
-                await opened(f"deny rollups on bucket {bucket}", lambda bucket=bucket: _deny_rollups(js, bucket))
+            await opened(f"deny rollups on bucket {LEDGER_BUCKET}", lambda: _deny_rollups(js, LEDGER_BUCKET))
+            await opened(f"deny rollups on bucket {OWNER_BUCKET}", lambda: _deny_rollups(js, OWNER_BUCKET))
         if record_ttls:
             store.records_expire = await opened("allow per-message TTLs", lambda: _allow_ttl(js, OWNER_BUCKET))
             if not store.records_expire:

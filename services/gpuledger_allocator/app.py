@@ -22,6 +22,7 @@ from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import bus
+from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe
 from gpuledger_common.store import LedgerStore
@@ -36,7 +37,12 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
     log.info("gpuledger-allocator starting with %s", describe(settings))
     pods = await _pod_lister(settings)
     try:
-        nc = await bus.connect(settings.nats_url, "gpuledger-allocator", stop=stop)
+        nc = await bus.connect(
+            settings.nats_url,
+            "gpuledger-allocator",
+            stop=stop,
+            credentials=credentials_of(settings),
+        )
     except Unavailable:
         if pods is not None:
             await pods.close()
@@ -51,6 +57,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             max_attempts=settings.cas_attempts,
             record_ttls=True,
             retry_s=settings.ledger_retry_s,
+            deny_rollups=True,
         )
         view = ClusterView(store, settings.stale_after_s)
         fallback = BuiltinPlacer(settings.slots_per_card)

@@ -53,6 +53,9 @@ class Ingest:
         except GpuledgerError as err:
             log.warning("ignoring malformed inventory on %s: %s", msg.subject, err)
             return
+        if msg.subject != f"{INVENTORY[:-1]}{node.name}":  # a node speaks for itself only
+            log.warning("ignoring an inventory of %s published on %s", node.name, msg.subject)
+            return
         self.view.heartbeat(node.name, self.view.clock())
         self.view.usage[node.name] = usage_from(r)
         if self._unchanged(node):
@@ -70,9 +73,14 @@ class Ingest:
     async def _heartbeat(self, msg: Msg) -> None:
         try:
             r = Reader(decode(msg.data))
-            self.view.heartbeat(NodeName(r.text("node")), self.view.clock())
+            node = NodeName(r.text("node"))
         except GpuledgerError as err:
             log.warning("ignoring malformed heartbeat on %s: %s", msg.subject, err)
+            return
+        if msg.subject != f"{HEARTBEAT[:-1]}{node}":
+            log.warning("ignoring a heartbeat of %s published on %s", node, msg.subject)
+            return
+        self.view.heartbeat(node, self.view.clock())
 
 
 def _upsert(node: Node) -> Callable[[NodeLedger | None], NodeLedger]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuledger_common.natscreds import HELP as NATS_HELP
+from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.outage import RETRY_S
 from gpuledger_common.settings import nats_servers, option, require
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
@@ -18,6 +20,11 @@ class AllocatorSettings:
     nats_url: str = option(
         "nats://127.0.0.1:4222", "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)"
     )
+    nats_user: str = option("", NATS_HELP["nats_user"])
+    nats_password_file: str = option("", NATS_HELP["nats_password_file"])
+    nats_ca_file: str = option("", NATS_HELP["nats_ca_file"])
+    nats_cert_file: str = option("", NATS_HELP["nats_cert_file"])
+    nats_key_file: str = option("", NATS_HELP["nats_key_file"])
     grpc_host: str = option("0.0.0.0", "gRPC listen address")
     grpc_port: int = option(50051, "gRPC listen port (0: any free port)")
     http_host: str = option("0.0.0.0", "address for /healthz, /readyz, /metrics")
@@ -54,6 +61,7 @@ class AllocatorSettings:
 
     def __post_init__(self) -> None:
         nats_servers(self.nats_url)
+        credentials_of(self)
         require(0 <= self.grpc_port < 65536, "grpc_port", "must be 0..65535")
         require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
         require(self.lease_s > 0, "lease_s", "must be positive")

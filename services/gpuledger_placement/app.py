@@ -14,6 +14,7 @@ from aiohttp.typedefs import Handler, Middleware
 from nats.aio.client import Client
 
 from gpuledger_common import bus
+from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.outage import within
 from gpuledger_common.settings import describe, redact_url
@@ -82,7 +83,12 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
     stop = stop or _stop_on_signals()
     log.info("gpuledger-placement starting with %s", describe(settings))
     try:
-        nc = await bus.connect(settings.nats_url, "gpuledger-placement", stop=stop)
+        nc = await bus.connect(
+            settings.nats_url,
+            "gpuledger-placement",
+            stop=stop,
+            credentials=credentials_of(settings),
+        )
     except Unavailable:
         if stop.is_set():  # told to stop while waiting for NATS
             log.info("gpuledger-placement stopped before NATS answered")

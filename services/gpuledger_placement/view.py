@@ -108,6 +108,9 @@ class FleetView:
         except GpuledgerError as err:
             log.debug("ignoring malformed message on %s: %s", msg.subject, err)
             return
+        if msg.subject not in (f"{pattern[:-1]}{node}" for pattern in HEARTBEATS):  # a node speaks for itself only
+            log.warning("ignoring a heartbeat of %s published on %s", node, msg.subject)
+            return
         self.heartbeat(node, self.clock())
 
     def heartbeat(self, node: str, at: float) -> None:

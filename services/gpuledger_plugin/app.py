@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from nats.aio.client import Client
 
 from gpuledger_common import bus
+from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
@@ -117,7 +118,12 @@ async def _connect(settings: PluginSettings, stop: asyncio.Event | None) -> Clie
     delay = 0.5
     while True:
         try:
-            return await bus.connect(settings.nats_url, f"gpuledger-plugin-{settings.node}", stop=stop)
+            return await bus.connect(
+                settings.nats_url,
+                f"gpuledger-plugin-{settings.node}",
+                stop=stop,
+                credentials=credentials_of(settings),
+            )
         except Unavailable as err:
             if stop is not None and stop.is_set():
                 raise

@@ -38,11 +38,10 @@ class SecureNats:
         name = user_name(role, node)
         return self.password_credentials(name, self.passwords[name], ca_file=ca_file)
 
-    def settings(self, role: Role, node: str = "") -> dict[str, str]:
-        """A service's settings for the role's user: the URL and the ``nats_*`` fields."""
+    def credential_settings(self, role: Role, node: str = "") -> dict[str, str]:
+        """A service's ``nats_*`` settings for the role's user."""
         creds = self.credentials(role, node)
         return {
-            "nats_url": self.url,
             "nats_user": creds.user,
             "nats_password_file": creds.password_file,
             "nats_ca_file": creds.ca_file,

@@ -32,6 +32,7 @@ def prepare() -> None:
             base_image.ensure_base_image(found.docker)
         images.make_wheelhouse(checkout)
         built = [images.build_dev(found.docker, checkout, PROJECT), images.build_production(found.docker, checkout)]
+        images.prune(found.docker, checkout)
         for image in built:
             say(f"{image}: {images.image_size_mb(found.docker, image):.0f} MB")
     say(f"prepared in {time.monotonic() - started:.0f} s")

@@ -9,7 +9,6 @@ with deploy/compose/offline.yaml, as a user without a registry would; the produc
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -117,5 +116,10 @@ def image_size_mb(docker: str, image: str) -> float:
     return int(out.stdout.strip()) / 1e6
 
 
-def remove_wheelhouse(checkout: Checkout) -> None:
-    shutil.rmtree(checkout.wheelhouse, ignore_errors=True)
+def prune(docker: str, checkout: Checkout) -> None:
+    """What earlier builds left: gpuledger images that lost their tag (one per compose service and
+    rebuild), and build cache beyond a bound, so that repeated runs do not fill the disk."""
+    label = "label=org.opencontainers.image.title=gpuledger"
+    _run([docker, "image", "prune", "--force", "--filter", label], "remove untagged gpuledger images", checkout.root)
+    cli, env = build_cli(docker)
+    _run([cli, "builder", "prune", "--force", "--keep-storage=3GB"], "bound the build cache", checkout.root, env)

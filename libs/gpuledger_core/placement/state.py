@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import CORE_WHOLE, Node, PcieLevel
+from gpuledger_core.model import CORE_WHOLE, Link, Node, PcieLevel
 from gpuledger_core.slots import slots_free, slots_held
 from gpuledger_core.usage import free_of
 
@@ -119,7 +119,26 @@ def flat_node(
     )
 
 
+_TOPOLOGIES: dict[int, tuple[tuple[Link, ...], tuple[int, ...], Topology]] = {}
+_TOPOLOGIES_KEPT = 4096
+
+
 def topology_of(node: Node) -> Topology:
+    """The node's interconnect matrices. A ledger decoded from the same inventory shares the
+    inventory's objects, so the matrices are made once per inventory (keyed by the links tuple
+    itself, which the cache holds, so its id cannot be reused while cached)."""
+    positions = tuple(card.index for card in node.cards)
+    known = _TOPOLOGIES.get(id(node.links))
+    if known is not None and known[0] is node.links and known[1] == positions:
+        return known[2]
+    if len(_TOPOLOGIES) >= _TOPOLOGIES_KEPT:
+        _TOPOLOGIES.clear()
+    made = _topology(node)
+    _TOPOLOGIES[id(node.links)] = (node.links, positions, made)
+    return made
+
+
+def _topology(node: Node) -> Topology:
     size = len(node.cards)
     nvlinks = [[0] * size for _ in range(size)]
     pcie = [[int(PcieLevel.SYSTEM)] * size for _ in range(size)]

@@ -83,6 +83,18 @@ def test_from_ledger_reports_what_is_free() -> None:
     assert state.cpu_total == 64000
 
 
+def test_the_interconnect_is_worked_out_once_per_inventory() -> None:
+    first = ledger()
+    later = NodeLedger(first.node, (holding(0, 300, 10240),))  # a new value of the same inventory
+    assert from_ledger(later).topology is from_ledger(first).topology
+    relinked = Node(first.node.name, first.node.cards, (Link(0, 2, 2, PcieLevel.SINGLE_SWITCH),))
+    topology = from_ledger(NodeLedger(relinked)).topology
+    assert topology is not None and topology.nvlinks[0][2] == 2 and topology.nvlinks[0][1] == 0
+    reordered = Node(first.node.name, tuple(reversed(first.node.cards)), first.node.links)
+    flipped = from_ledger(NodeLedger(reordered)).topology  # same links, cards listed the other way
+    assert flipped is not None and flipped.nvlinks[3][2] == 4 and flipped.nvlinks[0][1] == 4
+
+
 def test_place_prefers_the_node_that_fits_and_names_cards() -> None:
     small = flat_node("small", "T4", 1, 8000, 32768)
     big = flat_node("big", "T4", 4, 64000, 262144)

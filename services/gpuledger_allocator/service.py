@@ -13,7 +13,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
@@ -49,8 +49,11 @@ class Candidate:
 
 
 class Placer(Protocol):
-    async def candidates(self, view: ClusterView, asks: Sequence[ContainerAsk]) -> list[Candidate]:
-        """Nodes to try for this request, best first."""
+    async def candidates(
+        self, view: ClusterView, asks: Sequence[ContainerAsk], exclude: Collection[NodeName] = ()
+    ) -> list[Candidate]:
+        """Nodes to try for this request, best first, none of ``exclude`` (the nodes that refused it
+        already: the allocator asks again while it is refused and nodes are left)."""
         ...
 
 
@@ -319,20 +322,54 @@ class AllocatorService:
     async def _reserve_on(
         self, call: AllocateCall, nodes: Sequence[Candidate], allocation_id: AllocationId, lease_s: float
     ) -> Allocation:
+        """Try the candidates in order; while every one refused, ask the placer for more (the nodes
+        not tried yet), so no request is refused while a node can take it. A node that only lost
+        its compare-and-set races is tried once more at the end."""
         reasons: list[str] = [] if nodes else self._why_nowhere(call)
-        for candidate in nodes:
-            node = candidate.node
-            if self.view.stale(node):
-                reasons.append(f"{node}: stale (no heartbeat for {self.view.stale_after_s:g}s)")
-                continue
-            transition = self._fit_and_reserve(call, node, allocation_id, lease_s, candidate.cards)
-            try:
-                written = await self.store.mutate(node, transition)
-            except (Exhausted, Conflict) as err:
-                reasons.append(str(err))
-                continue
-            return _find(written.new, allocation_id)
+        tried: set[NodeName] = set()
+        contended: list[Candidate] = []
+        while nodes:
+            for candidate in nodes:
+                tried.add(candidate.node)
+                found = await self._try_on(call, candidate, allocation_id, lease_s, reasons, contended)
+                if found is not None:
+                    return found
+            nodes = [] if call.node else await self._more(call, tried)
+        for candidate in contended:
+            found = await self._try_on(call, candidate, allocation_id, lease_s, reasons, [])
+            if found is not None:
+                return found
         raise Exhausted(_no_fit(call, reasons))
+
+    async def _more(self, call: AllocateCall, tried: set[NodeName]) -> list[Candidate]:
+        more = await self.placer.candidates(self.view, call.asks, frozenset(tried))
+        return [c for c in more if c.node not in tried]
+
+    async def _try_on(
+        self,
+        call: AllocateCall,
+        candidate: Candidate,
+        allocation_id: AllocationId,
+        lease_s: float,
+        reasons: list[str],
+        contended: list[Candidate],
+    ) -> Allocation | None:
+        """The reservation on the candidate, or None with the reason it refused noted."""
+        node = candidate.node
+        if self.view.stale(node):
+            reasons.append(f"{node}: stale (no heartbeat for {self.view.stale_after_s:g}s)")
+            return None
+        transition = self._fit_and_reserve(call, node, allocation_id, lease_s, candidate.cards)
+        try:
+            written = await self.store.mutate(node, transition)
+        except Exhausted as err:
+            reasons.append(str(err))
+            return None
+        except Conflict as err:
+            reasons.append(str(err))
+            contended.append(Candidate(node))
+            return None
+        return _find(written.new, allocation_id)
 
     def _why_nowhere(self, call: AllocateCall) -> list[str]:
         reasons: list[str] = []

@@ -19,7 +19,7 @@ class Fallback:
     def __init__(self) -> None:
         self.calls = 0
 
-    async def candidates(self, view: ClusterView, asks: object) -> list[object]:
+    async def candidates(self, view: ClusterView, asks: object, exclude: object = ()) -> list[object]:
         self.calls += 1
         return []
 

@@ -53,9 +53,15 @@ class FailedPrecondition(GpuledgerError):
     code = "failed_precondition"
 
 
+class PermissionDenied(GpuledgerError):
+    """The caller is who it says, and may not do this (another's allocation, a pod's); don't retry."""
+
+    code = "permission_denied"
+
+
 _BY_CODE: dict[str, type[GpuledgerError]] = {
     cls.code: cls
-    for cls in (GpuledgerError, NotFound, Exhausted, Conflict, Unavailable, FailedPrecondition)
+    for cls in (GpuledgerError, NotFound, Exhausted, Conflict, Unavailable, FailedPrecondition, PermissionDenied)
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ class RunningAllocator:
     stop: asyncio.Event
     task: asyncio.Task[None]
     channels: list[Channel] = field(default_factory=list)
+    client_tls: ssl.SSLContext | None = None  # the tests' own certificate, with mutual TLS on
 
     @property
     def address(self) -> str:
@@ -42,8 +44,8 @@ class RunningAllocator:
         """The port of /healthz, /metrics and the dashboard (the settings may ask for any)."""
         return self.settings.http_port
 
-    def stub(self) -> pb.AllocatorStub:
-        channel = Channel("127.0.0.1", self.settings.grpc_port)
+    def stub(self, tls: ssl.SSLContext | None = None) -> pb.AllocatorStub:
+        channel = Channel("127.0.0.1", self.settings.grpc_port, ssl=tls or self.client_tls)
         self.channels.append(channel)
         return pb.AllocatorStub(channel, timeout=10.0)
 
@@ -56,6 +58,9 @@ class RunningAllocator:
 
 @contextlib.asynccontextmanager
 async def running_allocator(nats_url: str, **overrides: Any) -> AsyncIterator[RunningAllocator]:
+    """An allocator in this process, ready once it answers gRPC. ``overrides``: settings, and
+    ``client_tls`` (an ``ssl.SSLContext``), the tests' certificate when mutual TLS is on."""
+    client_tls: ssl.SSLContext | None = overrides.pop("client_tls", None)
     values: dict[str, Any] = {
         "nats_url": nats_url,
         "grpc_host": "127.0.0.1",
@@ -70,7 +75,7 @@ async def running_allocator(nats_url: str, **overrides: Any) -> AsyncIterator[Ru
     settings = AllocatorSettings(**values)
     stop = asyncio.Event()
     task = asyncio.create_task(serve(settings, stop))
-    running = RunningAllocator(settings, stop, task)
+    running = RunningAllocator(settings, stop, task, client_tls=client_tls)
     try:
         stub = running.stub()
         await wait_for(lambda: answers(stub), what="allocator gRPC")

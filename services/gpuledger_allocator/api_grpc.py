@@ -9,11 +9,15 @@ from typing import Any, TypeVar
 from grpclib import GRPCError
 from grpclib.const import Handler, Status
 
+from gpuledger_allocator import callers
+from gpuledger_allocator.callers import ANYONE, Caller
 from gpuledger_allocator.queries import AllocationFilter, cluster, list_allocations
 from gpuledger_allocator.service import AllocateCall, AllocatorService
 from gpuledger_common import pbconvert as conv
+from gpuledger_common.grpctls import identity_of
 from gpuledger_common.outage import within
 from gpuledger_core import errors
+from gpuledger_core.events import LedgerEvent
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.model import Isolation
 from gpuledger_proto.gpuledger.allocator import v1 as pb
@@ -29,6 +33,7 @@ STATUS = {
     errors.Conflict: Status.ABORTED,
     errors.Unavailable: Status.UNAVAILABLE,
     errors.FailedPrecondition: Status.FAILED_PRECONDITION,
+    errors.PermissionDenied: Status.PERMISSION_DENIED,
 }
 
 
@@ -50,14 +55,46 @@ def _id(value: str) -> AllocationId:
 
 
 class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
-    def __init__(self, service: AllocatorService) -> None:
-        self.service = service
+    """The API; with ``tls`` (mutual TLS: every caller has a verified certificate) each call
+    runs as its caller (``callers``), an admin if its identity is one of ``admins``."""
+
+    def __init__(self, service: AllocatorService, *, tls: bool = False, admins: frozenset[str] = frozenset()) -> None:
+        self.service, self.tls, self.admins = service, tls, admins
 
     def __mapping__(self) -> dict[str, Handler]:
-        """The generated handlers, each waiting out a ledger outage only until ``ANSWER_S``
-        before the caller's deadline, so the caller hears why rather than DEADLINE_EXCEEDED."""
+        """The generated handlers, each run as its caller and waiting out a ledger outage only
+        until ``ANSWER_S`` before the caller's deadline, so the caller hears why rather than
+        DEADLINE_EXCEEDED."""
         mapping: dict[str, Handler] = super().__mapping__()
-        return {path: handler._replace(func=_before_deadline(handler.func)) for path, handler in mapping.items()}
+        return {
+            path: handler._replace(func=self._as_caller(_before_deadline(handler.func)))
+            for path, handler in mapping.items()
+        }
+
+    def caller_of(self, peercert: dict[str, Any] | None) -> Caller:
+        if not self.tls:
+            return ANYONE
+        identity = identity_of(peercert)
+        return Caller(identity, admin=identity in self.admins)
+
+    def _as_caller(self, func: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+        async def handle(stream: Any) -> None:
+            caller = self.caller_of(stream.peer.cert())
+            if not caller.identity and self.tls:  # the handshake requires a certificate: never here
+                raise GRPCError(Status.UNAUTHENTICATED, "a client certificate is required")
+            token = callers.current.set(caller)
+            try:
+                await func(stream)
+            finally:
+                callers.current.reset(token)
+
+        return handle
+
+    async def _owned(self, allocation_id: AllocationId, action: str) -> None:
+        """Refuse ``action`` on an allocation the caller does not own (it must exist to say)."""
+        caller = callers.current.get()
+        if not caller.admin:
+            caller.check((await self.service.get(allocation_id)).owner, action)
 
     async def allocate(self, allocate_request: pb.AllocateRequest) -> pb.AllocateResponse:
         async def work() -> pb.AllocateResponse:
@@ -70,6 +107,7 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
                 commit=r.commit,
                 node=NodeName(r.node) if r.node else None,
             )
+            callers.current.get().check(call.owner, "allocate")
             allocation, existing = await self.service.allocate(call)
             return pb.AllocateResponse(allocation=conv.allocation_to(allocation), existing=existing)
 
@@ -79,25 +117,30 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
         return await _call(lambda: self._commit(commit_request.allocation_id))
 
     async def _commit(self, allocation_id: str) -> pb.Allocation:
+        await self._owned(_id(allocation_id), "commit")
         return conv.allocation_to(await self.service.commit(_id(allocation_id)))
 
     async def release(self, release_request: pb.ReleaseRequest) -> pb.Allocation:
         async def work() -> pb.Allocation:
             reason = release_request.reason or "released"
+            await self._owned(_id(release_request.allocation_id), "release")
             return conv.allocation_to(await self.service.release(_id(release_request.allocation_id), reason))
 
         return await _call(work)
 
     async def get_allocation(self, get_allocation_request: pb.GetAllocationRequest) -> pb.Allocation:
         async def work() -> pb.Allocation:
-            return conv.allocation_to(await self.service.get(_id(get_allocation_request.allocation_id)))
+            allocation = await self.service.get(_id(get_allocation_request.allocation_id))
+            callers.current.get().check(allocation.owner, "read")
+            return conv.allocation_to(allocation)
 
         return await _call(work)
 
     async def list_allocations(self, list_allocations_request: pb.ListAllocationsRequest) -> pb.ListAllocationsResponse:
         r = list_allocations_request
         where = AllocationFilter(r.node, r.owner_kind, r.owner_id, r.namespace, r.include_released)
-        found = list_allocations(self.service.view, where)
+        caller = callers.current.get()
+        found = [a for a in list_allocations(self.service.view, where) if caller.sees(a)]
         return pb.ListAllocationsResponse(allocations=[conv.allocation_to(a) for a in found])
 
     async def get_cluster(self, get_cluster_request: pb.GetClusterRequest) -> pb.Cluster:
@@ -107,16 +150,23 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
         return pb.Cluster(nodes=[conv.node_status_to(n) for n in nodes])
 
     async def watch(self, watch_request: pb.WatchRequest) -> AsyncIterator[pb.LedgerEvent]:
+        """Events of the caller's allocations (an admin's: all) and of the nodes."""
+        caller = callers.current.get()
+
+        def shown(event: LedgerEvent) -> bool:
+            mine = event.allocation is None or caller.sees(event.allocation)
+            return mine and (not watch_request.node or event.node == watch_request.node)
+
         queue = self.service.view.subscribe()
         try:
             for past in self.service.view.snapshot_events():
-                if not watch_request.node or past.node == watch_request.node:
+                if shown(past):
                     yield conv.event_to(past)
             while True:
                 event = await queue.get()
                 if event is None:
                     raise GRPCError(Status.RESOURCE_EXHAUSTED, "the watcher fell behind; watch again")
-                if not watch_request.node or event.node == watch_request.node:
+                if shown(event):
                     yield conv.event_to(event)
         finally:
             self.service.view.unsubscribe(queue)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 
 from grpclib.server import Server
 
@@ -22,6 +23,7 @@ from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import bus
+from gpuledger_common.grpctls import server_context
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe
@@ -76,8 +78,8 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             ingest = Ingest(nc, store, view)
             await ingest.start()
             responders = await serve_nats(nc, service)
-            grpc = Server([AllocatorApi(service)])
-            await grpc.start(settings.grpc_host, settings.grpc_port)
+            grpc = Server([AllocatorApi(service, tls=settings.grpc_tls, admins=settings.admins)])
+            await grpc.start(settings.grpc_host, settings.grpc_port, ssl=_grpc_tls(settings))
             register_metrics(view)
             http = await start_http(
                 ops_app(lambda: "" if nc.is_connected else "NATS disconnected", dashboard_app(view)),
@@ -111,6 +113,13 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
         if pods is not None:
             await pods.close()
     log.info("gpuledger-allocator stopped")
+
+
+def _grpc_tls(settings: AllocatorSettings) -> ssl.SSLContext | None:
+    if not settings.grpc_tls:
+        log.warning("gRPC without TLS: every caller may act on every allocation (set grpc_cert_file, ...)")
+        return None
+    return server_context(settings.grpc_cert_file, settings.grpc_key_file, settings.grpc_client_ca_file)
 
 
 def _grpc_port(server: Server) -> int:

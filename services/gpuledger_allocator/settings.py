@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from gpuledger_common.natscreds import HELP as NATS_HELP
@@ -27,6 +28,12 @@ class AllocatorSettings:
     nats_key_file: str = option("", NATS_HELP["nats_key_file"])
     grpc_host: str = option("0.0.0.0", "gRPC listen address")
     grpc_port: int = option(50051, "gRPC listen port (0: any free port)")
+    grpc_cert_file: str = option("", "the gRPC server's TLS certificate: turns on mutual TLS (with the next two)")
+    grpc_key_file: str = option("", "private key of grpc_cert_file")
+    grpc_client_ca_file: str = option("", "CA whose client certificates may call the gRPC API")
+    grpc_admins: str = option(
+        "", "comma-separated client identities (certificate common names) that may act on every allocation"
+    )
     http_host: str = option("0.0.0.0", "address for /healthz, /readyz, /metrics")
     http_port: int = option(8081, "port for /healthz, /readyz, /metrics (0: any free port)")
     lease_s: float = option(60.0, "how long a reservation lives unless committed")
@@ -59,9 +66,27 @@ class AllocatorSettings:
     log_level: str = option("info", "debug, info, warning or error")
     log_format: str = option("text", "text or json")
 
+    @property
+    def grpc_tls(self) -> bool:
+        return bool(self.grpc_cert_file)
+
+    @property
+    def admins(self) -> frozenset[str]:
+        return frozenset(name.strip() for name in self.grpc_admins.split(",") if name.strip())
+
     def __post_init__(self) -> None:
         nats_servers(self.nats_url)
         credentials_of(self)
+        tls = (self.grpc_cert_file, self.grpc_key_file, self.grpc_client_ca_file)
+        require(
+            all(tls) or not any(tls),
+            "grpc_cert_file",
+            "grpc_cert_file, grpc_key_file and grpc_client_ca_file go together (mutual TLS)",
+        )
+        for name in ("grpc_cert_file", "grpc_key_file", "grpc_client_ca_file"):
+            path = getattr(self, name)
+            require(not path or os.path.isfile(path), name, f"{path!r} is not a readable file")
+        require(not self.grpc_admins or all(tls), "grpc_admins", "needs mutual TLS (grpc_cert_file, ...)")
         require(0 <= self.grpc_port < 65536, "grpc_port", "must be 0..65535")
         require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
         require(self.lease_s > 0, "lease_s", "must be positive")

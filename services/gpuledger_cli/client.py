@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Status
+from grpclib.exceptions import StreamTerminatedError
 
+from gpuledger_common.grpctls import client_context
+from gpuledger_common.settings import SettingsError
 from gpuledger_core import errors
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
@@ -18,7 +23,35 @@ FROM_STATUS: dict[Status, type[errors.GpuledgerError]] = {
     Status.ABORTED: errors.Conflict,
     Status.UNAVAILABLE: errors.Unavailable,
     Status.FAILED_PRECONDITION: errors.FailedPrecondition,
+    Status.PERMISSION_DENIED: errors.PermissionDenied,
+    Status.UNAUTHENTICATED: errors.PermissionDenied,
 }
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTls:
+    """Mutual TLS to the allocator: the CA that verifies it, and this tool's certificate (its
+    common name is the identity the allocator authorizes by)."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+
+    def context(self) -> ssl.SSLContext | None:
+        if not (self.ca_file or self.cert_file or self.key_file):
+            return None
+        if not self.ca_file:
+            raise errors.InvalidArgument("--ca-file", "is required with --cert-file (it verifies the allocator)")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise errors.InvalidArgument("--cert-file", "--cert-file and --key-file go together")
+        try:
+            return client_context(self.ca_file, self.cert_file, self.key_file)
+        except SettingsError as err:
+            field, _, problem = str(err).partition(": ")
+            raise errors.InvalidArgument(field, problem) from None
+
+
+PLAIN = ClientTls()
 
 
 def parse_server(server: str) -> tuple[str, int]:
@@ -32,17 +65,26 @@ DEFAULT_TIMEOUT_S = 15.0  # the allocator waits out a JetStream election for up 
 
 
 @contextlib.asynccontextmanager
-async def allocator(server: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> AsyncIterator[pb.AllocatorStub]:
+async def allocator(
+    server: str, timeout_s: float = DEFAULT_TIMEOUT_S, tls: ClientTls = PLAIN
+) -> AsyncIterator[pb.AllocatorStub]:
     """A stub whose calls have ``timeout_s`` as their gRPC deadline; the allocator answers
-    before it (with UNAVAILABLE if the ledger cannot be written by then)."""
+    before it (with UNAVAILABLE if the ledger cannot be written by then). ``tls``: mutual TLS."""
     if not timeout_s > 0:
         raise errors.InvalidArgument("--timeout", f"must be a positive number of seconds, got {timeout_s:g}")
     host, port = parse_server(server)
-    channel = Channel(host, port)
+    channel = Channel(host, port, ssl=tls.context())
     try:
         yield pb.AllocatorStub(channel, timeout=timeout_s)
     except GRPCError as err:
         raise from_grpc(err) from err
+    except ssl.SSLError as err:
+        raise errors.PermissionDenied(f"TLS with the allocator at {server} failed: {err}") from err
+    except StreamTerminatedError as err:  # a refused client certificate reaches TLS 1.3 clients so
+        raise errors.Unavailable(
+            f"the allocator at {server} closed the connection: {err} (does it want a client certificate "
+            "from --cert-file/--key-file, or TLS with --ca-file?)"
+        ) from err
     except (ConnectionError, OSError) as err:
         raise errors.Unavailable(f"cannot reach the allocator at {server}: {err}") from err
     finally:

@@ -8,8 +8,9 @@ import uuid
 from typing import Any
 
 from gpuledger_cli import render
-from gpuledger_cli.client import DEFAULT_TIMEOUT_S, allocator
+from gpuledger_cli.client import DEFAULT_TIMEOUT_S, ClientTls, allocator
 from gpuledger_common import pbconvert as conv
+from gpuledger_common.settings import env_default
 from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.model import CORE_WHOLE
@@ -27,6 +28,17 @@ def add_server(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_TIMEOUT_S,
         help="seconds to wait for the allocator's answer (gRPC deadline; default %(default)g)",
     )
+    for flag, what in (
+        ("ca-file", "CA that verifies the allocator: turns on TLS"),
+        ("cert-file", "this tool's client certificate (its common name is who the allocator sees)"),
+        ("key-file", "the client certificate's private key"),
+    ):
+        env = f"grpc_{flag.replace('-', '_')}"
+        p.add_argument(f"--{flag}", default=env_default(env, ""), help=f"{what} (env GPULEDGER_{env.upper()})")
+
+
+def tls_of(args: argparse.Namespace) -> ClientTls:
+    return ClientTls(args.ca_file, args.cert_file, args.key_file)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -78,7 +90,7 @@ async def alloc(args: argparse.Namespace) -> int:
         commit=not args.reserve_only,
         node=args.node,
     )
-    async with allocator(args.server, args.timeout) as api:
+    async with allocator(args.server, args.timeout, tls_of(args)) as api:
         reply = await api.allocate(request)
     allocation = conv.allocation_from(reply.allocation)
     if args.json:
@@ -89,7 +101,7 @@ async def alloc(args: argparse.Namespace) -> int:
 
 
 async def release(args: argparse.Namespace) -> int:
-    async with allocator(args.server, args.timeout) as api:
+    async with allocator(args.server, args.timeout, tls_of(args)) as api:
         reply = await api.release(pb.ReleaseRequest(allocation_id=args.allocation_id, reason=args.reason))
     allocation = conv.allocation_from(reply)
     if args.json:
@@ -100,7 +112,7 @@ async def release(args: argparse.Namespace) -> int:
 
 
 async def inspect(args: argparse.Namespace) -> int:
-    async with allocator(args.server, args.timeout) as api:
+    async with allocator(args.server, args.timeout, tls_of(args)) as api:
         reply = await api.get_cluster(pb.GetClusterRequest(node=args.node, model=args.model))
     nodes = [conv.node_status_from(n) for n in reply.nodes]
     if args.json:

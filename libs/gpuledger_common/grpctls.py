@@ -1,0 +1,56 @@
+"""Mutual TLS for the allocator's gRPC API: the server's and the client's SSL contexts, and the
+caller's identity (its certificate's common name).
+
+Both sides offer ALPN ``h2`` (gRPC is HTTP/2) and TLS 1.2 or later. The server requires a client
+certificate signed by its client CA: a caller without one is refused in the handshake.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from gpuledger_common.settings import SettingsError
+
+
+def server_context(cert_file: str, key_file: str, client_ca_file: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _load(context, cert_file, key_file, "grpc_cert_file")
+    _trust(context, client_ca_file, "grpc_client_ca_file")
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+def client_context(ca_file: str, cert_file: str = "", key_file: str = "") -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    _trust(context, ca_file, "--ca-file")
+    if cert_file:
+        _load(context, cert_file, key_file, "--cert-file")
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+def identity_of(peercert: dict[str, Any] | None) -> str:
+    """The common name of a verified peer certificate (``ssl.SSLSocket.getpeercert()``)."""
+    for rdn in (peercert or {}).get("subject", ()):
+        for name, value in rdn:
+            if name == "commonName":
+                return str(value)
+    return ""
+
+
+def _load(context: ssl.SSLContext, cert_file: str, key_file: str, field: str) -> None:
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (ssl.SSLError, OSError) as err:
+        raise SettingsError(f"{field}: cannot load {cert_file!r} with its key {key_file!r}: {err}") from err
+
+
+def _trust(context: ssl.SSLContext, ca_file: str, field: str) -> None:
+    try:
+        context.load_verify_locations(cafile=ca_file)
+    except (ssl.SSLError, OSError) as err:
+        raise SettingsError(f"{field}: {ca_file!r} holds no usable CA certificate: {err}") from err

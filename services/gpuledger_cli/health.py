@@ -7,6 +7,7 @@ import getpass
 import json
 
 from gpuledger_common import bus, inventory_api
+from gpuledger_common.natscreds import FIELDS, HELP, credentials_of
 from gpuledger_common.settings import SettingsError, env_default, nats_servers
 from gpuledger_core.errors import InvalidArgument
 
@@ -22,6 +23,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=env_default("nats_url", DEFAULT_NATS),
         help="NATS servers: one URL or a comma-separated list (env GPULEDGER_NATS_URL; default %(default)s)",
     )
+    for name in FIELDS:  # the operator's NATS user (role operator) and TLS, as the services take them
+        flag = "--" + name.replace("_", "-")
+        shown = f"{HELP[name]} (env GPULEDGER_{name.upper()})"
+        p.add_argument(flag, dest=name, default=env_default(name, ""), help=shown)
     p.add_argument("--node", required=True, help="the node")
     p.add_argument("--card", required=True, help="card index or UUID")
     state = p.add_mutually_exclusive_group(required=True)
@@ -51,7 +56,12 @@ def servers(value: str) -> str:
 async def set_health(args: argparse.Namespace) -> int:
     card = card_ref(args.card)
     who = args.by or getpass.getuser()
-    nc = await bus.connect(servers(args.nats_url), "gpuledger-cli")
+    try:
+        credentials = credentials_of(args)
+    except SettingsError as err:
+        field, _, problem = str(err).partition(": ")
+        raise InvalidArgument("--" + field.replace("_", "-"), problem) from None
+    nc = await bus.connect(servers(args.nats_url), "gpuledger-cli", credentials=credentials)
     try:
         result = await inventory_api.set_card_health(nc, args.node, card, args.healthy, who, args.note)
     finally:

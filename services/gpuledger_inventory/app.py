@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from gpuledger_common import bus, inventory_api
 from gpuledger_common.fleet import load_fleet
+from gpuledger_common.natscreds import credentials_of
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_inventory import http
@@ -74,7 +75,12 @@ async def serve(
     state = NodeState(NodeName(settings.node), gpus.backend, store.load(policy), host or Host())
     stop = stop or _signals()
     try:
-        nc = await bus.connect(settings.nats_url, f"gpuledger-inventory-{settings.node}", stop=stop)
+        nc = await bus.connect(
+            settings.nats_url,
+            f"gpuledger-inventory-{settings.node}",
+            stop=stop,
+            credentials=credentials_of(settings),
+        )
     except Unavailable:
         if stop.is_set():  # told to stop while waiting for NATS
             log.info("stopped before NATS answered")

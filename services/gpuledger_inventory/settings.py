@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from gpuledger_common.settings import nats_url_problem, redact_url
+from gpuledger_common.natscreds import credentials_of
+from gpuledger_common.settings import SettingsError, nats_url_problem, redact_url
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_inventory.health import DEFAULT_IGNORED_XIDS
 
@@ -21,6 +22,11 @@ KUBE_MODES = ("auto", "on", "off")
 class Settings:
     node: str = ""
     nats_url: str = "nats://127.0.0.1:4222"
+    nats_user: str = ""  # this node's inventory user, inventory-<node> (docs/security.md)
+    nats_password_file: str = ""
+    nats_ca_file: str = ""
+    nats_cert_file: str = ""
+    nats_key_file: str = ""
     fake_fleet: str = ""  # a fleet file: run on the fake NVML instead of the real one
     http_host: str = "0.0.0.0"
     http_port: int = 9402
@@ -67,6 +73,11 @@ class Settings:
             raise InvalidArgument("log_format", f"must be text|json, got {self.log_format!r}")
         if problem := nats_url_problem(self.nats_url):
             raise InvalidArgument("nats_url", problem)
+        try:
+            credentials_of(self)
+        except SettingsError as err:
+            field, _, problem = str(err).partition(": ")
+            raise InvalidArgument(field, problem) from None
         if self.fake_fleet and importlib.util.find_spec("gpuledger_testing") is None:
             raise InvalidArgument(
                 "fake_fleet",

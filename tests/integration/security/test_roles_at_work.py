@@ -1,35 +1,41 @@
 """Each service does its work with its own NATS user and nothing more: the allocator and
-placement as themselves, each node's inventory and plugin as that node's users, over TLS."""
+placement as themselves, each node's inventory and plugin as that node's users, the operator's
+``gpuledger health``, over TLS; the only permission violation is the reader's attempt to set
+a card's health."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import pytest
 from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
 from gpuledger_common.fleet import parse_fleet
+from gpuledger_common.inventory_api import set_card_health
 from gpuledger_common.natsauth import Role
 from gpuledger_common.store import LedgerStore
+from gpuledger_core.errors import Unavailable
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_inventory.app import serve as serve_inventory
+from gpuledger_inventory.settings import Settings
 from gpuledger_plugin.ledger import StoreLedger
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.secure_nats import SecureNats, secure_nats
 from gpuledger_testing.stack import running_allocator, running_placement, wait_for
 
-FLEET = parse_fleet(
-    """
+FLEET_YAML = """
 nodes:
   - name: node-a
     profile: rtx3090-1
   - name: node-b
     profile: rtx3090-1
-""",
-    "roles-fleet.yaml",
-)
+"""
+FLEET = parse_fleet(FLEET_YAML, "roles-fleet.yaml")
 
 
 @contextlib.asynccontextmanager
@@ -48,15 +54,44 @@ async def first(watch: AsyncIterator[NodeLedger | None], check: object) -> NodeL
     raise AssertionError("the watch ended")
 
 
-async def test_every_service_works_with_its_own_user() -> None:
+@contextlib.asynccontextmanager
+async def running_inventory(secure: SecureNats, node: str, directory: Path) -> AsyncIterator[None]:
+    """The real inventory service of ``node``, on the fake fleet, as ``inventory-<node>``."""
+    fleet = directory / "fleet.yaml"
+    fleet.write_text(FLEET_YAML)
+    creds = secure.credentials(Role.INVENTORY, node)
+    settings = Settings(
+        node=node,
+        nats_url=secure.url,
+        fake_fleet=str(fleet),
+        http_host="127.0.0.1",
+        http_port=0,
+        kube="off",
+        state_file=str(directory / f"health-{node}.json"),
+        nats_user=creds.user,
+        nats_password_file=creds.password_file,
+        nats_ca_file=creds.ca_file,
+    )
+    stop = asyncio.Event()
+    started: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(serve_inventory(settings, stop=stop, on_started=started.set_result))
+    await asyncio.wait_for(asyncio.shield(started), 10.0)
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10.0)
+
+
+async def test_every_service_works_with_its_own_user(tmp_path: Path) -> None:
     async with secure_nats(["node-a", "node-b"]) as secure:
         async with (
             running_allocator(secure.url, **secure.credential_settings(Role.ALLOCATOR)) as allocator,
             running_placement(secure.url, **secure.credential_settings(Role.PLACEMENT)),
+            running_inventory(secure, "node-a", tmp_path),
         ):
-            for entry in FLEET.nodes:  # each node's inventory speaks for its own node only
-                async with connected(secure, Role.INVENTORY, entry.node.name) as nc:
-                    await announce(nc, [entry.node])
+            async with connected(secure, Role.INVENTORY, "node-b") as nc:  # node-b's announced as it would be
+                await announce(nc, [n.node for n in FLEET.nodes if n.node.name == "node-b"])
             stub = allocator.stub()
 
             async def both_nodes() -> bool:
@@ -78,5 +113,11 @@ async def test_every_service_works_with_its_own_user() -> None:
                 assert seen.node.name == "node-a"
             released = await stub.release(pb.ReleaseRequest(allocation_id=granted.id))
             assert released.state == "released"
-        violations = [line for line in secure.log.splitlines() if "Violation" in line]
-        assert violations == []
+            async with connected(secure, Role.OPERATOR) as nc:  # gpuledger health, as the operator
+                marked = await set_card_health(nc, "node-a", 0, False, "ops", "fan noise")
+                assert marked["changed"] is True
+            async with connected(secure, Role.READER) as nc:
+                with pytest.raises(Unavailable):
+                    await set_card_health(nc, "node-a", 0, True, "reader", "", timeout=1.0)
+        refused = [line for line in secure.log.splitlines() if "Violation" in line]
+        assert len(refused) == 1 and "user:reader" in refused[0] and "set_health" in refused[0]

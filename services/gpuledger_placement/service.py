@@ -32,12 +32,16 @@ from gpuledger_core.pods import PodAsk, expand_models, impossible, plan, reserve
 from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.policies import Policies, PolicyKey
 from gpuledger_placement.preferred import preferred_ids
+from gpuledger_placement.ranking import Ranking, Rankings
 from gpuledger_placement.view import FleetView, NodeEntry
 
 FITS, FAILED, UNRESOLVABLE = 0, 1, 2
 RANKED = 8  # nodes a ``place`` answer names, best first, for a caller that loses a race
 SHOWN_REASONS = 5
 KEYS_KEPT = 4096  # distinct questions remembered before starting afresh
+BUILD_STEP = 500  # nodes rated under a rebuilt policy per request, while the old one answers
+CONTENT = -1  # a node entry's memo key for the number standing for its content (question keys are >= 0)
+CONTENTS_KEPT = 65_536
 Verdict = tuple[int, str]
 
 
@@ -75,6 +79,9 @@ class PlacementService:
         self._next_key = count()
         self._known: frozenset[str] = frozenset()
         self._expanded: dict[frozenset[str], frozenset[str]] = {}
+        self.rankings = Rankings()
+        self._contents: dict[object, int] = {}
+        view.watch(self.rankings.changed)
 
     def resolve(self, pod: PodAsk) -> PodAsk:
         """The pod with its model selectors (``A100|H100``) matched to the fleet's card models."""
@@ -180,7 +187,9 @@ class PlacementService:
         self.assumed.expire()
         pod = self.resolve(pod)
         key, policy = self.policies.get(pod.policy or self.policy)
-        return scale(self._rates(pod, names, key, policy))
+        if policy.randomized or pod.main() is None:
+            return scale(self._rates(pod, names, key, policy))
+        return scale(self._ranked_rates(pod, names, key, policy))
 
     # --- for the allocator (tools) and the plugin ---
 
@@ -191,8 +200,10 @@ class PlacementService:
         pod = self.resolve(pod)
         key, policy = self.policies.get(pod.policy or self.policy)
         self.policies.observe(pod)
-        candidates = [name for name in self.view.entries if name not in exclude]
-        ranked = self._ranked(pod, candidates, key, policy)
+        if policy.randomized or pod.main() is None:
+            ranked = self._ranked(pod, [name for name in self.view.entries if name not in exclude], key, policy)
+        else:
+            ranked = self._best(pod, key, policy, exclude)
         for name in ranked:
             entry = self._entry(name)
             assert entry is not None
@@ -206,6 +217,7 @@ class PlacementService:
         """Forget every cached answer (the benchmark's cold runs)."""
         for entry in self.view.entries.values():
             entry.memo.clear()
+        self.rankings.forget()
         self.assumed.drop_answers()
 
     def preferred(self, node: str, available: Collection[str], must_include: Collection[str], size: int) -> list[str]:
@@ -238,6 +250,53 @@ class PlacementService:
         ranked = [name for *_, name in scored]
         self.rng.shuffle(ranked)
         return ranked[:RANKED]
+
+    def _best(self, pod: PodAsk, key: PolicyKey, policy: Policy, exclude: Collection[str]) -> list[str]:
+        """The first ``RANKED`` nodes of the view that fit, best first, none of ``exclude``: from the
+        question's ranking for the nodes as the view has them, and rated afresh for the nodes that
+        have pods assumed on them."""
+        ranking = self._ranking(pod, key, policy)
+        now, assumed = self.view.clock(), self.assumed.nodes
+        stale = self.view.stale if self.view.stale_after_s else None
+
+        def skip(name: str) -> bool:
+            return name in exclude or name in assumed or (stale is not None and stale(name, now))
+
+        found = [(-score, order, name) for score, order, name in ranking.best(RANKED, skip)]
+        counted = [name for name in assumed if name not in exclude and name in self.view.entries]
+        for name, score in self._rates(pod, counted, key, policy).items():
+            if score is not None:
+                found.append((-score, self.view.order.get(name, 0), name))
+        return [name for *_, name in heapq.nsmallest(RANKED, found)]
+
+    def _ranked_rates(
+        self, pod: PodAsk, names: Sequence[str], key: PolicyKey, policy: Policy
+    ) -> dict[str, float | None]:
+        """``_rates`` from the question's ranking (nodes with assumed pods rated afresh)."""
+        scores, assumed = self._ranking(pod, key, policy).scores, self.assumed.nodes
+        now, stale = self.view.clock(), self.view.stale if self.view.stale_after_s else None
+        found: dict[str, float | None] = {
+            name: None if stale is not None and stale(name, now) else scores.get(name) for name in names
+        }
+        found.update(self._rates(pod, [name for name in names if name in assumed], key, policy))
+        return found
+
+    def _ranking(self, pod: PodAsk, key: PolicyKey, policy: Policy) -> Ranking:
+        """The ranking of every node in the view for the pod's question."""
+        main, single = pod.main(), pod.single()
+        assert main is not None
+        question = (key[0], single.shape if single is not None else pod.containers)
+
+        def score(entry: NodeEntry) -> float | None:
+            if single is None and self._pod_verdict(entry, pod, policy)[0] != FITS:
+                return None
+            return rate(entry.state, main, policy, self.guard)
+
+        def make() -> Ranking:
+            return Ranking(score, self._content if single is not None else _alone)
+
+        entries = self.view.entries
+        return self.rankings.ranking(question, key, make, entries, entries, self.view.order, BUILD_STEP)
 
     def _verdicts(self, pod: PodAsk, names: Iterable[str]) -> Iterator[tuple[str, Verdict]]:
         single = pod.single()
@@ -331,3 +390,35 @@ class PlacementService:
         shown = "; ".join(reasons[:SHOWN_REASONS]) + (f"; and {more} more node(s)" if more > 0 else "")
         return f"{pod.owner.describe()} fits on no node: {shown}"
 
+    def _content(self, entry: NodeEntry) -> object:
+        """A number standing for what a single ask's score of the node depends on (nodes alike
+        in it score alike), made once per entry: hashing the cards and interconnect costs."""
+        found = entry.memo.get(CONTENT)
+        if found is None:
+            content = _content_of(entry)
+            found = self._contents.get(content)
+            if found is None:
+                if len(self._contents) > CONTENTS_KEPT:
+                    self._contents.clear()
+                found = self._contents[content] = next(self._next_key)
+            entry.remember(CONTENT, found)
+        return found
+
+
+def _content_of(entry: NodeEntry) -> object:
+    state = entry.state
+    return (
+        state.cards,
+        state.cpu_free,
+        state.mem_free,
+        state.cpu_total,
+        state.mem_total,
+        state.stale,
+        state.tags,
+        state.topology,
+    )
+
+
+def _alone(entry: NodeEntry) -> object | None:
+    """Pods of several containers are planned on the node's ledger: no two nodes share a score."""
+    return None

@@ -13,8 +13,9 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import count
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -59,7 +60,14 @@ class FleetView:
     started_at: float = 0.0
     models: Counter[str] = field(default_factory=Counter)  # cards per model, fleet-wide
     memories: Counter[int] = field(default_factory=Counter)  # cards per memory size
+    order: dict[str, int] = field(default_factory=dict)  # each node's place in ``entries``' order
     _subs: list[Subscription] = field(default_factory=list)
+    _watchers: list[Callable[[str], None]] = field(default_factory=list)
+    _added: Iterator[int] = field(default_factory=count)
+
+    def watch(self, changed: Callable[[str], None]) -> None:
+        """Call ``changed(node)`` after every change of a node's entry (added, replaced, removed)."""
+        self._watchers.append(changed)
 
     async def run(self) -> None:
         """Follow the bucket until cancelled."""
@@ -77,9 +85,14 @@ class FleetView:
             self._count(known.ledger, -1)
         if ledger is None:
             self.entries.pop(node, None)
+            self.order.pop(node, None)
         else:
+            if known is None:
+                self.order[node] = next(self._added)
             self.entries[node] = NodeEntry(ledger, revision, from_ledger(ledger, slots_per_card=self.slots_per_card))
             self._count(ledger, 1)
+        for changed in self._watchers:
+            changed(node)
 
     def _count(self, ledger: NodeLedger, sign: int) -> None:
         for card in ledger.node.cards:

@@ -112,7 +112,7 @@ class _Inventory:
     fragment: orjson.Fragment = field(init=False)
 
     def __post_init__(self) -> None:
-        self.prefix = b'{"node":' + self.json + b',"allocations":'
+        self.prefix = b'{"schema":%d,"node":' % codec.SCHEMA + self.json + b',"allocations":'
         self.fragment = orjson.Fragment(self.json)
 
 
@@ -161,6 +161,7 @@ class LedgerStore:
     _written: dict[str, dict[bytes, NodeLedger]] = field(default_factory=dict)  # our last writes, by their bytes
     _inventory: dict[str, _Inventory] = field(default_factory=dict)  # each node's inventory, with its JSON
     _parts: dict[str, dict[object, _Part]] = field(default_factory=dict)  # each node's allocations, with their JSON
+    _newer: dict[str, int] = field(default_factory=dict)  # nodes whose value is of a newer schema: read, not written
 
     @classmethod
     async def open(
@@ -262,9 +263,11 @@ class LedgerStore:
         value begins with the same inventory bytes only its allocations are parsed."""
         mine = self._written.get(node, {}).get(data)  # the same bytes are the same value
         if mine is not None:
+            self._newer.pop(node, None)
             return mine
         inventory = self._inventory.get(node)
         if inventory is not None and data.startswith(inventory.prefix) and data.endswith(b"}"):
+            self._newer.pop(node, None)  # the prefix holds our schema
             try:
                 items = orjson.loads(data[len(inventory.prefix) : -1])
             except orjson.JSONDecodeError:  # more follows the allocations: read the whole value
@@ -274,6 +277,13 @@ class LedgerStore:
         raw = _json(data)
         if not isinstance(raw, dict) or not isinstance(raw.get("node"), dict):
             return codec.ledger_from(raw)  # says what is wrong
+        schema = codec.schema_of(raw)
+        if schema > codec.SCHEMA:  # read as far as this code knows it; never written back
+            if self._newer.get(node) != schema:
+                log.warning("the ledger of %s is in schema %d, newer than this one's %d", node, schema, codec.SCHEMA)
+            self._newer[node] = schema
+        else:
+            self._newer.pop(node, None)
         json = encode(raw["node"])
         if inventory is None or inventory.json != json:
             inventory = self._inventory[node] = _Inventory(codec.node_from(codec.Reader(raw).obj("node")), json)
@@ -348,7 +358,9 @@ class LedgerStore:
             # The first attempt starts from the newest value this process knows, which saves a
             # read. Only a write can prove that value current: if the transition refuses it or
             # finds nothing to change, the verdict is taken again on a fresh read.
-            known = self._known.get(node) if attempt == 1 and not self._hot(node) else None
+            # A value of a newer schema is checked again on a fresh read (it may have gone).
+            fresh = attempt > 1 or self._hot(node) or node in self._newer
+            known = None if fresh else self._known.get(node)
             tried = _try(transition, known, self.clock()) if known is not None else UNPROVEN
             if known is not None and not isinstance(tried, _Unproven):
                 (current, revision), new = known, tried
@@ -357,6 +369,8 @@ class LedgerStore:
                 new = transition(tidy(current, self.clock()) if current is not None else None)
                 if new == current:
                     return Written(current, current, revision)
+            if node in self._newer:
+                codec.check_writable(self._newer[node], f"the ledger of {node}")
             self.stats.attempts += 1
             CAS_ATTEMPTS.inc()
             try:
@@ -437,7 +451,8 @@ class LedgerStore:
                 part.fragment = orjson.Fragment(encode(part.raw))
             now[a.id] = part
         self._parts[name] = now
-        return encode({"node": inventory.fragment, "allocations": [part.fragment for part in now.values()]})
+        parts = [part.fragment for part in now.values()]
+        return encode({"schema": codec.SCHEMA, "node": inventory.fragment, "allocations": parts})
 
     async def _publish(self, old: NodeLedger | None, new: NodeLedger | None, revision: int) -> None:
         for event in diff(old, new, revision):

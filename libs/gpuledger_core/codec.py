@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, TypeVar
 
-from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.errors import FailedPrecondition, InvalidArgument
 from gpuledger_core.events import EventKind, LedgerEvent
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger
@@ -31,6 +31,32 @@ from gpuledger_core.model import (
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
 
 Json = dict[str, Any]
+
+# The schema of ledger values and NATS bodies. A change within a schema only adds fields, which
+# every reader of that schema ignores; anything else is a new schema. A value without "schema"
+# was written before it was recorded, and is schema 1. A writer never replaces a value of a
+# newer schema than its own (it would drop the fields it does not know): see ``check_writable``.
+SCHEMA = 1
+
+
+def schema_of(raw: object) -> int:
+    """The schema a ledger value or a body was written in."""
+    if not isinstance(raw, Mapping) or "schema" not in raw:
+        return 1
+    value = raw["schema"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument("schema", f"must be a positive whole number, got {value!r}")
+    return value
+
+
+def check_writable(schema: int, what: str) -> None:
+    """Refuse to replace ``what``, written in ``schema``, when this code knows an older one."""
+    if schema > SCHEMA:
+        raise FailedPrecondition(
+            f"{what} was written in schema {schema} by a newer gpuledger; this one knows schema {SCHEMA} "
+            "and would drop what it does not know: finish the upgrade (or roll it back) before this "
+            "replica writes it"
+        )
 T = TypeVar("T")
 E = TypeVar("E", bound=Enum)
 
@@ -272,16 +298,22 @@ def allocation_from(r: Reader) -> Allocation:
 
 
 def ledger_to(ledger: NodeLedger) -> Json:
-    return {"node": node_to(ledger.node), "allocations": [allocation_to(a) for a in ledger.allocations]}
+    return {
+        "schema": SCHEMA,
+        "node": node_to(ledger.node),
+        "allocations": [allocation_to(a) for a in ledger.allocations],
+    }
 
 
 def ledger_from(raw: object) -> NodeLedger:
     r = Reader(raw)
+    schema_of(raw)
     return NodeLedger(node_from(r.obj("node")), r.items("allocations", allocation_from))
 
 
 def event_to(event: LedgerEvent) -> Json:
     return {
+        "schema": SCHEMA,
         "kind": event.kind.value,
         "node": event.node,
         "revision": event.revision,

@@ -1,0 +1,95 @@
+"""A rolling upgrade, with two versions of the codec side by side on one real nats-server: the
+codec as it was before values recorded their schema (read from git at ``BEFORE``), this one, and
+a value of a newer schema than this one knows, as a later release would write it."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import orjson
+import pytest
+from nats.aio.client import Client
+
+from gpuledger_common.fleet import Fleet
+from gpuledger_common.store import LedgerStore, node_key
+from gpuledger_core import codec
+from gpuledger_core.errors import FailedPrecondition
+from gpuledger_core.ledger import NodeLedger, with_node
+
+BEFORE = "67708c1"  # the last commit whose codec wrote no schema
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def old_codec(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
+    source = subprocess.run(
+        ["git", "show", f"{BEFORE}:libs/gpuledger_core/codec.py"], cwd=ROOT, capture_output=True, check=True, text=True
+    ).stdout
+    assert "schema" not in source
+    path = tmp_path_factory.mktemp("codec") / "codec_before_schemas.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("codec_before_schemas", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def ledger_of(fleet: Fleet) -> NodeLedger:
+    return NodeLedger(fleet.nodes[0].node)
+
+
+async def test_the_old_codec_reads_what_this_one_writes(nc: Client, fleet: Fleet, old_codec: ModuleType) -> None:
+    store = await LedgerStore.open(nc)
+    ledger = ledger_of(fleet)
+    await store.mutate(ledger.node.name, lambda _: ledger)
+    entry = await store.kv.get(node_key(ledger.node.name))
+    assert orjson.loads(entry.value or b"")["schema"] == codec.SCHEMA
+    assert old_codec.ledger_from(orjson.loads(entry.value or b"")) == ledger
+
+
+async def test_this_codec_reads_and_writes_over_what_the_old_one_wrote(
+    nc: Client, fleet: Fleet, old_codec: ModuleType
+) -> None:
+    store = await LedgerStore.open(nc)
+    ledger = ledger_of(fleet)
+    name = ledger.node.name
+    await store.kv.put(node_key(name), orjson.dumps(old_codec.ledger_to(ledger)))
+    assert (await store.read(name))[0] == ledger
+    relabelled = with_node(ledger, dataclasses.replace(ledger.node, labels=(("zone", "b"),)))
+    await store.mutate(name, lambda _: relabelled)
+    entry = await store.kv.get(node_key(name))
+    assert codec.schema_of(orjson.loads(entry.value or b"")) == codec.SCHEMA
+    assert old_codec.ledger_from(orjson.loads(entry.value or b"")) == relabelled
+
+
+async def test_a_value_of_a_newer_schema_is_read_and_never_written_over(nc: Client, fleet: Fleet) -> None:
+    store = await LedgerStore.open(nc, retry_s=1.0)
+    ledger = ledger_of(fleet)
+    name = ledger.node.name
+    newer = codec.ledger_to(ledger) | {"schema": codec.SCHEMA + 1, "placement_hints": {"rack": "r4"}}
+    newer["node"] = newer["node"] | {"power_cap_w": 300}  # additive: a field this codec does not know
+    revision = await store.kv.put(node_key(name), orjson.dumps(newer))
+    assert (await store.read(name))[0] == ledger  # read as far as it is known
+    relabelled = with_node(ledger, dataclasses.replace(ledger.node, labels=(("zone", "b"),)))
+    with pytest.raises(FailedPrecondition, match=rf"schema {codec.SCHEMA + 1} .* knows schema {codec.SCHEMA}"):
+        await store.mutate(name, lambda _: relabelled)
+    entry = await store.kv.get(node_key(name))
+    assert entry.revision == revision and orjson.loads(entry.value or b"") == newer  # nothing lost
+    # Once the newer release has taken the value back to this schema, this one writes again.
+    await store.kv.put(node_key(name), orjson.dumps(codec.ledger_to(ledger)))
+    assert (await store.mutate(name, lambda _: relabelled)).new == relabelled
+
+
+async def test_a_schema_that_is_not_a_number_is_refused_by_name(nc: Client, fleet: Fleet) -> None:
+    store = await LedgerStore.open(nc, retry_s=1.0)
+    ledger = ledger_of(fleet)
+    await store.kv.put(node_key(ledger.node.name), orjson.dumps(codec.ledger_to(ledger) | {"schema": "2"}))
+    with pytest.raises(Exception, match="schema: must be a positive whole number"):
+        await store.read(ledger.node.name)

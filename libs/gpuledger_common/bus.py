@@ -23,6 +23,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from gpuledger_common.natscreds import NONE, NatsCredentials
 from gpuledger_common.settings import SettingsError, nats_servers, redact_url
+from gpuledger_core import codec
 from gpuledger_core.errors import GpuledgerError, InvalidArgument, Unavailable, from_code
 
 log = logging.getLogger(__name__)
@@ -157,7 +158,10 @@ def decode(data: bytes, what: str = "body") -> Any:
 
 
 async def request(nc: Client, subject: str, payload: Any, timeout: float = 5.0) -> Any:
-    """Send a JSON request; return the result or raise the error the responder reported."""
+    """Send a JSON request (an object gets the ``schema`` it is written in); return the result
+    or raise the error the responder reported."""
+    if isinstance(payload, dict) and "schema" not in payload:
+        payload = {"schema": codec.SCHEMA, **payload}
     try:
         msg = await nc.request(subject, encode(payload), timeout=timeout)
     except NoRespondersError as err:
@@ -188,8 +192,8 @@ def subject_matches(pattern: str, subject: str) -> bool:
 
 def error_reply(err: Exception) -> dict[str, Any]:
     if isinstance(err, GpuledgerError):
-        return {"ok": False, "error": {"code": err.code, "message": str(err)}}
-    return {"ok": False, "error": {"code": "internal", "message": f"internal error: {err}"}}
+        return {"ok": False, "error": {"code": err.code, "message": str(err)}, "schema": codec.SCHEMA}
+    return {"ok": False, "error": {"code": "internal", "message": f"internal error: {err}"}, "schema": codec.SCHEMA}
 
 
 class Responder:
@@ -227,7 +231,7 @@ class Responder:
     async def _answer(self, msg: Msg) -> None:
         try:
             result = await self.handler(decode(msg.data))
-            body = {"ok": True, "result": result}
+            body = {"ok": True, "result": result, "schema": codec.SCHEMA}
         except GpuledgerError as err:
             body = error_reply(err)
         except Exception as err:

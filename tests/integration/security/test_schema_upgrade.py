@@ -15,6 +15,7 @@ import orjson
 import pytest
 from nats.aio.client import Client
 
+from gpuledger_common import bus
 from gpuledger_common.fleet import Fleet
 from gpuledger_common.store import LedgerStore, node_key
 from gpuledger_core import codec
@@ -93,3 +94,20 @@ async def test_a_schema_that_is_not_a_number_is_refused_by_name(nc: Client, flee
     await store.kv.put(node_key(ledger.node.name), orjson.dumps(codec.ledger_to(ledger) | {"schema": "2"}))
     with pytest.raises(Exception, match="schema: must be a positive whole number"):
         await store.read(ledger.node.name)
+
+
+async def test_nats_bodies_carry_their_schema_and_extra_fields_are_tolerated(nc: Client) -> None:
+    seen: list[object] = []
+
+    async def handler(body: dict[str, object]) -> dict[str, object]:
+        seen.append(body)
+        return {"fine": True}
+
+    responder = await bus.Responder(nc, "gpuledger.v1.test.schema", handler).start()
+    try:
+        reply = await nc.request("gpuledger.v1.test.schema", orjson.dumps({"schema": 7, "new_field": 1}), timeout=5)
+        assert orjson.loads(reply.data) == {"ok": True, "result": {"fine": True}, "schema": codec.SCHEMA}
+        assert await bus.request(nc, "gpuledger.v1.test.schema", {"x": 1}) == {"fine": True}
+    finally:
+        await responder.close()
+    assert seen == [{"schema": 7, "new_field": 1}, {"schema": codec.SCHEMA, "x": 1}]

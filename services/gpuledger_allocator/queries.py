@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuledger_allocator.view import ClusterView
+from gpuledger_core.ids import NodeName
 from gpuledger_core.model import Allocation
-from gpuledger_core.status import NodeStatus, node_status
+from gpuledger_core.status import NodeStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +34,14 @@ def list_allocations(view: ClusterView, where: AllocationFilter) -> list[Allocat
 
 
 def cluster(view: ClusterView, node: str = "", model: str = "") -> list[NodeStatus]:
-    return [
-        node_status(
-            ledger,
-            stale=view.stale(name),
-            revision=view.revisions.get(name, 0),
-            model=model,
-            usage=view.usage.get(name),
-        )
-        for name, ledger in sorted(view.ledgers.items())
-        if not node or name == node
-    ]
+    names = sorted(view.ledgers) if not node else [NodeName(node)] if node in view.ledgers else []
+    return [status for name in names if (status := node_in(view, name, model)) is not None]
+
+
+def node_in(view: ClusterView, name: NodeName, model: str = "") -> NodeStatus | None:
+    """The node's status as ``cluster`` lists it: stale or not, only cards of ``model`` if set."""
+    status = view.status(name)
+    if status is None:
+        return None
+    cards = status.cards if not model else tuple(c for c in status.cards if c.card.model == model)
+    return replace(status, cards=cards, stale=view.stale(name))

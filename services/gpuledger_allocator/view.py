@@ -19,7 +19,7 @@ from gpuledger_core.events import LedgerEvent, diff
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, Owner
-from gpuledger_core.status import Usage
+from gpuledger_core.status import NodeStatus, Usage, node_status
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ class ClusterView:
     _subscribers: set[asyncio.Queue[LedgerEvent | None]] = field(default_factory=set)
     _owners: dict[str, AllocationId] = field(default_factory=dict)  # owner key -> live allocation
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _statuses: dict[NodeName, tuple[int, object, NodeStatus]] = field(default_factory=dict)
 
     async def run(self) -> None:
         """Follow the bucket forever; after a lost watch, start again from a fresh snapshot."""
@@ -119,6 +120,21 @@ class ClusterView:
         node = self._where.get(allocation_id)
         ledger = self.ledgers.get(node) if node else None
         return ledger.get(allocation_id) if ledger else None
+
+    def status(self, node: NodeName) -> NodeStatus | None:
+        """The node's cards, what is free on them and who holds them (not ``stale``), made once
+        per revision of its key and per inventory report of its usage."""
+        ledger = self.ledgers.get(node)
+        if ledger is None:
+            self._statuses.pop(node, None)
+            return None
+        revision, usage = self.revisions.get(node, 0), self.usage.get(node)
+        known = self._statuses.get(node)
+        if known is not None and known[0] == revision and known[1] is usage:
+            return known[2]
+        made = node_status(ledger, revision=revision, usage=usage)
+        self._statuses[node] = (revision, usage, made)
+        return made
 
     def heartbeat(self, node: NodeName, at: float) -> None:
         self.heartbeats[node] = max(at, self.heartbeats.get(node, 0.0))

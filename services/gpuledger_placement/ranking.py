@@ -14,7 +14,7 @@ request. Nothing here does I/O.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from gpuledger_placement.view import NodeEntry
@@ -143,7 +143,3 @@ class Rankings:
 
     def forget(self) -> None:
         self._questions.clear()
-
-
-def skipping(exclude: Collection[str], also: Callable[[str], bool]) -> Callable[[str], bool]:
-    return lambda name: name in exclude or also(name)

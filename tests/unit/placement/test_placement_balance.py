@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger_core.placement import CardState, NodeState, TypicalPod, Workload, gpu_ask, place
+from gpuledger_core.placement import Ask, CardState, Decision, NodeState, TypicalPod, Workload, gpu_ask, place
 from gpuledger_core.placement.balance import Balance
 from gpuledger_core.placement.default import Default
 from gpuledger_core.placement.state import UNTRACKED
@@ -54,15 +54,21 @@ def test_growth_is_the_change_a_pod_makes() -> None:
 LIGHT = Workload(((TypicalPod(4000, 1, 1000), 1.0),))
 
 
+def chosen(nodes: list[NodeState], ask: Ask, policy: Default) -> str:
+    decision = place(nodes, ask, policy)
+    assert isinstance(decision, Decision)
+    return decision.node
+
+
 def test_a_cpu_heavy_pod_goes_where_cpu_is_plentiful() -> None:
     poor, rich = node("poor", 4, 16000), node("rich", 4, 128000)
     heavy = gpu_ask(1, cpu_milli=12000)
-    assert place([poor, rich], heavy, Default(LIGHT)).node == "rich"
+    assert chosen([poor, rich], heavy, Default(LIGHT)) == "rich"
     # without the balance both leave room for the typical pod: node order decides
-    assert place([poor, rich], heavy, Default(LIGHT, balance_weight=0)).node == "poor"
+    assert chosen([poor, rich], heavy, Default(LIGHT, balance_weight=0)) == "poor"
 
 
 def test_a_light_pod_is_not_pushed_off_a_cpu_poor_node() -> None:
     poor, rich = node("poor", 4, 16000), node("rich", 4, 128000)
     light = gpu_ask(1, cpu_milli=4000)
-    assert place([poor, rich], light, Default(LIGHT)).node == "poor"
+    assert chosen([poor, rich], light, Default(LIGHT)) == "poor"

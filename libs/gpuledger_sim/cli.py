@@ -33,8 +33,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--guard",
-        metavar="CPU_MILLI:MEM_MIB",
-        help="keep this much CPU and memory free per free card from CPU-only pods, e.g. 4000:32768",
+        metavar="CPU_MILLI:MEM_MIB|auto",
+        help="keep this much CPU and memory free per free card from CPU-only pods, e.g. 4000:32768; "
+        "'auto': what the trace's pods with cards ask per card",
     )
     p.add_argument("--placements", type=Path, help="write one JSON line per attempt to this file")
     p.add_argument(
@@ -117,7 +118,8 @@ def _pct(value: float | None) -> str:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    config = Config(args.policy, args.seed, args.tune, parse_guard(args.guard))
+    auto = args.guard == "auto"
+    config = Config(args.policy, args.seed, args.tune, None if auto else parse_guard(args.guard), auto)
     nodes, pods = read_nodes(args.nodes), read_pods(args.pods)
     seen: list[Attempt] = []
     if args.placements is None:

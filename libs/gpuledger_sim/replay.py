@@ -16,6 +16,7 @@ from random import Random
 
 from gpuledger_core.model import Request
 from gpuledger_core.placement import Ask, Guard, NodeState, Placer, make_policy
+from gpuledger_core.placement.balance import Balance
 from gpuledger_core.placement.basic import tag_of
 from gpuledger_core.placement.frag import FragMeter, TypicalPod, Workload, without_memory
 from gpuledger_core.placement.state import charge, flat_node, take
@@ -28,6 +29,7 @@ class Config:
     seed: int = 42
     tune: float = 1.3
     guard: Guard | None = None
+    guard_auto: bool = False  # the guard in the trace's own proportions (Guard.proportional)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +113,13 @@ def commit(node: NodeState, ask: Ask, cards: tuple[int, ...]) -> NodeState:
     return replace(after, tags=after.tags | {tag_of(ask)})
 
 
+def guard_for(config: Config, typical: Sequence[TypicalPod]) -> Guard | None:
+    if not config.guard_auto:
+        return config.guard
+    balance = Balance.of(Workload.of(typical))
+    return Guard.proportional(balance.cpu_per_gpu, balance.mem_per_gpu)
+
+
 def replay(
     nodes: Sequence[TraceNode],
     pods: Sequence[TracePod],
@@ -123,7 +132,7 @@ def replay(
     typical = [typical_of(p) for p in pods]
     order = arrival_order(pods, rng, config.tune, capacity)
     states = node_states(nodes, rng)
-    placer = Placer(states, make_policy(config.policy, typical), config.guard, rng)
+    placer = Placer(states, make_policy(config.policy, typical), guard_for(config, typical), rng)
     run = _Run(
         Summary(config.policy, config.seed, config.tune, len(states), capacity // WHOLE),
         capacity,

@@ -19,6 +19,12 @@ class Guard:
     cpu_per_card: int = 4000
     mem_per_card: int = 32 * 1024
 
+    @staticmethod
+    def proportional(cpu_per_gpu: float, mem_per_gpu: float) -> Guard:
+        """The guard that keeps, per free card, what the workload's pods with cards ask per card
+        (``balance.Balance``'s proportions: millicores and MiB per milli of GPU)."""
+        return Guard(int(cpu_per_gpu * CORE_WHOLE), int(mem_per_gpu * CORE_WHOLE))
+
     def problem(self, node: NodeState, ask: Ask) -> str:
         if ask.count or not node.cards:
             return ""

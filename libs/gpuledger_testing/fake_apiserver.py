@@ -16,14 +16,18 @@ naming the field when validation fails; every write that changes an object gives
 ``gracePeriodSeconds=0`` removes it, and an unbound one goes at once. Lists come in pages when
 asked (``limit``; ``metadata.continue`` names the next page, served from the first page's
 snapshot); a continue token that cannot be read is 400, one whose snapshot is gone 410 ``Expired``.
-Namespaces are not modelled (any namespace exists), nor are watches and selectors (refused, 400).
+Pod lists and watches take field selectors; a watch (``watch=true``) starts from a version a listing
+returned, or from now (see ``apiserver_watch``). Namespaces are not modelled (any namespace exists),
+nor are label selectors (refused, 400).
 
 Tests set state directly with ``add_pod`` (defaulted as a create would, status as given),
 ``set_phase``, ``delete_pod`` (gone at once, as after the kubelet's confirmation) and ``add_node``;
-expire continue tokens with ``expire_continues``; take the server down and up on the same port
-with ``close`` and ``start``. Faults: ``fail_lists`` (answer the next list requests with a status,
-or normally for ``None``), ``fail_bindings``, ``stall_bindings`` (hold bindings until released);
-``requests`` records every call. ``kubeconfig()`` writes a file that points a real client here.
+expire continue tokens and the versions watches may start from with ``expire_continues`` (``compact``
+also makes every version so far too old to watch from); take the
+server down and up on the same port with ``close`` and ``start``. Faults: ``fail_lists`` (answer
+the next list requests with a status, or normally for ``None``), ``fail_bindings``,
+``stall_bindings`` (hold bindings until released); ``requests`` records every call.
+``kubeconfig()`` writes a file that points a real client here.
 """
 
 from __future__ import annotations
@@ -59,11 +63,12 @@ from gpuledger_testing.apiserver_status import (
     not_found,
     status,
 )
+from gpuledger_testing.apiserver_watch import BOOKMARK_S, TRUE, Watches, selector_from, serve_watch
 
 PODS = "/api/v1/namespaces/{namespace}/pods"
 POD_PATH = PODS + "/{name}"
 NODE_PATH = "/api/v1/nodes/{name}"
-UNFILTERED = ("labelSelector", "fieldSelector", "watch")  # what lists here cannot do
+UNFILTERED = ("labelSelector",)  # what lists here cannot do
 EXPIRED = "The provided continue parameter is too old to display a consistent list result."
 Object = dict[str, Any]
 
@@ -78,6 +83,10 @@ class FakeApiServer:
         self.fail_bindings: list[tuple[int, str]] = []
         self.fail_lists: list[tuple[int, str] | None] = []  # None: answer that one normally
         self._snapshots: dict[tuple[int, str], list[Object]] = {}  # (resourceVersion, namespace) -> pods
+        self._watches = Watches()
+        self._final: dict[str, Object] = {}  # uid -> a pod's last state, written just before it went
+        self._stopping = asyncio.Event()  # set while closing: open watches end
+        self.bookmark_s = BOOKMARK_S  # how often open watches get a bookmark
         self.stall_bindings: asyncio.Event | None = None
         self._version = 1
         self._runner: web.AppRunner | None = None
@@ -115,6 +124,14 @@ class FakeApiServer:
 
     def expire_continues(self) -> None:
         self._snapshots.clear()
+        self._watches.forget()
+
+    def compact(self) -> None:
+        """As etcd's compaction: every version so far is too old to watch from (410); open
+        watches go on."""
+        self.expire_continues()
+        self._version += 1
+        self._watches.compacted = self._version
 
     def add_node(self, name: str) -> None:
         self.nodes[name] = self._created({"metadata": {"name": name}}, "Node")
@@ -136,6 +153,7 @@ class FakeApiServer:
     # --- serving ---
 
     async def start(self) -> FakeApiServer:
+        self._stopping.clear()
         app = web.Application(middlewares=[self._auth])
         app.router.add_get("/api/v1/pods", self._list_pods)
         app.router.add_get(PODS, self._list_pods)
@@ -157,6 +175,7 @@ class FakeApiServer:
         return self
 
     async def close(self) -> None:
+        self._stopping.set()
         if self.stall_bindings is not None:
             self.stall_bindings.set()
         if self._runner is not None:
@@ -248,11 +267,13 @@ class FakeApiServer:
         if isinstance(grace, web.Response):
             return grace
         deletion = rules.delete(found, grace)
-        if deletion is rules.Deletion.GONE:
-            meta = found["metadata"]
-            del self.pods[(meta["namespace"], meta["name"])]
         if deletion is not rules.Deletion.UNCHANGED:
-            self._touch(found)
+            self._touch(found)  # the deletion is written first (a watch sees it MODIFIED) ...
+        if deletion is rules.Deletion.GONE:  # ... then the pod goes (DELETED)
+            meta = found["metadata"]
+            self._final[str(meta["uid"])] = copy.deepcopy(found)
+            del self.pods[(meta["namespace"], meta["name"])]
+            self._version += 1
         return web.json_response(found)
 
     async def _bind(self, request: web.Request) -> web.Response:
@@ -294,7 +315,7 @@ class FakeApiServer:
         self.bindings.append(binding)
         return status(201)
 
-    async def _list_pods(self, request: web.Request) -> web.Response:
+    async def _list_pods(self, request: web.Request) -> web.StreamResponse:
         failure = self.fail_lists.pop(0) if self.fail_lists else None
         if failure is not None:
             code, message = failure
@@ -302,10 +323,29 @@ class FakeApiServer:
         unfiltered = [key for key in UNFILTERED if request.query.get(key)]
         if unfiltered:
             return bad_request(f"the fake API server cannot {', '.join(unfiltered)}")
+        selector = selector_from(request.query.get("fieldSelector", ""))
+        if isinstance(selector, web.Response):
+            return selector
+        namespace = request.match_info.get("namespace", "")
+        if request.query.get("watch") in TRUE:
+            wanted = request.query.get("resourceVersion", "")
+            sent = self._watches.start(wanted, self._version, self.pods)
+            oldest = self._watches.oldest(self._version)
+            return await serve_watch(
+                request,
+                selector,
+                namespace,
+                sent,
+                lambda: self.pods,
+                self._final,
+                lambda: self._version,
+                oldest,
+                self._stopping,
+                self.bookmark_s,
+            )
         limit = list_limit(request)
         if isinstance(limit, web.Response):
             return limit
-        namespace = request.match_info.get("namespace", "")
         token = request.query.get("continue")
         if token:
             found = self._continued(token, namespace)
@@ -313,7 +353,9 @@ class FakeApiServer:
                 return found
             version, start, pods = found
         else:
-            version, start, pods = self._version, 0, self._listing(namespace)
+            version, start = self._version, 0
+            pods = [pod for pod in self._listing(namespace) if selector.matches(pod)]
+            self._watches.listed(version, self.pods)
         page = pods[start : start + limit] if limit else pods[start:]
         meta: dict[str, Any] = {"resourceVersion": str(version)}
         rest = len(pods) - start - len(page)

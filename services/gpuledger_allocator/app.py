@@ -18,6 +18,7 @@ from gpuledger_allocator.kube import KubePodLister, PodLister, in_cluster
 from gpuledger_allocator.metrics import register as register_metrics
 from gpuledger_allocator.metrics import unregister as unregister_metrics
 from gpuledger_allocator.placer import BuiltinPlacer, NatsPlacer
+from gpuledger_allocator.podcache import PodCache
 from gpuledger_allocator.reconciler import Reconciler
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
@@ -71,10 +72,14 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             watching = tasks.create_task(view.run())
             await view.ready.wait()
             sweeping = tasks.create_task(_sweep(service, settings.sweep_interval_s))
-            reconciling = None
+            reconciling: list[asyncio.Task[None]] = []
             if pods is not None:
-                reconciler = Reconciler(store, view, pods, settings.reconcile_grace_s)
-                reconciling = tasks.create_task(reconciler.run(settings.reconcile_interval_s))
+                cache = PodCache(pods, settings.reconcile_relist_s)
+                reconciler = Reconciler(store, view, pods, cache, settings.reconcile_grace_s)
+                reconciling += [
+                    tasks.create_task(cache.run()),
+                    tasks.create_task(reconciler.run(settings.reconcile_interval_s)),
+                ]
             ingest = Ingest(nc, store, view)
             await ingest.start()
             responders = await serve_nats(nc, service)
@@ -105,8 +110,8 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             unregister_metrics(view)
             watching.cancel()
             sweeping.cancel()
-            if reconciling is not None:
-                reconciling.cancel()
+            for task in reconciling:
+                task.cancel()
     finally:
         with contextlib.suppress(Exception):
             await nc.drain()
@@ -147,7 +152,7 @@ async def _pod_lister(settings: AllocatorSettings) -> PodLister | None:
         log.info("no Kubernetes access (kube=%s): the ledger is not reconciled with pods", settings.kube)
         return None
     try:
-        return await KubePodLister.connect(use_cluster, settings.kubeconfig)
+        return await KubePodLister.connect(use_cluster, settings.kubeconfig, settings.reconcile_field_selector)
     except GpuledgerError as err:
         if settings.kube != "auto":
             raise

@@ -59,9 +59,20 @@ class AllocatorSettings:
         "else the kubeconfig if one is given, else off), in-cluster, kubeconfig or off",
     )
     kubeconfig: str = option("", "kubeconfig file (kube=kubeconfig or auto; empty: the default one)")
-    reconcile_interval_s: float = option(30.0, "how often the ledger is reconciled with the pods in Kubernetes")
+    reconcile_interval_s: float = option(
+        30.0,
+        "how often the ledger is compared with the followed pods (a pod that ends or goes away also "
+        "starts a round at once)",
+    )
     reconcile_grace_s: float = option(
-        30.0, "an allocation younger than this when the pod listing starts is not released for a pod it lacks"
+        30.0, "an allocation younger than this when a round starts is not released for a pod it lacks"
+    )
+    reconcile_field_selector: str = option(
+        "spec.schedulerName=gpuledger-scheduler",
+        "the pods the reconciler lists and watches (a Kubernetes field selector; empty: every pod)",
+    )
+    reconcile_relist_s: float = option(
+        600.0, "how often the pod watch starts again from a full listing (a safety net; watches resume on their own)"
     )
     log_level: str = option("info", "debug, info, warning or error")
     log_format: str = option("text", "text or json")
@@ -103,6 +114,7 @@ class AllocatorSettings:
         require(self.kube in KUBE_MODES, "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}")
         require(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be positive")
         require(self.reconcile_grace_s >= 0, "reconcile_grace_s", "must not be negative")
+        require(self.reconcile_relist_s > 0, "reconcile_relist_s", "must be positive")
         require(self.log_format in ("text", "json"), "log_format", "must be text or json")
         require(
             self.log_level in ("debug", "info", "warning", "error"),

@@ -14,6 +14,7 @@ The real server's pods are bound to a node name with no Node object, so kwok lea
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import ssl
@@ -27,11 +28,12 @@ import pytest
 import pytest_asyncio
 
 from gpuledger_allocator.kube import KubePodLister
-from gpuledger_core.errors import Conflict, NotFound
+from gpuledger_core.errors import Conflict, NotFound, Unavailable
 from gpuledger_inventory.kube import KubeNodeApi
 from gpuledger_placement.kube import KubePodApi
 from gpuledger_testing.controlplane.cluster import ControlPlane
 from gpuledger_testing.fake_apiserver import FakeApiServer
+from gpuledger_testing.waiting import wait_for
 
 # 120 s: the first real test also starts the control plane.
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(120)]
@@ -580,13 +582,65 @@ async def test_the_placement_adapter_reads_annotates_and_binds(server: Server) -
 
 async def test_the_allocator_lister_reads_every_page(server: Server) -> None:
     uids = {name: (await server.create(name, nodeName=NOWHERE))["metadata"]["uid"] for name in ("p0", "p1", "p2")}
-    lister = await KubePodLister.connect(False, str(server.kubeconfig))
+    lister = await KubePodLister.connect(False, str(server.kubeconfig), "")
     lister.page_size = 1
     try:
-        seen = [p for p in await lister.list_pods() if p.namespace == server.namespace]
+        seen = [p for p in (await lister.list_pods()).pods if p.namespace == server.namespace]
     finally:
         await lister.close()
     assert [(p.name, p.uid, p.node, p.phase) for p in seen] == [(n, uids[n], NOWHERE, "Pending") for n in sorted(uids)]
+
+
+async def test_the_allocator_lister_lists_by_field_selector(server: Server) -> None:
+    await server.create("ours", nodeName=NOWHERE, schedulerName="gpuledger-scheduler")
+    await server.create("theirs", nodeName=NOWHERE)
+    here = f"metadata.namespace={server.namespace}"
+    ours = f"{here},spec.schedulerName=gpuledger-scheduler"
+    lister = await KubePodLister.connect(False, str(server.kubeconfig), ours)
+    try:
+        assert [p.name for p in (await lister.list_pods()).pods] == ["ours"]
+        lister.field_selector = f"{here},spec.schedulerName!=gpuledger-scheduler"
+        assert [p.name for p in (await lister.list_pods()).pods] == ["theirs"]
+        lister.field_selector = f"{here},spec.color=blue"
+        with pytest.raises(Unavailable, match=r"field label not supported: spec\.color"):
+            await lister.list_pods()
+        found = await lister.get_pod(server.namespace, "theirs")
+        assert found is not None and found.name == "theirs" and found.node == NOWHERE
+        assert await lister.get_pod(server.namespace, "nobody") is None
+    finally:
+        await lister.close()
+
+
+async def test_the_allocator_watch_brings_the_changes_after_its_listing_in_order(server: Server) -> None:
+    await server.create("before", nodeName=NOWHERE, schedulerName="gpuledger-scheduler")
+    lister = await KubePodLister.connect(False, str(server.kubeconfig), f"metadata.namespace={server.namespace}")
+    events: list[tuple[str, str]] = []
+
+    async def follow(version: str) -> None:
+        async for event in lister.watch_pods(version, timeout_s=60):
+            if event.pod is not None:
+                events.append((event.kind, event.pod.name))
+
+    try:
+        listed = await lister.list_pods()
+        assert [p.name for p in listed.pods] == ["before"] and listed.resource_version
+        await server.create("after", nodeName=NOWHERE)  # before the watch starts: it is still sent
+        following = asyncio.create_task(follow(listed.resource_version))
+        try:
+            await wait_for(lambda: _has(events, ("ADDED", "after")), 20, "the pod made after the listing")
+            assert (await server.patch("before", {"metadata": {"labels": {"x": "1"}}})).status == 200
+            assert (await server.delete("after", grace_s=0)).status == 200
+            await wait_for(lambda: _has(events, ("DELETED", "after")), 20, "the deletion")
+        finally:
+            following.cancel()
+        # A deletion is written first (MODIFIED, with its deletionTimestamp), then the pod goes.
+        assert events == [("ADDED", "after"), ("MODIFIED", "before"), ("MODIFIED", "after"), ("DELETED", "after")]
+    finally:
+        await lister.close()
+
+
+async def _has(events: list[tuple[str, str]], wanted: tuple[str, str]) -> bool:
+    return wanted in events
 
 
 async def test_the_inventory_adapter_reads_and_patches_node_labels(server: Server) -> None:

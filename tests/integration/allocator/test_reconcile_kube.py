@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,7 +11,8 @@ import pytest
 from nats.aio.client import Client
 from prometheus_client import REGISTRY
 
-from gpuledger_allocator.kube import ALLOCATION_ANNOTATION, KubePodLister
+from gpuledger_allocator.kube import ALLOCATION_ANNOTATION, Expired, KubePodLister
+from gpuledger_allocator.podcache import PodCache
 from gpuledger_common.announce import announce
 from gpuledger_common.fleet import Fleet
 from gpuledger_common.natsserver import NatsServer
@@ -50,12 +52,15 @@ async def reconciling(
         yield running
 
 
-async def placed_pod(store: LedgerStore, apiserver: FakeApiServer, name: str, mem: int = 1000) -> Allocation:
+async def placed_pod(
+    store: LedgerStore, apiserver: FakeApiServer, name: str, mem: int = 1000, scheduler: str = "gpuledger-scheduler"
+) -> Allocation:
     """A pod bound to rtx-0 with its allocation in the ledger and on its annotation, as bind leaves it."""
     ledger, _ = await store.read(NODE)
     assert ledger is not None
     card = ledger.node.cards[0]
-    pod = apiserver.add_pod({"metadata": {"name": name}, "spec": {"nodeName": NODE}, "status": {"phase": "Running"}})
+    spec = {"nodeName": NODE, "schedulerName": scheduler}
+    pod = apiserver.add_pod({"metadata": {"name": name}, "spec": spec, "status": {"phase": "Running"}})
     owner = Owner(OwnerKind.POD, pod["metadata"]["uid"], "default", name)
     created = time.time() - 60
     grant = Grant("main", (CardShare(card.uuid, card.index, mem, 0),), device_ids=(f"{card.uuid}::1",))
@@ -83,14 +88,18 @@ def metric(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
-async def rounds(apiserver: FakeApiServer, count: int = 2) -> None:
-    """Wait until the allocator has listed pods ``count`` more times."""
-    seen = len([r for r in apiserver.requests if r[1] == "/api/v1/pods"])
+async def rounds(count: int = 2) -> None:
+    """Wait until the allocator has made ``count`` more reconcile rounds."""
+    seen = metric("gpuledger_allocator_reconcile_rounds_total")
 
-    async def listed() -> bool:
-        return len([r for r in apiserver.requests if r[1] == "/api/v1/pods"]) >= seen + count
+    async def made() -> bool:
+        return metric("gpuledger_allocator_reconcile_rounds_total") >= seen + count
 
-    await wait_for(listed, what="reconcile rounds")
+    await wait_for(made, what="reconcile rounds")
+
+
+def pod_requests(apiserver: FakeApiServer) -> int:
+    return len([r for r in apiserver.requests if r[1] == "/api/v1/pods"])
 
 
 def test_the_annotation_name_is_the_one_bind_writes() -> None:
@@ -101,7 +110,7 @@ async def test_deleted_and_finished_pods_release_their_allocations(
     reconciling: RunningAllocator, store: LedgerStore, apiserver: FakeApiServer
 ) -> None:
     deleted, finished, running = [await placed_pod(store, apiserver, n) for n in ("gone", "done", "busy")]
-    await rounds(apiserver)
+    await rounds()
     assert [await is_live(store, a) for a in (deleted, finished, running)] == [True, True, True]
     before = metric("gpuledger_allocator_reconcile_released_total", reason="pod deleted")
     apiserver.delete_pod("default", "gone")
@@ -122,7 +131,7 @@ async def test_nothing_is_released_while_the_api_server_is_down(
     reconciling: RunningAllocator, store: LedgerStore, apiserver: FakeApiServer
 ) -> None:
     allocation = await placed_pod(store, apiserver, "quiet")
-    await rounds(apiserver)
+    await rounds()
     await apiserver.close()
     apiserver.delete_pod("default", "quiet")
     failures = metric("gpuledger_allocator_reconcile_list_failures_total")
@@ -145,7 +154,7 @@ async def test_a_lost_ledger_is_rebuilt_from_the_annotations(
 ) -> None:
     allocation = await placed_pod(store, apiserver, "survivor", mem=2000)
     rebuilt = metric("gpuledger_allocator_reconcile_rebuilt_total")
-    await store.kv.purge(node_key(NODE))
+    await store.kv.delete(node_key(NODE))  # a purge is a rollup, which the allocator's buckets refuse
     await announce(nc, [n.node for n in fleet.nodes if n.node.name == NODE])  # the inventory comes back
 
     async def back() -> Allocation | None:
@@ -156,8 +165,45 @@ async def test_a_lost_ledger_is_rebuilt_from_the_annotations(
     assert restored.grants == allocation.grants and restored.owner == allocation.owner
     assert restored.lease_expires_at is None
     assert metric("gpuledger_allocator_reconcile_rebuilt_total") >= rebuilt + 1
-    await rounds(apiserver)  # later rounds leave it be
+    await rounds()  # later rounds leave it be
     assert await state_of(store, allocation.id) == restored
+
+
+async def test_rounds_read_the_watch_not_a_listing_each(
+    reconciling: RunningAllocator, store: LedgerStore, apiserver: FakeApiServer
+) -> None:
+    allocation = await placed_pod(store, apiserver, "watched")
+    await rounds()
+    listed = pod_requests(apiserver)
+    await rounds(5)
+    assert pod_requests(apiserver) == listed  # the watch that is open serves every round
+    apiserver.delete_pod("default", "watched")
+
+    async def released() -> bool:
+        return not await is_live(store, allocation)
+
+    started = time.monotonic()
+    await wait_for(released, what="release of the deleted pod's allocation")
+    assert time.monotonic() - started < 10  # the deletion starts a round: no full-interval wait
+
+
+async def test_a_pod_the_watch_does_not_follow_keeps_its_cards_until_it_is_gone(
+    reconciling: RunningAllocator, store: LedgerStore, apiserver: FakeApiServer
+) -> None:
+    # Bound by another scheduler (outside reconcile_field_selector): read by name, never taken as deleted.
+    other = await placed_pod(store, apiserver, "elsewhere", scheduler="default-scheduler")
+    reads = metric("gpuledger_allocator_reconcile_pod_reads_total")
+    await rounds(3)
+    assert await is_live(store, other)
+    assert metric("gpuledger_allocator_reconcile_pod_reads_total") >= reads + 3
+    assert ("GET", "/api/v1/namespaces/default/pods/elsewhere") in apiserver.requests
+    apiserver.set_phase("default", "elsewhere", "Succeeded")
+
+    async def released() -> bool:
+        found = await state_of(store, other.id)
+        return found is not None and found.state is AllocState.RELEASED and found.reason == "pod finished"
+
+    await wait_for(released, what="release of the finished pod's allocation, read by name")
 
 
 # --- the adapter alone: paging and failures ---
@@ -165,7 +211,7 @@ async def test_a_lost_ledger_is_rebuilt_from_the_annotations(
 
 @pytest.fixture
 async def lister(apiserver: FakeApiServer, tmp_path: Path) -> AsyncIterator[KubePodLister]:
-    connected = await KubePodLister.connect(False, str(apiserver.kubeconfig(tmp_path / "kubeconfig")))
+    connected = await KubePodLister.connect(False, str(apiserver.kubeconfig(tmp_path / "kubeconfig")), "")
     connected.page_size = 2
     yield connected
     await connected.close()
@@ -180,7 +226,9 @@ def some_pods(apiserver: FakeApiServer, count: int = 5) -> None:
 
 async def test_the_lister_reads_every_page(lister: KubePodLister, apiserver: FakeApiServer) -> None:
     some_pods(apiserver)
-    pods = await lister.list_pods()
+    listed = await lister.list_pods()
+    pods = listed.pods
+    assert listed.resource_version
     assert sorted(p.name for p in pods) == [f"p{i}" for i in range(5)]
     assert {p.node for p in pods} == {"", NODE} and all(p.allocation is None for p in pods)  # bad annotation
     assert len([r for r in apiserver.requests if r[1] == "/api/v1/pods"]) == 3
@@ -195,7 +243,7 @@ async def test_the_lister_fails_whole_on_a_failed_later_page(lister: KubePodList
 
 async def test_continued_pages_come_from_the_first_snapshot(apiserver: FakeApiServer, tmp_path: Path) -> None:
     some_pods(apiserver, 4)
-    lister = await KubePodLister.connect(False, str(apiserver.kubeconfig(tmp_path / "kubeconfig")))
+    lister = await KubePodLister.connect(False, str(apiserver.kubeconfig(tmp_path / "kubeconfig")), "")
     lister.page_size = 2
     try:
         first = await lister._page("")
@@ -207,3 +255,80 @@ async def test_continued_pages_come_from_the_first_snapshot(apiserver: FakeApiSe
             await lister._page(first["metadata"]["continue"])
     finally:
         await lister.close()
+
+
+async def test_the_lister_lists_only_the_selected_pods(lister: KubePodLister, apiserver: FakeApiServer) -> None:
+    some_pods(apiserver, 2)
+    apiserver.add_pod({"metadata": {"name": "ours"}, "spec": {"schedulerName": "gpuledger-scheduler"}})
+    lister.field_selector = "spec.schedulerName=gpuledger-scheduler"
+    assert [p.name for p in (await lister.list_pods()).pods] == ["ours"]
+    lister.field_selector = "spec.nodeName=" + NODE
+    assert [p.name for p in (await lister.list_pods()).pods] == ["p1"]
+    lister.field_selector = "spec.color=blue"
+    with pytest.raises(Unavailable, match=r"field label not supported: spec\.color"):
+        await lister.list_pods()
+
+
+async def test_the_watch_brings_every_change_after_the_listing(lister: KubePodLister, apiserver: FakeApiServer) -> None:
+    some_pods(apiserver, 2)
+    listed = await lister.list_pods()
+    apiserver.add_pod({"metadata": {"name": "new"}})  # after the listing, before the watch
+    events: list[tuple[str, str, str]] = []
+
+    async def follow() -> None:
+        async for event in lister.watch_pods(listed.resource_version, timeout_s=30):
+            if event.pod is not None:
+                events.append((event.kind, event.pod.name, event.pod.phase))
+
+    following = asyncio.create_task(follow())
+    try:
+        async def added() -> bool:
+            return ("ADDED", "new", "Pending") in events
+
+        async def three() -> bool:
+            return len(events) >= 3
+
+        await wait_for(added, what="the pod made after the listing")
+        apiserver.set_phase("default", "new", "Running")
+        apiserver.delete_pod("ns0", "p0")
+        await wait_for(three, what="two more events")
+        assert events == [("ADDED", "new", "Pending"), ("MODIFIED", "new", "Running"), ("DELETED", "p0", "Running")]
+    finally:
+        following.cancel()
+
+
+async def test_a_watch_from_a_forgotten_version_is_expired(lister: KubePodLister, apiserver: FakeApiServer) -> None:
+    some_pods(apiserver, 1)
+    listed = await lister.list_pods()
+    apiserver.expire_continues()
+    apiserver.set_phase("ns0", "p0", "Succeeded")  # the version moves on
+    with pytest.raises(Expired, match="too old resource version"):
+        async for _ in lister.watch_pods(listed.resource_version, timeout_s=5):
+            pass
+
+
+async def test_the_cache_lists_again_after_an_expired_watch(lister: KubePodLister, apiserver: FakeApiServer) -> None:
+    some_pods(apiserver, 1)
+    apiserver.bookmark_s = 60.0  # no bookmark moves the watch past the compaction
+    cache = PodCache(lister, relist_s=600, retry_s=0.1, watch_s=1)
+    listings = metric("gpuledger_allocator_reconcile_listings_total")
+    running = asyncio.create_task(cache.run())
+    try:
+        async def synced() -> bool:
+            return cache.synced
+
+        async def later() -> bool:
+            return any(p.name == "later" for p in cache.pods.values())
+
+        await wait_for(synced, what="the first listing")
+        apiserver.compact()  # the open watch goes on; the next one, from its last version, is too old
+
+        async def listed_again() -> bool:
+            return metric("gpuledger_allocator_reconcile_listings_total") >= listings + 2
+
+        await wait_for(listed_again, what="a second listing after the watch expired")
+        apiserver.add_pod({"metadata": {"name": "later"}})
+        await wait_for(later, what="the new pod in the cache, watched from the new listing")
+        assert cache.synced
+    finally:
+        running.cancel()

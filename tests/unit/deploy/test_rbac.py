@@ -18,11 +18,13 @@ from .manifests import PROVIDED, RENDERS, containers, named, of_kind, rendered, 
 Grant = tuple[str, ...]
 
 PERMISSIONS: dict[str, set[Grant]] = {
-    # gpuledger_allocator/kube.py: list_pod_for_all_namespaces, for reconciliation (release the
-    # cards of deleted or finished pods, rebuild a lost ledger from their annotations).
+    # gpuledger_allocator/kube.py: list and watch the pods of gpuledger's scheduler, read one by
+    # name, for reconciliation (release the cards of deleted or finished pods, rebuild a lost
+    # ledger from their annotations).
     "gpuledger-allocator": {
         ("*", "", "pods", "get", "*"),
         ("*", "", "pods", "list", "*"),
+        ("*", "", "pods", "watch", "*"),
     },
     "gpuledger-nats": set(),
     # gpuledger_inventory/kube.py: read_node, patch_node (its own Node's gpuledger.io/gpu.* labels).

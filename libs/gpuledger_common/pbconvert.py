@@ -36,9 +36,20 @@ def _enum(kind: type[E], value: str, field: str, default: E | None = None) -> E:
         raise InvalidArgument(field, f"must be one of {choices}, got {value!r}") from None
 
 
+def _typed(value: object, kind: type | tuple[type, ...], field: str) -> None:
+    """A parsed message can hold a value of the wrong type (betterproto keeps a field sent with
+    another wire type as it came): refuse it by name rather than fail on it later."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        problem = f"has the wrong type {type(value).__name__} (a field sent with another wire type?)"
+        raise InvalidArgument(field, problem)
+
+
 def owner_from(msg: pb.Owner | None, field: str = "owner") -> Owner:
     if msg is None:
         raise InvalidArgument(field, "is required")
+    _typed(msg, pb.Owner, field)
+    for name in ("kind", "id", "namespace", "name"):
+        _typed(getattr(msg, name), str, f"{field}.{name}")
     try:
         return Owner(_enum(OwnerKind, msg.kind, f"{field}.kind"), msg.id, msg.namespace, msg.name)
     except InvalidArgument as err:
@@ -52,6 +63,13 @@ def owner_to(owner: Owner) -> pb.Owner:
 def request_from(msg: pb.ResourceRequest | None, field: str) -> Request:
     if msg is None:
         raise InvalidArgument(field, "is required")
+    _typed(msg, pb.ResourceRequest, field)
+    _typed(msg.gpu, int, f"{field}.gpu")
+    for name in ("gpu_mem_mib", "gpu_core_permille"):
+        _typed(getattr(msg, name), (int, type(None)), f"{field}.{name}")
+    _typed(msg.models, list, f"{field}.models")
+    for i, model in enumerate(msg.models):
+        _typed(model, str, f"{field}.models[{i}]")
     try:
         return Request(
             count=msg.gpu,
@@ -73,10 +91,15 @@ def request_to(request: Request) -> pb.ResourceRequest:
 
 
 def asks_from(containers: list[pb.ContainerRequest]) -> tuple[ContainerAsk, ...]:
-    return tuple(
-        ContainerAsk(c.container, request_from(c.request, f"containers[{i}].request"), c.init)
-        for i, c in enumerate(containers)
-    )
+    _typed(containers, list, "containers")
+    return tuple(_ask_from(c, f"containers[{i}]") for i, c in enumerate(containers))
+
+
+def _ask_from(c: pb.ContainerRequest, field: str) -> ContainerAsk:
+    _typed(c, pb.ContainerRequest, field)
+    _typed(c.container, str, f"{field}.container")
+    _typed(c.init, bool, f"{field}.init")
+    return ContainerAsk(c.container, request_from(c.request, f"{field}.request"), c.init)
 
 
 def share_to(s: CardShare) -> pb.CardShare:

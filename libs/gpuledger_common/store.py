@@ -581,9 +581,11 @@ class LedgerStore:
             raise Unavailable(f"cannot read the owner index: {err}") from err
         if not entry.value:
             return None
-        raw = _json(entry.value)
+        raw = _json(entry.value, "owner record")
         if not isinstance(raw, dict):
             return None
+        if not (isinstance(raw.get("allocation"), str) and isinstance(raw.get("node"), str)):
+            raise InvalidArgument("owner record", "needs the allocation and node it names")
         at = raw.get("at")
         return OwnerRecord(
             AllocationId(raw["allocation"]),
@@ -730,5 +732,8 @@ def _try(
     return UNPROVEN if new == current else new
 
 
-def _json(data: bytes) -> object:
-    return orjson.loads(data)
+def _json(data: bytes, what: str = "ledger value") -> object:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as err:
+        raise InvalidArgument(what, f"not valid JSON: {err}") from err

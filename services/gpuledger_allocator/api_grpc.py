@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -11,7 +12,7 @@ from grpclib.const import Handler, Status
 
 from gpuledger_allocator import callers
 from gpuledger_allocator.callers import ANYONE, Caller
-from gpuledger_allocator.queries import AllocationFilter, cluster, list_allocations
+from gpuledger_allocator.queries import AllocationFilter, cluster_page, list_allocations
 from gpuledger_allocator.service import AllocateCall, AllocatorService
 from gpuledger_common import pbconvert as conv
 from gpuledger_common.grpctls import identity_of
@@ -25,6 +26,7 @@ from gpuledger_proto.gpuledger.allocator import v1 as pb
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ANSWER_S = 1.0  # of a caller's deadline, kept for answering after the ledger's outage window
+CONVERTED_PER_TURN = 10  # nodes of a GetCluster page converted between turns of the event loop
 
 STATUS = {
     errors.InvalidArgument: Status.INVALID_ARGUMENT,
@@ -144,10 +146,18 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
         return pb.ListAllocationsResponse(allocations=[conv.allocation_to(a) for a in found])
 
     async def get_cluster(self, get_cluster_request: pb.GetClusterRequest) -> pb.Cluster:
-        nodes = cluster(self.service.view, get_cluster_request.node, get_cluster_request.model)
-        if get_cluster_request.node and not nodes:
-            raise GRPCError(Status.NOT_FOUND, f"node {get_cluster_request.node} is not in the ledger")
-        return pb.Cluster(nodes=[conv.node_status_to(n) for n in nodes])
+        """One page of the cluster (``page_size``, ``page_token``); converted a few nodes at a
+        time, letting other calls run between them."""
+        r = get_cluster_request
+        nodes, next_token = cluster_page(self.service.view, r.node, r.model, r.page_size, r.page_token)
+        if r.node and not nodes:
+            raise GRPCError(Status.NOT_FOUND, f"node {r.node} is not in the ledger")
+        converted = []
+        for at, node in enumerate(nodes, start=1):
+            converted.append(conv.node_status_to(node))
+            if at % CONVERTED_PER_TURN == 0:
+                await asyncio.sleep(0)
+        return pb.Cluster(nodes=converted, next_page_token=next_token)
 
     async def watch(self, watch_request: pb.WatchRequest) -> AsyncIterator[pb.LedgerEvent]:
         """Events of the caller's allocations (an admin's: all) and of the nodes."""

@@ -7,12 +7,12 @@ from typing import Any
 from nats.aio.client import Client
 
 from gpuledger_allocator import wire
-from gpuledger_allocator.queries import AllocationFilter, cluster, list_allocations
+from gpuledger_allocator.queries import AllocationFilter, cluster_page, list_allocations
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_common.bus import SUBJECT_PREFIX, Handler, Responder
 from gpuledger_core import codec
 from gpuledger_core.codec import Reader
-from gpuledger_core.errors import NotFound
+from gpuledger_core.errors import InvalidArgument, NotFound
 
 PREFIX = f"{SUBJECT_PREFIX}.allocator"
 QUEUE = "allocator"
@@ -48,10 +48,13 @@ def handlers(service: AllocatorService) -> dict[str, Handler]:
     async def cluster_status(body: Any) -> Any:
         r = Reader(body)
         node = r.text("node", "")
-        nodes = cluster(service.view, node, r.text("model", ""))
+        page_size, after = r.integer("page_size", 0), r.text("page_token", "")
+        if page_size < 0:
+            raise InvalidArgument("page_size", f"must be 0 (the default page) or more, got {page_size}")
+        nodes, next_token = cluster_page(service.view, node, r.text("model", ""), page_size, after)
         if node and not nodes:
             raise NotFound(f"node {node} is not in the ledger")
-        return {"nodes": [codec.node_status_to(n) for n in nodes]}
+        return {"nodes": [codec.node_status_to(n) for n in nodes], "next_page_token": next_token}
 
     return {
         "allocate": allocate,

@@ -38,6 +38,24 @@ def cluster(view: ClusterView, node: str = "", model: str = "") -> list[NodeStat
     return [status for name in names if (status := node_in(view, name, model)) is not None]
 
 
+DEFAULT_PAGE = 100  # nodes per GetCluster answer unless the caller asks otherwise
+MAX_PAGE = 1000
+
+
+def cluster_page(
+    view: ClusterView, node: str = "", model: str = "", page_size: int = 0, after: str = ""
+) -> tuple[list[NodeStatus], str]:
+    """One page of ``cluster``: up to ``page_size`` nodes (0: ``DEFAULT_PAGE``; at most
+    ``MAX_PAGE``) by name after the node named ``after``, and the token of the next page ("" on
+    the last). A page is a few milliseconds of the event loop, whatever the fleet's size."""
+    size = min(page_size or DEFAULT_PAGE, MAX_PAGE)
+    if node:
+        return cluster(view, node, model), ""
+    names = sorted(name for name in view.ledgers if name > after)
+    page = [status for name in names[:size] if (status := node_in(view, name, model)) is not None]
+    return page, names[size - 1] if len(names) > size else ""
+
+
 def node_in(view: ClusterView, name: NodeName, model: str = "") -> NodeStatus | None:
     """The node's status as ``cluster`` lists it: stale or not, only cards of ``model`` if set."""
     status = view.status(name)

@@ -96,3 +96,19 @@ def from_grpc(err: GRPCError) -> errors.GpuledgerError:
     if err.status is Status.INVALID_ARGUMENT:
         return errors.from_code("invalid_argument", message)
     return FROM_STATUS.get(err.status, errors.GpuledgerError)(message)
+
+
+async def cluster_nodes(
+    api: pb.AllocatorStub, node: str = "", model: str = "", page_size: int = 0
+) -> list[pb.NodeStatus]:
+    """Every node of the cluster, a page per call (each call has the stub's deadline), so a
+    listing of thousands of nodes needs no deadline of its own."""
+    found: list[pb.NodeStatus] = []
+    token = ""
+    while True:
+        request = pb.GetClusterRequest(node=node, model=model, page_size=page_size, page_token=token)
+        reply = await api.get_cluster(request)
+        found.extend(reply.nodes)
+        token = reply.next_page_token
+        if not token:
+            return found

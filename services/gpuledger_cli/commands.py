@@ -8,7 +8,7 @@ import uuid
 from typing import Any
 
 from gpuledger_cli import render
-from gpuledger_cli.client import DEFAULT_TIMEOUT_S, ClientTls, allocator
+from gpuledger_cli.client import DEFAULT_TIMEOUT_S, ClientTls, allocator, cluster_nodes
 from gpuledger_common import pbconvert as conv
 from gpuledger_common.settings import env_default
 from gpuledger_core import codec
@@ -17,6 +17,8 @@ from gpuledger_core.model import CORE_WHOLE
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 DEFAULT_SERVER = "127.0.0.1:50051"
+PAGE_SIZE = 100  # nodes per GetCluster call of inspect
+MAX_PAGE_SIZE = 1000  # the allocator answers at most this many per call
 
 
 def add_server(p: argparse.ArgumentParser) -> None:
@@ -65,6 +67,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_server(p)
     p.add_argument("--node", default="", help="only this node")
     p.add_argument("--model", default="", help="only cards of this model")
+    p.add_argument(
+        "--page-size",
+        type=int,
+        default=PAGE_SIZE,
+        help="nodes per call; each call has the --timeout deadline (default %(default)d)",
+    )
     p.set_defaults(run=inspect)
 
 
@@ -112,9 +120,11 @@ async def release(args: argparse.Namespace) -> int:
 
 
 async def inspect(args: argparse.Namespace) -> int:
+    if not 1 <= args.page_size <= MAX_PAGE_SIZE:
+        raise InvalidArgument("--page-size", f"must be 1..{MAX_PAGE_SIZE} nodes, got {args.page_size}")
     async with allocator(args.server, args.timeout, tls_of(args)) as api:
-        reply = await api.get_cluster(pb.GetClusterRequest(node=args.node, model=args.model))
-    nodes = [conv.node_status_from(n) for n in reply.nodes]
+        listed = await cluster_nodes(api, args.node, args.model, args.page_size)
+    nodes = [conv.node_status_from(n) for n in listed]
     if args.json:
         _print_json({"nodes": [codec.node_status_to(n) for n in nodes]})
     else:

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from gpuledger_cli import render
-from gpuledger_cli.client import allocator
+from gpuledger_cli.client import allocator, cluster_nodes
 from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.processes import ServiceDied
 from gpuledger_cli.dev.scenario import run_scenario
@@ -25,7 +25,6 @@ from gpuledger_cli.dev.stack import KUBERNETES, Stack, running_stack
 from gpuledger_common import pbconvert as conv
 from gpuledger_common.fleet import FleetError, load_fleet
 from gpuledger_common.natsserver import free_port
-from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.controlplane.build import BuildError
 from gpuledger_testing.controlplane.cluster import ControlPlaneError
 
@@ -80,8 +79,8 @@ async def _run(stack: Stack, once: bool, stop: asyncio.Event) -> int:
     ok = await run_scenario(stack, say)
     stack.supervisor.check()
     async with allocator(stack.grpc) as api:
-        reply = await api.get_cluster(pb.GetClusterRequest())
-    print(render.cluster([conv.node_status_from(n) for n in reply.nodes]), flush=True)
+        listed = await cluster_nodes(api)
+    print(render.cluster([conv.node_status_from(n) for n in listed]), flush=True)
     say("scenario " + ("passed" if ok else "FAILED"))
     if once:
         return 0 if ok else 1

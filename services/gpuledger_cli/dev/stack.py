@@ -12,13 +12,12 @@ from pathlib import Path
 
 import aiohttp
 
-from gpuledger_cli.client import allocator
+from gpuledger_cli.client import allocator, cluster_nodes
 from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.kubesim import SimCluster
 from gpuledger_cli.dev.processes import Supervisor
 from gpuledger_common.fleet import Fleet
 from gpuledger_common.natsserver import NatsServer, embedded_nats, free_port
-from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 Say = Callable[[str], None]
 READY_S = 90.0
@@ -57,7 +56,7 @@ async def _http_ok(url: str) -> bool:
 
 async def _nodes_in_ledger(grpc: str, count: int) -> bool:
     async with allocator(grpc) as api:
-        return len((await api.get_cluster(pb.GetClusterRequest())).nodes) >= count
+        return len(await cluster_nodes(api)) >= count
 
 
 @contextlib.asynccontextmanager
@@ -80,9 +79,7 @@ async def running_stack(
                 say("starting the control plane (binaries are built from Go modules on first use: minutes)")
             kubeconfig = await cluster.start()
             say(_cluster_started(cluster, len(names)))
-            stack = await _start_services(
-                fleet, nats, kubeconfig, cluster, supervisor, dashboard_port, grpc_port, say
-            )
+            stack = await _start_services(fleet, nats, kubeconfig, cluster, supervisor, dashboard_port, grpc_port, say)
             yield stack
     finally:
         await supervisor.stop()

@@ -125,6 +125,8 @@ class ListAllocationsResponse(betterproto.Message):
 class GetClusterRequest(betterproto.Message):
     node: str = betterproto.string_field(1)
     model: str = betterproto.string_field(2)
+    page_size: int = betterproto.uint32_field(3)
+    page_token: str = betterproto.string_field(4)
 
 
 @dataclass(eq=False, repr=False)
@@ -167,6 +169,7 @@ class NodeStatus(betterproto.Message):
 @dataclass(eq=False, repr=False)
 class Cluster(betterproto.Message):
     nodes: List["NodeStatus"] = betterproto.message_field(1)
+    next_page_token: str = betterproto.string_field(2)
 
 
 @dataclass(eq=False, repr=False)

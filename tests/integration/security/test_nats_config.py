@@ -51,3 +51,10 @@ async def test_a_server_runs_on_the_written_config(tmp_path: Path) -> None:
             await bus.connect(url, "test", connect_timeout=2.0, credentials=wrong)
     finally:
         await server.stop()
+
+
+def test_it_is_a_gpuledger_command(tmp_path: Path) -> None:
+    from gpuledger_cli.__main__ import main as gpuledger
+
+    assert gpuledger(["nats-config", "--out", str(tmp_path), "--node", "gpu-9"]) == 0
+    assert "inventory-gpu-9" in (tmp_path / "auth.conf").read_text()

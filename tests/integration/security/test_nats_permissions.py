@@ -15,14 +15,18 @@ from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
 
 from gpuledger_common import bus
+from gpuledger_common.announce import announce
 from gpuledger_common.fleet import Fleet, parse_fleet
 from gpuledger_common.natsauth import Role
 from gpuledger_common.natscreds import NatsCredentials
 from gpuledger_common.store import LedgerStore, Transition, node_key
+from gpuledger_core import codec
 from gpuledger_core.errors import GpuledgerError, Unavailable
 from gpuledger_core.ledger import NodeLedger, with_node
 from gpuledger_core.model import Node
+from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.secure_nats import SecureNats, secure_nats
+from gpuledger_testing.stack import running_allocator
 from gpuledger_testing.tlsca import ThrowawayCa
 from gpuledger_testing.waiting import wait_for
 
@@ -227,3 +231,36 @@ async def test_a_consumer_aimed_at_a_request_subject_is_not_a_request(secure: Se
         await bus.request(reader, "gpuledger.v1.allocator.get", {"allocation_id": "real"})
     await responder.close()
     assert [body["allocation_id"] for body in answered] == ["real"]  # type: ignore[index]
+
+
+async def test_a_node_cannot_speak_for_another_node(secure: SecureNats, fleet: Fleet) -> None:
+    """Node A's inventory may publish on its own subject only; a body there naming node B is
+    not taken as node B's inventory (the allocator once took the node from the body)."""
+    node_a, node_b = (entry.node for entry in fleet.nodes)
+    async with running_allocator(secure.url, **secure.credential_settings(Role.ALLOCATOR)) as allocator:
+        for node in (node_a, node_b):
+            async with connected(secure, Role.INVENTORY, node.name) as nc:
+                await announce(nc, [node])
+        stub = allocator.stub()
+
+        async def both() -> bool:
+            return len((await stub.get_cluster(pb.GetClusterRequest())).nodes) == 2
+
+        await wait_for(both, what="both nodes in the ledger")
+        forged = dataclasses.replace(node_b, cards=node_b.cards[:0])  # node B without its cards
+        relabelled = dataclasses.replace(node_a, labels=(("zone", "a2"),))
+        async with connected(secure, Role.INVENTORY, "node-a") as nc:
+            body = {"node": codec.node_to(forged), "at": 1.0, "extra": {}}
+            await nc.publish("gpuledger.v1.inventory.node-a", bus.encode(body))
+            await announce(nc, [relabelled])  # then a true one: once it is in, the forged one was seen
+
+        async with connected(secure, Role.READER) as reader:
+            store = await LedgerStore.open(reader, retry_s=1.0)
+
+            async def a_relabelled() -> bool:
+                found, _ = await store.read("node-a")
+                return found is not None and found.node.labels == (("zone", "a2"),)
+
+            await wait_for(a_relabelled, what="node-a relabelled")
+            b, _ = await store.read("node-b")
+            assert b is not None and len(b.node.cards) == len(node_b.cards) > 0

@@ -157,8 +157,17 @@ def _generated(kind: str, name: str, namespace: str | None, data: dict[str, str]
 
 def _encode(kind: str, data: dict[str, str]) -> dict[str, str]:
     if kind == "Secret":
-        return {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+        return {k: _base64(v) for k, v in data.items()}
     return dict(data)
+
+
+def _base64(value: str) -> str:
+    """A Secret's value as kustomize writes it: base64, in lines of 70 when it is longer (the
+    hash suffix is of this text, line breaks and all)."""
+    encoded = base64.b64encode(value.encode()).decode()
+    if len(encoded) <= 70:
+        return encoded
+    return "".join(encoded[i : i + 70] + "\n" for i in range(0, len(encoded), 70))
 
 
 def _patch(result: Build, directory: Path, entry: Obj) -> None:

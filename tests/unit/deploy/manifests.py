@@ -21,7 +21,14 @@ PROVIDED = {
     ("Role", "extension-apiserver-authentication-reader"),
 }
 # Created by the operator before the first apply (docs/operator-guide.md), except in dev.
-OPERATOR_SECRETS = {"gpuledger-nats-auth": {"user", "password"}}
+# Each with the keys the pods read (docs/security.md): NATS's users and permissions (written by
+# gpuledger nats-config), the central services' passwords, NATS's and the gRPC API's certificates.
+OPERATOR_SECRETS = {
+    "gpuledger-nats-auth": {"auth.conf"},
+    "gpuledger-nats-users": {"allocator", "placement"},
+    "gpuledger-nats-tls": {"tls.crt", "tls.key", "ca.crt"},
+    "gpuledger-allocator-tls": {"tls.crt", "tls.key", "ca.crt"},
+}
 
 
 @functools.cache

@@ -20,9 +20,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpuledger_cli import natsconfig
 from gpuledger_common.fleet import load_fleet
 from gpuledger_common.natsserver import find_binary
 from gpuledger_common.settings import nats_servers
+from gpuledger_testing.tlsca import ThrowawayCa
 
 from .kustomize import KustomizeError, build
 from .manifests import (
@@ -137,14 +139,22 @@ def test_every_referenced_object_exists(path: str) -> None:
             assert (kind, name) in names, f"{path}: {kind} {name}"
 
 
-def test_the_dev_secret_has_the_keys_the_pods_read() -> None:
+def test_the_dev_secrets_have_the_keys_the_pods_read() -> None:
     objects = rendered("overlays/dev")
-    for _, _, container in containers(objects):
-        for item in container.get("env", []):
-            ref = item.get("valueFrom", {}).get("secretKeyRef")
-            if ref:
-                assert ref["key"] in named(objects, "Secret", ref["name"])["data"]
-                assert ref["key"] in OPERATOR_SECRETS[ref["name"].rsplit("-", 1)[0]]
+    read = 0
+    for _, spec in workloads(objects):
+        for volume in spec.get("volumes", []):
+            if "secret" not in volume:
+                continue
+            name = volume["secret"]["secretName"]
+            data = named(objects, "Secret", name)["data"]
+            wanted = {item["key"] for item in volume["secret"].get("items", [])} or set(data)
+            assert wanted <= set(data), name
+            base = name.rsplit("-", 1)[0]
+            if base in OPERATOR_SECRETS:
+                assert wanted <= OPERATOR_SECRETS[base], name
+                read += 1
+    assert read >= len(OPERATOR_SECRETS)
 
 
 def _pod_references(spec: dict[str, Any]) -> list[tuple[str, str]]:
@@ -251,7 +261,7 @@ def test_every_command_flag_and_variable_is_a_real_setting(path: str, workload: 
 
 
 @pytest.mark.parametrize("path", RENDERS)
-def test_every_gpuledger_container_lists_every_nats_server_with_the_secret(path: str) -> None:
+def test_every_gpuledger_container_lists_every_nats_server_over_tls_with_its_own_user(path: str) -> None:
     objects = rendered(path)
     servers = named(objects, "StatefulSet", "gpuledger-nats")
     headless = named(objects, "Service", servers["spec"]["serviceName"])
@@ -263,15 +273,57 @@ def test_every_gpuledger_container_lists_every_nats_server_with_the_secret(path:
         env = [e["name"] for e in container["env"]]
         listed = container_env(objects, container)["GPULEDGER_NATS_URL"]
         urls = [urlsplit(u) for u in nats_servers(listed)]  # as the services read it
-        for url in urls:
-            assert (url.scheme, url.username, url.password) == ("nats", "$(NATS_USER)", "$(NATS_PASSWORD)")
+        for url in urls:  # TLS, and no credentials in any URL
+            assert (url.scheme, url.username, url.password) == ("tls", None, None)
             domain = (url.hostname or "").partition(".")[2]
             assert domain == f"{headless['metadata']['name']}.{NAMESPACE}.svc" and url.port == client
         # every server of the StatefulSet, each once: a client reconnects to any that is up
         assert sorted((u.hostname or "").split(".")[0] for u in urls) == sorted(pods), container["name"]
-        # Kubernetes expands $(NAME) only from variables defined earlier in the list.
-        assert env.index("NATS_USER") < env.index("GPULEDGER_NATS_URL")
-        assert env.index("NATS_PASSWORD") < env.index("GPULEDGER_NATS_URL")
+        settings = container_env(objects, container)
+        user = settings["GPULEDGER_NATS_USER"]
+        role = container["command"][0].removeprefix("gpuledger-")
+        if role in ("inventory", "plugin"):  # the node's own user: Kubernetes expands $(NAME) ...
+            assert user == f"{role}-$(GPULEDGER_NODE)"
+            assert env.index("GPULEDGER_NODE") < env.index("GPULEDGER_NATS_USER")  # ... if it came first
+        else:
+            assert user == role
+        assert settings["GPULEDGER_NATS_CA_FILE"].endswith("/ca.crt")
+        assert _mounted_at(container, settings["GPULEDGER_NATS_PASSWORD_FILE"]), container["name"]
+        assert _mounted_at(container, settings["GPULEDGER_NATS_CA_FILE"]), container["name"]
+
+
+def _mounted_at(container: dict[str, Any], path: str) -> bool:
+    return any(path.startswith(m["mountPath"].rstrip("/") + "/") for m in container.get("volumeMounts", []))
+
+
+@pytest.mark.parametrize("path", ["base", "overlays/production"])
+def test_each_central_service_mounts_only_its_own_nats_password(path: str) -> None:
+    objects = rendered(path)
+    for workload, spec, container in containers(objects):
+        role = container.get("command", [""])[0].removeprefix("gpuledger-")
+        if role not in ("allocator", "placement"):
+            continue
+        volume = next(v for v in spec["volumes"] if v["name"] == "nats-password")
+        assert volume["secret"]["secretName"] == "gpuledger-nats-users"
+        assert volume["secret"]["items"] == [{"key": role, "path": "password"}], workload["metadata"]["name"]
+
+
+def test_the_node_agents_read_their_passwords_from_the_node() -> None:
+    spec = named(rendered("base"), "DaemonSet", "gpuledger-node")["spec"]["template"]["spec"]
+    volume = next(v for v in spec["volumes"] if v["name"] == "nats-password")
+    assert volume["hostPath"]["path"] == "/etc/gpuledger/nats"
+    assert not any("gpuledger-nats-users" in str(v) for v in spec["volumes"])  # no other node's password
+
+
+@pytest.mark.parametrize("path", RENDERS)
+def test_the_allocators_grpc_api_has_mutual_tls(path: str) -> None:
+    objects = rendered(path)
+    deployment = named(objects, "Deployment", "gpuledger-allocator")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    settings = container_env(objects, container)
+    for name in ("GPULEDGER_GRPC_CERT_FILE", "GPULEDGER_GRPC_KEY_FILE", "GPULEDGER_GRPC_CLIENT_CA_FILE"):
+        assert _mounted_at(container, settings[name]), name
+    assert settings["GPULEDGER_GRPC_ADMINS"]
 
 
 # --- the central services ----------------------------------------------------------------------
@@ -326,11 +378,12 @@ def test_nats_is_a_three_server_jetstream_cluster_with_storage_and_auth(path: st
     assert headless["spec"]["clusterIP"] == "None"
     container = nats["spec"]["template"]["spec"]["containers"][0]
     routes = container["args"][container["args"].index("--routes") + 1].split(",")
-    wanted = {f"gpuledger-nats-{i}.{headless['metadata']['name']}:6222" for i in range(replicas)}
-    assert {r.rsplit("@", 1)[1] for r in routes} == wanted
-    assert all(r.startswith("nats://$(NATS_USER):$(NATS_PASSWORD)@") for r in routes)
+    wanted = {f"tls://gpuledger-nats-{i}.{headless['metadata']['name']}.{NAMESPACE}.svc:6222" for i in range(replicas)}
+    assert set(routes) == wanted  # TLS, no password in them
     config = _nats_config(objects)
     assert re.search(r"cluster \{[^}]*port: 6222", config)
+    route_tls = re.search(r"cluster \{.*?tls \{([^}]*)\}", config, re.S)
+    assert route_tls is not None and "verify: true" in route_tls.group(1)  # routes: mutual TLS
     _assert_jetstream_on_the_volume(nats, config)
     _assert_authenticated(config)
     settings = generated(objects, "ConfigMap", "gpuledger-allocator-settings")["data"]
@@ -351,13 +404,25 @@ def test_dev_nats_is_one_server_without_routes() -> None:
 
 @pytest.mark.parametrize("path", RENDERS)
 def test_nats_server_accepts_the_rendered_configuration_and_arguments(path: str, tmp_path: Path) -> None:
+    """The config, with the files of its Secrets where the pod mounts them (under ``tmp_path``):
+    a server certificate and the users ``gpuledger nats-config`` writes."""
     objects = rendered(path)
     container = named(objects, "StatefulSet", "gpuledger-nats")["spec"]["template"]["spec"]["containers"][0]
-    env = {"SERVER_NAME": "gpuledger-nats-0", "NATS_USER": "gpuledger", "NATS_PASSWORD": "secret0"}
-    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
-    config_dir = next(m["mountPath"] for m in container["volumeMounts"] if m["name"] == "config")
-    args = [str(tmp_path / a.removeprefix(config_dir + "/")) if a.startswith(config_dir) else a for a in args]
-    (tmp_path / "nats.conf").write_text(_nats_config(objects))
+    env = {"SERVER_NAME": "gpuledger-nats-0"}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    root = str(tmp_path)
+    args = [a.replace(mounts["config"], root + mounts["config"]) for a in container["args"]]
+    config = _nats_config(objects).replace(mounts["tls"], root + mounts["tls"])
+    (tmp_path / mounts["config"].lstrip("/")).mkdir(parents=True)
+    (tmp_path / mounts["config"].lstrip("/") / "nats.conf").write_text(config)
+    auth = tmp_path / mounts["auth"].lstrip("/")
+    assert natsconfig.main(["--out", str(auth), "--node", "gpu-1"]) == 0
+    ca = ThrowawayCa(tmp_path / "ca")
+    issued = ca.issue("gpuledger-nats", ("gpuledger-nats-0.gpuledger-nats-headless.gpuledger.svc",))
+    tls = tmp_path / mounts["tls"].lstrip("/")
+    tls.mkdir(parents=True)
+    for name, source in (("tls.crt", issued.cert), ("tls.key", issued.key), ("ca.crt", ca.cert)):
+        (tls / name).write_bytes(source.read_bytes())
     done = subprocess.run([find_binary(), "-t", *args], env=env, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr + done.stdout
 
@@ -373,7 +438,11 @@ def _assert_jetstream_on_the_volume(nats: dict[str, Any], config: str) -> None:
 
 
 def _assert_authenticated(config: str) -> None:
-    assert re.search(r"authorization \{\s*user: \$NATS_USER\s*password: \$NATS_PASSWORD\s*\}", config)
+    """Clients over TLS, as the users of gpuledger nats-config (the Secret's auth.conf)."""
+    tls = re.search(r"^tls \{([^}]*)\}", config, re.M)
+    assert tls is not None and all(f in tls.group(1) for f in ("cert_file", "key_file", "ca_file"))
+    assert re.search(r"^include \.\./auth/auth\.conf$", config, re.M)
+    assert "$NATS_PASSWORD" not in config
 
 
 # --- the scheduler -------------------------------------------------------------------------------

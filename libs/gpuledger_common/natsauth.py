@@ -122,9 +122,9 @@ def permissions(role: Role, node: str = "") -> Permissions:
                 *_reads(LEDGER, ">"),
                 *_watches(LEDGER, "node.>"),
                 *_reads(OWNERS, ">"),
-                f"$KV.{LEDGER}.node.*",
+                f"$KV.{LEDGER}.node.>",  # a node name may hold dots (a DNS subdomain)
                 f"$KV.{OWNERS}.>",
-                f"{EVENTS}.*",
+                f"{EVENTS}.>",
             ),
             (f"{PLACEMENT}.>", f"{INVENTORY}.*", f"{HEARTBEAT}.*", inbox),
             allow_responses=True,

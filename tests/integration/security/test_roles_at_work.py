@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -83,7 +84,8 @@ async def running_inventory(secure: SecureNats, node: str, directory: Path) -> A
         await asyncio.wait_for(task, 10.0)
 
 
-async def test_every_service_works_with_its_own_user(tmp_path: Path) -> None:
+async def test_every_service_works_with_its_own_user(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     async with secure_nats(["node-a", "node-b"]) as secure:
         async with (
             running_allocator(secure.url, **secure.credential_settings(Role.ALLOCATOR)) as allocator,
@@ -119,5 +121,7 @@ async def test_every_service_works_with_its_own_user(tmp_path: Path) -> None:
             async with connected(secure, Role.READER) as nc:
                 with pytest.raises(Unavailable):
                     await set_card_health(nc, "node-a", 0, True, "reader", "", timeout=1.0)
+        assert "starting with" in caplog.text  # the settings were logged, and no password with them
+        assert not [user for user, password in secure.passwords.items() if password in caplog.text]
         refused = [line for line in secure.log.splitlines() if "Violation" in line]
         assert len(refused) == 1 and "user:reader" in refused[0] and "set_health" in refused[0]

@@ -1,17 +1,19 @@
 """What every service's ``__main__`` does: settings, logging, serve; bad settings exit 2.
 
-Services run on uvloop: the same asyncio API, with less of each request spent in the event loop."""
+Services run on uvloop: the same asyncio API, with less of each request spent in the event loop;
+and with the garbage collector's full collections kept short (``gcpause``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
 
 import uvloop
 
-from gpuledger_common import logs
+from gpuledger_common import gcpause, logs
 from gpuledger_common.settings import SettingsError, load
 
 
@@ -41,4 +43,11 @@ def run_service(
 
 
 async def _serve(serve: Callable[[S], Awaitable[None]], settings: S) -> None:
-    await serve(settings)
+    gcpause.install()
+    collecting = asyncio.create_task(gcpause.collect_thoroughly())
+    try:
+        await serve(settings)
+    finally:
+        collecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await collecting

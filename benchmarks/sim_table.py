@@ -1,12 +1,18 @@
 """Policy x trace x seeds 42-51 through the trace replay, as a markdown table of medians beside the
-FGD paper's published figures (unallocated GPU % at 100 % arrived, median of 10 seeds).
+FGD paper's published figures and the proven lower bound (unallocated GPU % at 100 % arrived,
+median of 10 seeds; the bound's per-seed figures come from ``sim_bound.py``).
 
-    PYTHONPATH=libs python benchmarks/sim_table.py [--data DIR] [--seeds 42-51] [--out FILE]
+    PYTHONPATH=libs python benchmarks/sim_table.py [--data DIR] [--seeds 42-51] [--out FILE] \
+        [--runs benchmarks/results/sim_runs.jsonl] [--bounds benchmarks/results/sim_bound.jsonl]
+
+Each run is appended to ``--runs`` as it ends and a run already there is not repeated (delete the
+file after changing a policy); the table is made from that file.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -21,6 +27,7 @@ from gpuledger_sim.trace import read_nodes, read_pods
 DATA = Path(os.environ.get("GPULEDGER_OPENB_DIR", Path(__file__).resolve().parents[1].parent / "shared/data/openb"))
 POLICIES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "default")
 TRACES = ("default", "gpushare40", "gpuspec33", "multigpu20")
+RESULTS = Path(__file__).resolve().parent / "results"
 # Published medians (Random, DotProd, GpuClustering, GpuPacking, BestFit, FGD) per trace.
 PAPER: dict[str, tuple[float, ...]] = {
     "default": (13.75, 9.44, 8.42, 8.19, 7.09, 4.77),
@@ -57,16 +64,32 @@ def paper(trace: str, policy: str) -> float | None:
     return figures[POLICIES.index(policy)]
 
 
-def table(results: list[Result], seeds: list[int]) -> str:
+def bounds_of(path: Path | None, seeds: list[int]) -> dict[str, dict[int, float]]:
+    """Per trace, per seed: the proven lower bound (``sim_bound.py``'s lines)."""
+    found: dict[str, dict[int, float]] = {}
+    if path is None or not path.exists():
+        return found
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row["seed"] in seeds:
+            found.setdefault(row["trace"], {})[row["seed"]] = row["bound_unallocated_gpu_pct_at_100"]
+    return found
+
+
+def table(results: list[Result], seeds: list[int], bounds: dict[str, dict[int, float]]) -> str:
     lines = [
         f"Unallocated GPU % when arrived GPU requests reach 100 % of capacity: median of seeds "
         f"{seeds[0]}-{seeds[-1]} (tune 1.3, 1,213 nodes / 6,212 GPUs). Paper: the FGD paper's "
-        "published median; ratio = ours / paper.",
+        "published median; ratio = ours / paper. Bound: median of the per-seed proven lower bounds "
+        "(no placement of the same arrived pods can do better); distance: median over seeds of "
+        "ours - bound.",
         "",
-        "| trace | policy | ours | paper | ratio | frag/total % at 90 % | s per run |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| trace | policy | ours | paper | ratio | bound | distance | frag/total % at 90 % | s per run |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for trace in TRACES:
+        per_seed = bounds.get(trace, {})
+        bound_s = f"{statistics.median(per_seed.values()):.2f}" if per_seed else ""
         for policy in POLICIES:
             rows = [r for r in results if r[0] == trace and r[1] == policy]
             if not rows:
@@ -77,10 +100,20 @@ def table(results: list[Result], seeds: list[int]) -> str:
             ref = paper(trace, policy)
             ref_s = "" if ref is None else f"{ref:.2f}"
             ratio = "" if ref is None else f"{ours / ref:.2f}"
+            gaps = [r[3] - per_seed[r[2]] for r in rows if r[2] in per_seed]
+            gap_s = f"{statistics.median(gaps):.2f}" if gaps else ""
             lines.append(
-                f"| {trace} | {policy} | {ours:.2f} | {ref_s} | {ratio} | {frag:.2f} | {secs:.1f} |"
+                f"| {trace} | {policy} | {ours:.2f} | {ref_s} | {ratio} | {bound_s} | {gap_s} "
+                f"| {frag:.2f} | {secs:.1f} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def done_runs(path: Path) -> list[Result]:
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [(r[0], r[1], int(r[2]), float(r[3]), float(r[4]), float(r[5])) for r in rows]
 
 
 def seed_range(raw: str) -> list[int]:
@@ -95,20 +128,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", default=",".join(POLICIES))
     p.add_argument("--traces", default=",".join(TRACES))
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--runs", type=Path, default=RESULTS / "sim_runs.jsonl")
+    p.add_argument("--bounds", type=Path, default=RESULTS / "sim_bound.jsonl")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     seeds = seed_range(args.seeds)
+    done = {(r[0], r[1], r[2]) for r in done_runs(args.runs)}
     jobs = [
         (args.data, trace, policy, seed)
         for trace in args.traces.split(",")
         for policy in args.policies.split(",")
         for seed in seeds
+        if (trace, policy, seed) not in done
     ]
     started = time.perf_counter()
-    with Pool(min(args.workers, 2)) as pool:
-        results = pool.map(one, jobs, chunksize=1)
-    text = table(results, seeds)
-    text += f"\n{len(jobs)} runs in {time.perf_counter() - started:.0f} s on 2 workers.\n"
+    with Pool(min(args.workers, 2)) as pool, args.runs.open("a") as sink:
+        for result in pool.imap_unordered(one, jobs):
+            print(json.dumps(result), file=sink, flush=True)
+    wanted = set(args.traces.split(",")), set(args.policies.split(","))
+    results = [r for r in done_runs(args.runs) if r[0] in wanted[0] and r[1] in wanted[1] and r[2] in seeds]
+    text = table(results, seeds, bounds_of(args.bounds, seeds))
+    text += f"\n{len(jobs)} new runs in {time.perf_counter() - started:.0f} s on {min(args.workers, 2)} workers.\n"
     if args.out:
         args.out.write_text(text)
     sys.stdout.write(text)

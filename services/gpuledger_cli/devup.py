@@ -1,9 +1,10 @@
 """``gpuledger dev up``: the whole stack as local processes on a simulated fleet.
 
-An embedded nats-server; the allocator, placement, and for every node of the fleet an inventory
-(fake NVML) and a plugin shim, each its own process; a simulated API server, scheduler and
-kubelets. It runs the demo scenario, prints the ledger, serves the dashboard and keeps running
-until Ctrl-C (``--once``: exit after the scenario, non-zero if anything in it went wrong).
+An embedded nats-server (TLS, a user per role and node, as deployed); the allocator, placement,
+and for every node of the fleet an inventory (fake NVML) and a plugin shim, each its own process;
+a simulated API server, scheduler and kubelets. It runs the demo scenario, prints the ledger,
+serves the dashboard and keeps running until Ctrl-C (``--once``: exit after the scenario,
+non-zero if anything in it went wrong).
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ async def _run(stack: Stack, once: bool, stop: asyncio.Event) -> int:
     if once:
         return 0 if ok else 1
     say(f"dashboard: {stack.dashboard}   gRPC: {stack.grpc}   NATS: {stack.nats_url}")
+    op = stack.operator
+    say(
+        f"  NATS as the operator: --nats-user {op.user} --nats-password-file {op.password_file} "
+        f"--nats-ca-file {op.ca_file}"
+    )
     say(f"try: gpuledger inspect --server {stack.grpc}   (Ctrl-C stops everything)")
     if isinstance(stack.cluster, RealCluster):
         say(f"try: kubectl --kubeconfig {stack.cluster.kubeconfig} get pods -n demo -o wide")

@@ -17,7 +17,10 @@ from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.kubesim import SimCluster
 from gpuledger_cli.dev.processes import Supervisor
 from gpuledger_common.fleet import Fleet
-from gpuledger_common.natsserver import NatsServer, embedded_nats, free_port
+from gpuledger_common.natsauth import Role
+from gpuledger_common.natscreds import NatsCredentials
+from gpuledger_common.natsserver import NatsServer, free_port
+from gpuledger_testing.secure_nats import SecureNats, secure_nats
 
 Say = Callable[[str], None]
 READY_S = 90.0
@@ -35,6 +38,7 @@ class Stack:
     cluster: Cluster
     supervisor: Supervisor
     nats: NatsServer
+    operator: NatsCredentials  # for gpuledger health against this stack
 
 
 async def wait_until(check: Callable[[], Awaitable[bool]], what: str, supervisor: Supervisor) -> None:
@@ -73,8 +77,8 @@ async def running_stack(
     cluster: Cluster = SimCluster(run_dir, names) if kubernetes == "sim" else RealCluster(run_dir, fleet)
     say(f"logs and sockets in {run_dir}")
     try:
-        async with embedded_nats() as nats:
-            say(f"nats-server with JetStream on {nats.url}")
+        async with secure_nats(names) as nats:  # TLS, and a user per role and node, as deployed
+            say(f"nats-server with JetStream, TLS and a user per role and node on {nats.url}")
             if isinstance(cluster, RealCluster):
                 say("starting the control plane (binaries are built from Go modules on first use: minutes)")
             kubeconfig = await cluster.start()
@@ -99,6 +103,20 @@ def _cluster_started(cluster: Cluster, kubelets: int) -> str:
     )
 
 
+def _nats_flags(nats: SecureNats, role: Role, node: str = "") -> list[str]:
+    creds = nats.credentials(role, node)
+    return [
+        "--nats-url",
+        nats.url,
+        "--nats-user",
+        creds.user,
+        "--nats-password-file",
+        creds.password_file,
+        "--nats-ca-file",
+        creds.ca_file,
+    ]
+
+
 def _inventory_kube(cluster: Cluster, kubeconfig: Path) -> list[str]:
     """The simulated API server has no Node objects to label; the real one has."""
     if isinstance(cluster, SimCluster):
@@ -108,7 +126,7 @@ def _inventory_kube(cluster: Cluster, kubeconfig: Path) -> list[str]:
 
 async def _start_services(
     fleet: Fleet,
-    nats: NatsServer,
+    nats: SecureNats,
     kubeconfig: Path,
     cluster: Cluster,
     supervisor: Supervisor,
@@ -123,8 +141,7 @@ async def _start_services(
         "allocator",
         "gpuledger_allocator",
         [
-            "--nats-url",
-            nats_url,
+            *_nats_flags(nats, Role.ALLOCATOR),
             "--grpc-host",
             "127.0.0.1",
             "--grpc-port",
@@ -147,8 +164,7 @@ async def _start_services(
         "placement",
         "gpuledger_placement",
         [
-            "--nats-url",
-            nats_url,
+            *_nats_flags(nats, Role.PLACEMENT),
             *local,
             "--http-port",
             str(placement_port),
@@ -168,8 +184,7 @@ async def _start_services(
                 fleet.path,
                 "--node",
                 node,
-                "--nats-url",
-                nats_url,
+                *_nats_flags(nats, Role.INVENTORY, node),
                 *local,
                 "--http-port",
                 "0",
@@ -182,8 +197,7 @@ async def _start_services(
             [
                 "--node",
                 node,
-                "--nats-url",
-                nats_url,
+                *_nats_flags(nats, Role.PLUGIN, node),
                 "--device-plugin-dir",
                 str(cluster.plugin_dir(node)),
                 "--pod-resources-socket",
@@ -203,4 +217,6 @@ async def _start_services(
     say(f"placement ready; the extender is {extender}")
     await wait_until(cluster.devices_ready, "every plugin registered with its kubelet", supervisor)
     say("every plugin shim registered with its kubelet and listed its devices")
-    return Stack(fleet, nats_url, grpc, f"http://127.0.0.1:{dashboard_port}/", extender, cluster, supervisor, nats)
+    dashboard = f"http://127.0.0.1:{dashboard_port}/"
+    operator = nats.credentials(Role.OPERATOR)
+    return Stack(fleet, nats_url, grpc, dashboard, extender, cluster, supervisor, nats.server, operator)

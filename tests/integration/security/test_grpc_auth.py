@@ -149,11 +149,20 @@ async def _allocation_events(events: AsyncIterator[pb.LedgerEvent], count: int) 
 
 
 async def cli(args: list[str]) -> int:
-    """``gpuledger`` in a process of its own, as a tool runs it; its exit status."""
+    """``gpuledger`` in a process of its own, as a tool runs it; its exit status. A refusal is
+    a message, never a traceback (a refused handshake once was one)."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gpuledger_cli", *args, stdout=asyncio.subprocess.DEVNULL
+        sys.executable,
+        "-m",
+        "gpuledger_cli",
+        *args,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
     )
-    return await asyncio.wait_for(process.wait(), 30.0)
+    _, err = await asyncio.wait_for(process.communicate(), 30.0)
+    assert b"Traceback" not in err, err.decode()
+    assert process.returncode is not None
+    return process.returncode
 
 
 async def test_the_cli_takes_the_same_credentials(api: RunningAllocator, pki: Pki) -> None:

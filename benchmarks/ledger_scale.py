@@ -367,8 +367,8 @@ async def run(count: int, seconds: float) -> Figures:
             achieved = await load
             cpu = {p.name: (_cpu(p) - cpu0[p.name]) / seconds for p in placements}
             figures.add(
-                f"compare-and-set at {CAS_RATE:g} writes/s (achieved {achieved:.0f}/s), 3 placement replicas watching",
-                f"{p50_p99(writer.latencies)}, {writer.errors} errors",
+                f"compare-and-set at {CAS_RATE:g} writes/s, {PLACEMENTS} placement replicas watching",
+                f"{p50_p99(writer.latencies)}, {writer.errors} errors, {achieved:.0f} writes/s achieved",
             )
             figures.add(
                 f"watch fan-out to {PLACEMENTS} placement replicas (write acked to prioritize seeing it)",
@@ -382,8 +382,8 @@ async def run(count: int, seconds: float) -> Figures:
                 await nc.request(ECHO_SUBJECT, b"{}", timeout=5)
             lat, failed, rate = await allocate_at(nc, ALLOCATE_RATE, seconds, "steady")
             figures.add(
-                f"Allocate (NATS) at {ALLOCATE_RATE:g}/s (achieved {rate:.0f}/s), policy rebuilt every 5 s",
-                f"{p50_p99(lat)}, {failed} failed",
+                f"Allocate (NATS) at {ALLOCATE_RATE:g}/s, placement's policy rebuilt every 5 s",
+                f"{p50_p99(lat)}, {failed} failed, {rate:.0f}/s achieved",
             )
             echo_lat = await echo_at(nc, ALLOCATE_RATE, min(seconds, 10))
             figures.add(f"raw nats-py echo at {ALLOCATE_RATE:g}/s", p50_p99(echo_lat))
@@ -413,7 +413,7 @@ async def run(count: int, seconds: float) -> Figures:
             why = f" (first: {str(refused[0])[:120]})" if refused else ""
             free = 8 * count - len(lat) - len(lat2)
             figures.add(
-                f"burst of {BURST} one-card Allocates at once, about {free} cards free", f"{len(refused)} refused{why}"
+                f"burst of {BURST} one-card Allocates at once", f"{len(refused)} refused{why}, ~{free} cards free"
             )
 
             took, text = await scrape(http, first)

@@ -90,6 +90,8 @@ def table(results: list[Result], seeds: list[int], bounds: dict[str, dict[int, f
     for trace in TRACES:
         per_seed = bounds.get(trace, {})
         bound_s = f"{statistics.median(per_seed.values()):.2f}" if per_seed else ""
+        if per_seed and len(per_seed) < len(seeds):
+            bound_s += f" ({len(per_seed)} seeds)"
         for policy in POLICIES:
             rows = [r for r in results if r[0] == trace and r[1] == policy]
             if not rows:

@@ -107,7 +107,7 @@ async def clear(api: KubeApi, kind: str) -> None:
 
 
 async def ledger_empty(stack: Stack) -> bool:
-    return not any(found.live() for found in (await read_ledger(stack.nats_url)).values())
+    return not any(found.live() for found in (await read_ledger(stack.nats_url, stack.operator)).values())
 
 
 async def metric(url: str, name: str, labels: str) -> float:

@@ -514,6 +514,16 @@ class LedgerStore:
             raise _WatchEnded() from None
         return entry
 
+    async def node_names(self) -> list[NodeName]:
+        """The nodes whose keys the bucket holds now (from the stream's info: no consumer)."""
+        try:
+            keys = await self._ride_out("list the ledger's nodes", self._keys_now)
+        except Unavailable:
+            raise
+        except Exception as err:
+            raise Unavailable(f"cannot list the ledger's nodes: {err}") from err
+        return sorted(NodeName(key.removeprefix("node.")) for key in keys)
+
     async def _keys_now(self) -> set[str]:
         """The node keys the bucket holds now: a snapshot is complete once all have arrived."""
         info = await self._js.stream_info(f"KV_{LEDGER_BUCKET}", subjects_filter=f"{KEY_PREFIX}node.>")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuledger_common import bus
+from gpuledger_common.natscreds import NONE, NatsCredentials
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import CORE_WHOLE, Allocation, AllocState, OwnerKind
@@ -128,11 +129,17 @@ def _owner_exists(allocation: Allocation, view: PodView | None, now: float, repo
         report.findings.append(f"{what}: its pod is not bound and the reservation's lease is over")
 
 
-async def read_ledger(nats_url: str) -> dict[str, NodeLedger]:
-    """Every node's ledger, read straight from the JetStream bucket (not through a service)."""
-    nc = await bus.connect(nats_url, "ledger-check")
+async def read_ledger(nats_url: str, credentials: NatsCredentials = NONE) -> dict[str, NodeLedger]:
+    """Every node's ledger, read straight from the JetStream bucket (not through a service), as
+    the user of ``credentials`` (a reader's are enough)."""
+    nc = await bus.connect(nats_url, "ledger-check", credentials=credentials)
     try:
         store = await LedgerStore.open(nc)
-        return {str(node): found for node, (found, _) in (await store.nodes()).items()}
+        found: dict[str, NodeLedger] = {}
+        for node in await store.node_names():  # key by key: a reader may not make a watch consumer
+            ledger, _ = await store.read(node)
+            if ledger is not None:
+                found[str(node)] = ledger
+        return found
     finally:
         await nc.close()

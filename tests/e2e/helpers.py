@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gpuledger_cli.dev.kubereal import RealCluster
+from gpuledger_cli.dev.stack import Stack
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_testing.controlplane.api import ApiError, KubeApi
 from gpuledger_testing.ledger_check import Report, check, read_ledger
@@ -44,8 +45,8 @@ def share(mib: int, cards: int = 1) -> dict[str, str]:
 
 
 @contextlib.asynccontextmanager
-async def namespace(api: KubeApi, name: str, nats_url: str = "") -> AsyncIterator[str]:
-    """A namespace for one test, deleted (with its pods) afterwards; with ``nats_url``, the exit
+async def namespace(api: KubeApi, name: str, stack: Stack | None = None) -> AsyncIterator[str]:
+    """A namespace for one test, deleted (with its pods) afterwards; with ``stack``, the exit
     also waits until the ledger holds nothing for the namespace (the next test finds the room)."""
     with contextlib.suppress(ApiError):
         await api.create("/api/v1/namespaces", {"metadata": {"name": name}})
@@ -56,13 +57,13 @@ async def namespace(api: KubeApi, name: str, nats_url: str = "") -> AsyncIterato
             await api.call("DELETE", f"/api/v1/namespaces/{name}/pods", params={"gracePeriodSeconds": "0"})
         with contextlib.suppress(ApiError):
             await api.delete(f"/api/v1/namespaces/{name}")
-        if nats_url:
-            await _namespace_released(nats_url, name)
+        if stack is not None:
+            await _namespace_released(stack, name)
 
 
-async def _namespace_released(nats_url: str, name: str, timeout: float = 60) -> None:
+async def _namespace_released(stack: Stack, name: str, timeout: float = 60) -> None:
     async def check() -> bool:
-        return not any(a.owner.namespace == name for found in (await ledger(nats_url)).values() for a in found.live())
+        return not any(a.owner.namespace == name for found in (await ledger(stack)).values() for a in found.live())
 
     await wait_for(check, timeout, f"every card held in namespace {name} released", interval=0.5)
 
@@ -83,17 +84,18 @@ async def running(api: KubeApi, namespace: str, name: str, timeout: float = 60) 
     return dict(await wait_for(check, timeout, f"pod {namespace}/{name} Running", POLL_S))
 
 
-async def ledger(nats_url: str) -> dict[str, NodeLedger]:
-    return await read_ledger(nats_url)
+async def ledger(stack: Stack) -> dict[str, NodeLedger]:
+    """The ledger straight from JetStream, as the stack's operator user (TLS, its own password)."""
+    return await read_ledger(stack.nats_url, stack.operator)
 
 
-async def live_allocations_of(nats_url: str, uid: str) -> list[Any]:
-    return [a for found in (await ledger(nats_url)).values() for a in found.live() if a.owner.id == uid]
+async def live_allocations_of(stack: Stack, uid: str) -> list[Any]:
+    return [a for found in (await ledger(stack)).values() for a in found.live() if a.owner.id == uid]
 
 
-async def released(nats_url: str, uid: str, timeout: float = 30) -> None:
+async def released(stack: Stack, uid: str, timeout: float = 30) -> None:
     async def check() -> bool:
-        return not await live_allocations_of(nats_url, uid)
+        return not await live_allocations_of(stack, uid)
 
     await wait_for(check, timeout, f"the cards of pod uid {uid} released", POLL_S)
 
@@ -102,14 +104,14 @@ async def all_pods(api: KubeApi) -> list[dict[str, Any]]:
     return list((await api.get("/api/v1/pods"))["items"])
 
 
-async def consistent(cluster: RealCluster, nats_url: str, timeout: float = 60) -> Report:
+async def consistent(cluster: RealCluster, stack: Stack, timeout: float = 60) -> Report:
     """Wait until the ledger equals what the pods hold (see gpuledger_testing.ledger_check)."""
     assert cluster.api is not None
     api = cluster.api
     last: list[Report] = []
 
     async def check_now() -> Report | None:
-        report = check((await ledger(nats_url)).values(), await all_pods(api), SLOTS_PER_CARD, time.time())
+        report = check((await ledger(stack)).values(), await all_pods(api), SLOTS_PER_CARD, time.time())
         last[:] = [report]
         return report if report.ok else None
 

@@ -62,7 +62,7 @@ FAULTS: dict[str, Fault] = {
 async def test_a_fault_mid_burst_leaves_the_ledger_equal_to_the_pods(
     stack: Stack, cluster: RealCluster, api: KubeApi, fault: str
 ) -> None:
-    async with namespace(api, f"e2e-burst-{fault}", stack.nats_url) as ns:
+    async with namespace(api, f"e2e-burst-{fault}", stack) as ns:
         pods = [pod(f"burst-{i:03d}", ns, share(1000)) for i in range(BURST)]
         for body in pods:
             body["spec"]["affinity"] = {
@@ -95,7 +95,7 @@ async def test_a_fault_mid_burst_leaves_the_ledger_equal_to_the_pods(
         unexpected = [r for r in refused if expected is None or expected not in r]
         assert not unexpected, f"kubelet refused pods the ledger placed, after {fault}: {unexpected[:5]}"
         print(f"{fault}: {len(refused)} pod(s) refused by kubelet at admission", flush=True)
-        report = await consistent(cluster, stack.nats_url)
+        report = await consistent(cluster, stack)
         stack.supervisor.check()
         running = sum(1 for p in after if p["status"].get("phase") == "Running")
         assert running >= BURST * 3 // 4, f"only {running} of {BURST} pods run after {fault}: {report}"

@@ -23,7 +23,7 @@ async def test_whole_number_forms_mean_exactly_that_many_mib(
     stack: Stack, cluster: RealCluster, api: KubeApi, written: str, mib: int
 ) -> None:
     name = f"mem-{written.lower()}"
-    async with namespace(api, f"e2e-quantity-{written.lower()}", stack.nats_url) as ns:
+    async with namespace(api, f"e2e-quantity-{written.lower()}", stack) as ns:
         made = await api.create(
             f"/api/v1/namespaces/{ns}/pods",
             pod(name, ns, {"gpuledger.io/gpu": "1", "gpuledger.io/gpu-mem": written}, node=NODE),
@@ -33,14 +33,14 @@ async def test_whole_number_forms_mean_exactly_that_many_mib(
         env = cluster.kubelets[NODE].container_envs(made["metadata"]["uid"])["app"]
         assert env["GPULEDGER_MEMORY_LIMIT_MIB"] == str(mib), (written, stored, env)
         await api.delete(f"/api/v1/namespaces/{ns}/pods/{name}", grace_s=0)
-        await released(stack.nats_url, made["metadata"]["uid"])
+        await released(stack, made["metadata"]["uid"])
 
 
 @pytest.mark.timeout(120)
 async def test_a_binary_suffix_is_refused_with_the_field_named(
     stack: Stack, cluster: RealCluster, api: KubeApi
 ) -> None:
-    async with namespace(api, "e2e-quantity-gi", stack.nats_url) as ns:
+    async with namespace(api, "e2e-quantity-gi", stack) as ns:
         made = await api.create(
             f"/api/v1/namespaces/{ns}/pods",
             pod("mem-2gi", ns, {"gpuledger.io/gpu": "1", "gpuledger.io/gpu-mem": "2Gi"}, node=NODE),
@@ -53,7 +53,7 @@ async def test_a_binary_suffix_is_refused_with_the_field_named(
 
 @pytest.mark.timeout(60)
 async def test_a_fraction_is_refused_by_the_api_server(stack: Stack, api: KubeApi) -> None:
-    async with namespace(api, "e2e-quantity-frac", stack.nats_url) as ns:
+    async with namespace(api, "e2e-quantity-frac", stack) as ns:
         with pytest.raises(ApiError) as refused:
             await api.create(
                 f"/api/v1/namespaces/{ns}/pods",

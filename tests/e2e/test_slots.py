@@ -20,7 +20,7 @@ NODE = "p4-2"
 
 
 async def holders(stack: Stack) -> dict[int, int]:
-    node = (await ledger(stack.nats_url))[NODE]
+    node = (await ledger(stack))[NODE]
     found = {card.index: 0 for card in node.node.cards}
     for allocation in node.live():
         for s in allocation.shares():
@@ -30,7 +30,7 @@ async def holders(stack: Stack) -> dict[int, int]:
 
 @pytest.mark.timeout(240)
 async def test_shares_spread_when_a_card_runs_out_of_slots(stack: Stack, api: KubeApi) -> None:
-    async with namespace(api, "e2e-slots-spread", stack.nats_url) as ns:
+    async with namespace(api, "e2e-slots-spread", stack) as ns:
         names = [f"small-{i}" for i in range(SLOTS_PER_CARD + 1)]
         for name in names:
             await api.create(f"/api/v1/namespaces/{ns}/pods", pod(name, ns, share(100), node=NODE))
@@ -42,7 +42,7 @@ async def test_shares_spread_when_a_card_runs_out_of_slots(stack: Stack, api: Ku
 
 @pytest.mark.timeout(240)
 async def test_no_node_fits_when_its_cards_have_no_free_slot(stack: Stack, cluster: RealCluster, api: KubeApi) -> None:
-    async with namespace(api, "e2e-slots-full", stack.nats_url) as ns:
+    async with namespace(api, "e2e-slots-full", stack) as ns:
         await api.create(f"/api/v1/namespaces/{ns}/pods", pod("whole", ns, {"gpuledger.io/gpu": "1"}, node=NODE))
         await running(api, ns, "whole")
         names = [f"small-{i}" for i in range(SLOTS_PER_CARD)]

@@ -150,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.traces.split(",")), set(args.policies.split(","))
     results = [r for r in done_runs(args.runs) if r[0] in wanted[0] and r[1] in wanted[1] and r[2] in seeds]
     text = table(results, seeds, bounds_of(args.bounds, seeds))
-    text += f"\n{len(jobs)} new runs in {time.perf_counter() - started:.0f} s on {min(args.workers, 2)} workers.\n"
+    text += (
+        f"\n{len(results)} runs from {args.runs.name}, {len(jobs)} of them new "
+        f"({time.perf_counter() - started:.0f} s on {min(args.workers, 2)} workers).\n"
+    )
     if args.out:
         args.out.write_text(text)
     sys.stdout.write(text)

@@ -34,35 +34,16 @@ from gpuledger_common.announce import announce
 from gpuledger_common.fleet import parse_fleet
 from gpuledger_common.natsserver import embedded_nats, free_port
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD
+from gpuledger_testing.benchpods import PLAIN, cpu_seconds, one_card_pods
 from gpuledger_testing.controlplane.api import STRATEGIC, KubeApi
 from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config, scheduler_config
 from gpuledger_testing.waiting import wait_for
 
-PLAIN = "example.com/gpu"
 NAMESPACE = "scale"
-CLK_TCK = 100
 
 
 def pods(kind: str, count: int) -> list[dict[str, Any]]:
-    scheduler, resource = ("plain-scheduler", PLAIN) if kind == "plain" else ("gpuledger-scheduler", "gpuledger.io/gpu")
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"{kind}-{i:05d}", "namespace": NAMESPACE, "labels": {"scale": kind}},
-            "spec": {
-                "schedulerName": scheduler,
-                "terminationGracePeriodSeconds": 0,
-                "containers": [{"name": "app", "image": "cuda", "resources": {"limits": {resource: "1"}}}],
-            },
-        }
-        for i in range(count)
-    ]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return one_card_pods(kind, count, NAMESPACE, kind, "scale")
 
 
 async def burst(api: KubeApi, kind: str, count: int) -> dict[str, float]:

@@ -36,14 +36,13 @@ from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.stack import Stack, running_stack
 from gpuledger_common.fleet import load_fleet
 from gpuledger_common.natsserver import free_port
+from gpuledger_testing.benchpods import PLAIN, cpu_seconds, one_card_pods, stat_fields
 from gpuledger_testing.controlplane.api import STRATEGIC, KubeApi
 from gpuledger_testing.controlplane.cluster import plain_scheduler_config
 from gpuledger_testing.ledger_check import read_ledger
 from gpuledger_testing.waiting import wait_for
 
-PLAIN = "example.com/gpu"
 NAMESPACE = "bench"
-CLK_TCK = 100
 
 
 def fleet_file(directory: Path, nodes: int) -> Path:
@@ -53,20 +52,7 @@ def fleet_file(directory: Path, nodes: int) -> Path:
 
 
 def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
-    scheduler, resource = ("plain-scheduler", PLAIN) if kind == "plain" else ("gpuledger-scheduler", "gpuledger.io/gpu")
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"{kind}-{round_no}-{i:04d}", "namespace": NAMESPACE, "labels": {"bench": kind}},
-            "spec": {
-                "schedulerName": scheduler,
-                "terminationGracePeriodSeconds": 0,
-                "containers": [{"name": "app", "image": "cuda", "resources": {"limits": {resource: "1"}}}],
-            },
-        }
-        for i in range(count)
-    ]
+    return one_card_pods(kind, count, NAMESPACE, f"{kind}-{round_no}", "bench")
 
 
 async def bound_count(api: KubeApi, kind: str) -> int:
@@ -129,15 +115,6 @@ async def timed(url: str, verb: str) -> tuple[float, float]:
     )
 
 
-def _stat(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = _stat(pid)
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
 def _label(pid: int) -> str:
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     words = [w.decode(errors="replace") for w in argv if w]
@@ -156,7 +133,7 @@ def cpu_by_process() -> dict[str, float]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                parents[int(entry.name)] = int(_stat(int(entry.name))[1])
+                parents[int(entry.name)] = int(stat_fields(int(entry.name))[1])
             except (OSError, IndexError, ValueError):
                 continue
     ours, grew = {os.getpid()}, True

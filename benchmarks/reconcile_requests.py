@@ -27,12 +27,12 @@ from typing import Any
 
 from gpuledger_allocator.kube import OURS, KubePodLister
 from gpuledger_allocator.podcache import PodCache
+from gpuledger_testing.benchpods import cpu_seconds
 from gpuledger_testing.controlplane.api import KubeApi
 from gpuledger_testing.controlplane.cluster import ControlPlane
 
 NAMESPACE = "reconcile-bench"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
-CLK_TCK = 100
 
 
 def pod(name: str, scheduler: str) -> dict[str, Any]:
@@ -47,8 +47,7 @@ def pod(name: str, scheduler: str) -> dict[str, Any]:
 def api_cpu_s(control_plane: ControlPlane) -> float:
     popen = control_plane.processes["kube-apiserver"].popen
     assert popen is not None
-    fields = Path(f"/proc/{popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return cpu_seconds(popen.pid)
 
 
 async def api_metrics(control_plane: ControlPlane) -> tuple[dict[str, float], float]:

@@ -32,7 +32,8 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
-def _names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
+def subject_names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
+    """The subject alternative names for ``hosts``: IP addresses as such, anything else as DNS."""
     names: list[x509.GeneralName] = []
     for host in hosts:
         try:
@@ -88,7 +89,7 @@ class ThrowawayCa:
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         )
         if not client:
-            builder = builder.add_extension(x509.SubjectAlternativeName(_names(hosts)), critical=False)
+            builder = builder.add_extension(x509.SubjectAlternativeName(subject_names(hosts)), critical=False)
         cert = builder.sign(self._key, hashes.SHA256())
         issued = Issued(self.directory / f"{common}.crt", self.directory / f"{common}.key")
         issued.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

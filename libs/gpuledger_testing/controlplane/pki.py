@@ -4,7 +4,6 @@ certificate (for 127.0.0.1 and localhost) and the service-account signing key.""
 from __future__ import annotations
 
 import datetime
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +11,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gpuledger_testing.tlsca import subject_names
 
 VALID_FOR = datetime.timedelta(days=2)
 
@@ -64,12 +65,7 @@ def make_pki(directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"
         .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
-    names: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
+    names = subject_names(hosts)
     server_key = _key()
     server = (
         _builder("kube-apiserver", "gpuledger-test-ca", server_key)

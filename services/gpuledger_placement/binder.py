@@ -70,6 +70,7 @@ class Binder:
         # A pod filter has just placed most likely holds nothing yet: its owner record is not
         # read first (the claim after the reservation finds one, should there be one).
         just_filtered = self.service.assumed.of(pod.owner) is not None and not bound_to
+        just_filtered = just_filtered and pod.owner.key not in self.service.view.holders
         allocation = await self.reserve(pod, args.node, just_filtered) if pod.wants_cards else None
         if bound_to:
             return Bound(allocation, again=True)

@@ -126,12 +126,30 @@ class PlacementService:
         self.policies.observe(pod)
         self.assumed.expire()
         self.assumed.forget(pod.owner, "refiltered")  # its earlier choice must not stand in its way
+        held = self._holding(pod, names)
+        if held is not None:  # a retry of a bind that reserved and died: the pod goes to its room
+            return Filtered((held,), {}, {}, tuple(name for name in names if name != held))
         judged = self._judged(pod, names)
         chosen = self._assume_best(pod, judged.fits) if judged.fits else None
         if chosen is None:
             return judged
         others = tuple(name for name in judged.fits if name != chosen)
         return Filtered((chosen,), judged.failed, judged.unresolvable, others)
+
+    def _holding(self, pod: PodAsk, names: Sequence[str]) -> str | None:
+        """The node among ``names`` where the pod already holds a live allocation of what it asks
+        (a bind that reserved and then died, placement restarted, the scheduler retrying): the bind
+        takes that allocation, so the node fits even when the pod's own room fills it."""
+        node = self.view.holders.get(pod.owner.key)
+        if node is None or node not in names:
+            return None
+        entry = self.view.entries.get(node)
+        held = entry.ledger.of_owner(pod.owner.key) if entry is not None else None
+        if held is None or held.requests != tuple(c.request for c in pod.containers):
+            return None
+        if self.view.stale_after_s and self.view.stale(node, self.view.clock()):
+            return None
+        return node
 
     def judge(self, pod: PodAsk, names: Sequence[str]) -> Filtered:
         """Every node's verdict for the pod, the assumed pods counted; nothing is chosen."""

@@ -61,6 +61,7 @@ class FleetView:
     models: Counter[str] = field(default_factory=Counter)  # cards per model, fleet-wide
     memories: Counter[int] = field(default_factory=Counter)  # cards per memory size
     order: dict[str, int] = field(default_factory=dict)  # each node's place in ``entries``' order
+    holders: dict[str, str] = field(default_factory=dict)  # owner key -> the node of its live allocation
     _subs: list[Subscription] = field(default_factory=list)
     _watchers: list[Callable[[str], None]] = field(default_factory=list)
     _added: Iterator[int] = field(default_factory=count)
@@ -98,6 +99,13 @@ class FleetView:
         for card in ledger.node.cards:
             self.models[card.model] += sign
             self.memories[card.memory_mib] += sign
+        node = ledger.node.name
+        for allocation in ledger.live():
+            key = allocation.owner.key
+            if sign > 0:
+                self.holders[key] = node
+            elif self.holders.get(key) == node:
+                del self.holders[key]
 
     def entry(self, node: str) -> NodeEntry | None:
         return self.entries.get(node)

@@ -143,6 +143,33 @@ async def test_a_refiltered_retry_keeps_the_reservation_it_already_holds(
     assert json.loads(annotation)["id"] == kept.id
 
 
+async def test_a_pod_whose_own_reservation_fills_the_node_is_sent_back_to_it(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    # p4-0 has two cards. "first" reserves one, but its Binding's outcome is unknown (placement
+    # could as well have died there); "second" takes the other. When the scheduler retries "first",
+    # the node is full only because of first's own reservation: it is sent back to it, and its
+    # bind keeps that reservation.
+    for name in ("first", "second"):
+        apiserver.add_pod(gpu_pod(name, gpu=1))
+    _, body = await post(http, f"{placement.url}/filter", args(gpu_pod("first", gpu=1), ["p4-0"]))
+    assert body["NodeNames"] == ["p4-0"]
+    apiserver.fail_bindings.append((503, "etcdserver: request timed out"))
+    _, body = await post(http, f"{placement.url}/bind", bind_args("first", "p4-0"))
+    assert "timed out" in body["Error"]
+    [kept] = await live_of(store, "p4-0", "uid-first")
+    _, body = await post(http, f"{placement.url}/filter", args(gpu_pod("second", gpu=1), ["p4-0"]))
+    assert body["NodeNames"] == ["p4-0"]
+    assert await post(http, f"{placement.url}/bind", bind_args("second", "p4-0")) == (200, {"Error": ""})
+
+    _, body = await post(http, f"{placement.url}/filter", args(gpu_pod("first", gpu=1), ["p4-0"]))
+    assert body["NodeNames"] == ["p4-0"], body
+    assert await post(http, f"{placement.url}/bind", bind_args("first", "p4-0")) == (200, {"Error": ""})
+    assert [a.id for a in await live_of(store, "p4-0", "uid-first")] == [kept.id]
+    _, body = await post(http, f"{placement.url}/filter", args(gpu_pod("third", gpu=1), ["p4-0"]))
+    assert body["NodeNames"] == [] and "p4-0" in body["FailedNodes"]  # full for anyone else
+
+
 async def test_bind_refuses_a_recreated_pod_and_a_missing_one(
     placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
 ) -> None:

@@ -40,24 +40,11 @@ from gpuledger_common.fleet import parse_fleet
 from gpuledger_common.natsserver import NatsServer, embedded_nats, free_port
 from gpuledger_core.model import Node
 from gpuledger_proto.gpuledger.allocator import v1 as pb
+from gpuledger_testing.echo import ECHO
 
 NODES = 16
 ALLOCATE = "gpuledger.v1.allocator.allocate"
 RELEASE = "gpuledger.v1.allocator.release"
-ECHO = """
-import asyncio, sys, nats
-async def main():
-    nc = await nats.connect(sys.argv[1])
-    async def echo(msg):
-        await msg.respond(msg.data)
-    await nc.subscribe(sys.argv[2], cb=echo)
-    await asyncio.Event().wait()
-if sys.argv[3] == "uvloop":
-    import uvloop
-    uvloop.run(main())
-else:
-    asyncio.run(main())
-"""
 TARGET_RATIO = 3.0
 TARGET_CAS = 1.2
 Op = Callable[[int, int], Awaitable[None]]

@@ -50,19 +50,10 @@ from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.model import Allocation, AllocState, Node, Owner, OwnerKind, Request
+from gpuledger_testing.echo import ECHO
 
 ALLOCATE = "gpuledger.v1.allocator.allocate"
 ECHO_SUBJECT = "bench.echo"
-ECHO = """
-import asyncio, sys, nats
-async def main():
-    nc = await nats.connect(sys.argv[1])
-    async def echo(msg):
-        await msg.respond(msg.data)
-    await nc.subscribe(sys.argv[2], cb=echo)
-    await asyncio.Event().wait()
-asyncio.run(main())
-"""
 PLACEMENTS = 3
 CAS_RATE = 200.0
 ALLOCATE_RATE = 50.0

@@ -17,10 +17,12 @@ from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_inventory import http
 from gpuledger_inventory.health import HealthPolicy
-from gpuledger_inventory.kube import KubeNodeApi, NodeApi
+from gpuledger_inventory.kube import KubeNodeApi, KubeSliceApi, NodeApi, SliceApi
 from gpuledger_inventory.nvml import Gpus, NvmlGpus, load_pynvml
+from gpuledger_inventory.publisher import SlicePublisher, sysfs_pcie_root
 from gpuledger_inventory.service import HealthStore, Inventory
 from gpuledger_inventory.settings import Settings
+from gpuledger_inventory.slices import SliceConfig
 from gpuledger_inventory.state import Host, NodeState
 
 log = logging.getLogger(__name__)
@@ -55,12 +57,24 @@ async def build_node_api(settings: Settings) -> NodeApi | None:
     return await KubeNodeApi.connect(settings.in_cluster, settings.kubeconfig)
 
 
+async def build_slices(settings: Settings, state: NodeState, api: SliceApi | None) -> SlicePublisher | None:
+    """DRA mode: the node's ResourceSlices (classic mode publishes none)."""
+    if settings.mode != "dra":
+        return None
+    api = api or await KubeSliceApi.connect(settings.in_cluster, settings.kubeconfig)
+    config = SliceConfig(settings.slots_per_card, settings.dra_memory_step_mib, settings.dra_binding_conditions)
+    roots = (lambda _bus: None) if settings.fake_fleet else sysfs_pcie_root
+    log.info("DRA mode: publishing ResourceSlices of driver %s for node %s", config.driver, settings.node)
+    return SlicePublisher(state, api, config, roots)
+
+
 async def serve(
     settings: Settings,
     *,
     gpus: Gpus | None = None,
     host: Host | None = None,
     node_api: NodeApi | None = None,
+    slice_api: SliceApi | None = None,
     stop: asyncio.Event | None = None,
     on_started: Callable[[Running], None] | None = None,
 ) -> None:
@@ -87,7 +101,8 @@ async def serve(
             return
         raise
     node_api = node_api or await build_node_api(settings)
-    inventory = Inventory(settings, gpus, state, nc, node_api, store)
+    slices = await build_slices(settings, state, slice_api)
+    inventory = Inventory(settings, gpus, state, nc, node_api, store, slices=slices)
     responders = [
         await bus.Responder(
             nc, inventory_api.set_health_subject(settings.node), inventory.set_health
@@ -110,6 +125,9 @@ async def serve(
     finally:
         alive = False
         await _shutdown(settings, inventory, responders, runner, nc, node_api)
+        if slices is not None:
+            with contextlib.suppress(Exception):
+                await slices.api.close()
 
 
 async def _shutdown(

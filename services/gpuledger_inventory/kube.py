@@ -1,15 +1,20 @@
-"""The Kubernetes adapter: the one module that imports kubernetes_asyncio, behind ``NodeApi``.
+"""The Kubernetes adapter: the one module that imports kubernetes_asyncio, behind ``NodeApi`` and
+``SliceApi``.
 
-Only two things are asked of the API server: read a Node's labels, and merge-patch them.
+``NodeApi``: read a Node's labels, and merge-patch them. ``SliceApi`` (DRA mode): list, create,
+replace and delete the node's ResourceSlices, in raw JSON (``gpuledger_common.kuberaw``: the
+client's models may lag ``resource.k8s.io/v1``), and read the Node's uid for the slices' owner.
 Without a configured cluster (``--kube off``, or ``auto`` outside a cluster and with no
-kubeconfig) the service runs without labelling.
+kubeconfig) the service runs without labelling and publishes no slices.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any, Protocol
 
+from gpuledger_common.kuberaw import RawKube
 from gpuledger_core.errors import NotFound, Unavailable
 
 log = logging.getLogger(__name__)
@@ -58,6 +63,67 @@ class KubeNodeApi:
 
     async def close(self) -> None:
         await self._api_client.close()
+
+
+class SliceApi(Protocol):
+    async def node_uid(self, node: str) -> str: ...
+    async def list_slices(self, node: str, driver: str) -> list[dict[str, Any]]: ...
+    async def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def replace_slice(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def delete_slice(self, name: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+class KubeSliceApi:
+    """ResourceSlices through the API server, as raw JSON."""
+
+    def __init__(self, raw: RawKube) -> None:
+        self._raw = raw
+
+    @classmethod
+    async def connect(cls, in_cluster: bool, kubeconfig: str) -> KubeSliceApi:
+        from kubernetes_asyncio import client, config
+
+        configuration = client.Configuration()
+        try:
+            if in_cluster:
+                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            else:
+                await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
+        except Exception as err:  # config errors come in several unrelated types
+            raise Unavailable(f"cannot configure Kubernetes: {err}") from err
+        return cls(RawKube(configuration))
+
+    async def node_uid(self, node: str) -> str:
+        found = await self._raw.call(f"node {node}", "GET", f"/api/v1/nodes/{node}")
+        return str(found["metadata"]["uid"])
+
+    async def list_slices(self, node: str, driver: str) -> list[dict[str, Any]]:
+        selector = f"spec.nodeName={node},spec.driver={driver}"
+        found = await self._raw.call(
+            f"the ResourceSlices of {node}", "GET", SLICES, params={"fieldSelector": selector}
+        )
+        return list(found.get("items") or [])
+
+    async def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        return dict(await self._raw.call(f"ResourceSlice {name}", "POST", SLICES, body))
+
+    async def replace_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        return dict(await self._raw.call(f"ResourceSlice {name}", "PUT", f"{SLICES}/{name}", body))
+
+    async def delete_slice(self, name: str) -> None:
+        try:
+            await self._raw.call(f"ResourceSlice {name}", "DELETE", f"{SLICES}/{name}")
+        except NotFound:
+            return  # gone already: what was wanted
+
+    async def close(self) -> None:
+        await self._raw.close()
 
 
 def _translate(err: Exception, node: str) -> Exception:

@@ -42,3 +42,10 @@ LABEL_PATCHES = Counter(
     "gpuledger_inventory_label_patches_total", "Node label patches sent to Kubernetes"
 )
 LABEL_ERRORS = Counter("gpuledger_inventory_label_errors_total", "Node label updates that failed")
+SLICE_WRITES = Counter(
+    "gpuledger_inventory_slice_writes_total", "DRA mode: pool generations written as ResourceSlices"
+)
+SLICE_ERRORS = Counter(
+    "gpuledger_inventory_slice_errors_total",
+    "DRA mode: ResourceSlice writes that failed or that the API server did not keep as sent",
+)

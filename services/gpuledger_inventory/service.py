@@ -30,6 +30,7 @@ from gpuledger_inventory.inventory import EventKind, GpuEvent
 from gpuledger_inventory.kube import NodeApi
 from gpuledger_inventory.labels import label_patch, node_labels
 from gpuledger_inventory.nvml import Gpus, NvmlUnavailable
+from gpuledger_inventory.publisher import SlicePublisher
 from gpuledger_inventory.settings import Settings
 from gpuledger_inventory.state import NodeState, same_content
 
@@ -74,8 +75,10 @@ class Inventory:
         node_api: NodeApi | None = None,
         store: HealthStore | None = None,
         clock: Callable[[], float] = time.time,
+        slices: SlicePublisher | None = None,
     ) -> None:
         self.settings, self.gpus, self.state, self.nc = settings, gpus, state, nc
+        self.slices = slices  # DRA mode: the node's ResourceSlices follow every publication
         self.node_api, self.store, self.clock = node_api, store or HealthStore(""), clock
         self.ready = asyncio.Event()
         self._changed = asyncio.Event()
@@ -93,6 +96,8 @@ class Inventory:
             tg.create_task(self._heartbeat_loop(), name="heartbeat")
             if self.node_api is not None:
                 tg.create_task(self._label_loop(self.node_api), name="labels")
+            if self.slices is not None:
+                tg.create_task(self.slices.run(), name="slices")
 
     async def close(self) -> None:
         await asyncio.to_thread(self.gpus.close)
@@ -238,6 +243,8 @@ class Inventory:
             self._last = message
             self._last_at = time.monotonic()
             self.ready.set()
+        if self.slices is not None:
+            self.slices.poke()
 
     async def _publish_loop(self) -> None:
         interval = self.settings.inventory_interval_s

@@ -12,10 +12,12 @@ from typing import Any
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.settings import SettingsError, nats_url_problem, redact_url
 from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_inventory.health import DEFAULT_IGNORED_XIDS
 
 ENV_PREFIX = "GPULEDGER_"
 KUBE_MODES = ("auto", "on", "off")
+MODES = ("classic", "dra")  # how this node's pool is served (docs/dra.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,10 @@ class Settings:
     kube: str = "auto"
     kubeconfig: str = ""
     in_cluster: bool = False  # detected from KUBERNETES_SERVICE_HOST
+    mode: str = "classic"  # classic: the device plugin; dra: publish ResourceSlices (docs/dra.md)
+    slots_per_card: int = DEFAULT_SLOTS_PER_CARD  # dra: the most claims sharing a card (1: never shared)
+    dra_memory_step_mib: int = 256  # dra: the memory capacity's request step (and its minimum)
+    dra_binding_conditions: bool = False  # dra: every device waits for the ledger's commit at bind
     log_level: str = "info"
     log_format: str = "text"
     stop_timeout_s: float = 10.0
@@ -67,6 +73,14 @@ class Settings:
             raise InvalidArgument(
                 "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}"
             )
+        if self.mode not in MODES:
+            raise InvalidArgument("mode", f"must be one of {'|'.join(MODES)}, got {self.mode!r}")
+        if self.mode == "dra" and not self.use_kube:
+            raise InvalidArgument("mode", "dra publishes ResourceSlices and needs Kubernetes (kube on or a kubeconfig)")
+        if not 1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD:
+            raise InvalidArgument("slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}, got {self.slots_per_card}")
+        if not 1 <= self.dra_memory_step_mib <= 65536:
+            raise InvalidArgument("dra_memory_step_mib", f"must be 1..65536, got {self.dra_memory_step_mib}")
         if self.log_level not in ("debug", "info", "warning", "error"):
             raise InvalidArgument("log_level", f"must be debug|info|warning|error, got {self.log_level!r}")
         if self.log_format not in ("text", "json"):

@@ -28,9 +28,12 @@ PERMISSIONS: dict[str, set[Grant]] = {
     },
     "gpuledger-nats": set(),
     # gpuledger_inventory/kube.py: read_node, patch_node (its own Node's gpuledger.io/gpu.* labels).
+    # DRA mode (slices.py, publisher.py): the node's own ResourceSlices.
     "gpuledger-inventory": {
         ("*", "", "nodes", "get", "*"),
         ("*", "", "nodes", "patch", "*"),
+        *{("*", "resource.k8s.io", "resourceslices", verb, "*")
+          for verb in ("get", "list", "watch", "create", "update", "delete")},
     },
     # The extender's bind: read the pod, record the decision in its gpuledger.io/allocation
     # annotation, create its Binding.

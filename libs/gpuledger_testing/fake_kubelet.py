@@ -79,6 +79,23 @@ class Admitted:
     def env(self, container: str) -> dict[str, str]:
         return dict(self.answers[container].envs)
 
+    def visible(self, container: str) -> list[str]:
+        """The cards the NVIDIA container toolkit would give ``container`` from its answer, as the
+        toolkit reads them: ``/dev/null`` mounts under ``/var/run/nvidia-container-devices`` first,
+        else the ``NVIDIA_VISIBLE_DEVICES`` list (an unprivileged container's only where the
+        toolkit accepts the variable)."""
+        answer = self.answers[container]
+        root = "/var/run/nvidia-container-devices/"
+        mounted = [
+            m.container_path.removeprefix(root)
+            for m in answer.mounts
+            if m.host_path == "/dev/null" and m.container_path.startswith(root)
+        ]
+        if mounted:
+            return mounted
+        listed = answer.envs.get("NVIDIA_VISIBLE_DEVICES", "")
+        return [d for d in listed.split(",") if d and not d.startswith("/")]
+
 
 class AdmissionError(Exception):
     """kubelet rejected the pod (UnexpectedAdmissionError); the message is the device manager's."""

@@ -94,6 +94,7 @@ def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> Plugin
         default_isolation=Isolation(settings.default_isolation),
         mps_pipe_dir=settings.mps_pipe_dir,
         mps_host_pipe_dir=settings.mps_host_pipe_dir,
+        mps_host_shm_dir=settings.mps_host_shm_dir,
     )
     pods = PodResourcesClient(
         settings.pod_resources_socket, RESOURCE_NAME, settings.pod_resources_timeout_s

@@ -9,9 +9,9 @@ from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.outage import RETRY_S
 from gpuledger_common.settings import nats_servers, option, require
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
+from gpuledger_plugin.answer import STRATEGIES
 
 RESOURCE_NAME = "gpuledger.io/gpu"
-STRATEGIES = ("env", "cdi-cri", "cdi-annotations")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,13 @@ class PluginSettings:
         "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources socket"
     )
     slots_per_card: int = option(DEFAULT_SLOTS_PER_CARD, "kubelet devices advertised per card (containers sharing it)")
-    device_list_strategy: str = option("env", "comma list of env, cdi-cri, cdi-annotations")
+    device_list_strategy: str = option(
+        "volume-mounts",
+        "how containers are given their cards, a comma list of volume-mounts (default: /dev/null mounts under "
+        "/var/run/nvidia-container-devices, which a pod cannot forge), cdi-cri, cdi-annotations, or env "
+        "(NVIDIA_VISIBLE_DEVICES: any pod can set it itself; only where the container toolkit ignores it for "
+        "unprivileged containers)",
+    )
     cdi_kind: str = option("nvidia.com/gpu", "CDI vendor/class of the card devices")
     device_specs: bool = option(False, "also pass /dev/nvidia* device nodes in Allocate answers")
     default_isolation: str = option(
@@ -44,6 +50,9 @@ class PluginSettings:
     mps_pipe_dir: str = option("/tmp/nvidia-mps", "CUDA_MPS_PIPE_DIRECTORY inside containers")
     mps_host_pipe_dir: str = option(
         "/run/nvidia/mps", "the MPS daemon's pipe directory on the host"
+    )
+    mps_host_shm_dir: str = option(
+        "", "the MPS daemon's /dev/shm on the host, mounted at /dev/shm in MPS containers (empty: not mounted)"
     )
     answer_timeout_s: float = option(
         30.0, "the longest any kubelet call waits for NATS or the ledger (a NATS restart is ridden out)"
@@ -78,7 +87,19 @@ class PluginSettings:
         )
         require(bool(self.strategies), "device_list_strategy", "must name at least one strategy")
         for strategy in self.strategies:
-            require(strategy in STRATEGIES, "device_list_strategy", f"unknown {strategy!r}")
+            require(
+                strategy in STRATEGIES,
+                "device_list_strategy",
+                f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}",
+            )
+        require(
+            not ({"env", "volume-mounts"} <= set(self.strategies)),
+            "device_list_strategy",
+            "env and volume-mounts both set NVIDIA_VISIBLE_DEVICES: choose one",
+        )
+        for name in ("mps_pipe_dir", "mps_host_pipe_dir", "mps_host_shm_dir"):
+            path = getattr(self, name)
+            require(not path or path.startswith("/"), name, f"must be an absolute path, got {path!r}")
         require("/" in self.cdi_kind, "cdi_kind", "must be vendor/class, e.g. nvidia.com/gpu")
         require(
             self.default_isolation in ("none", "mps"), "default_isolation", "must be none or mps"

@@ -49,7 +49,7 @@ class Checks:
 def describe(o: Outcome) -> str:
     env = o.env.get("app", {})
     return (
-        f"{o.pod} on {o.node}: NVIDIA_VISIBLE_DEVICES={env.get('NVIDIA_VISIBLE_DEVICES', '?')} "
+        f"{o.pod} on {o.node}: CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES', '?')} "
         f"memory limit {env.get('GPULEDGER_MEMORY_LIMIT_MIB', '?')} MiB"
     )
 
@@ -72,7 +72,7 @@ async def _rtx(stack: Stack, checks: Checks) -> None:
         env = o.env.get("app", {})
         ok = (
             not o.pending
-            and env.get("NVIDIA_VISIBLE_DEVICES") == card
+            and env.get("CUDA_VISIBLE_DEVICES") == card
             and env.get("GPULEDGER_MEMORY_LIMIT_MIB") == str(n * UNIT_MIB)
         )
         checks.check(ok, describe(o), f"{o.pod}: {o.pending or o.env}")
@@ -88,7 +88,7 @@ async def _rtx(stack: Stack, checks: Checks) -> None:
 
 async def _p4(stack: Stack, checks: Checks) -> None:
     got = [await stack.cluster.run(gpu_pod(f"p4-{n}u-{i}", units(n)), ["p4-0"]) for i, n in enumerate((4, 20, 20))]
-    cards = [o.env.get("app", {}).get("NVIDIA_VISIBLE_DEVICES", "") for o in got]
+    cards = [o.env.get("app", {}).get("CUDA_VISIBLE_DEVICES", "") for o in got]
     ok = all(not o.pending for o in got) and sorted(cards.count(c) for c in set(cards)) == [1, 2]
     for o in got:
         checks.say(f"     {describe(o)}")
@@ -154,9 +154,9 @@ async def _delete_pod(stack: Stack, checks: Checks, name: str) -> None:
 
 
 def _indexes(node: Node, outcome: Outcome) -> list[int]:
-    """The indexes of the cards the container was given (from NVIDIA_VISIBLE_DEVICES)."""
+    """The indexes of the cards the container was given (from CUDA_VISIBLE_DEVICES)."""
     index = {str(c.uuid): c.index for c in node.cards}
-    given = outcome.env.get("app", {}).get("NVIDIA_VISIBLE_DEVICES", "").split(",")
+    given = outcome.env.get("app", {}).get("CUDA_VISIBLE_DEVICES", "").split(",")
     return sorted(index.get(u, -1) for u in given if u)
 
 

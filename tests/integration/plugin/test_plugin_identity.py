@@ -21,7 +21,8 @@ def assert_own(admitted: Admitted, allocation: Allocation) -> None:
         env = admitted.env(grant.container)
         assert env["GPULEDGER_ALLOCATION_ID"] == allocation.id
         assert env["GPULEDGER_CONTAINER"] == grant.container
-        assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(s.uuid for s in grant.cards)
+        assert admitted.visible(grant.container) == [s.uuid for s in grant.cards]
+        assert env["CUDA_VISIBLE_DEVICES"] == ",".join(s.uuid for s in grant.cards)
         assert env["GPULEDGER_MEMORY_LIMIT_MIB"] == ",".join(str(s.mem_mib) for s in grant.cards)
         assert {d.split("::")[0] for d in admitted.devices[grant.container]} == {
             s.uuid for s in grant.cards
@@ -115,10 +116,17 @@ async def test_mps_isolation_answer(stack: Stack) -> None:
     )
     admitted = await stack.kubelet.admit(p)
     env = admitted.env("main")
-    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "GPU-card-0=2048M,GPU-card-1=2048M"
+    # By the container's CUDA ordinals, which CUDA_VISIBLE_DEVICES pins to the grant's order.
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-card-0,GPU-card-1"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M,1=2048M"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
-    assert [m.container_path for m in admitted.answers["main"].mounts] == ["/tmp/nvidia-mps"]
+    mounts = [m.container_path for m in admitted.answers["main"].mounts]
+    assert mounts == [
+        "/var/run/nvidia-container-devices/GPU-card-0",
+        "/var/run/nvidia-container-devices/GPU-card-1",
+        "/tmp/nvidia-mps",
+    ]
 
 
 async def test_a_pod_without_reservation_is_refused_with_a_clear_message(stack: Stack) -> None:

@@ -60,7 +60,7 @@ async def test_kubelet_restart_reregisters_and_keeps_state(stack: Stack) -> None
     second = pod("after", FakeContainer("c", gpus=1))
     await stack.reserve(second, {"c": (share(1),)})
     admitted = await stack.kubelet.admit(second)
-    assert admitted.env("c")["NVIDIA_VISIBLE_DEVICES"] == "GPU-card-1"
+    assert admitted.visible("c") == ["GPU-card-1"]
 
 
 async def test_a_deleted_plugin_socket_is_served_and_registered_again(stack: Stack) -> None:

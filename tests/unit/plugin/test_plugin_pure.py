@@ -20,8 +20,10 @@ from .plugin_fixtures import ids_of, ledger_with, node, pod, share
 
 def test_answer_env_lists_cards_and_limits_in_visible_order() -> None:
     alloc = pod("p", Grant("c", (share(2, mem=1000, core=125), share(3, mem=2000, core=250))))
-    got = answer(node(), alloc, alloc.grants[0], AnswerPolicy())
+    got = answer(node(), alloc, alloc.grants[0], AnswerPolicy(strategies=("env",)))
     assert got.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-2,GPU-3"
+    assert got.envs["CUDA_VISIBLE_DEVICES"] == "GPU-2,GPU-3"
+    assert got.mounts == ()
     assert got.envs["GPULEDGER_MEMORY_LIMIT_MIB"] == "1000,2000"
     assert got.envs["GPULEDGER_CORE_LIMIT_PERCENT"] == "12.5,25"
     assert got.envs["GPULEDGER_EXCLUSIVE"] == "false"

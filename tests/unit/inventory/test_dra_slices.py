@@ -78,7 +78,10 @@ def test_a_shared_card_is_one_multi_allocatable_device_with_whole_card_defaults(
     assert attrs["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:17"}
     assert attrs["resource.kubernetes.io/numaNode"] == {"int": 0}
     assert device["capacity"] == {
-        "memory": {"value": "80Gi", "requestPolicy": {"default": "80Gi", "validRange": {"min": "256Mi", "step": "256Mi"}}},
+        "memory": {
+            "value": "80Gi",
+            "requestPolicy": {"default": "80Gi", "validRange": {"min": "256Mi", "step": "256Mi"}},
+        },
         "compute": {"value": "100", "requestPolicy": {"default": "100", "validRange": {"min": "1", "step": "1"}}},
         "slots": {"value": "8", "requestPolicy": {"default": "1", "validValues": ["1"]}},
     }
@@ -129,7 +132,9 @@ def test_binding_conditions_are_on_every_device_when_asked() -> None:
         ((Link(0, 1, 0), Link(1, 2, 4)), 2, {1: 1, 2: 1}),  # a link with no NVLinks joins nothing
     ],
 )
-def test_nvlink_groups_are_disjoint_fully_linked_sets(links: tuple[Link, ...], size: int, groups: dict[int, int]) -> None:
+def test_nvlink_groups_are_disjoint_fully_linked_sets(
+    links: tuple[Link, ...], size: int, groups: dict[int, int]
+) -> None:
     assert nvlink_groups(node(8, links), size) == groups
 
 

@@ -16,3 +16,25 @@ def test_bad_logging_settings_are_refused(flags: list[str], field: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         load_settings(["--node", "n1", *flags], {})
     assert caught.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        (["--mode", "both"], "mode"),
+        (["--mode", "dra", "--kube", "off"], "mode"),  # DRA mode publishes to the API server
+        (["--mode", "dra", "--kube", "on", "--slots-per-card", "0"], "slots_per_card"),
+        (["--mode", "dra", "--kube", "on", "--dra-memory-step-mib", "0"], "dra_memory_step_mib"),
+    ],
+)
+def test_bad_dra_settings_are_refused(flags: list[str], field: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        load_settings(["--node", "n1", *flags], {})
+    assert caught.value.field == field
+
+
+def test_nodes_are_classic_unless_told_and_dra_reads_from_the_environment() -> None:
+    assert load_settings(["--node", "n1"], {}).mode == "classic"
+    found = load_settings(["--node", "n1"], {"GPULEDGER_MODE": "dra", "GPULEDGER_KUBE": "on",
+                                             "GPULEDGER_DRA_BINDING_CONDITIONS": "true"})
+    assert (found.mode, found.dra_binding_conditions, found.slots_per_card) == ("dra", True, 8)

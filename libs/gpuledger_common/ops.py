@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 
 from aiohttp import web
@@ -32,10 +33,11 @@ def ops_app(ready: Check, extra: web.Application | None = None) -> web.Applicati
     return app
 
 
-async def start_http(app: web.Application, host: str, port: int) -> web.AppRunner:
+async def start_http(app: web.Application, host: str, port: int, tls: ssl.SSLContext | None = None) -> web.AppRunner:
+    """Serve ``app`` on ``host:port``, over TLS with ``tls``."""
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, ssl_context=tls).start()
     return runner
 
 

@@ -92,7 +92,9 @@ class RunningPlacement:
 
     @property
     def url(self) -> str:
-        """The extender's base URL (the scheduler's urlPrefix)."""
+        """The extender's base URL (the scheduler's urlPrefix): HTTPS on its own port with TLS on."""
+        if self.settings.extender_tls:
+            return f"https://127.0.0.1:{self.settings.extender_port}{self.settings.url_prefix}"
         return f"http://127.0.0.1:{self.settings.http_port}{self.settings.url_prefix}"
 
     @property
@@ -111,6 +113,7 @@ async def running_placement(nats_url: str, **overrides: Any) -> AsyncIterator[Ru
         "nats_url": nats_url,
         "http_host": "127.0.0.1",
         "http_port": free_port(),
+        "extender_port": free_port(),
         "kube": "off",
         "stale_after_s": 0.0,
     }

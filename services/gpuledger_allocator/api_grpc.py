@@ -15,8 +15,8 @@ from gpuledger_allocator.callers import ANYONE, Caller
 from gpuledger_allocator.queries import AllocationFilter, cluster_page, list_allocations
 from gpuledger_allocator.service import AllocateCall, AllocatorService
 from gpuledger_common import pbconvert as conv
-from gpuledger_common.grpctls import identity_of
 from gpuledger_common.outage import within
+from gpuledger_common.tls import identity_of
 from gpuledger_core import errors
 from gpuledger_core.events import LedgerEvent
 from gpuledger_core.ids import AllocationId, NodeName

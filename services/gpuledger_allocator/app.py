@@ -24,11 +24,11 @@ from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import bus
-from gpuledger_common.grpctls import server_context
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe
 from gpuledger_common.store import LedgerStore
+from gpuledger_common.tls import server_context
 from gpuledger_core.errors import GpuledgerError, Unavailable
 
 log = logging.getLogger(__name__)

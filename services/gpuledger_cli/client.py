@@ -12,8 +12,8 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import StreamTerminatedError
 
-from gpuledger_common.grpctls import client_context
 from gpuledger_common.settings import SettingsError
+from gpuledger_common.tls import client_context
 from gpuledger_core import errors
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.outage import within
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
+from gpuledger_common.tls import HTTP1_ALPN, server_context
 from gpuledger_core.errors import GpuledgerError, Unavailable
 from gpuledger_core.placement import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
@@ -49,8 +51,8 @@ def build(settings: PlacementSettings, store: LedgerStore | None, pods: PodApi, 
     guard, ready = parse_guard(settings.guard), _ready(view, nc, settings)
     assumed = Assumptions(settings.assume_ttl_s)
     service = PlacementService(view, policies, settings.policy, guard, ready, assumed=assumed)
-    binder = Binder(store, service, pods, settings.lease_s) if store else None
-    return Parts(view, service, Extender(service, binder))
+    binder = Binder(store, service, pods, settings.lease_s, schedulers=settings.schedulers) if store else None
+    return Parts(view, service, Extender(service, binder, settings.schedulers))
 
 
 async def _seed_workload(parts: Parts) -> None:
@@ -62,9 +64,30 @@ async def _seed_workload(parts: Parts) -> None:
 
 
 def http_app(settings: PlacementSettings, parts: Parts) -> web.Application:
-    app = extender_app(parts.extender, settings.url_prefix)
+    """The ops endpoints, with the extender's verbs unless those are served over HTTPS (``https_app``)."""
+    ready = parts.service.ready
+    return ops_app(ready) if settings.extender_tls else ops_app(ready, _verbs(settings, parts, None))
+
+
+def https_app(settings: PlacementSettings, parts: Parts) -> web.Application:
+    """The extender's verbs alone, for callers holding one of the allowed client certificates."""
+    return _verbs(settings, parts, settings.clients)
+
+
+def _verbs(settings: PlacementSettings, parts: Parts, clients: frozenset[str] | None) -> web.Application:
+    app = extender_app(parts.extender, settings.url_prefix, settings.max_body_bytes, clients)
     app.middlewares.append(_one_outage_window(settings.ledger_retry_s))
-    return ops_app(lambda: parts.service.ready(), app)
+    return app
+
+
+def _extender_tls(settings: PlacementSettings) -> ssl.SSLContext:
+    return server_context(
+        settings.extender_cert_file,
+        settings.extender_key_file,
+        settings.extender_client_ca_file,
+        alpn=HTTP1_ALPN,
+        setting="extender",
+    )
 
 
 def _one_outage_window(seconds: float) -> Middleware:
@@ -103,18 +126,31 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
             seeding = tasks.create_task(_seed_workload(parts))
             await parts.view.listen(nc)
             responders = await serve_nats(nc, parts.service, settings.nats_queue)
-            http = await start_http(http_app(settings, parts), settings.http_host, settings.http_port)
+            runners = [await start_http(http_app(settings, parts), settings.http_host, settings.http_port)]
+            if settings.extender_tls:
+                https = https_app(settings, parts)
+                tls = _extender_tls(settings)
+                runners.append(await start_http(https, settings.http_host, settings.extender_port, tls))
             log.info(
-                "gpuledger-placement ready: extender on http://%s:%d%s, policy %s",
+                "gpuledger-placement ready: extender on %s://%s:%d%s, ops endpoints on port %d, policy %s",
+                "https" if settings.extender_tls else "http",
                 settings.http_host,
-                bound_port(http),
+                bound_port(runners[-1]),
                 settings.url_prefix,
+                bound_port(runners[0]),
                 settings.policy,
             )
+            if not settings.extender_tls:
+                log.warning(
+                    "the extender takes plain HTTP from anyone: whoever reaches port %d can bind pods "
+                    "(set extender_cert_file, extender_key_file and extender_client_ca_file)",
+                    bound_port(runners[0]),
+                )
             await stop.wait()
             log.info("gpuledger-placement stopping")
-            await http.shutdown()
-            await http.cleanup()
+            for runner in runners:
+                await runner.shutdown()
+                await runner.cleanup()
             for responder in responders:
                 await responder.close(settings.stop_timeout_s)
             await parts.view.stop_listening()

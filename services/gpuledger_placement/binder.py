@@ -1,7 +1,9 @@
 """The extender's bind: reserve in the ledger, mirror onto the pod, create the Binding.
 
-1. Know the pod: as filter read it moments ago (its assumption), or read afresh (its UID must be
-   the one the scheduler names).
+1. Know the pod: as filter read it moments ago (its assumption; filter takes only pods of our
+   schedulers), or read afresh: its UID must be the one the scheduler names, its schedulerName one
+   of ours, and it must not be bound yet, unless to this node by an earlier bind of ours (it holds
+   its live reservation here: a retried bind succeeds again; any other bound pod is refused).
 2. Reserve with ONE compare-and-set on the node's key: the cards filter chose for the pod while
    they still fit (else cards chosen again on the value being replaced), kubelet device IDs
    assigned, ``reserve``; the written value goes into placement's view at once; then claim the pod
@@ -54,6 +56,7 @@ class Binder:
     pods: PodApi
     lease_s: float = 300.0
     clock: Callable[[], float] = time.time
+    schedulers: frozenset[str] = frozenset({"gpuledger-scheduler"})  # the pods' schedulerName this binds
 
     async def bind(self, args: BindArgs) -> Bound:
         owner = Owner(OwnerKind.POD, args.uid)  # the key filter's assumption is under
@@ -67,13 +70,13 @@ class Binder:
 
     async def _bind(self, args: BindArgs) -> Bound:
         pod, bound_to = await self._pod(args)
+        if bound_to:
+            return await self._bound_already(pod, args)
         # A pod filter has just placed most likely holds nothing yet: its owner record is not
         # read first (the claim after the reservation finds one, should there be one).
-        just_filtered = self.service.assumed.of(pod.owner) is not None and not bound_to
+        just_filtered = self.service.assumed.of(pod.owner) is not None
         just_filtered = just_filtered and pod.owner.key not in self.service.view.holders
         allocation = await self.reserve(pod, args.node, just_filtered) if pod.wants_cards else None
-        if bound_to:
-            return Bound(allocation, again=True)
         annotations = None
         if allocation is not None:
             annotations = {convert.ALLOCATION_ANNOTATION: convert.allocation_annotation(allocation)}
@@ -104,7 +107,25 @@ class Binder:
             raise Conflict(f"pod {args.namespace}/{args.name} is now uid {ref.uid}, not {args.uid}: it was recreated")
         if ref.node_name and ref.node_name != args.node:
             raise FailedPrecondition(f"pod {args.namespace}/{args.name} is bound to {ref.node_name} already")
+        if ref.scheduler_name not in self.schedulers:
+            raise FailedPrecondition(
+                f"pod {args.namespace}/{args.name} names scheduler {ref.scheduler_name!r}; this extender binds "
+                f"only pods of {', '.join(sorted(self.schedulers))}"
+            )
         return self.service.resolve(convert.pod_ask_from(raw)), ref.node_name
+
+    async def _bound_already(self, pod: PodAsk, args: BindArgs) -> Bound:
+        """A pod bound to this node already. A retried bind of ours holds its live reservation here
+        and succeeds again; a pod someone else bound is not gpuledger's to bind or to give cards to."""
+        if not pod.wants_cards:
+            return Bound(None, again=True)
+        existing = await self._owned(pod.owner, args.node)
+        if existing is None:
+            raise FailedPrecondition(
+                f"pod {args.namespace}/{args.name} is bound to {args.node} already, without a gpuledger "
+                "reservation: someone else bound it, so gpuledger gives it no card"
+            )
+        return Bound(existing, again=True)
 
     async def reserve(self, pod: PodAsk, node: str, likely_new: bool = False) -> Allocation:
         """The pod's live reservation on ``node``: the one it has, or a new one (one CAS). With

@@ -44,6 +44,9 @@ _QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+
 _COUNT_LIMIT = 2**63  # no whole count of cards, MiB or percent comes near this
 
 
+DEFAULT_SCHEDULER = "default-scheduler"  # what the API server sets when a pod names no scheduler
+
+
 class BadRequest(InvalidArgument):
     """The request itself is malformed (not the pod's choices): HTTP 400."""
 
@@ -69,6 +72,7 @@ class PodRef:
     name: str
     uid: str
     node_name: str  # spec.nodeName: empty until the pod is bound
+    scheduler_name: str = DEFAULT_SCHEDULER  # spec.schedulerName (the API server's default when unset)
 
 
 # --- the extender's requests ---
@@ -175,6 +179,7 @@ def pod_ref_from(pod: Mapping[str, Any]) -> PodRef:
         str(meta.get("name") or ""),
         str(meta.get("uid") or ""),
         str(spec.get("nodeName") or ""),
+        str(spec.get("schedulerName") or DEFAULT_SCHEDULER),
     )
 
 

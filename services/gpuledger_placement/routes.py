@@ -1,8 +1,13 @@
 """The kube-scheduler extender over HTTP: ``POST <prefix>/filter``, ``/prioritize``, ``/bind``.
 
 Every verb answers 200 with the extender's JSON unless the request itself is malformed (400 with a
-message). Failures the scheduler should see go in the reply's ``Error`` (filter, bind); prioritize
-has no error field, so it answers 503, which the scheduler logs and ignores.
+message) or too large (413). Failures the scheduler should see go in the reply's ``Error`` (filter,
+bind); prioritize has no error field, so it answers 503, which the scheduler logs and ignores.
+Filter passes no node for a pod whose ``schedulerName`` is not one of ours (bind refuses it too).
+
+Over HTTPS (``extender_app`` with ``clients``), a caller must present a client certificate signed
+by the extender's client CA (refused in the handshake otherwise) whose common name is one of
+``clients`` (403 otherwise).
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
+from gpuledger_common.tls import identity_of
 from gpuledger_core.errors import GpuledgerError, InvalidArgument
 from gpuledger_placement import convert, metrics
 from gpuledger_placement.binder import Binder
@@ -47,8 +54,13 @@ def _timed(verb: str, handler: Handler) -> Handler:
 
 
 class Extender:
-    def __init__(self, service: PlacementService, binder: Binder | None) -> None:
-        self.service, self.binder = service, binder
+    def __init__(
+        self,
+        service: PlacementService,
+        binder: Binder | None,
+        schedulers: frozenset[str] = frozenset({"gpuledger-scheduler"}),
+    ) -> None:
+        self.service, self.binder, self.schedulers = service, binder, schedulers
 
     def routes(self, prefix: str) -> list[web.RouteDef]:
         return [
@@ -63,6 +75,10 @@ class Extender:
         except BadRequest as err:
             metrics.FAILURES.labels("filter", "bad_request").inc()
             return _bad(err)
+        foreign = self._foreign(args.pod)
+        if foreign:
+            metrics.DECISIONS.labels("filter", "foreign_scheduler").inc()
+            return _reply(convert.filter_result_to(args, (), {}, dict.fromkeys(args.names, foreign)))
         try:
             pod = convert.pod_ask_from(args.pod)
         except InvalidArgument as err:  # the pod's own resources make no sense: no node will do
@@ -110,6 +126,13 @@ class Extender:
         metrics.DECISIONS.labels("bind", "rebound" if bound.again else "bound").inc()
         return _reply(convert.bind_result_to())
 
+    def _foreign(self, pod: Any) -> str:
+        """Why a pod of another scheduler is not placed here ('' for a pod of ours)."""
+        name = convert.pod_ref_from(pod).scheduler_name
+        if name in self.schedulers:
+            return ""
+        return f"gpuledger places only pods of {', '.join(sorted(self.schedulers))}; this one names {name!r}"
+
     @staticmethod
     def _count_filter(wants: bool, found: Filtered) -> None:
         if not wants:
@@ -122,7 +145,26 @@ class Extender:
         metrics.NODES_FILTERED.labels("unresolvable").inc(len(found.unresolvable))
 
 
-def extender_app(extender: Extender, prefix: str) -> web.Application:
-    app = web.Application(client_max_size=64 * 1024 * 1024)
+def extender_app(
+    extender: Extender, prefix: str, max_body_bytes: int, clients: frozenset[str] | None = None
+) -> web.Application:
+    """The verbs; ``clients``: the client certificate common names let in (None: plain HTTP)."""
+    middlewares = [_only(clients)] if clients is not None else []
+    app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
     app.add_routes(extender.routes(prefix))
     return app
+
+
+def _only(clients: frozenset[str]) -> Middleware:
+    """Let in only callers whose verified client certificate names one of ``clients``."""
+
+    @web.middleware
+    async def authorized(request: web.Request, handler: Handler) -> web.StreamResponse:
+        caller = identity_of(request.transport.get_extra_info("peercert") if request.transport else None)
+        if caller not in clients:
+            metrics.FAILURES.labels("extender", "forbidden").inc()
+            log.warning("extender call from %r refused: not one of %s", caller, ", ".join(sorted(clients)))
+            return web.Response(status=403, text=f"forbidden: client {caller!r} may not call the extender\n")
+        return await handler(request)
+
+    return authorized

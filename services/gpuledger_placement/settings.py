@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from gpuledger_common.natscreds import HELP as NATS_HELP
@@ -31,6 +32,24 @@ class PlacementSettings:
     http_host: str = option("0.0.0.0", "address of the extender and of /healthz, /readyz, /metrics")
     http_port: int = option(8080, "port of the extender and the ops endpoints (0: any free port)")
     url_prefix: str = option("/gpuledger", "path the extender verbs hang under (the scheduler's urlPrefix path)")
+    extender_cert_file: str = option(
+        "",
+        "the extender's TLS certificate: turns on HTTPS with client certificates (with the next two); the "
+        "extender then listens on extender_port and http_port serves only /healthz, /readyz, /metrics",
+    )
+    extender_key_file: str = option("", "private key of extender_cert_file")
+    extender_client_ca_file: str = option("", "CA whose client certificates (kube-scheduler's) may call the extender")
+    extender_clients: str = option(
+        "gpuledger-scheduler",
+        "comma-separated common names of the client certificates that may call the extender (kube-scheduler's)",
+    )
+    extender_port: int = option(8443, "HTTPS port of the extender when extender_cert_file is set (0: any free port)")
+    scheduler_names: str = option(
+        "gpuledger-scheduler", "comma-separated schedulerName values of the pods this extender binds"
+    )
+    max_body_bytes: int = option(
+        4 * 1024 * 1024, "the largest extender request body taken (larger: HTTP 413); a 5,000-node filter is ~0.2 MB"
+    )
     policy: str = option("default", f"node policy unless a pod names one: {', '.join(POLICIES)}")
     guard: str = option("off", "dominant-resource guard: off, or CPU cores:GiB kept per free card, e.g. 4:32")
     kube: str = option("auto", "Kubernetes access: auto, in-cluster, kubeconfig or off")
@@ -57,9 +76,35 @@ class PlacementSettings:
     log_level: str = option("info", "debug, info, warning or error")
     log_format: str = option("text", "text or json")
 
+    @property
+    def extender_tls(self) -> bool:
+        return bool(self.extender_cert_file)
+
+    @property
+    def clients(self) -> frozenset[str]:
+        return _names(self.extender_clients)
+
+    @property
+    def schedulers(self) -> frozenset[str]:
+        return _names(self.scheduler_names)
+
     def __post_init__(self) -> None:
         nats_servers(self.nats_url)
         credentials_of(self)
+        tls = (self.extender_cert_file, self.extender_key_file, self.extender_client_ca_file)
+        require(
+            all(tls) or not any(tls),
+            "extender_cert_file",
+            "extender_cert_file, extender_key_file and extender_client_ca_file go together (HTTPS with client "
+            "certificates)",
+        )
+        for name in ("extender_cert_file", "extender_key_file", "extender_client_ca_file"):
+            path = getattr(self, name)
+            require(not path or os.path.isfile(path), name, f"{path!r} is not a readable file")
+        require(bool(self.clients), "extender_clients", "must name at least one client certificate common name")
+        require(0 <= self.extender_port < 65536, "extender_port", "must be 0..65535")
+        require(bool(self.schedulers), "scheduler_names", "must name at least one scheduler")
+        require(1024 <= self.max_body_bytes <= 256 * 1024 * 1024, "max_body_bytes", "must be 1 KiB..256 MiB")
         require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
         require(
             (self.url_prefix.startswith("/") and not self.url_prefix.endswith("/")) or self.url_prefix == "",
@@ -72,9 +117,7 @@ class PlacementSettings:
         require(0 < self.kube_timeout_s <= 30, "kube_timeout_s", "must be in (0, 30]")
         require(0 <= self.ledger_retry_s <= 60, "ledger_retry_s", "must be 0..60 seconds")
         require(self.lease_s > 0, "lease_s", "must be positive")
-        require(
-            1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}"
-        )
+        require(1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}")
         require(0 < self.assume_ttl_s <= MAX_ASSUME_TTL_S, "assume_ttl_s", f"must be in (0, {MAX_ASSUME_TTL_S:g}]")
         require(self.stale_after_s >= 0, "stale_after_s", "must not be negative")
         require(self.workload_window >= 1, "workload_window", "must be at least 1")
@@ -86,6 +129,10 @@ class PlacementSettings:
             "log_level",
             "must be debug, info, warning or error",
         )
+
+
+def _names(raw: str) -> frozenset[str]:
+    return frozenset(name.strip() for name in raw.split(",") if name.strip())
 
 
 def parse_guard(raw: str) -> Guard | None:

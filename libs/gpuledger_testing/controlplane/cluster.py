@@ -409,11 +409,18 @@ def find_scheduler_config() -> Path:
     )
 
 
-def scheduler_config(extender_url: str, source: Path | None = None) -> dict[str, Any]:
-    """gpuledger's scheduler configuration from ``deploy/`` with the extender pointed at ``extender_url``."""
+def scheduler_config(
+    extender_url: str, tls: Mapping[str, Any] | None = None, source: Path | None = None
+) -> dict[str, Any]:
+    """gpuledger's scheduler configuration from ``deploy/`` with the extender pointed at
+    ``extender_url``, over HTTPS with ``tls`` as its ``tlsConfig`` (its files), else plain HTTP."""
     config = yaml.safe_load((source or find_scheduler_config()).read_text())
     for extender in config.get("extenders", []):
         extender["urlPrefix"] = extender_url
+        extender["enableHTTPS"] = tls is not None
+        extender.pop("tlsConfig", None)
+        if tls is not None:
+            extender["tlsConfig"] = dict(tls)
     return dict(config)
 
 

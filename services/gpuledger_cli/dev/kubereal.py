@@ -19,6 +19,7 @@ from gpuledger_cli.dev.kubesim import Outcome
 from gpuledger_common.fleet import Fleet
 from gpuledger_testing.controlplane.api import ApiError, KubeApi
 from gpuledger_testing.controlplane.cluster import ControlPlane, scheduler_config
+from gpuledger_testing.extender_pki import ExtenderPki
 from gpuledger_testing.kwok_kubelet import KwokKubelet
 
 NAMESPACE = "demo"
@@ -81,10 +82,12 @@ class RealCluster:
             self.kubelets[node] = kubelet
         return self.kubeconfig
 
-    async def use_extender(self, url: str) -> None:
-        """Start kube-scheduler with gpuledger's configuration from deploy/, pointed at ``url``."""
+    async def use_extender(self, url: str, pki: ExtenderPki) -> None:
+        """Start kube-scheduler with gpuledger's configuration from deploy/, pointed at ``url``,
+        presenting its client certificate from ``pki``."""
         self.extender = url
-        await asyncio.to_thread(self.control_plane.start_scheduler, "kube-scheduler", scheduler_config(url))
+        config = scheduler_config(url, pki.scheduler_tls())
+        await asyncio.to_thread(self.control_plane.start_scheduler, "kube-scheduler", config)
 
     async def stop(self) -> None:
         for kubelet in self.kubelets.values():

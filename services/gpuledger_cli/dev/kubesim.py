@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from gpuledger_testing.extender_pki import ExtenderPki
 from gpuledger_testing.fake_apiserver import FakeApiServer
 from gpuledger_testing.fake_kubelet import AdmissionError, FakeKubelet
 from gpuledger_testing.kubelet_pods import fake_pod
@@ -66,7 +67,6 @@ class SimCluster:
             kubelet = FakeKubelet(str(self.plugin_dir(node)), str(self.pod_resources(node)))
             await kubelet.start()
             self.kubelets[node] = kubelet
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=15))
         return self.apiserver.kubeconfig(self.run_dir / "kubeconfig")
 
     async def stop(self) -> None:
@@ -95,8 +95,11 @@ class SimCluster:
         self.apiserver.set_phase(stored["metadata"]["namespace"], name, "Running")  # as kubelet reports it
         return Outcome(name, node, {c: admitted.env(c) for c in admitted.answers})
 
-    async def use_extender(self, url: str) -> None:
+    async def use_extender(self, url: str, pki: ExtenderPki) -> None:
+        """Call the extender at ``url`` as kube-scheduler does: with its client certificate."""
         self.extender = url
+        connector = aiohttp.TCPConnector(ssl=pki.client())
+        self._http = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=15))
 
     async def pod_uid(self, namespace: str, name: str) -> str:
         return str(self.apiserver.pod(namespace, name)["metadata"]["uid"])

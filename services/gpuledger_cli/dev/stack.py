@@ -20,6 +20,7 @@ from gpuledger_common.fleet import Fleet
 from gpuledger_common.natsauth import Role
 from gpuledger_common.natscreds import NatsCredentials
 from gpuledger_common.natsserver import NatsServer, free_port
+from gpuledger_testing.extender_pki import ExtenderPki
 from gpuledger_testing.secure_nats import SecureNats, secure_nats
 
 Say = Callable[[str], None]
@@ -39,6 +40,7 @@ class Stack:
     supervisor: Supervisor
     nats: NatsServer
     operator: NatsCredentials  # for gpuledger health against this stack
+    pki: ExtenderPki  # the extender's certificates: kube-scheduler's client one among them
 
 
 async def wait_until(check: Callable[[], Awaitable[bool]], what: str, supervisor: Supervisor) -> None:
@@ -159,7 +161,8 @@ async def _start_services(
             "1",
         ],
     )
-    placement_port = free_port()
+    placement_port, extender_port = free_port(), free_port()
+    pki = ExtenderPki(supervisor.run_dir / "extender-pki")  # kube-scheduler calls it with its certificate
     await supervisor.start(
         "placement",
         "gpuledger_placement",
@@ -168,6 +171,9 @@ async def _start_services(
             *local,
             "--http-port",
             str(placement_port),
+            *pki.placement_flags(),
+            "--extender-port",
+            str(extender_port),
             "--kube",
             "kubeconfig",
             "--kubeconfig",
@@ -211,12 +217,12 @@ async def _start_services(
     say(f"started {started}")
     await wait_until(lambda: _nodes_in_ledger(grpc, len(fleet.nodes)), "every node in the ledger", supervisor)
     say("every node's inventory is in the ledger")
-    extender = f"http://127.0.0.1:{placement_port}/gpuledger"
+    extender = f"https://127.0.0.1:{extender_port}/gpuledger"
     await wait_until(lambda: _http_ok(f"http://127.0.0.1:{placement_port}/readyz"), "placement", supervisor)
-    await cluster.use_extender(extender)
+    await cluster.use_extender(extender, pki)
     say(f"placement ready; the extender is {extender}")
     await wait_until(cluster.devices_ready, "every plugin registered with its kubelet", supervisor)
     say("every plugin shim registered with its kubelet and listed its devices")
     dashboard = f"http://127.0.0.1:{dashboard_port}/"
     operator = nats.credentials(Role.OPERATOR)
-    return Stack(fleet, nats_url, grpc, dashboard, extender, cluster, supervisor, nats.server, operator)
+    return Stack(fleet, nats_url, grpc, dashboard, extender, cluster, supervisor, nats.server, operator, pki)

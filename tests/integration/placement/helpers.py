@@ -30,7 +30,7 @@ def gpu_pod(
             "annotations": annotations or {},
         },
         "spec": {
-            "schedulerName": "default-scheduler",
+            "schedulerName": "gpuledger-scheduler",
             "containers": [
                 {
                     "name": "main",

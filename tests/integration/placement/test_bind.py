@@ -83,6 +83,32 @@ async def test_a_retried_bind_is_idempotent(
     assert len(await live_of(store, "h100-0", "uid-infer")) == 1
 
 
+async def test_bind_refuses_a_pod_of_another_scheduler_and_reserves_nothing(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    pod = gpu_pod("theirs", gpu=1)
+    pod["spec"]["schedulerName"] = "default-scheduler"
+    apiserver.add_pod(pod)
+    status, body = await post(http, f"{placement.url}/bind", bind_args("theirs", "h100-0"))
+    assert status == 200
+    assert "names scheduler 'default-scheduler'; this extender binds only pods of gpuledger-scheduler" in body["Error"]
+    assert apiserver.bindings == []
+    assert await live_of(store, "h100-0", "uid-theirs") == []
+
+
+async def test_bind_refuses_a_pod_someone_else_bound_and_gives_it_no_card(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    pod = gpu_pod("elsewhere", gpu=1)
+    pod["spec"]["nodeName"] = "h100-0"  # bound at creation, by whoever created it
+    apiserver.add_pod(pod)
+    status, body = await post(http, f"{placement.url}/bind", bind_args("elsewhere", "h100-0"))
+    assert status == 200
+    assert "bound to h100-0 already, without a gpuledger reservation" in body["Error"]
+    assert await live_of(store, "h100-0", "uid-elsewhere") == []
+    assert await store.owner_of(pod_owner("elsewhere")) is None
+
+
 async def test_a_failed_binding_rolls_the_reservation_back(
     placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
 ) -> None:

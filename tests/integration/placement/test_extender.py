@@ -9,7 +9,7 @@ import pytest
 
 from gpuledger_common.natsserver import NatsServer
 from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.stack import RunningPlacement, wait_for
+from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_placement, wait_for
 
 from .helpers import args, bind_args, gpu_pod, post
 
@@ -97,6 +97,32 @@ async def test_malformed_bind_gets_400(placement: RunningPlacement, http: aiohtt
     status, text = await post(http, f"{placement.url}/bind", {"PodName": "x", "PodNamespace": "default"})
     assert status == 400
     assert "PodUID" in text
+
+
+async def test_a_body_over_the_limit_gets_413_and_nothing_else(
+    nats_server: NatsServer, allocator: RunningAllocator
+) -> None:
+    async with (
+        running_placement(nats_server.url, max_body_bytes=64 * 1024) as small,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
+    ):
+        names = [f"node-{i:06d}" for i in range(8000)]  # ~130 KB of node names
+        status, text = await post(http, f"{small.url}/filter", args(gpu_pod("big"), names))
+        assert status == 413
+        assert "Traceback" not in str(text)
+        status, body = await post(http, f"{small.url}/filter", args(gpu_pod("small"), NODES))
+        assert status == 200 and len(body["NodeNames"]) == 1
+
+
+async def test_a_pod_of_another_scheduler_gets_no_node(
+    placement: RunningPlacement, http: aiohttp.ClientSession
+) -> None:
+    pod = gpu_pod("theirs", gpu=1)
+    pod["spec"]["schedulerName"] = "default-scheduler"
+    status, body = await post(http, f"{placement.url}/filter", args(pod, NODES))
+    assert status == 200 and body["NodeNames"] == []
+    why = body["FailedAndUnresolvableNodes"]["h100-0"]
+    assert "only pods of gpuledger-scheduler; this one names 'default-scheduler'" in why
 
 
 async def test_a_pod_with_nonsense_resources_is_unschedulable_with_the_reason(

@@ -21,8 +21,8 @@ from nats.aio.client import Client
 
 from gpuledger_common.announce import announce
 from gpuledger_common.fleet import Fleet
-from gpuledger_common.grpctls import client_context
 from gpuledger_common.natsserver import NatsServer
+from gpuledger_common.tls import client_context
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
 from gpuledger_testing.tlsca import Issued, ThrowawayCa

@@ -22,12 +22,15 @@ PROVIDED = {
 }
 # Created by the operator before the first apply (docs/operator-guide.md), except in dev.
 # Each with the keys the pods read (docs/security.md): NATS's users and permissions (written by
-# gpuledger nats-config), the central services' passwords, NATS's and the gRPC API's certificates.
+# gpuledger nats-config), the central services' passwords, NATS's and the gRPC API's certificates,
+# the extender's server certificate and kube-scheduler's client certificate for it.
 OPERATOR_SECRETS = {
     "gpuledger-nats-auth": {"auth.conf"},
     "gpuledger-nats-users": {"allocator", "placement"},
     "gpuledger-nats-tls": {"tls.crt", "tls.key", "ca.crt"},
     "gpuledger-allocator-tls": {"tls.crt", "tls.key", "ca.crt"},
+    "gpuledger-placement-tls": {"tls.crt", "tls.key", "ca.crt"},
+    "gpuledger-scheduler-extender-tls": {"tls.crt", "tls.key", "ca.crt"},
 }
 
 

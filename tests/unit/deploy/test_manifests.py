@@ -465,8 +465,9 @@ def test_the_scheduler_runs_the_mounted_configuration_with_the_placement_extende
     assert [p["schedulerName"] for p in config["profiles"]] == ["gpuledger-scheduler"]
     (extender,) = config["extenders"]
     service = named(objects, "Service", "gpuledger-placement")
-    port = service["spec"]["ports"][0]["port"]
-    assert extender["urlPrefix"] == f"http://gpuledger-placement.{NAMESPACE}.svc:{port}/gpuledger"
+    port = next(p["port"] for p in service["spec"]["ports"] if p["name"] == "extender")
+    assert extender["urlPrefix"] == f"https://gpuledger-placement.{NAMESPACE}.svc:{port}/gpuledger"
+    _assert_extender_tls(objects, pod, container, extender["tlsConfig"])
     verbs = (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"])
     assert verbs == ("filter", "prioritize", "bind")
     assert extender["nodeCacheCapable"] is True
@@ -479,6 +480,29 @@ def test_the_scheduler_runs_the_mounted_configuration_with_the_placement_extende
     role = named(objects, "Role", "gpuledger-scheduler-leader-election")
     assert election["resourceNamespace"] == role["metadata"]["namespace"]
     assert any(election["resourceName"] in rule.get("resourceNames", []) for rule in role["rules"])
+
+
+def _assert_extender_tls(
+    objects: list[Any], scheduler_pod: dict[str, Any], scheduler: dict[str, Any], tls: dict[str, str]
+) -> None:
+    """kube-scheduler's tlsConfig files are its mounted client Secret; placement serves HTTPS on the
+    Service's extender port with its own Secret and lets that client's common name in."""
+    secrets = {v["name"]: v["secret"]["secretName"] for v in scheduler_pod["volumes"] if "secret" in v}
+    mounts = {m["mountPath"]: m["name"] for m in scheduler["volumeMounts"]}
+    folder = str(Path(tls["certFile"]).parent)
+    assert secrets[mounts[folder]].startswith("gpuledger-scheduler-extender-tls")  # dev: a hash suffix
+    assert {Path(f).name for f in tls.values()} == {"tls.crt", "tls.key", "ca.crt"}
+    placement = named(objects, "Deployment", "gpuledger-placement")
+    pod = placement["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v.get("secret", {}).get("secretName") for v in pod["volumes"]}
+    mounted = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+    for field, file in (("cert_file", "tls.crt"), ("key_file", "tls.key"), ("client_ca_file", "ca.crt")):
+        value = Path(str(_effective(objects, container, f"extender_{field}")))
+        assert value.name == file and mounted[str(value.parent)].startswith("gpuledger-placement-tls"), field
+    port = int(str(_effective(objects, container, "extender_port")))
+    assert port_number(container, "extender") == port
+    assert "gpuledger-scheduler" in str(_effective(objects, container, "extender_clients")).split(",")
 
 
 # --- the node agents -----------------------------------------------------------------------------

@@ -82,12 +82,19 @@ def test_only_card_count_is_checked_by_the_scheduler_itself(extender: dict[str, 
 def test_the_verbs_and_prefix_are_what_placement_serves(extender: dict[str, Any]) -> None:
     defaults = PlacementSettings()
     url = urlparse(extender["urlPrefix"])
-    assert url.port == defaults.http_port
+    assert url.scheme == "https" and extender["enableHTTPS"] is True
+    assert url.port == defaults.extender_port
     assert url.path == defaults.url_prefix
     parts = build(PlacementSettings(kube="off"), None, NoPodApi(), None)
     served = {route.path for route in parts.extender.routes(defaults.url_prefix)}
     for verb in ("filterVerb", "prioritizeVerb", "bindVerb"):
         assert f"{url.path}/{extender[verb]}" in served
+
+
+def test_the_scheduler_presents_a_client_certificate_and_checks_the_server(extender: dict[str, Any]) -> None:
+    tls = extender["tlsConfig"]
+    assert set(tls) == {"certFile", "keyFile", "caFile"}  # ExtenderTLSConfig's json names, no insecure
+    assert len({Path(f).parent for f in tls.values()}) == 1  # one mounted Secret
 
 
 def test_the_timeout_leaves_bind_room_for_its_api_calls(extender: dict[str, Any]) -> None:

@@ -1,8 +1,10 @@
-"""Mutual TLS for the allocator's gRPC API: the server's and the client's SSL contexts, and the
-caller's identity (its certificate's common name).
+"""Mutual TLS for gpuledger's own servers: the allocator's gRPC API (HTTP/2) and placement's
+kube-scheduler extender (HTTP/1.1). The server's and the client's SSL contexts, and the caller's
+identity (its certificate's common name).
 
-Both sides offer ALPN ``h2`` (gRPC is HTTP/2) and TLS 1.2 or later. The server requires a client
-certificate signed by its client CA: a caller without one is refused in the handshake.
+TLS 1.2 or later. A server requires a client certificate signed by its client CA: a caller without
+one is refused in the handshake. ALPN is ``h2`` for gRPC; the extender offers ``http/1.1`` only (a
+Go client that was offered ``h2`` would speak HTTP/2, which the extender's server does not).
 """
 
 from __future__ import annotations
@@ -12,24 +14,37 @@ from typing import Any
 
 from gpuledger_common.settings import SettingsError
 
+GRPC_ALPN = ("h2",)
+HTTP1_ALPN = ("http/1.1",)
 
-def server_context(cert_file: str, key_file: str, client_ca_file: str) -> ssl.SSLContext:
+
+def server_context(
+    cert_file: str,
+    key_file: str,
+    client_ca_file: str,
+    *,
+    alpn: tuple[str, ...] = GRPC_ALPN,
+    setting: str = "grpc",
+) -> ssl.SSLContext:
+    """``setting``: the prefix of the settings named in errors (``grpc``: ``grpc_cert_file`` ...)."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    _load(context, cert_file, key_file, "grpc_cert_file")
-    _trust(context, client_ca_file, "grpc_client_ca_file")
+    _load(context, cert_file, key_file, f"{setting}_cert_file")
+    _trust(context, client_ca_file, f"{setting}_client_ca_file")
     context.verify_mode = ssl.CERT_REQUIRED
-    context.set_alpn_protocols(["h2"])
+    context.set_alpn_protocols(list(alpn))
     return context
 
 
-def client_context(ca_file: str, cert_file: str = "", key_file: str = "") -> ssl.SSLContext:
+def client_context(
+    ca_file: str, cert_file: str = "", key_file: str = "", *, alpn: tuple[str, ...] = GRPC_ALPN
+) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     _trust(context, ca_file, "--ca-file")
     if cert_file:
         _load(context, cert_file, key_file, "--cert-file")
-    context.set_alpn_protocols(["h2"])
+    context.set_alpn_protocols(list(alpn))
     return context
 
 

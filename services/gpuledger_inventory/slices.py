@@ -3,7 +3,7 @@
 One device per card, named ``gpu-<index>``, in index order (kube-scheduler allocates first-fit in
 slice and device order). Field names are those of ``resource.k8s.io/v1`` (k8s.io/api v0.36):
 
-- attributes (unqualified names belong to the driver's domain): ``uuid``, ``index``, ``model``,
+- attributes (unqualified names belong to the driver's domain): ``uuid``, ``index``, ``minor``, ``model``,
   ``productFamily``, ``memoryMiB``, ``computeCapability`` and ``driverVersion`` (semver),
   ``nvlinkGroup2``/``4``/``8`` (see ``nvlink_groups``), and the standard
   ``resource.kubernetes.io/pciBusID``, ``pcieRoot`` and ``numaNode`` where known;
@@ -195,6 +195,8 @@ def device(
         "productFamily": _string(family(facts.compute_capability)),
         "memoryMiB": {"int": card.memory_mib},
     }
+    if card.minor is not None:
+        attributes["minor"] = {"int": card.minor}  # /dev/nvidia<minor>, for the DRA plugin's CDI spec
     if facts.compute_capability is not None:
         major, minor = facts.compute_capability
         attributes["computeCapability"] = {"version": f"{major}.{minor}.0"}

@@ -6,92 +6,36 @@ kube-scheduler allocates a ResourceClaim against the slices on a kwok node."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tempfile
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
-import yaml
 
 from gpuledger_common.natsserver import NatsServer, embedded_nats
-from gpuledger_inventory.app import Running, serve
-from gpuledger_inventory.publisher import SlicePublisher
-from gpuledger_inventory.settings import Settings
 from gpuledger_inventory.slices import DRIVER, differences, manifest
-from gpuledger_testing.controlplane.api import ApiError, KubeApi
 from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
 from gpuledger_testing.waiting import wait_for
+from tests.e2e.dra_helpers import (
+    CLAIMS,
+    SCHEDULER,
+    allocated_claim,
+    claim_pod,
+    dra_node,
+    ensure_device_class,
+    namespace,
+    published,
+    share_claim,
+)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
-
-DEVICE_CLASS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "dra" / "deviceclass.yaml"
-SLICES = "/apis/resource.k8s.io/v1/resourceslices"
-CAPACITY = {"cpu": "8", "memory": "32Gi", "pods": "20"}
-SCHEDULER = "gpuledger-dra-e2e"
-
-
-@dataclass
-class DraNode:
-    name: str
-    api: KubeApi
-    running: Running
-
-    @property
-    def publisher(self) -> SlicePublisher:
-        assert self.running.inventory.slices is not None
-        return self.running.inventory.slices
-
-    async def slices(self) -> list[dict[str, Any]]:
-        found = await self.api.get(SLICES, fieldSelector=f"spec.nodeName={self.name},spec.driver={DRIVER}")
-        return list(found["items"])
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def nats() -> AsyncIterator[NatsServer]:
     async with embedded_nats() as server:
         yield server
-
-
-@contextlib.asynccontextmanager
-async def dra_node(cp: ControlPlane, nats: NatsServer, profile: str = "h100-sxm-8") -> AsyncIterator[DraNode]:
-    """A kwok node and its inventory in DRA mode on the fake NVML (the fleet file's one node)."""
-    assert cp.access is not None and cp.admin_kubeconfig is not None
-    name = f"dra-{uuid.uuid4().hex[:6]}"
-    work = Path(tempfile.mkdtemp(prefix="gl-dra-"))
-    fleet = work / "fleet.yaml"
-    fleet.write_text(yaml.safe_dump({"nodes": [{"name": name, "profile": profile}]}))
-    settings = Settings(
-        node=name, nats_url=nats.url, fake_fleet=str(fleet), kube="on", kubeconfig=str(cp.admin_kubeconfig),
-        mode="dra", http_host="127.0.0.1", http_port=0, event_wait_ms=50, heartbeat_interval_s=1.0,
-    )
-    async with KubeApi(cp.access) as api:
-        body = {"metadata": {"name": name}, "status": {"capacity": CAPACITY, "allocatable": CAPACITY}}
-        await api.create("/api/v1/nodes", body)
-        stop = asyncio.Event()
-        started: asyncio.Future[Running] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(serve(settings, stop=stop, on_started=started.set_result))
-        try:
-            running = await asyncio.wait_for(asyncio.shield(started), 30)
-            yield DraNode(name, api, running)
-        finally:
-            stop.set()
-            await asyncio.wait_for(task, 30)
-            with contextlib.suppress(ApiError):
-                await api.delete(f"/api/v1/nodes/{name}")  # its slices go with it (ownerReferences)
-
-
-async def published(node: DraNode, generation: int = 1, timeout: float = 30) -> list[dict[str, Any]]:
-    async def check() -> list[dict[str, Any]] | None:
-        found = await node.slices()
-        ok = found and all(s["spec"]["pool"]["generation"] == generation for s in found)
-        return found if ok and node.publisher.generation == generation else None
-
-    return await wait_for(check, timeout, f"the slices of {node.name} at generation {generation}", 0.1)
 
 
 async def test_the_api_server_keeps_the_slices_as_the_inventory_wrote_them(
@@ -165,54 +109,16 @@ async def test_kube_scheduler_allocates_a_claim_from_the_slices(
     control_plane: ControlPlane, nats: NatsServer
 ) -> None:
     await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
-    async with dra_node(control_plane, nats) as node:
+    async with dra_node(control_plane, nats) as node, namespace(node.api, node.name) as ns:
         await published(node)
-        api, ns = node.api, node.name
-        with contextlib.suppress(ApiError):
-            await api.create("/apis/resource.k8s.io/v1/deviceclasses", yaml.safe_load(DEVICE_CLASS.read_text()))
-        await api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
-        try:
-            request = {
-                "name": "gpu",
-                "exactly": {
-                    "deviceClassName": DRIVER,
-                    "capacity": {"requests": {"memory": "10Gi", "compute": "25"}},
-                },
-            }
-            claim = {"metadata": {"name": "share"}, "spec": {"devices": {"requests": [request]}}}
-            await api.create(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", claim)
-            await api.create(f"/api/v1/namespaces/{ns}/pods", _pod("app", node.name, "share"))
-
-            async def allocated() -> dict[str, Any] | None:
-                found = await api.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/share")
-                return found if found.get("status", {}).get("allocation") else None
-
-            found = await wait_for(allocated, 60, "the claim allocated", 0.2)
-            (result,) = found["status"]["allocation"]["devices"]["results"]
-            assert (result["driver"], result["pool"], result["device"]) == (DRIVER, node.name, "gpu-0")
-            assert result["consumedCapacity"] == {"memory": "10Gi", "compute": "25", "slots": "1"}
-            assert result.get("shareID")
-            pod = await api.get(f"/api/v1/namespaces/{ns}/pods/app")
-            reserved = found["status"].get("reservedFor", [])
-            assert any(r.get("uid") == pod["metadata"]["uid"] for r in reserved), reserved
-        finally:
-            with contextlib.suppress(ApiError):
-                await api.call("DELETE", f"/api/v1/namespaces/{ns}/pods", params={"gracePeriodSeconds": "0"})
-            with contextlib.suppress(ApiError):
-                await api.delete(f"/api/v1/namespaces/{ns}")
-
-
-def _pod(name: str, node: str, claim: str) -> dict[str, Any]:
-    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "schedulerName": SCHEDULER,
-            "terminationGracePeriodSeconds": 0,
-            "affinity": affinity,
-            "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-            "containers": [{"name": "app", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
-        },
-    }
+        api = node.api
+        await ensure_device_class(api)
+        await api.create(CLAIMS.format(ns=ns), share_claim("share"))
+        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("app", node.name, "share"))
+        found = await allocated_claim(api, ns, "share")
+        (result,) = found["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"], result["device"]) == (DRIVER, node.name, "gpu-0")
+        assert result["consumedCapacity"] == {"memory": "10Gi", "compute": "25", "slots": "1"}
+        assert result.get("shareID")
+        pod = await api.get(f"/api/v1/namespaces/{ns}/pods/app")
+        assert [r["uid"] for r in found["status"]["reservedFor"]] == [pod["metadata"]["uid"]]

@@ -1,0 +1,1 @@
+"""DRA mode of the plugin shim: the kubelet DRA plugin of driver gpu.gpuledger.io (docs/dra.md)."""

@@ -1,0 +1,140 @@
+"""One CDI spec per prepared claim (CDI 0.3 features only; pure, but for ``write`` and ``remove``).
+
+Kind ``k8s.gpu.gpuledger.io/claim``; one CDI device per allocated device, named
+``<claim uid>-<device>[-<share id>]`` so that a name is never reused (runtimes cache specs): its
+device node (``/dev/nvidia<minor>``). The spec's own edits apply to every container given any of
+its devices: the control device nodes and the environment, in the order of the claim's devices:
+
+- ``NVIDIA_VISIBLE_DEVICES``: the cards' UUIDs, comma-separated;
+- ``GPULEDGER_CLAIM`` (``namespace/name``) and ``GPULEDGER_CLAIM_UID``;
+- ``GPULEDGER_MEMORY_LIMIT_MIB`` and ``GPULEDGER_CORE_LIMIT_PERCENT``: per card, what the claim
+  consumed of it (the whole card where the device is not shared);
+- ``GPULEDGER_EXCLUSIVE``: ``true`` when no card of the claim is shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuledger_core.errors import FailedPrecondition
+from gpuledger_plugin.dra.claims import AllocatedDevice, ClaimAllocation, MiB
+
+VENDOR = "k8s.gpu.gpuledger.io"
+CLASS = "claim"
+KIND = f"{VENDOR}/{CLASS}"
+CDI_VERSION = "0.3.0"
+CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """A published device as the plugin needs it: read back from the node's ResourceSlices."""
+
+    uuid: str
+    index: int
+    memory_mib: int
+    minor: int | None = None
+
+
+def cards_of(slices: Sequence[Mapping[str, Any]]) -> dict[str, Card]:
+    """Device name -> card, from the devices' attributes (slices.py writes them)."""
+    found: dict[str, Card] = {}
+    for item in slices:
+        for device in item.get("spec", {}).get("devices") or []:
+            attrs = device.get("attributes") or {}
+            minor = attrs.get("minor", {}).get("int")
+            found[str(device["name"])] = Card(
+                str(attrs.get("uuid", {}).get("string", "")),
+                int(attrs.get("index", {}).get("int", -1)),
+                int(attrs.get("memoryMiB", {}).get("int", 0)),
+                None if minor is None else int(minor),
+            )
+    return found
+
+
+def device_name(claim_uid: str, device: AllocatedDevice) -> str:
+    parts = [claim_uid, device.device] + ([device.share_id] if device.share_id else [])
+    return _UNSAFE.sub("-", "-".join(parts))
+
+
+def cdi_id(name: str) -> str:
+    return f"{KIND}={name}"
+
+
+def spec(allocation: ClaimAllocation, cards: Mapping[str, Card]) -> dict[str, Any]:
+    """The claim's CDI spec; ``FailedPrecondition`` if a device is not among this node's cards."""
+    devices, uuids, memory, compute = [], [], [], []
+    shared = False
+    for device in allocation.devices:
+        card = cards.get(device.device)
+        if card is None:
+            raise FailedPrecondition(
+                f"{allocation.ref.describe()}: device {device.device} is not published for this node"
+            )
+        edits: dict[str, Any] = {}
+        if card.minor is not None:
+            edits["deviceNodes"] = [{"path": f"/dev/nvidia{card.minor}"}]
+        devices.append({"name": device_name(allocation.ref.uid, device), "containerEdits": edits})
+        uuids.append(card.uuid)
+        whole = device.memory_bytes is None or device.memory_bytes // MiB >= card.memory_mib
+        whole = whole and (device.compute is None or device.compute >= 100)
+        shared = shared or not whole
+        memory.append(str(card.memory_mib if device.memory_bytes is None else device.memory_bytes // MiB))
+        compute.append(str(100 if device.compute is None else device.compute))
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
+        "GPULEDGER_CLAIM": f"{allocation.ref.namespace}/{allocation.ref.name}",
+        "GPULEDGER_CLAIM_UID": allocation.ref.uid,
+        "GPULEDGER_MEMORY_LIMIT_MIB": ",".join(memory),
+        "GPULEDGER_CORE_LIMIT_PERCENT": ",".join(compute),
+        "GPULEDGER_EXCLUSIVE": "false" if shared else "true",
+    }
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": KIND,
+        "devices": devices,
+        "containerEdits": {
+            "env": [f"{k}={v}" for k, v in env.items()],
+            "deviceNodes": [{"path": p} for p in CONTROL_DEVICES],
+        },
+    }
+
+
+def spec_path(cdi_dir: str, claim_uid: str) -> Path:
+    return Path(cdi_dir) / f"{VENDOR}-{CLASS}_{_UNSAFE.sub('-', claim_uid)}.json"
+
+
+def write(cdi_dir: str, claim_uid: str, content: Mapping[str, Any]) -> Path:
+    """Write the spec atomically (a runtime never reads half a file); the same content twice is a no-op."""
+    path = spec_path(cdi_dir, claim_uid)
+    text = json.dumps(content, indent=2, sort_keys=True) + "\n"
+    if path.exists() and path.read_text() == text:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gpuledger-", suffix=".tmp")
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return path
+
+
+def remove(cdi_dir: str, claim_uid: str) -> bool:
+    """Remove the claim's spec; False if there was none (already unprepared)."""
+    try:
+        spec_path(cdi_dir, claim_uid).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def ids_in(content: Mapping[str, Any]) -> list[str]:
+    return [cdi_id(d["name"]) for d in content.get("devices", [])]

@@ -1,0 +1,126 @@
+"""NodePrepareResources and NodeUnprepareResources, claim by claim (no wire types here).
+
+Prepare reads each claim from the API server (kubelet's word is not enough: the claim must be
+allocated, the same object, reserved for a pod, and hold devices of our driver on this node),
+asks the ledger seam, and writes the claim's CDI spec; Unprepare removes it. Each claim is answered
+on its own: one that fails never fails the others. Both are idempotent (the spec on disk is what
+was prepared, so a restarted plugin unprepares what an earlier one prepared, even when the claim
+is gone from the API server), one claim at a time per UID, and bounded by ``timeout_s``.
+
+The ledger seam (``LedgerCheck``): checking the claim against the ledger and committing its entry
+is issue 11 item 2. Until then ``NotCheckedYet`` accepts what kube-scheduler allocated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpuledger_core.errors import GpuledgerError
+from gpuledger_plugin.dra import cdi
+from gpuledger_plugin.dra.claims import AllocatedDevice, ClaimAllocation, ClaimRef, allocation_of
+from gpuledger_plugin.dra.kube import ClaimApi
+
+log = logging.getLogger(__name__)
+
+
+class LedgerCheck(Protocol):
+    async def check(self, allocation: ClaimAllocation) -> None:
+        """Refuse (raise a GpuledgerError) an allocation the ledger does not hold."""
+
+    async def release(self, claim_uid: str) -> None:
+        """The claim is unprepared on this node."""
+
+
+class NotCheckedYet:
+    """The ledger seam before issue 11 item 2: every allocation kube-scheduler made is accepted."""
+
+    async def check(self, allocation: ClaimAllocation) -> None:
+        log.debug("%s: not checked against the ledger (DRA ledger check not built yet)", allocation.ref.describe())
+
+    async def release(self, claim_uid: str) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    device: AllocatedDevice
+    cdi_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One claim's answer: its devices, or why not."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+class Preparer:
+    def __init__(
+        self,
+        node: str,
+        driver: str,
+        api: ClaimApi,
+        cdi_dir: str,
+        ledger: LedgerCheck | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self.node, self.driver, self.api, self.cdi_dir = node, driver, api, cdi_dir
+        self.ledger = ledger or NotCheckedYet()
+        self.timeout_s = timeout_s
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        outcomes = await asyncio.gather(*(self._bounded(ref, self._prepare, "prepare") for ref in refs))
+        return {ref.uid: outcome for ref, outcome in zip(refs, outcomes, strict=True)}
+
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        outcomes = await asyncio.gather(*(self._bounded(ref, self._unprepare, "unprepare") for ref in refs))
+        return {ref.uid: outcome for ref, outcome in zip(refs, outcomes, strict=True)}
+
+    async def _bounded(self, ref: ClaimRef, work: _Work, what: str) -> Outcome:
+        lock = self._locks.setdefault(ref.uid, asyncio.Lock())
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with lock:
+                    return await work(ref)
+        except TimeoutError:
+            error = f"cannot {what} {ref.describe()} within {self.timeout_s:g}s (the API server is not answering)"
+        except GpuledgerError as err:
+            error = f"cannot {what} {ref.describe()}: {err}"
+        except Exception as err:  # a claim must get an answer whatever broke
+            log.exception("%s of %s failed", what, ref.describe())
+            error = f"cannot {what} {ref.describe()}: {type(err).__name__}: {err}"
+        finally:
+            if not lock.locked():
+                self._locks.pop(ref.uid, None)
+        log.warning("gpuledger-plugin on node %s: %s", self.node, error)
+        return Outcome(error=error)
+
+    async def _prepare(self, ref: ClaimRef) -> Outcome:
+        raw = await self.api.get_claim(ref.namespace, ref.name)
+        allocation = allocation_of(raw, ref, self.driver, self.node)
+        cards = cdi.cards_of(await self.api.node_slices(self.node, self.driver))
+        await self.ledger.check(allocation)
+        content = cdi.spec(allocation, cards)
+        path = await asyncio.to_thread(cdi.write, self.cdi_dir, ref.uid, content)
+        names = [d["name"] for d in content["devices"]]
+        devices = tuple(
+            PreparedDevice(device, (cdi.cdi_id(name),)) for device, name in zip(allocation.devices, names, strict=True)
+        )
+        log.info("prepared %s: %s in %s", ref.describe(), ", ".join(d.device for d in allocation.devices), path)
+        return Outcome(devices)
+
+    async def _unprepare(self, ref: ClaimRef) -> Outcome:
+        removed = await asyncio.to_thread(cdi.remove, self.cdi_dir, ref.uid)
+        await self.ledger.release(ref.uid)
+        log.info("unprepared %s%s", ref.describe(), "" if removed else " (nothing was prepared)")
+        return Outcome()
+
+
+class _Work(Protocol):
+    async def __call__(self, ref: ClaimRef) -> Outcome: ...

@@ -1,0 +1,66 @@
+"""Settings of the plugin shim in DRA mode (``gpuledger-plugin --mode dra``)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuledger_common.settings import option, require
+
+DRIVER = "gpu.gpuledger.io"
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+@dataclass(frozen=True, slots=True)
+class DraSettings:
+    """gpuledger-plugin --mode dra: the kubelet DRA plugin of driver gpu.gpuledger.io."""
+
+    mode: str = option("dra", "dra (classic mode takes the device plugin's settings)")
+    node: str = option("", "this node's name: its ResourceSlice pool (required)")
+    driver: str = option(DRIVER, "the DRA driver name (the DeviceClass and the inventory's slices use it)")
+    registry_dir: str = option("/var/lib/kubelet/plugins_registry", "kubelet's plugin registration directory")
+    plugin_dir: str = option("/var/lib/kubelet/plugins", "where the plugin's own socket goes (<dir>/<driver>/dra.sock)")
+    cdi_dir: str = option("/var/run/cdi", "where the claims' CDI specs are written (the runtime's CDI spec dir)")
+    kubeconfig: str = option("", "a kubeconfig (empty: the pod's service account, else the default kubeconfig)")
+    api_timeout_s: float = option(10.0, "the longest one API server call may take")
+    prepare_timeout_s: float = option(40.0, "the longest one claim's prepare may take (kubelet waits 45 s)")
+    socket_poll_s: float = option(1.0, "how often to check that the registration socket is still there")
+    http_host: str = option("0.0.0.0", "address for /healthz, /readyz, /metrics")
+    http_port: int = option(8083, "port for /healthz, /readyz, /metrics (0: any free port)")
+    log_level: str = option("info", "debug, info, warning or error")
+    log_format: str = option("text", "text or json")
+
+    def __post_init__(self) -> None:
+        require(self.mode == "dra", "mode", f"must be dra here, got {self.mode!r}")
+        require(bool(self.node), "node", "is required (the Kubernetes node name)")
+        require(
+            len(self.driver) <= 63 and bool(_DNS_SUBDOMAIN.fullmatch(self.driver)),
+            "driver", "must be a DNS subdomain of at most 63 characters",
+        )
+        for name in ("registry_dir", "plugin_dir", "cdi_dir"):
+            require(getattr(self, name).startswith("/"), name, "must be an absolute path")
+        for name in ("api_timeout_s", "prepare_timeout_s", "socket_poll_s"):
+            require(getattr(self, name) > 0, name, "must be positive")
+        require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
+        require(self.log_format in ("text", "json"), "log_format", "must be text or json")
+        require(self.log_level in ("debug", "info", "warning", "error"), "log_level", "bad level")
+
+    @property
+    def registration_socket(self) -> str:
+        return f"{self.registry_dir.rstrip('/')}/{self.driver}-reg.sock"
+
+    @property
+    def dra_socket(self) -> str:
+        return f"{self.plugin_dir.rstrip('/')}/{self.driver}/dra.sock"
+
+
+def wants_dra(argv: Sequence[str] | None, env: Mapping[str, str]) -> bool:
+    """``--mode dra`` (or ``--mode=dra``) on the command line, else ``GPULEDGER_MODE=dra``."""
+    args = list(argv or ())
+    for i, arg in enumerate(args):
+        if arg == "--mode" and i + 1 < len(args):
+            return args[i + 1] == "dra"
+        if arg.startswith("--mode="):
+            return arg.partition("=")[2] == "dra"
+    return env.get("GPULEDGER_MODE", "") == "dra"

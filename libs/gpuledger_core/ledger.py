@@ -13,7 +13,7 @@ from types import MappingProxyType
 from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, CardUuid
 from gpuledger_core.model import Allocation, AllocState, CardShare, Node
-from gpuledger_core.usage import CardUse, allocation_use, free_of, node_use
+from gpuledger_core.usage import CardUse, allocation_use, free_of, node_use, tier_problem
 
 RELEASED_RETENTION_S = 600.0
 RELEASED_KEPT = 8  # the most released allocations a node's key remembers
@@ -46,8 +46,9 @@ class NodeLedger:
         return replace(self, allocations=kept)
 
 
-def reserve(ledger: NodeLedger, allocation: Allocation) -> NodeLedger:
-    """Add a new allocation, or raise ``Exhausted`` naming the card that lacks room."""
+def reserve(ledger: NodeLedger, allocation: Allocation, *, mix_isolation: bool = False) -> NodeLedger:
+    """Add a new allocation, or raise ``Exhausted`` naming the card that lacks room, or whose
+    holders are of another isolation tier (unless ``mix_isolation``: ``usage.tier_problem``)."""
     if allocation.node != ledger.node.name:
         raise InvalidArgument("node", f"allocation is for {allocation.node}, not {ledger.node.name}")
     if ledger.get(allocation.id) is not None:
@@ -55,6 +56,9 @@ def reserve(ledger: NodeLedger, allocation: Allocation) -> NodeLedger:
     use = ledger.use()
     for share in _merged(allocation):
         problem = share_problem(ledger.node, use.get(share.uuid), share)
+        if not problem and (held := use.get(share.uuid)) is not None and held.holders:
+            tier = tier_problem(held.tiers, allocation.isolation, mix_isolation)
+            problem = f"card {share.index} ({share.uuid}) on {ledger.node.name}: {tier}" if tier else ""
         if problem:
             raise Exhausted(problem)
     return replace(ledger, allocations=(*ledger.allocations, allocation))

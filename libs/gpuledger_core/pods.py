@@ -40,7 +40,7 @@ class PodAsk:
         return bool(self.containers)
 
     def ask(self, container: ContainerAsk) -> Ask:
-        return Ask(container.request, self.cpu_milli, self.memory_mib, self.owner.describe())
+        return Ask(container.request, self.cpu_milli, self.memory_mib, self.owner.describe(), self.isolation)
 
     def single(self) -> Ask | None:
         """The one ask when one app container wants cards and no init container does (the usual
@@ -100,16 +100,19 @@ def impossible(node: NodeState, ask: Ask) -> str:
     return ""
 
 
-def plan(ledger: NodeLedger, pod: PodAsk, policy: Policy, *, slots_per_card: int | None) -> tuple[Grant, ...]:
+def plan(
+    ledger: NodeLedger, pod: PodAsk, policy: Policy, *, slots_per_card: int | None, mix_isolation: bool = False
+) -> tuple[Grant, ...]:
     """Cards for every container of ``pod`` on this node, or ``Exhausted`` with the reason. With
     ``slots_per_card`` (None: slots not counted) a card whose slots are all held takes no one new,
-    and each app container takes a slot of each of its cards."""
+    and each app container takes a slot of each of its cards. A card held by another isolation
+    tier takes none of the pod's containers unless ``mix_isolation``."""
     base = ledger.live()
     grants: list[Grant] = []
     apps: list[Grant] = []
     for container in pod.containers:
         held = base if container.init else (*base, _provisional(ledger, pod.owner, apps))
-        state = from_ledger(NodeLedger(ledger.node, held), slots_per_card=slots_per_card)
+        state = from_ledger(NodeLedger(ledger.node, held), slots_per_card=slots_per_card, mix_isolation=mix_isolation)
         ask = pod.ask(container)
         found = place([state], ask, policy)
         if not isinstance(found, Decision):
@@ -140,9 +143,11 @@ def reserve_pod(
     lease_s: float,
     slots_per_card: int,
     hint: Hint | None = None,
+    mix_isolation: bool = False,
 ) -> NodeLedger:
     """The one transition that places ``pod`` on this node: cards chosen on this very ledger,
-    device IDs assigned, reserved. Raises ``Exhausted`` with the reason when it does not fit.
+    device IDs assigned, reserved. Raises ``Exhausted`` with the reason when it does not fit
+    (a card held by another isolation tier counts as full unless ``mix_isolation``).
 
     ``hint``: card indexes per container chosen for this pod earlier (placement's filter), taken
     while they still fit, so that the pods chosen for this node beside it keep fitting too;
@@ -150,11 +155,11 @@ def reserve_pod(
     hinted = hinted_grants(ledger, pod, hint) if hint is not None else None
     if hinted is not None:
         try:
-            return _reserve(ledger, pod, allocation_id, hinted, now, lease_s, slots_per_card)
+            return _reserve(ledger, pod, allocation_id, hinted, now, lease_s, slots_per_card, mix_isolation)
         except Exhausted:
             pass
-    grants = plan(ledger, pod, policy, slots_per_card=slots_per_card)
-    return _reserve(ledger, pod, allocation_id, grants, now, lease_s, slots_per_card)
+    grants = plan(ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
+    return _reserve(ledger, pod, allocation_id, grants, now, lease_s, slots_per_card, mix_isolation)
 
 
 def _reserve(
@@ -165,6 +170,7 @@ def _reserve(
     now: float,
     lease_s: float,
     slots_per_card: int,
+    mix_isolation: bool,
 ) -> NodeLedger:
     allocation = Allocation(
         id=allocation_id,
@@ -178,7 +184,7 @@ def _reserve(
         lease_expires_at=now + lease_s,
         requests=tuple(c.request for c in pod.containers),
     )
-    return reserve(ledger, assign_device_ids(ledger, allocation, slots_per_card))
+    return reserve(ledger, assign_device_ids(ledger, allocation, slots_per_card), mix_isolation=mix_isolation)
 
 
 def hint_of(grants: tuple[Grant, ...]) -> Hint:

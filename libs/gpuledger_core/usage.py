@@ -1,4 +1,10 @@
-"""How much of each card the live allocations of a node hold."""
+"""How much of each card the live allocations of a node hold, and which isolation tiers hold it.
+
+``tier_problem`` is the one rule for tiers, used by every fit (the allocator's ``fit``, placement's
+``placement.fit``, so the extender and the replay too) and by the ledger's ``reserve``: an ``mps``
+tenant and a ``none`` tenant never share a card unless ``mix`` (the services' ``mix_isolation``
+setting) allows it.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuledger_core.ids import CardUuid
-from gpuledger_core.model import CORE_WHOLE, Allocation, Card, CardShare
+from gpuledger_core.model import CORE_WHOLE, Allocation, Card, CardShare, Isolation
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,13 +21,15 @@ class CardUse:
     core_milli: int = 0
     exclusive: bool = False
     holders: int = 0
+    tiers: frozenset[Isolation] = frozenset()  # the isolation tiers of its holders
 
-    def plus(self, share: CardShare) -> CardUse:
+    def plus(self, share: CardShare, tier: Isolation) -> CardUse:
         return CardUse(
             self.mem_mib + share.mem_mib,
             self.core_milli + share.core_milli,
             self.exclusive or share.exclusive,
             self.holders + 1,
+            self.tiers | {tier},
         )
 
     def most(self, other: CardUse) -> CardUse:
@@ -30,6 +38,7 @@ class CardUse:
             max(self.core_milli, other.core_milli),
             self.exclusive or other.exclusive,
             max(self.holders, other.holders),
+            self.tiers | other.tiers,
         )
 
 
@@ -40,9 +49,26 @@ class CardFree:
     mem_mib: int
     core_milli: int
     idle: bool  # nobody holds any of it: it can be taken exclusively
+    tiers: frozenset[Isolation] = frozenset()  # the isolation tiers of its holders
 
     def fits(self, mem_mib: int, core_milli: int) -> bool:
         return self.mem_mib >= mem_mib and self.core_milli >= core_milli
+
+
+def tier_problem(held: frozenset[Isolation], tier: Isolation, mix: bool) -> str:
+    """Why a new holder of isolation ``tier`` may not join a card whose holders are of the tiers
+    ``held``; empty when it may.
+
+    A process outside MPS on a card served by an MPS server either gets no context at all (NVIDIA's
+    MPS daemon puts the card in EXCLUSIVE_PROCESS mode) or, in the default compute mode, runs beside
+    the server bound by none of the MPS limits, so the MPS tenants' shares no longer hold. Mixing is
+    allowed only where ``mix`` says so.
+    """
+    others = held - {tier}
+    if mix or not others:
+        return ""
+    names = "|".join(sorted(t.value for t in others))
+    return f"isolation {tier.value} does not share a card with {names} tenants (mix_isolation is off)"
 
 
 def allocation_use(allocation: Allocation) -> dict[CardUuid, CardUse]:
@@ -53,12 +79,13 @@ def allocation_use(allocation: Allocation) -> dict[CardUuid, CardUse]:
     """
     apps: dict[CardUuid, CardUse] = {}
     inits: dict[CardUuid, CardUse] = {}
+    tier = allocation.isolation
     for grant in allocation.grants:
         for share in grant.cards:
             if grant.init:
-                inits[share.uuid] = inits.get(share.uuid, CardUse()).most(CardUse().plus(share))
+                inits[share.uuid] = inits.get(share.uuid, CardUse()).most(CardUse().plus(share, tier))
             else:
-                apps[share.uuid] = apps.get(share.uuid, CardUse()).plus(share)
+                apps[share.uuid] = apps.get(share.uuid, CardUse()).plus(share, tier)
     for uuid, use in inits.items():
         apps[uuid] = apps.get(uuid, CardUse()).most(use)
     return apps
@@ -77,6 +104,7 @@ def node_use(allocations: Iterable[Allocation]) -> dict[CardUuid, CardUse]:
                 seen.core_milli + use.core_milli,
                 seen.exclusive or use.exclusive,
                 seen.holders + 1,
+                seen.tiers | use.tiers,
             )
     return total
 
@@ -85,7 +113,7 @@ def free_of(card: Card, use: CardUse | None) -> CardFree:
     if use is None or use.holders == 0:
         return CardFree(card.memory_mib, CORE_WHOLE, idle=True)
     if use.exclusive:
-        return CardFree(0, 0, idle=False)
+        return CardFree(0, 0, idle=False, tiers=use.tiers)
     return CardFree(
-        max(0, card.memory_mib - use.mem_mib), max(0, CORE_WHOLE - use.core_milli), idle=False
+        max(0, card.memory_mib - use.mem_mib), max(0, CORE_WHOLE - use.core_milli), idle=False, tiers=use.tiers
     )

@@ -109,7 +109,7 @@ def commit(node: NodeState, ask: Ask, cards: tuple[int, ...]) -> NodeState:
     after = charge(node, ask.cpu_milli, ask.memory_mib)
     if not cards:
         return after
-    after = take(after, cards, ask.core, ask.mem, ask.exclusive)
+    after = take(after, cards, ask.core, ask.mem, ask.exclusive, ask.isolation)
     return replace(after, tags=after.tags | {tag_of(ask)})
 
 

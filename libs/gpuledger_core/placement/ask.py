@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuledger_core.errors import InvalidArgument
-from gpuledger_core.model import CORE_WHOLE, Request
+from gpuledger_core.model import CORE_WHOLE, Isolation, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,12 +14,14 @@ class Ask:
 
     ``request`` is ``None`` for a pod that wants no card. ``cpu_milli`` and ``memory_mib`` are for
     the pod as a whole (the node must have them free, as kube-scheduler checks); 0: not asked.
+    ``isolation`` is the pod's tier: a shared card held by another tier does not take it.
     """
 
     request: Request | None = None
     cpu_milli: int = 0
     memory_mib: int = 0
     name: str = ""
+    isolation: Isolation = Isolation.NONE
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0:
@@ -69,9 +71,9 @@ class Ask:
         return max(1, self.core, by_mem)
 
     @property
-    def shape(self) -> tuple[int, int, int, int, int, frozenset[str]]:
+    def shape(self) -> tuple[int, int, int, int, int, frozenset[str], Isolation]:
         """The key under which asks that place alike are cached (the name does not matter)."""
-        return (self.count, self.core, self.mem, self.cpu_milli, self.memory_mib, self.models)
+        return (self.count, self.core, self.mem, self.cpu_milli, self.memory_mib, self.models, self.isolation)
 
 
 def gpu_ask(
@@ -83,7 +85,8 @@ def gpu_ask(
     cpu_milli: int = 0,
     memory_mib: int = 0,
     name: str = "",
+    isolation: Isolation = Isolation.NONE,
 ) -> Ask:
     """Shorthand for an ``Ask`` of ``count`` cards (0: no card)."""
     request = Request(count, mem_mib, core_milli, models) if count else None
-    return Ask(request, cpu_milli, memory_mib, name)
+    return Ask(request, cpu_milli, memory_mib, name, isolation)

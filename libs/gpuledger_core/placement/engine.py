@@ -134,6 +134,7 @@ class Placer:
             node.stale,
             node.tags,
             node.topology,
+            node.mix_isolation,
         )
         if key in self._memo:
             return self._memo[key]

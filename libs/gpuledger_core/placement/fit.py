@@ -1,4 +1,7 @@
-"""Whether an ask fits a node, and if not, a sentence a person understands saying why."""
+"""Whether an ask fits a node, and if not, a sentence a person understands saying why.
+
+Isolation tiers go by ``usage.tier_problem``, the rule the allocator's fit and the ledger use too.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from dataclasses import dataclass
 from gpuledger_core.model import CORE_WHOLE
 from gpuledger_core.placement.ask import Ask
 from gpuledger_core.placement.state import UNTRACKED, CardState, NodeState
+from gpuledger_core.usage import tier_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,20 +47,22 @@ class Guard:
         return ""
 
 
-def card_takes(card: CardState, ask: Ask) -> bool:
-    """Whether ``card`` has room for one card's worth of ``ask`` (and a free slot for it)."""
+def card_takes(card: CardState, ask: Ask, mix_isolation: bool = False) -> bool:
+    """Whether ``card`` has room for one card's worth of ``ask`` (and a free slot for it), and
+    holds no tenant of another isolation tier (unless ``mix_isolation``)."""
     if not card.open or (ask.models and card.model not in ask.models):
         return False
     if ask.exclusive:
         return card.idle
-    if card.core_free < ask.core:
+    if card.core_free < ask.core or tier_problem(card.tiers, ask.isolation, mix_isolation):
         return False
     return card.mem_total <= 0 or card.mem_free >= ask.mem
 
 
 def fitting(node: NodeState, ask: Ask) -> tuple[int, ...]:
     """Positions of the cards of ``node`` that could each hold one card of ``ask``."""
-    return tuple(pos for pos, card in enumerate(node.cards) if card_takes(card, ask))
+    mix = node.mix_isolation
+    return tuple(pos for pos, card in enumerate(node.cards) if card_takes(card, ask, mix))
 
 
 def problem(node: NodeState, ask: Ask, guard: Guard | None = None) -> str:
@@ -102,13 +108,20 @@ def _card_problem(node: NodeState, ask: Ask) -> str:
             f"slots used up: {full} card(s) have every kubelet slot held, "
             f"{len(slotted)} card(s) with a free slot of the {ask.count} needed"
         )
-    problem = _share_problem(slotted, ask)
+    tiered = [c for c in slotted if not tier_problem(c.tiers, ask.isolation, node.mix_isolation)]
+    if len(tiered) < ask.count:
+        clash = next(tier_problem(c.tiers, ask.isolation, node.mix_isolation) for c in slotted if c not in tiered)
+        return (
+            f"{len(slotted) - len(tiered)} card(s) held by another isolation tier ({clash}), "
+            f"{len(tiered)} card(s) of the {ask.count} needed"
+        )
+    problem = _share_problem(tiered, ask, node.mix_isolation)
     if full:  # the cards that are slot-full are part of why, though another card is named
         problem += f"; {full} other card(s) have every kubelet slot held (slots used up)"
     return problem
 
 
-def _share_problem(healthy: list[CardState], ask: Ask) -> str:
+def _share_problem(healthy: list[CardState], ask: Ask, mix_isolation: bool) -> str:
     if ask.mem:
         tracked = [c for c in healthy if c.mem_total > 0]
         best = max(tracked, key=lambda c: c.mem_free, default=None)
@@ -123,5 +136,5 @@ def _share_problem(healthy: list[CardState], ask: Ask) -> str:
             f"card {most.index} has {most.core_free / 10:g}% compute free, "
             f"{(ask.core - most.core_free) / 10:g}% short of {ask.core / 10:g}%"
         )
-    room = sum(1 for c in healthy if card_takes(c, ask))
+    room = sum(1 for c in healthy if card_takes(c, ask, mix_isolation))
     return f"{room} card(s) with room of the {ask.count} needed"

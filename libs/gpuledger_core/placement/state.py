@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import CORE_WHOLE, Link, Node, PcieLevel
+from gpuledger_core.model import CORE_WHOLE, Isolation, Link, Node, PcieLevel
 from gpuledger_core.slots import slots_free, slots_held
 from gpuledger_core.usage import free_of
 
@@ -33,6 +33,7 @@ class CardState:
     healthy: bool = True
     numa: int | None = None
     slots_free: int = UNTRACKED  # kubelet slots no holder takes (UNTRACKED: not counted, the trace)
+    tiers: frozenset[Isolation] = frozenset()  # the isolation tiers of its holders
 
     @property
     def open(self) -> bool:
@@ -89,6 +90,7 @@ class NodeState:
     mem_total: int = UNTRACKED
     stale: bool = False
     tags: frozenset[str] = frozenset()  # kinds of card requests it already hosts ("share", "2-gpu")
+    mix_isolation: bool = False  # whether a card's holders of one tier take a sharer of another
 
     @property
     def rooms(self) -> tuple[int, ...]:
@@ -161,9 +163,11 @@ def from_ledger(
     cpu_total: int | None = None,
     mem_total: int | None = None,
     slots_per_card: int | None = None,
+    mix_isolation: bool = False,
 ) -> NodeState:
     """The state of a live node: what its ledger leaves free, plus node CPU/memory when known.
-    With ``slots_per_card`` each card also says how many kubelet slots its holders leave free."""
+    With ``slots_per_card`` each card also says how many kubelet slots its holders leave free;
+    ``mix_isolation``: whether tenants of different isolation tiers may share a card."""
     node = ledger.node
     use = ledger.use()
     held = slots_held(ledger.allocations)
@@ -185,6 +189,7 @@ def from_ledger(
                 card.healthy,
                 card.numa,
                 free_slots(card.uuid),
+                free.tiers,
             )
         )
     return NodeState(
@@ -196,19 +201,27 @@ def from_ledger(
         node.cpu_milli if cpu_total is None else cpu_total,
         node.memory_mib if mem_total is None else mem_total,
         stale,
+        mix_isolation=mix_isolation,
     )
 
 
 def take(
-    node: NodeState, positions: Sequence[int], core: int, mem: int, exclusive: bool
+    node: NodeState,
+    positions: Sequence[int],
+    core: int,
+    mem: int,
+    exclusive: bool,
+    tier: Isolation = Isolation.NONE,
 ) -> NodeState:
-    """The node after a holder takes ``core``/``mem`` of each card at ``positions``."""
+    """The node after a holder of isolation ``tier`` takes ``core``/``mem`` of each card at
+    ``positions``."""
     cards = list(node.cards)
     for pos in positions:
         card = cards[pos]
         slots = card.slots_free - 1 if card.slots_free != UNTRACKED else UNTRACKED
+        tiers = card.tiers | {tier}
         if exclusive:
-            cards[pos] = replace(card, core_free=0, mem_free=0, idle=False, slots_free=slots)
+            cards[pos] = replace(card, core_free=0, mem_free=0, idle=False, slots_free=slots, tiers=tiers)
         else:
             cards[pos] = replace(
                 card,
@@ -216,6 +229,7 @@ def take(
                 mem_free=card.mem_free - mem if card.mem_total > 0 else card.mem_free,
                 idle=False,
                 slots_free=slots,
+                tiers=tiers,
             )
     return replace(node, cards=tuple(cards))
 

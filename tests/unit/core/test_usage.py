@@ -2,15 +2,17 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger_core.model import AllocState, Grant
+from gpuledger_core.model import AllocState, Grant, Isolation
 from gpuledger_core.usage import CardFree, CardUse, allocation_use, free_of, node_use
 
 from .builders import allocation, card, holding, share, uuid_of, whole
 
+NONE = frozenset({Isolation.NONE})
+
 
 def test_app_containers_on_one_card_add_up() -> None:
     pod = allocation("a", Grant("x", (share(0, 1000, 100),)), Grant("y", (share(0, 500, 50),)))
-    assert allocation_use(pod) == {uuid_of(0): CardUse(1500, 150, False, 2)}
+    assert allocation_use(pod) == {uuid_of(0): CardUse(1500, 150, False, 2, NONE)}
 
 
 @pytest.mark.parametrize(
@@ -44,8 +46,8 @@ def test_node_use_sums_live_allocations_and_counts_holders() -> None:
     live = [holding("a", share(0, 1000, 100)), holding("b", share(0, 2000, 200), share(1, 10, 1))]
     gone = allocation("c", Grant("main", (share(0, 4000, 400),)), state=AllocState.RELEASED)
     use = node_use([*live, gone])
-    assert use[uuid_of(0)] == CardUse(3000, 300, False, 2)
-    assert use[uuid_of(1)] == CardUse(10, 1, False, 1)
+    assert use[uuid_of(0)] == CardUse(3000, 300, False, 2, NONE)
+    assert use[uuid_of(1)] == CardUse(10, 1, False, 1, NONE)
 
 
 def test_one_allocation_with_two_containers_on_a_card_is_one_holder() -> None:
@@ -73,7 +75,7 @@ def test_an_exclusive_share_makes_the_card_exclusive() -> None:
     c = card(0, 8000)
     use = node_use([holding("a", whole(c))])[c.uuid]
     assert use.exclusive
-    assert free_of(c, use) == CardFree(0, 0, idle=False)
+    assert free_of(c, use) == CardFree(0, 0, idle=False, tiers=NONE)
 
 
 @pytest.mark.parametrize(

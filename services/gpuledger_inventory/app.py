@@ -65,7 +65,7 @@ async def build_slices(settings: Settings, state: NodeState, api: SliceApi | Non
     config = SliceConfig(settings.slots_per_card, settings.dra_memory_step_mib, settings.dra_binding_conditions)
     roots = (lambda _bus: None) if settings.fake_fleet else sysfs_pcie_root
     log.info("DRA mode: publishing ResourceSlices of driver %s for node %s", config.driver, settings.node)
-    return SlicePublisher(state, api, config, roots)
+    return SlicePublisher(state, api, config, roots, resync_s=settings.dra_resync_s)
 
 
 async def serve(

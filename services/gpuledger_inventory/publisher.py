@@ -1,8 +1,10 @@
 """DRA mode: keeps the node's ResourceSlices equal to what the inventory knows (slices.py says what).
 
 ``poke()`` after every inventory publication; the loop builds the desired slices from the node's
-state and writes only when they differ from what it last wrote. A write reads the node's slices
-of the driver first, so a restart (or another writer) is taken into account; a conflict reads again.
+state and writes only when they differ from what it last wrote, or every ``resync_s`` (kubelet
+deletes its node's slices when it starts, and a driver's 30 s after the driver's kubelet plugin
+went away: the slices come back within ``resync_s``). A write reads the node's slices of the
+driver first, so a restart (or another writer) is taken into account; a conflict reads again.
 Every answer of the API server is checked against what was sent: a dropped field is logged as an
 error naming it, counted, and the write is tried again later (an operator must turn the gate on).
 """
@@ -51,9 +53,10 @@ class SlicePublisher:
         config: SliceConfig,
         pcie_root: PcieRoot = sysfs_pcie_root,
         retry_s: float = 5.0,
+        resync_s: float = 30.0,
     ) -> None:
         self.state, self.api, self.config = state, api, config
-        self.pcie_root, self.retry_s = pcie_root, retry_s
+        self.pcie_root, self.retry_s, self.resync_s = pcie_root, retry_s, resync_s
         self.generation = 0  # the pool generation last written (0: none yet)
         self.last_error = ""
         self._poked = asyncio.Event()
@@ -78,10 +81,14 @@ class SlicePublisher:
 
     async def run(self) -> None:
         while True:
-            await self._poked.wait()
+            try:
+                await asyncio.wait_for(self._poked.wait(), self.resync_s)
+                due = False
+            except TimeoutError:
+                due = True  # read the API server's slices again, whatever we wrote last
             self._poked.clear()
             wanted = self.wanted()
-            if wanted is None or wanted == self._written:
+            if wanted is None or (wanted == self._written and not due):
                 continue
             try:
                 await self.sync(wanted)
@@ -111,7 +118,7 @@ class SlicePublisher:
             uid = await self.api.node_uid(self.state.name)
             self._owner = {"apiVersion": "v1", "kind": "Node", "name": self.state.name, "uid": uid}
         existing = await self.api.list_slices(self.state.name, self.config.driver)
-        todo = plan(existing, wanted, self._owner, self.config.driver)
+        todo = plan(existing, wanted, self._owner, self.config.driver, self.generation)
         for body in todo.create:
             check_returned(body, await self.api.create_slice(body))
         for body in todo.update:

@@ -48,6 +48,7 @@ class Settings:
     slots_per_card: int = DEFAULT_SLOTS_PER_CARD  # dra: the most claims sharing a card (1: never shared)
     dra_memory_step_mib: int = 256  # dra: the memory capacity's request step (and its minimum)
     dra_binding_conditions: bool = False  # dra: every device waits for the ledger's commit at bind
+    dra_resync_s: float = 30.0  # dra: how often the slices are read back and mended (kubelet deletes them)
     log_level: str = "info"
     log_format: str = "text"
     stop_timeout_s: float = 10.0
@@ -60,6 +61,7 @@ class Settings:
             "inventory_interval_s",
             "poll_interval_s",
             "nvml_retry_max_s",
+            "dra_resync_s",
         ):
             if getattr(self, name) <= 0:
                 raise InvalidArgument(name, f"must be positive, got {getattr(self, name)}")

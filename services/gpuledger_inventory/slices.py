@@ -309,10 +309,13 @@ def plan(
     slices: Slices,
     owner: Mapping[str, Any] | None = None,
     driver: str = DRIVER,
+    last: int = 0,
 ) -> Plan:
     """What turns ``existing`` (this node's slices of the driver, as the API server sent them) into
     ``slices``: nothing when every slice already says it; else all of them at the next generation.
-    Updates carry the existing object's resourceVersion (a concurrent writer makes them conflict)."""
+    Updates carry the existing object's resourceVersion (a concurrent writer makes them conflict).
+    ``last``: the generation this publisher wrote last, so the generation never goes back when the
+    slices were deleted behind its back."""
     by_name = {str(s.get("metadata", {}).get("name")): s for s in existing}
     current = max((generation_of(s) for s in existing), default=0)
     wanted = [manifest(slices, n, current, owner, driver) for n in range(len(slices.chunks))]
@@ -322,7 +325,7 @@ def plan(
     )
     if unchanged:
         return Plan(current)
-    generation = current + 1
+    generation = max(current, last) + 1
     create: list[dict[str, Any]] = []
     update: list[dict[str, Any]] = []
     for n in range(len(slices.chunks)):

@@ -46,8 +46,11 @@ class DraNode:
 
 
 @contextlib.asynccontextmanager
-async def dra_node(cp: ControlPlane, nats: NatsServer, profile: str = "h100-sxm-8") -> AsyncIterator[DraNode]:
-    """A kwok node and its inventory in DRA mode on the fake NVML (the fleet file's one node)."""
+async def dra_node(
+    cp: ControlPlane, nats: NatsServer, profile: str = "h100-sxm-8", **overrides: Any
+) -> AsyncIterator[DraNode]:
+    """A kwok node and its inventory in DRA mode on the fake NVML (the fleet file's one node);
+    ``overrides``: more of the inventory's settings."""
     assert cp.access is not None and cp.admin_kubeconfig is not None
     name = f"dra-{uuid.uuid4().hex[:6]}"
     work = Path(tempfile.mkdtemp(prefix="gl-dra-"))
@@ -56,6 +59,7 @@ async def dra_node(cp: ControlPlane, nats: NatsServer, profile: str = "h100-sxm-
     settings = Settings(
         node=name, nats_url=nats.url, fake_fleet=str(fleet), kube="on", kubeconfig=str(cp.admin_kubeconfig),
         mode="dra", http_host="127.0.0.1", http_port=0, event_wait_ms=50, heartbeat_interval_s=1.0,
+        **overrides,
     )
     async with KubeApi(cp.access) as api:
         body = {"metadata": {"name": name}, "status": {"capacity": CAPACITY, "allocatable": CAPACITY}}

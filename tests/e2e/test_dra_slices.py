@@ -20,6 +20,7 @@ from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_helpers import (
     CLAIMS,
     SCHEDULER,
+    SLICES,
     allocated_claim,
     claim_pod,
     dra_node,
@@ -84,6 +85,22 @@ async def test_an_unhealthy_card_bumps_the_generation_and_is_tainted_not_removed
         assert all("taints" not in d for d in healed["spec"]["devices"])
 
 
+async def test_slices_deleted_behind_the_inventorys_back_come_back_and_binding_conditions_are_kept(
+    control_plane: ControlPlane, nats: NatsServer
+) -> None:
+    """kubelet deletes its node's slices when it starts: the inventory reads them back every
+    dra_resync_s and writes them again, at a later generation."""
+    async with dra_node(control_plane, nats, "tesla-p4-2", dra_resync_s=0.5, dra_binding_conditions=True) as node:
+        (found,) = await published(node)
+        device = found["spec"]["devices"][0]
+        assert device["bindingConditions"] == ["gpuledger.io/committed"]
+        assert device["bindingFailureConditions"] == ["gpuledger.io/rejected"]
+        await node.api.delete(f"{SLICES}/{found['metadata']['name']}")
+        (back,) = await published(node, 2)
+        assert back["metadata"]["uid"] != found["metadata"]["uid"]
+        assert back["spec"]["devices"] == found["spec"]["devices"]
+
+
 async def test_an_api_server_that_drops_a_field_is_an_error_naming_it(nats: NatsServer) -> None:
     """With DRAConsumableCapacity off, kube-apiserver 1.36 drops allowMultipleAllocations and the
     capacities' requestPolicy on write, without an error (resourceslice strategy.go)."""
@@ -122,3 +139,48 @@ async def test_kube_scheduler_allocates_a_claim_from_the_slices(
         assert result.get("shareID")
         pod = await api.get(f"/api/v1/namespaces/{ns}/pods/app")
         assert [r["uid"] for r in found["status"]["reservedFor"]] == [pod["metadata"]["uid"]]
+
+
+async def test_a_whole_card_claim_takes_a_card_alone_and_a_tainted_card_is_never_allocated(
+    control_plane: ControlPlane, nats: NatsServer
+) -> None:
+    await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
+    async with dra_node(control_plane, nats, "tesla-p4-2") as node, namespace(node.api, node.name) as ns:
+        api = node.api
+        await published(node)
+        await ensure_device_class(api)
+        whole = {"metadata": {"name": "whole"}, "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}
+        await api.create(CLAIMS.format(ns=ns), whole)
+        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("whole", node.name, "whole"))
+        (taken,) = (await allocated_claim(api, ns, "whole"))["status"]["allocation"]["devices"]["results"]
+        assert taken["device"] == "gpu-0"
+        assert taken["consumedCapacity"]["memory"] == "7424Mi"  # the whole card: its 7611 MiB in whole 256 MiB steps
+        # gpu-0 has no room left: a share goes to gpu-1, which then turns unhealthy.
+        await api.create(CLAIMS.format(ns=ns), share_claim("share", "1Gi", "10"))
+        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("share", node.name, "share"))
+        (shared,) = (await allocated_claim(api, ns, "share"))["status"]["allocation"]["devices"]["results"]
+        assert shared["device"] == "gpu-1"
+        await node.running.inventory.set_health({"index": 1, "healthy": False, "by": "e2e", "note": "XID 79"})
+        await published(node, 2)
+        await api.create(CLAIMS.format(ns=ns), share_claim("late", "1Gi", "10"))
+        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("late", node.name, "late"))
+
+        async def unschedulable() -> dict[str, object] | None:
+            pod = await api.get(f"/api/v1/namespaces/{ns}/pods/late")
+            conditions = pod.get("status", {}).get("conditions", [])
+            hit = [c for c in conditions if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"]
+            return hit[0] if hit else None
+
+        condition = await wait_for(unschedulable, 60, "the pod refused for want of an untainted card", 0.2)
+        late = await api.get(f"{CLAIMS.format(ns=ns)}/late")
+        assert not late.get("status", {}).get("allocation"), late["status"]
+        assert "cannot allocate all claims" in str(condition.get("message", "")), condition
+        # It is the taint that keeps it off gpu-1: a claim that tolerates it gets gpu-1.
+        tolerant = share_claim("tolerant", "1Gi", "10")
+        toleration = {"key": "gpu.gpuledger.io/unhealthy", "operator": "Exists", "effect": "NoSchedule"}
+        tolerant["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [toleration]
+        await api.create(CLAIMS.format(ns=ns), tolerant)
+        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("tolerant", node.name, "tolerant"))
+        (result,) = (await allocated_claim(api, ns, "tolerant"))["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "gpu-1"

@@ -188,6 +188,11 @@ def test_any_change_bumps_the_generation_and_deletes_slices_beyond_the_count() -
     assert todo.delete == ("h100-0-gpuledger-1",)
 
 
+def test_slices_deleted_behind_the_publishers_back_come_back_at_a_later_generation() -> None:
+    todo = plan([], desired(node(2), {}, None, SliceConfig()), OWNER, last=4)
+    assert todo.generation == 5 and len(todo.create) == 1
+
+
 def test_a_health_change_is_a_change() -> None:
     slices = desired(node(2), {}, None, SliceConfig())
     existing = [_stored(manifest(slices, 0, 1, OWNER))]

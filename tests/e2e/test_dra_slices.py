@@ -184,3 +184,28 @@ async def test_a_whole_card_claim_takes_a_card_alone_and_a_tainted_card_is_never
         await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("tolerant", node.name, "tolerant"))
         (result,) = (await allocated_claim(api, ns, "tolerant"))["status"]["allocation"]["devices"]["results"]
         assert result["device"] == "gpu-1"
+
+
+async def test_matchattribute_on_an_nvlink_group_gets_four_mutually_linked_cards(
+    control_plane: ControlPlane, nats: NatsServer
+) -> None:
+    """DGX-1 (hybrid cube mesh): the fully linked quads are 0-3 and 4-7. With gpu-0 taken, four
+    cards of one NVLink group can only be 4-7 (first-fit in device order would start at gpu-1)."""
+    await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
+    async with dra_node(control_plane, nats, "dgx1-v100") as node, namespace(node.api, node.name) as ns:
+        api = node.api
+        await published(node)
+        await ensure_device_class(api)
+        whole = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
+        one = {"metadata": {"name": "one"}, "spec": {"devices": {"requests": [whole]}}}
+        await api.create(CLAIMS.format(ns=ns), one)
+        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("one", node.name, "one"))
+        (first,) = (await allocated_claim(api, ns, "one"))["status"]["allocation"]["devices"]["results"]
+        assert first["device"] == "gpu-0"
+        four = {"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": 4}}
+        constraint = {"requests": ["gpus"], "matchAttribute": f"{DRIVER}/nvlinkGroup4"}
+        spec = {"devices": {"requests": [four], "constraints": [constraint]}}
+        await api.create(CLAIMS.format(ns=ns), {"metadata": {"name": "quad"}, "spec": spec})
+        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("quad", node.name, "quad"))
+        results = (await allocated_claim(api, ns, "quad"))["status"]["allocation"]["devices"]["results"]
+        assert sorted(r["device"] for r in results) == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -23,6 +24,7 @@ from gpuledger_core.errors import GpuledgerError
 from gpuledger_plugin.dra import cdi
 from gpuledger_plugin.dra.claims import AllocatedDevice, ClaimAllocation, ClaimRef, allocation_of
 from gpuledger_plugin.dra.kube import ClaimApi
+from gpuledger_plugin.dra.metrics import CLAIM_SECONDS, CLAIMS
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,13 @@ class Preparer:
         return {ref.uid: outcome for ref, outcome in zip(refs, outcomes, strict=True)}
 
     async def _bounded(self, ref: ClaimRef, work: _Work, what: str) -> Outcome:
+        started = time.perf_counter()
+        outcome = await self._answer(ref, work, what)
+        CLAIM_SECONDS.labels(what).observe(time.perf_counter() - started)
+        CLAIMS.labels(what, "error" if outcome.error else "ok").inc()
+        return outcome
+
+    async def _answer(self, ref: ClaimRef, work: _Work, what: str) -> Outcome:
         lock = self._locks.setdefault(ref.uid, asyncio.Lock())
         try:
             async with asyncio.timeout(self.timeout_s):

@@ -155,6 +155,15 @@ def _names(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
+def test_dra_mode_refuses_bad_settings_naming_the_field(capsys: pytest.CaptureFixture[str]) -> None:
+    from gpuledger_plugin.__main__ import main
+
+    assert main(["--mode", "dra", "--cdi-dir", "relative"]) == 2
+    assert "node" in capsys.readouterr().err
+    assert main(["--mode", "dra", "--node", "n", "--cdi-dir", "relative"]) == 2
+    assert "cdi_dir: must be an absolute path" in capsys.readouterr().err
+
+
 def test_dra_mode_is_chosen_by_flag_or_environment() -> None:
     assert wants_dra(["--mode", "dra", "--node", "n"], {})
     assert wants_dra(["--mode=dra"], {})

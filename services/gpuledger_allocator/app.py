@@ -66,7 +66,13 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
         fallback = BuiltinPlacer(settings.slots_per_card)
         placer = NatsPlacer(nc, settings.placement_timeout_s, settings.placement_retry_s, fallback)
         service = AllocatorService(
-            store, view, placer, settings.lease_s, settings.max_lease_s, slots_per_card=settings.slots_per_card
+            store,
+            view,
+            placer,
+            settings.lease_s,
+            settings.max_lease_s,
+            slots_per_card=settings.slots_per_card,
+            mix_isolation=settings.mix_isolation,
         )
         async with asyncio.TaskGroup() as tasks:
             watching = tasks.create_task(view.run())

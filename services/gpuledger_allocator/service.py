@@ -21,7 +21,7 @@ from gpuledger_allocator.view import ClusterView
 from gpuledger_common.outage import within
 from gpuledger_common.store import LedgerStore, OwnerRecord
 from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
-from gpuledger_core.fit import ContainerAsk, fit_node, share_for
+from gpuledger_core.fit import ContainerAsk, Tier, fit_node, share_for
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, commit, release, reserve
 from gpuledger_core.model import Allocation, AllocState, Card, Grant, Isolation, Owner, OwnerKind
@@ -89,6 +89,7 @@ class AllocatorService:
     owner_ttl_s: float = OWNER_TTL_S
     absent_grace_s: float = ABSENT_GRACE_S
     slots_per_card: int = DEFAULT_SLOTS_PER_CARD  # a tool's allocation holds one slot of each card
+    mix_isolation: bool = False  # whether mps and none tenants may share a card
     _background: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def allocate(self, call: AllocateCall) -> tuple[Allocation, bool]:
@@ -375,7 +376,7 @@ class AllocatorService:
         reasons: list[str] = []
         for ledger in self.view.ledgers.values():
             try:
-                fit_node(ledger, call.asks, self.slots_per_card)
+                fit_node(ledger, call.asks, self.slots_per_card, self._tier(call))
             except Exhausted as err:
                 reasons.append(str(err))
         return reasons or ["the ledger has no nodes"]
@@ -412,10 +413,14 @@ class AllocatorService:
             hinted = _hinted(current, call.asks, hint)
             if hinted is not None and not slot_problem(current, build(hinted), self.slots_per_card):
                 with contextlib.suppress(Exhausted):
-                    return reserve(current, build(hinted))
-            return reserve(current, build(fit_node(current, call.asks, self.slots_per_card)))
+                    return reserve(current, build(hinted), mix_isolation=self.mix_isolation)
+            grants = fit_node(current, call.asks, self.slots_per_card, self._tier(call))
+            return reserve(current, build(grants), mix_isolation=self.mix_isolation)
 
         return transition
+
+    def _tier(self, call: AllocateCall) -> Tier:
+        return Tier(call.isolation, self.mix_isolation)
 
     async def _node_of(self, allocation_id: AllocationId) -> NodeName:
         """Where the allocation lives. One just made by another replica reaches this replica's

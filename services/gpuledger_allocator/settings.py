@@ -44,6 +44,11 @@ class AllocatorSettings:
         DEFAULT_SLOTS_PER_CARD,
         "kubelet device slots per card; must equal the plugin's setting (a tool's allocation holds one per card)",
     )
+    mix_isolation: bool = option(
+        False,
+        "let mps and none tenants share a card (off: a card held by one isolation tier takes no sharer of the "
+        "other; placement's setting must match)",
+    )
     cas_attempts: int = option(12, "compare-and-set attempts per ledger change before giving up")
     ledger_retry_s: float = option(
         RETRY_S,

@@ -45,7 +45,9 @@ class Parts:
 
 def build(settings: PlacementSettings, store: LedgerStore | None, pods: PodApi, nc: Client | None) -> Parts:
     """The service's parts over a store (None: a view fed by the caller, as the benchmark does)."""
-    view = FleetView(store, settings.stale_after_s, slots_per_card=settings.slots_per_card)
+    view = FleetView(
+        store, settings.stale_after_s, slots_per_card=settings.slots_per_card, mix_isolation=settings.mix_isolation
+    )
     tracker = WorkloadTracker(window=settings.workload_window)
     policies = Policies(tracker, view.card_memory, settings.workload_refresh_s)
     guard, ready = parse_guard(settings.guard), _ready(view, nc, settings)

@@ -133,7 +133,7 @@ class Assumptions:
                 self.forget(assumption.owner, "written")
         return tuple(a.allocation for a in self._by_node.get(node, {}).values())
 
-    def entry(self, node: str, base: NodeEntry, slots_per_card: int) -> Counted | None:
+    def entry(self, node: str, base: NodeEntry, slots_per_card: int, mix_isolation: bool = False) -> Counted | None:
         """``base`` (the view's entry of ``node``) with the pods assumed there counted, or None
         when there are none."""
         if node not in self._by_node:
@@ -145,7 +145,8 @@ class Assumptions:
         if not extra:
             return None
         ledger = NodeLedger(base.ledger.node, (*base.ledger.allocations, *extra))
-        entry = NodeEntry(ledger, base.revision, from_ledger(ledger, slots_per_card=slots_per_card))
+        state = from_ledger(ledger, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
+        entry = NodeEntry(ledger, base.revision, state)
         counted = self._counted[node] = Counted(base, self.generation(node), entry)
         return counted
 

@@ -173,6 +173,7 @@ class Binder:
                 lease_s=self.lease_s,
                 slots_per_card=self.service.view.slots_per_card,
                 hint=hint,
+                mix_isolation=self.service.view.mix_isolation,
             )
 
         written = await self.store.mutate(node, transition)

@@ -189,6 +189,7 @@ class PlacementService:
                     now=self.view.clock(),
                     lease_s=self.assumed.ttl_s,
                     slots_per_card=self.view.slots_per_card,
+                    mix_isolation=self.view.mix_isolation,
                 )
             except Exhausted:
                 continue
@@ -256,7 +257,7 @@ class PlacementService:
         return self._counted(name, entry)
 
     def _counted(self, name: str, entry: NodeEntry) -> NodeEntry:
-        counted = self.assumed.entry(name, entry, self.view.slots_per_card)
+        counted = self.assumed.entry(name, entry, self.view.slots_per_card, self.view.mix_isolation)
         return entry if counted is None else counted.entry
 
     def _ranked(self, pod: PodAsk, names: Iterable[str], key: PolicyKey, policy: Policy) -> list[str]:
@@ -369,7 +370,8 @@ class PlacementService:
         return FITS, ""
 
     def _plan(self, entry: NodeEntry, pod: PodAsk, policy: Policy) -> tuple[Grant, ...]:
-        return plan(entry.ledger, pod, policy, slots_per_card=self.view.slots_per_card)
+        view = self.view
+        return plan(entry.ledger, pod, policy, slots_per_card=view.slots_per_card, mix_isolation=view.mix_isolation)
 
     def _rates(self, pod: PodAsk, names: Iterable[str], key: PolicyKey, policy: Policy) -> dict[str, float | None]:
         """The policy's raw score of each node (None: does not fit)."""

@@ -64,6 +64,11 @@ class PlacementSettings:
     slots_per_card: int = option(
         DEFAULT_SLOTS_PER_CARD, "kubelet device slots per card (holders a card takes); must equal the plugin's setting"
     )
+    mix_isolation: bool = option(
+        False,
+        "let mps and none tenants share a card (off: a card held by one isolation tier takes no sharer of the "
+        "other; the allocator's setting must match)",
+    )
     assume_ttl_s: float = option(
         DEFAULT_TTL_S,
         "how long the node filter chose for a pod holds the pod's room there while its bind is awaited",

@@ -54,6 +54,7 @@ class FleetView:
     stale_after_s: float = 30.0
     clock: Callable[[], float] = time.time
     slots_per_card: int = field(kw_only=True)  # kubelet slots per card: the plugin's setting
+    mix_isolation: bool = field(default=False, kw_only=True)  # may mps and none tenants share a card
     entries: dict[str, NodeEntry] = field(default_factory=dict)
     heartbeats: dict[str, float] = field(default_factory=dict)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -90,7 +91,8 @@ class FleetView:
         else:
             if known is None:
                 self.order[node] = next(self._added)
-            self.entries[node] = NodeEntry(ledger, revision, from_ledger(ledger, slots_per_card=self.slots_per_card))
+            state = from_ledger(ledger, slots_per_card=self.slots_per_card, mix_isolation=self.mix_isolation)
+            self.entries[node] = NodeEntry(ledger, revision, state)
             self._count(ledger, 1)
         for changed in self._watchers:
             changed(node)

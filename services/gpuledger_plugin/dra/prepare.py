@@ -74,7 +74,7 @@ class Preparer:
         self.node, self.driver, self.api, self.cdi_dir = node, driver, api, cdi_dir
         self.ledger = ledger or NotCheckedYet()
         self.timeout_s = timeout_s
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # per claim UID: the lock, its users
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
         outcomes = await asyncio.gather(*(self._bounded(ref, self._prepare, "prepare") for ref in refs))
@@ -92,7 +92,8 @@ class Preparer:
         return outcome
 
     async def _answer(self, ref: ClaimRef, work: _Work, what: str) -> Outcome:
-        lock = self._locks.setdefault(ref.uid, asyncio.Lock())
+        lock, users = self._locks.get(ref.uid, (asyncio.Lock(), 0))
+        self._locks[ref.uid] = (lock, users + 1)
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with lock:
@@ -105,8 +106,11 @@ class Preparer:
             log.exception("%s of %s failed", what, ref.describe())
             error = f"cannot {what} {ref.describe()}: {type(err).__name__}: {err}"
         finally:
-            if not lock.locked():
-                self._locks.pop(ref.uid, None)
+            lock, users = self._locks[ref.uid]
+            if users == 1:
+                del self._locks[ref.uid]
+            else:
+                self._locks[ref.uid] = (lock, users - 1)
         log.warning("gpuledger-plugin on node %s: %s", self.node, error)
         return Outcome(error=error)
 

@@ -151,6 +151,14 @@ async def test_each_claim_is_answered_on_its_own_and_prepare_is_idempotent(tmp_p
     assert not spec.exists()
 
 
+async def test_concurrent_prepares_of_one_claim_write_one_spec_one_at_a_time(tmp_path: Path) -> None:
+    preparer = Preparer(NODE, DRIVER, Claims({"share": claim([SHARE])}), str(tmp_path), timeout_s=10)
+    answers = await asyncio.gather(*(preparer.prepare([REF]) for _ in range(5)))
+    assert all(a["uid-1"] == answers[0]["uid-1"] and not a["uid-1"].error for a in answers)
+    assert _names(tmp_path) == [cdi.spec_path(str(tmp_path), "uid-1").name]
+    assert preparer._locks == {}  # nothing kept once every call is answered
+
+
 def _names(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 

@@ -72,12 +72,19 @@ def pod_view(pod: Mapping[str, Any]) -> PodView:
     )
 
 
-def check(ledgers: Iterable[NodeLedger], pods: Iterable[Mapping[str, Any]], slots_per_card: int, now: float) -> Report:
+def check(
+    ledgers: Iterable[NodeLedger],
+    pods: Iterable[Mapping[str, Any]],
+    slots_per_card: int,
+    now: float,
+    *,
+    mix_isolation: bool = False,
+) -> Report:
     report = Report()
     views = {v.uid: v for v in map(pod_view, pods)}
     held: dict[str, list[Allocation]] = {}
     for ledger in ledgers:
-        _capacity(ledger, slots_per_card, report)
+        _capacity(ledger, slots_per_card, report, mix_isolation)
         for allocation in ledger.live():
             report.live += 1
             if allocation.owner.kind == OwnerKind.POD:
@@ -96,7 +103,7 @@ def check(ledgers: Iterable[NodeLedger], pods: Iterable[Mapping[str, Any]], slot
     return report
 
 
-def _capacity(ledger: NodeLedger, slots_per_card: int, report: Report) -> None:
+def _capacity(ledger: NodeLedger, slots_per_card: int, report: Report, mix_isolation: bool) -> None:
     use = node_use(ledger.live())
     for card in ledger.node.cards:
         found = use.get(card.uuid)
@@ -111,6 +118,9 @@ def _capacity(ledger: NodeLedger, slots_per_card: int, report: Report) -> None:
             report.findings.append(f"{where}: {found.holders} holders, more than its {slots_per_card} slots")
         if found.exclusive and found.holders > 1:
             report.findings.append(f"{where}: an exclusive holder shares it with {found.holders - 1} other(s)")
+        if len(found.tiers) > 1 and not mix_isolation:
+            tiers = " and ".join(sorted(t.value for t in found.tiers))
+            report.findings.append(f"{where}: holders of isolation {tiers} share it")
 
 
 def _owner_exists(allocation: Allocation, view: PodView | None, now: float, report: Report) -> None:

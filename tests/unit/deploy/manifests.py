@@ -12,7 +12,14 @@ from .services import DEPLOY
 KUSTOMIZE = DEPLOY / "kubernetes"
 RENDERS = ("base", "overlays/dev", "overlays/production")
 NAMESPACE = "gpuledger"
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PriorityClass",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 # Objects the cluster itself provides, which the manifests may name without defining.
 PROVIDED = {
     ("ConfigMap", "kube-root-ca.crt"),

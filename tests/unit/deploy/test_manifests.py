@@ -47,7 +47,7 @@ from .manifests import (
 )
 from .services import DEPLOY, flags_of, program
 
-KUBERNETES_VERSIONS = ("1.29", "1.34")
+KUBERNETES_VERSIONS = ("1.30", "1.36")  # 1.30: ValidatingAdmissionPolicy v1
 SERVED = {"/healthz", "/readyz", "/metrics"}  # gpuledger_common.ops and the inventory's http.py
 CENTRAL = ("gpuledger-allocator", "gpuledger-placement", "gpuledger-scheduler")
 

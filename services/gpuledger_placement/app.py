@@ -15,6 +15,7 @@ from aiohttp.typedefs import Handler, Middleware
 from nats.aio.client import Client
 
 from gpuledger_common import bus
+from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.outage import within
@@ -121,7 +122,7 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
         raise
     pods = await _pod_api(settings)
     try:
-        store = await LedgerStore.open(nc, retry_s=settings.ledger_retry_s)
+        store = await open_ledger(nc, stop, retry_s=settings.ledger_retry_s)
         parts = build(settings, store, pods, nc)
         async with asyncio.TaskGroup() as tasks:
             watching = tasks.create_task(parts.view.run())
@@ -158,6 +159,10 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
             await parts.view.stop_listening()
             watching.cancel()
             seeding.cancel()
+    except Unavailable:
+        if not stop.is_set():
+            raise
+        log.info("gpuledger-placement stopped before the ledger opened")
     finally:
         await pods.close()
         with contextlib.suppress(Exception):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from nats.aio.client import Client
 
 from gpuledger_common import bus
+from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe, redact_url
@@ -57,7 +58,7 @@ async def running(
     log.info("gpuledger-plugin starting with %s", describe(settings))
     nc = await _connect(settings, stop)
     try:
-        store = await LedgerStore.open(nc, retry_s=settings.ledger_retry_s)
+        store = await open_ledger(nc, stop, retry_s=settings.ledger_retry_s)
         service = _service(settings, nc, store)
         handler = DevicePlugin(service, settings.answer_timeout_s, redact_url(settings.nats_url))
         wake = asyncio.Event()  # reconcile now: set after every registration with kubelet

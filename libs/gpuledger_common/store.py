@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -62,7 +63,8 @@ from gpuledger_core.model import Allocation, Node, Owner
 log = logging.getLogger(__name__)
 
 WRITES_REMEMBERED = 8
-HOT_S = 1.0  # after losing a race on a key, start from a fresh read for this long
+CATCH_UP_S = 0.05  # after a lost race, how long a followed store waits for its watch to bring the winner
+HOT_S = 1.0  # after losing a race on a key, an unfollowed store starts from a fresh read for this long
 LEDGER_BUCKET = "gpuledger-ledger"
 OWNER_BUCKET = "gpuledger-owners"
 KEY_PREFIX = f"$KV.{LEDGER_BUCKET}."  # the subject of a ledger key, less the key
@@ -85,6 +87,7 @@ class CasStats:
     conflicts: int = 0
     writes: int = 0
     gave_up: int = 0
+    reads: int = 0  # fresh reads of a key that a write needed first
 
 
 @dataclass(slots=True)
@@ -151,6 +154,7 @@ class LedgerStore:
     clock: Callable[[], float] = time.time
     records_expire: bool = False  # the server drops owner records at their TTL (see ``open``)
     retry_s: float = RETRY_S  # how long a call waits out a JetStream outage (``outage.within`` narrows it)
+    catch_up_s: float = CATCH_UP_S  # after a lost race, how long a followed store waits for its watch
     stats: CasStats = field(default_factory=CasStats)
     outage: OutageStats = field(default_factory=OutageStats)
     _jetstream: JetStreamContext | None = None
@@ -162,6 +166,9 @@ class LedgerStore:
     _inventory: dict[str, _Inventory] = field(default_factory=dict)  # each node's inventory, with its JSON
     _parts: dict[str, dict[object, _Part]] = field(default_factory=dict)  # each node's allocations, with their JSON
     _newer: dict[str, int] = field(default_factory=dict)  # nodes whose value is of a newer schema: read, not written
+    _foreign: dict[str, float] = field(default_factory=dict)  # when another process's write of the key last arrived
+    _advanced: dict[str, asyncio.Event] = field(default_factory=dict)  # set when a newer value of the key is known
+    _followed: bool = False  # a watch feeds ``remember`` (``follow_values``): the known values are current
 
     @classmethod
     async def open(
@@ -316,19 +323,28 @@ class LedgerStore:
         """
         if revision >= self._known.get(node, (None, 0))[1]:
             self._known[node] = (ledger, revision)
+            if any(ledger is mine for mine in self._written.get(node, {}).values()):
+                self._foreign.pop(node, None)  # one of our writes (they decode to themselves)
+            elif ledger is not None:
+                self._foreign[node] = time.monotonic()
+            event = self._advanced.pop(node, None)
+            if event is not None:
+                event.set()
 
-    async def mutate(self, node: str, transition: Transition) -> Written:
+    async def mutate(self, node: str, transition: Transition, attempts: int | None = None) -> Written:
         """Apply ``transition`` to the node's current ledger with compare-and-set.
 
         The transition sees the ledger after expired leases and old releases are tidied away,
         and may raise (nothing is written then). Returns what was written, or the unchanged
         state when the transition changed nothing. Writes to one node from this process take
-        turns, so compare-and-set only ever races with other processes.
+        turns, so compare-and-set only ever races with other processes. ``attempts``: how many
+        lost races to take before ``Conflict`` (default ``max_attempts``); a caller that can
+        go elsewhere (a reservation) asks for one.
         """
         with within(self.retry_s):  # the read, the write and any retries: one outage window
-            return await self._mutate_in_turn(node, transition)
+            return await self._mutate_in_turn(node, transition, attempts or self.max_attempts)
 
-    async def _mutate_in_turn(self, node: str, transition: Transition) -> Written:
+    async def _mutate_in_turn(self, node: str, transition: Transition, attempts: int) -> Written:
         lock = self._locks.setdefault(node, asyncio.Lock())
         try:  # the writes ahead may be waiting out an outage: wait for them within this call's window
             async with asyncio.timeout(time_left(self.retry_s)):
@@ -339,7 +355,7 @@ class LedgerStore:
                 "out a JetStream outage"
             ) from None
         try:
-            return await self._mutate(node, transition)
+            return await self._mutate(node, transition, attempts)
         finally:
             lock.release()
 
@@ -347,24 +363,56 @@ class LedgerStore:
         """Another process wrote this key lately: our cached value is likely stale, so read first."""
         return time.monotonic() - self._contended.get(node, -HOT_S) < HOT_S
 
+    def won_elsewhere(self, within_s: float) -> set[str]:
+        """Nodes whose newest value another process wrote, arriving here within the last ``within_s``."""
+        now = time.monotonic()
+        return {node for node, at in self._foreign.items() if now - at < within_s}
+
     def crowded(self) -> set[str]:
         """Nodes this process is writing right now, or lost a race on to another process lately."""
         now = time.monotonic()
         hot = {node for node, at in self._contended.items() if now - at < HOT_S}
         return hot | {node for node, lock in self._locks.items() if lock.locked()}
 
-    async def _mutate(self, node: str, transition: Transition) -> Written:
-        for attempt in range(1, self.max_attempts + 1):
-            # The first attempt starts from the newest value this process knows, which saves a
-            # read. Only a write can prove that value current: if the transition refuses it or
+    async def _caught_up(self, node: str, revision: int) -> tuple[NodeLedger | None, int] | None:
+        """The node's value once a watch has brought revision ``revision`` (or a newer one), or None
+        if none did within ``catch_up_s``."""
+        deadline = time.monotonic() + self.catch_up_s
+        while (known := self._known.get(node)) is None or known[1] < revision:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            event = self._advanced.setdefault(node, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), left)
+        return known
+
+    async def _start_from(self, node: str, attempt: int, lost_to: int) -> tuple[NodeLedger | None, int] | None:
+        """The value an attempt first tries the transition on, or None to read the key first.
+
+        The first attempt starts from the newest value this process knows, which saves a read;
+        without a watch feeding this store, not while the key is hot (another process won a
+        race on it lately). After a lost race a followed store waits (``catch_up_s``) for its
+        watch to bring the revision that won, which the refusal named, instead of reading the
+        key: a read costs a JetStream request and a decode, the watch brings that value anyway.
+        A value of a newer schema is checked again on a fresh read (it may have gone)."""
+        if node in self._newer:
+            return None
+        if attempt > 1:
+            return await self._caught_up(node, lost_to) if self._followed and lost_to else None
+        return None if self._hot(node) and not self._followed else self._known.get(node)
+
+    async def _mutate(self, node: str, transition: Transition, attempts: int) -> Written:
+        lost_to = 0  # the revision that beat our last write, as its refusal named it
+        for attempt in range(1, attempts + 1):
+            # Only a write can prove a known value current: if the transition refuses it or
             # finds nothing to change, the verdict is taken again on a fresh read.
-            # A value of a newer schema is checked again on a fresh read (it may have gone).
-            fresh = attempt > 1 or self._hot(node) or node in self._newer
-            known = None if fresh else self._known.get(node)
+            known = await self._start_from(node, attempt, lost_to)
             tried = _try(transition, known, self.clock()) if known is not None else UNPROVEN
             if known is not None and not isinstance(tried, _Unproven):
                 (current, revision), new = known, tried
             else:
+                self.stats.reads += 1
                 current, revision = await self.read(node)
                 new = transition(tidy(current, self.clock()) if current is not None else None)
                 if new == current:
@@ -375,10 +423,16 @@ class LedgerStore:
             CAS_ATTEMPTS.inc()
             try:
                 written = await self._write(node, new, revision)
-            except KeyWrongLastSequenceError:
+            except KeyWrongLastSequenceError as lost:
                 self.stats.conflicts += 1
                 CAS_CONFLICTS.inc()
                 self._contended[node] = time.monotonic()
+                lost_to = _revision_now(lost)
+                if attempt == attempts:
+                    break
+                # The back-off stays even when the watch brings the winner at once: without it the
+                # process that just won, which knows its own write first, keeps winning (measured:
+                # a release gave up after 12 attempts with two replicas and 16 clients).
                 await asyncio.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
                 continue
             self.stats.writes += 1
@@ -388,9 +442,10 @@ class LedgerStore:
             self._publishing.add(publishing)
             publishing.add_done_callback(self._publishing.discard)
             return Written(current, new, written)
-        self.stats.gave_up += 1
-        CAS_GAVE_UP.inc()
-        raise Conflict(f"the ledger of {node} kept changing; gave up after {self.max_attempts} attempts")
+        if attempts >= self.max_attempts:  # a caller that asked for fewer tries moves on: no give-up
+            self.stats.gave_up += 1
+            CAS_GAVE_UP.inc()
+        raise Conflict(f"the ledger of {node} kept changing; gave up after {attempts} attempts")
 
     async def _write(self, node: str, new: NodeLedger | None, revision: int) -> int:
         key = node_key(node)
@@ -542,6 +597,7 @@ class LedgerStore:
         subscription's own callback: no queue and no task between a change and ``apply``. The
         returned handle says whether it failed, and stops it."""
         following = Following()
+        self._followed = True
         try:
             keys = await self._keys_now()
             if not keys:
@@ -740,6 +796,13 @@ def _try(
     except GpuledgerError:
         return UNPROVEN
     return UNPROVEN if new == current else new
+
+
+def _revision_now(lost: KeyWrongLastSequenceError) -> int:
+    """The key's revision as the refusal of a compare-and-set names it ("wrong last sequence: 7"),
+    or 0 when it does not."""
+    found = re.search(r"wrong last sequence: (\d+)", str(getattr(lost, "description", "") or ""))
+    return int(found.group(1)) if found else 0
 
 
 def _json(data: bytes, what: str = "ledger value") -> object:

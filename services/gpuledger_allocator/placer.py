@@ -31,7 +31,8 @@ PLACE_SUBJECT = f"{bus.SUBJECT_PREFIX}.placement.place"
 ABSENT_RETRY_S = 2.0  # default: how long the allocator fits alone after placement did not answer
 Cards = tuple[tuple[int, ...], ...]  # card indexes per container
 Judged = tuple[float, Cards]
-JUDGED_KEPT = 5_000  # distinct requests remembered
+JUDGED_KEPT = 5_000
+WON_ELSEWHERE_S = 0.02  # a node another replica wrote this lately goes after the others  # distinct requests remembered
 
 
 def _judge(ledger: NodeLedger, asks: Sequence[ContainerAsk], slots_per_card: int) -> Judged | None:
@@ -50,8 +51,9 @@ def _free_share(ledger: NodeLedger) -> float:
 
 
 class BuiltinPlacer:
-    def __init__(self, slots_per_card: int = DEFAULT_SLOTS_PER_CARD) -> None:
+    def __init__(self, slots_per_card: int = DEFAULT_SLOTS_PER_CARD, won_elsewhere_s: float = WON_ELSEWHERE_S) -> None:
         self.slots_per_card = slots_per_card
+        self.won_elsewhere_s = won_elsewhere_s  # how recent another replica's write must be to rank a node later
         # asks -> node -> (revision, free share if the asks fit, else None): a node is judged
         # again only when its ledger changed or the request is new.
         self._judged: dict[tuple[ContainerAsk, ...], dict[NodeName, tuple[int, Judged | None]]] = {}
@@ -61,11 +63,12 @@ class BuiltinPlacer:
     ) -> list[Candidate]:
         """Nodes where the asks fit, fullest first, each with the cards the fit picked there (the
         reservation takes those if the node is unchanged, and fits again if not)."""
-        fitting: list[tuple[bool, float, NodeName, Cards]] = []
+        fitting: list[tuple[bool, bool, float, NodeName, Cards]] = []
         if len(self._judged) > JUDGED_KEPT:
             self._judged.clear()
         judged = self._judged.setdefault(tuple(asks), {})
         crowded = view.store.crowded()
+        elsewhere = view.store.won_elsewhere(self.won_elsewhere_s)
         for name, ledger in view.ledgers.items():
             if name in exclude:
                 continue
@@ -74,11 +77,12 @@ class BuiltinPlacer:
             if seen is None or seen[0] != revision:
                 seen = judged[name] = (revision, _judge(ledger, asks, self.slots_per_card))
             if seen[1] is not None:
-                fitting.append((name in crowded, seen[1][0], name, seen[1][1]))
+                fitting.append((name in crowded, name in elsewhere, seen[1][0], name, seen[1][1]))
         # Fullest first; a node this process is writing right now, or lost a race on lately, goes
-        # after the others, so concurrent requests (of this replica, and of replicas beside it)
-        # spread instead of queueing on one key.
-        fitting.sort(key=lambda f: f[:3])
+        # after the others, and so, next, does one another replica has just written: concurrent
+        # requests (of this replica, and of replicas beside it) spread instead of queueing on one
+        # key (docs/ledger.md, "Several replicas").
+        fitting.sort(key=lambda f: f[:4])
         return [Candidate(name, cards) for *_, name, cards in fitting]
 
 

@@ -36,6 +36,7 @@ MAX_REASONS = 5
 OWNER_TTL_S = 600.0  # an Allocate's owner record lives this long; later retries are answered from the view
 ABSENT_GRACE_S = 30.0  # a record naming an allocation not in the ledger is trusted this long
 OWNER_POLL_S = 0.02
+FIRST_PASS_ATTEMPTS = 1  # a node whose race this request lost is left for the end: others are tried first
 DUPLICATE_WAITS = 5  # tries of a reservation that duplicates of the request may be crowding out
 
 
@@ -325,7 +326,8 @@ class AllocatorService:
     ) -> Allocation:
         """Try the candidates in order; while every one refused, ask the placer for more (the nodes
         not tried yet), so no request is refused while a node can take it. A node that only lost
-        its compare-and-set races is tried once more at the end."""
+        its compare-and-set race (another writer got there first) is tried again at the end, with
+        the store's full retries: the next candidate is tried meanwhile rather than waiting on it."""
         reasons: list[str] = [] if nodes else self._why_nowhere(call)
         tried: set[NodeName] = set()
         contended: list[Candidate] = []
@@ -337,7 +339,7 @@ class AllocatorService:
                     return found
             nodes = [] if call.node else await self._more(call, tried)
         for candidate in contended:
-            found = await self._try_on(call, candidate, allocation_id, lease_s, reasons, [])
+            found = await self._try_on(call, candidate, allocation_id, lease_s, reasons, [], None)
             if found is not None:
                 return found
         raise Exhausted(_no_fit(call, reasons))
@@ -354,15 +356,17 @@ class AllocatorService:
         lease_s: float,
         reasons: list[str],
         contended: list[Candidate],
+        attempts: int | None = FIRST_PASS_ATTEMPTS,
     ) -> Allocation | None:
-        """The reservation on the candidate, or None with the reason it refused noted."""
+        """The reservation on the candidate, or None with the reason it refused noted (and, if it
+        only lost ``attempts`` compare-and-set races, the candidate in ``contended``)."""
         node = candidate.node
         if self.view.stale(node):
             reasons.append(f"{node}: stale (no heartbeat for {self.view.stale_after_s:g}s)")
             return None
         transition = self._fit_and_reserve(call, node, allocation_id, lease_s, candidate.cards)
         try:
-            written = await self.store.mutate(node, transition)
+            written = await self.store.mutate(node, transition, attempts)
         except Exhausted as err:
             reasons.append(str(err))
             return None

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from gpuledger_cli import commands, health, natsconfig, sim
+from gpuledger_cli import commands, health, localcreds, natsconfig, sim
 from gpuledger_core.errors import GpuledgerError, InvalidArgument
 
 EXIT_CODES = {"invalid_argument": 2, "not_found": 3, "resource_exhausted": 4, "unavailable": 5}
@@ -21,6 +21,7 @@ def parser() -> argparse.ArgumentParser:
     register_dev(sub)
     health.register(sub)
     natsconfig.register(sub)
+    localcreds.register(sub)
     sim.register(sub)
     return top
 

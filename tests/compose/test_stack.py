@@ -15,7 +15,7 @@ import signal
 import pytest
 
 from gpuledger_testing.browser import chromium
-from gpuledger_testing.engine.stack import ComposeStack
+from gpuledger_testing.engine.stack import IN_CONTAINER_GRPC, ComposeStack
 from gpuledger_testing.waiting import wait_for
 
 from .cli import holders, host
@@ -24,6 +24,7 @@ from .conftest import TIMINGS
 pytestmark = pytest.mark.timeout(300)
 
 SERVICES = {"nats", "allocator", "placement", "inventory-rtx-0", "inventory-p4-0", "inventory-h100-0"}
+ONE_SHOT = {"credentials"}
 LOG_LINE = re.compile(r"^(?P<service>[a-z0-9-]+?)-1\s+\| (?P<text>.*)$")
 
 
@@ -34,7 +35,9 @@ def alloc_json(out: str) -> dict[str, object]:
 
 def test_every_service_is_healthy_by_its_health_check(stack: ComposeStack) -> None:
     found = stack.services()
-    assert set(found) == SERVICES
+    assert set(found) == SERVICES | ONE_SHOT
+    for name in ONE_SHOT:
+        assert (found.pop(name)["State"], stack.inspect(name, "{{.State.ExitCode}}")) == ("exited", "0")
     for name, row in found.items():
         assert (row["State"], row["Health"]) == ("running", "healthy"), name
         assert stack.inspect(name, "{{.HostConfig.RestartPolicy.Name}}") == "unless-stopped"
@@ -42,30 +45,69 @@ def test_every_service_is_healthy_by_its_health_check(stack: ComposeStack) -> No
 
 
 def test_inspect_and_alloc_from_the_host_on_the_published_port(stack: ComposeStack) -> None:
-    table = host("inspect", "--server", stack.grpc_address)
+    table = host("inspect", *stack.grpc_flags)
     assert table.returncode == 0, table.stderr
     assert "3 node(s), 11 card(s)" in table.stdout
     made = host(
-        "alloc", "--server", stack.grpc_address, "--gpu", "1", "--gpu-mem", "4096", "--owner", "host-tool", "--json"
+        "alloc", *stack.grpc_flags, "--gpu", "1", "--gpu-mem", "4096", "--owner", "host-tool", "--json"
     )
     assert made.returncode == 0, made.stderr
     allocation = alloc_json(made.stdout)
-    seen = host("inspect", "--server", stack.grpc_address, "--json")
+    seen = host("inspect", *stack.grpc_flags, "--json")
     assert any(h[0] == allocation["id"] and h[1] == "host-tool" and h[4] == 4096 for h in holders(seen.stdout))
 
 
 def test_inspect_and_alloc_from_a_container_over_the_compose_network(stack: ComposeStack) -> None:
     made = stack.exec(
-        "placement", "gpuledger", "alloc", "--server", "allocator:50051", "--gpu", "1", "--gpu-mem", "2048",
+        "placement", "gpuledger", "alloc", *IN_CONTAINER_GRPC, "--gpu", "1", "--gpu-mem", "2048",
         "--owner", "container-tool", "--json",
     )
     assert made.returncode == 0, made.stderr
     allocation = alloc_json(made.stdout)
-    seen = stack.exec("inventory-rtx-0", "gpuledger", "inspect", "--server", "allocator:50051", "--json")
+    seen = stack.exec("inventory-rtx-0", "gpuledger", "inspect", *IN_CONTAINER_GRPC, "--json")
     assert seen.returncode == 0, seen.stderr
     assert any(h[0] == allocation["id"] and h[1] == "container-tool" for h in holders(seen.stdout))
     # and the host sees the same ledger
-    assert allocation["id"] in {h[0] for h in holders(host("inspect", "--server", stack.grpc_address, "--json").stdout)}
+    assert allocation["id"] in {h[0] for h in holders(host("inspect", *stack.grpc_flags, "--json").stdout)}
+
+
+def test_the_grpc_api_takes_only_the_admins_certificate(stack: ComposeStack) -> None:
+    flags = stack.grpc_flags
+    ca_only = flags[: flags.index("--cert-file")]
+    for refused in (["--server", stack.grpc_address], ca_only):
+        done = host("inspect", *refused)
+        assert done.returncode != 0, refused
+    assert host("inspect", *flags).returncode == 0
+
+
+NATS_PROBE = """
+import asyncio, ssl, sys, nats
+async def main(url, user, password):
+    tls = ssl.create_default_context(cafile="/credentials/tls/ca.crt") if url.startswith("tls") else None
+    try:
+        nc = await nats.connect(url, user=user or None, password=password or None, tls=tls,
+                                connect_timeout=3, max_reconnect_attempts=0, allow_reconnect=False)
+    except Exception as err:
+        print("refused:", type(err).__name__, err)
+        return
+    await nc.close()
+    print("connected")
+asyncio.run(main(*sys.argv[1:4]))
+"""
+
+
+def test_nats_takes_only_its_users_and_only_over_tls(stack: ComposeStack) -> None:
+    password = stack.exec("placement", "cat", "/credentials/nats/passwords/placement").stdout.strip()
+    assert password
+    cases = {
+        ("tls://nats:4222", "placement", password): "connected",
+        ("tls://nats:4222", "", ""): "refused",
+        ("tls://nats:4222", "placement", "not-its-password"): "refused",
+        ("nats://nats:4222", "placement", password): "refused",  # no TLS, no connection
+    }
+    for (url, user, secret), expected in cases.items():
+        done = stack.exec("placement", "python3", "-c", NATS_PROBE, url, user, secret)
+        assert done.stdout.startswith(expected), (url, user, done.stdout, done.stderr)
 
 
 async def test_the_dashboard_is_served_to_the_host_and_follows_the_ledger(stack: ComposeStack) -> None:
@@ -74,7 +116,7 @@ async def test_the_dashboard_is_served_to_the_host_and_follows_the_ledger(stack:
         assert await page.wait_for("document.querySelectorAll('.card').length === 11", timeout=20)
         await page.wait_for("document.getElementById('live').className === 'on'", timeout=20)
         made = await asyncio.to_thread(
-            host, "alloc", "--server", stack.grpc_address, "--gpu", "1", "--gpu-mem", "1000", "--owner",
+            host, "alloc", *stack.grpc_flags, "--gpu", "1", "--gpu-mem", "1000", "--owner",
             "dashboard-watcher", "--node", "p4-0", "--json",
         )
         assert made.returncode == 0, made.stderr
@@ -100,7 +142,7 @@ def _write(path: str, data: bytes) -> None:
 
 
 async def _ledger(stack: ComposeStack) -> set[tuple[str, str, str, int, int]] | None:
-    seen = await asyncio.to_thread(host, "inspect", "--server", stack.grpc_address, "--json")
+    seen = await asyncio.to_thread(host, "inspect", *stack.grpc_flags, "--json")
     return holders(seen.stdout) if seen.returncode == 0 else None
 
 
@@ -111,7 +153,7 @@ async def _healthy_again(stack: ComposeStack, service: str, restarts: int) -> bo
 
 
 async def test_a_killed_allocator_is_restarted_by_its_policy_and_keeps_every_allocation(stack: ComposeStack) -> None:
-    made = host("alloc", "--server", stack.grpc_address, "--gpu", "2", "--owner", "before-the-kill", "--json")
+    made = host("alloc", *stack.grpc_flags, "--gpu", "2", "--owner", "before-the-kill", "--json")
     assert made.returncode == 0, made.stderr
     before = await _ledger(stack)
     assert before and any(h[1] == "before-the-kill" for h in before)
@@ -151,3 +193,4 @@ def test_logs_are_one_line_per_event_under_the_service_name(stack: ComposeStack)
 def test_down_with_volumes_leaves_nothing_running(stack: ComposeStack) -> None:
     stack.down()
     assert stack.leftovers() == {"containers": [], "volumes": [], "networks": []}
+

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gpuledger_common.natsserver import free_port
@@ -27,6 +29,7 @@ class ComposeStack:
     project: str
     dashboard_port: int = field(default_factory=free_port)
     grpc_port: int = field(default_factory=free_port)
+    tls_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gl-compose-tls-")))
 
     @property
     def env(self) -> dict[str, str]:
@@ -40,6 +43,11 @@ class ComposeStack:
     @property
     def grpc_address(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def grpc_flags(self) -> list[str]:
+        """The CLI's flags for the published gRPC port, as the admin the credentials service made."""
+        return _grpc_flags(self.grpc_address, str(self.tls_dir))
 
     @property
     def dashboard_url(self) -> str:
@@ -64,7 +72,10 @@ class ComposeStack:
         """``up --wait``: every service started and healthy by its health check; the seconds it took."""
         started = time.monotonic()
         self.compose("up", "--detach", "--wait", f"--wait-timeout={timeout_s:.0f}", timeout=timeout_s + 60)
-        return time.monotonic() - started
+        took = time.monotonic() - started
+        # The admin's certificate for the host's CLI, from the volume the credentials service wrote.
+        self.docker_cmd("cp", f"{self.container('credentials')}:/credentials/tls/.", str(self.tls_dir))
+        return took
 
     def down(self) -> None:
         self.compose("down", "--volumes", "--remove-orphans", "--timeout=20", timeout=180)
@@ -101,3 +112,21 @@ class ComposeStack:
                 ("networks", ("network", "ls", "--quiet")),
             )
         }
+
+
+def _grpc_flags(server: str, tls: str) -> list[str]:
+    return [
+        "--server",
+        server,
+        "--ca-file",
+        f"{tls}/ca.crt",
+        "--cert-file",
+        f"{tls}/admin.crt",
+        "--key-file",
+        f"{tls}/admin.key",
+    ]
+
+
+# The CLI's flags inside a container of the stack: the allocator by its service name, the admin's
+# certificate from the mounted credentials volume.
+IN_CONTAINER_GRPC = _grpc_flags("allocator:50051", "/credentials/tls")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,60 @@ def services() -> dict[str, dict[str, Any]]:
 
 
 def gpuledger_services() -> dict[str, dict[str, Any]]:
-    return {name: s for name, s in services().items() if name != "nats"}
+    """The long-running services of ours (not NATS, not the one-shot credentials)."""
+    return {name: s for name, s in services().items() if name not in ("nats", "credentials")}
+
+
+def running_services() -> dict[str, dict[str, Any]]:
+    return {name: s for name, s in services().items() if name != "credentials"}
 
 
 def test_the_stack_is_nats_allocator_placement_and_an_inventory_per_fleet_node() -> None:
     nodes = [n.node.name for n in load_fleet(str(FLEET)).nodes]
-    assert set(services()) == {"nats", *OURS, *(f"inventory-{n}" for n in nodes)}
+    assert set(services()) == {"credentials", "nats", *OURS, *(f"inventory-{n}" for n in nodes)}
+
+
+def test_the_credentials_are_written_once_for_every_fleet_node_and_mounted_read_only() -> None:
+    creds = services()["credentials"]
+    script, command, *args = creds["command"]
+    assert (script, command) == ("gpuledger", "local-credentials")
+    assert _flag_value(args, "--out") == "/credentials"
+    nodes = {n.node.name for n in load_fleet(str(FLEET)).nodes}
+    assert {args[i + 1] for i, a in enumerate(args) if a == "--node"} == nodes
+    assert creds["restart"] == "no" and creds["volumes"] == ["credentials:/credentials"]
+    assert "credentials" in compose()["volumes"]
+    assert services()["nats"]["depends_on"]["credentials"] == {"condition": "service_completed_successfully"}
+    for name, service in running_services().items():
+        mounted = [v for v in service["volumes"] if v.startswith("credentials:")]
+        assert len(mounted) == 1 and mounted[0].endswith(":ro"), name
+
+
+@pytest.mark.parametrize("name", sorted(gpuledger_services()))
+def test_every_service_speaks_tls_to_nats_as_its_own_user(name: str) -> None:
+    service = services()[name]
+    assert _setting(service, "nats_url") == "tls://nats:4222"
+    assert _setting(service, "nats_ca_file") == "/credentials/tls/ca.crt"
+    script = service["command"][0].removeprefix("gpuledger-")
+    user = f"{script}-{_setting(service, 'node')}" if script == "inventory" else script
+    assert _setting(service, "nats_user") == user
+    assert _setting(service, "nats_password_file") == f"/credentials/nats/passwords/{user}"
+
+
+def test_the_grpc_api_and_the_extender_take_mutual_tls_only() -> None:
+    allocator, placement = services()["allocator"], services()["placement"]
+    assert _setting(allocator, "grpc_cert_file") == "/credentials/tls/allocator.crt"
+    assert _setting(allocator, "grpc_client_ca_file") == "/credentials/tls/ca.crt"
+    assert _setting(allocator, "grpc_admins") == "gpuledger-admin"
+    assert _setting(placement, "extender_cert_file") == "/credentials/tls/placement.crt"
+    assert _setting(placement, "extender_client_ca_file") == "/credentials/tls/ca.crt"
+
+
+def test_nats_takes_the_mounted_configuration_with_tls_and_the_users() -> None:
+    nats = services()["nats"]
+    config = _flag_value(nats["command"], "-c")
+    source, _ = _bind_mount(nats, config or "")
+    text = source.read_text()
+    assert "tls {" in text and "include ../credentials/nats/auth.conf" in text
 
 
 def test_nats_runs_jetstream_on_a_named_volume() -> None:
@@ -77,7 +126,7 @@ def test_every_gpuledger_service_waits_for_a_healthy_nats(name: str) -> None:
     assert services()[name]["depends_on"]["nats"] == {"condition": "service_healthy"}
 
 
-@pytest.mark.parametrize("name", sorted(services()))
+@pytest.mark.parametrize("name", sorted(running_services()))
 def test_every_service_has_a_health_check_and_restarts(name: str) -> None:
     service = services()[name]
     assert service["healthcheck"]["test"][0] == "CMD"
@@ -108,7 +157,9 @@ def test_settings_have_the_names_and_values_of_the_manifests(name: str) -> None:
     service = services()[name]
     manifest = _manifest_settings(service["command"][0].removeprefix("gpuledger-"))
     env = service["environment"]
-    shared = set(env) & set(manifest) - {"GPULEDGER_KUBE", "GPULEDGER_LOG_FORMAT", "GPULEDGER_BUCKET_REPLICAS"}
+    # Files are mounted where each platform mounts its Secrets or volumes: their paths differ.
+    shared = {k for k in set(env) & set(manifest) if not k.endswith("_FILE")}
+    shared -= {"GPULEDGER_KUBE", "GPULEDGER_LOG_FORMAT", "GPULEDGER_BUCKET_REPLICAS"}
     assert {"GPULEDGER_HTTP_PORT", "GPULEDGER_LOG_LEVEL"} <= shared
     assert {k: str(env[k]) for k in shared} == {k: manifest[k] for k in shared}
     assert env["GPULEDGER_KUBE"] == "off"  # no cluster in compose
@@ -175,3 +226,22 @@ def _bind_mount(service: dict[str, Any], target: str) -> tuple[Path, str]:
         if mounted == target:
             return (COMPOSE.parent / source).resolve(), mounted
     raise AssertionError(f"nothing is mounted at {target}")
+
+
+def test_a_real_nats_server_takes_the_configuration_with_the_written_credentials(tmp_path: Path) -> None:
+    """The layout of the nats container: the configuration beside the credentials volume."""
+    root = tmp_path / "etc" / "nats"
+    (root / "config").mkdir(parents=True)
+    config = root / "config" / "nats.conf"
+    config.write_text((COMPOSE.parent / "nats.conf").read_text().replace("/etc/nats/", f"{root}/"))
+    args = services()["credentials"]["command"][1:]  # local-credentials --out ...
+    out = args.index("--out") + 1
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "gpuledger"), *args[:out], str(root / "credentials"), *args[out + 1 :]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    checked = subprocess.run([find_binary(), "-t", "-c", str(config)], capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -1,0 +1,98 @@
+"""``gpuledger local-credentials``: every credential a stack on one machine (docker compose) needs,
+in one directory, so that it runs with the controls a cluster has: TLS and a user per role and node
+on NATS, mutual TLS on the allocator's gRPC API.
+
+    gpuledger local-credentials --out /credentials --node rtx-0 --node p4-0
+
+writes under ``--out``:
+
+- ``nats/auth.conf``, ``nats/passwords/<user>``: users and permissions (``gpuledger nats-config``);
+- ``tls/ca.crt``: a new CA, which signed
+- ``tls/nats.crt``, ``tls/nats.key``: the NATS server (for ``--nats-host``),
+- ``tls/allocator.crt``, ``tls/allocator.key``: the allocator's gRPC server (for ``--allocator-host``),
+- ``tls/placement.crt``, ``tls/placement.key``: the extender's HTTPS server (for ``--placement-host``),
+- ``tls/admin.crt``, ``tls/admin.key``: the client certificate ``gpuledger-admin`` (a gRPC admin),
+- ``tls/scheduler.crt``, ``tls/scheduler.key``: the client certificate ``gpuledger-scheduler``, the
+  one the extender lets in (for a kube-scheduler, or a test, that calls it).
+
+What exists is kept: run again, nothing changes, but a node added gets its NATS users. The CA's key
+is never written, so no further certificate can be signed with it. For a cluster, use your own CA
+(docs/operator-guide.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from gpuledger_cli import natsconfig
+from gpuledger_common.natsauth import AuthConfigError
+from gpuledger_common.pki import CertificateAuthority, Issued
+
+ADMIN = "gpuledger-admin"
+SERVERS = ("nats", "allocator", "placement")
+CLIENTS = {"admin": ADMIN, "scheduler": "gpuledger-scheduler"}
+FILES = ("ca.crt", *(f"{n}.{e}" for n in (*SERVERS, *CLIENTS) for e in ("crt", "key")))
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("local-credentials", help="write the credentials of a stack on one machine (docker compose)")
+    p.add_argument("--out", required=True, help="directory for nats/ and tls/ (made if missing)")
+    p.add_argument("--node", action="append", default=[], help="a node's name (repeatable)")
+    p.add_argument("--nats-host", default="nats,localhost,127.0.0.1", help="names of the NATS server's certificate")
+    p.add_argument(
+        "--allocator-host", default="allocator,localhost,127.0.0.1", help="names of the gRPC server's certificate"
+    )
+    p.add_argument(
+        "--placement-host", default="placement,localhost,127.0.0.1", help="names of the extender's certificate"
+    )
+    p.add_argument("--valid-days", type=int, default=365, help="how long the certificates are valid")
+    p.set_defaults(run=run)
+
+
+async def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    try:
+        users = natsconfig.write(out / "nats", args.node)
+        hosts = {n: _hosts(getattr(args, f"{n}_host")) for n in SERVERS}
+        made = write_tls(out / "tls", hosts, args.valid_days)
+    except (AuthConfigError, OSError, ValueError) as err:
+        print(f"gpuledger local-credentials: {err}", file=sys.stderr)
+        return 2
+    print(f"{out / 'nats'}: {len(users)} NATS users; {out / 'tls'}: {'new certificates' if made else 'kept'}")
+    return 0
+
+
+def write_tls(tls: Path, hosts: Mapping[str, Sequence[str]], valid_days: int) -> bool:
+    """The CA and the certificates, unless every file is there already (then False)."""
+    if all((tls / name).is_file() for name in FILES):
+        return False
+    if valid_days < 1:
+        raise ValueError(f"--valid-days must be at least 1, got {valid_days}")
+    work = tls.with_name(tls.name + ".new")
+    shutil.rmtree(work, ignore_errors=True)
+    ca = CertificateAuthority(work, "gpuledger-local-ca", datetime.timedelta(days=valid_days))
+    ca.cert.rename(work / "ca.crt")
+    for name in SERVERS:
+        _keep(ca.issue(f"gpuledger-{name}", tuple(hosts[name])), work, name)
+    for name, common in CLIENTS.items():
+        _keep(ca.issue(common, client=True), work, name)
+    shutil.rmtree(tls, ignore_errors=True)
+    work.rename(tls)  # all of them or none: a half-written set is never left in place
+    return True
+
+
+def _keep(issued: Issued, directory: Path, name: str) -> None:
+    issued.cert.rename(directory / f"{name}.crt")
+    issued.key.rename(directory / f"{name}.key")
+
+
+def _hosts(raw: str) -> list[str]:
+    hosts = [h.strip() for h in raw.split(",") if h.strip()]
+    if not hosts:
+        raise ValueError("a certificate needs at least one host name")
+    return hosts

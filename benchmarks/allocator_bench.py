@@ -74,10 +74,11 @@ class Replica:
 
 @dataclass
 class Samples:
-    """Latencies per row, and how long the op that fed them ran."""
+    """Latencies per row, and how long the op that fed them ran and how many it finished then."""
 
     latencies: dict[str, list[float]] = field(default_factory=dict)
     elapsed: dict[str, float] = field(default_factory=dict)
+    done: dict[str, int] = field(default_factory=dict)
 
     def add(self, row: str, seconds: float) -> None:
         self.latencies.setdefault(row, []).append(seconds)
@@ -100,19 +101,24 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def drive(clients: int, seconds: float, op: Op) -> float:
+async def drive(clients: int, seconds: float, op: Op) -> int:
+    """Run ``op`` in ``clients`` loops for ``seconds``; how many ops ended within those seconds.
+    Ops still running then are finished (their latencies count) but not counted as done in the
+    window: the rate is the steady state's, not lowered by waiting for the slowest op to end."""
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
-    started = time.perf_counter()
+    done = 0
 
     async def client(c: int) -> None:
+        nonlocal done
         i = 0
         while loop.time() < end:
             await op(c, i)
+            done += loop.time() <= end
             i += 1
 
     await asyncio.gather(*(client(c) for c in range(clients)))
-    return time.perf_counter() - started
+    return done
 
 
 def cas_counters(replicas: list[Replica]) -> tuple[float, float]:
@@ -254,7 +260,9 @@ async def measure(setups: list[Setup], clients: int, seconds: float, rounds: int
             for row, op in ops[setup.label]:
                 before = {name: sum(cpu_s(p) for p in ps) for name, ps in pids.items()}
                 count = len(m.samples.latencies.get(row, []))
-                m.samples.elapsed[row] = m.samples.elapsed.get(row, 0.0) + await drive(clients, seconds / rounds, op)
+                done = await drive(clients, seconds / rounds, op)
+                m.samples.elapsed[row] = m.samples.elapsed.get(row, 0.0) + seconds / rounds
+                m.samples.done[row] = m.samples.done.get(row, 0) + done
                 m.writes += (len(m.samples.latencies.get(row, [])) - count) * WRITES_PER_OP.get(row, 0)
                 if row in (PAIR_ROW, COMMIT_ROW):
                     for name, ps in pids.items():
@@ -391,7 +399,7 @@ async def run(specs: list[SetupSpec], seconds: float, rounds: int, client_counts
 
 def rate(samples: Samples, row: str) -> float:
     feeding = PAIR_ROW if row in (ALLOCATE_ROW, RELEASE_ROW) else row
-    return len(samples.latencies[row]) / samples.elapsed[feeding]
+    return samples.done[feeding] / samples.elapsed[feeding]
 
 
 def baseline(results: list[Result], clients: int) -> Samples | None:

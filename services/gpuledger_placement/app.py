@@ -27,6 +27,7 @@ from gpuledger_core.placement import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
 from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.binder import Binder
+from gpuledger_placement.hosts import HostUsage, follow
 from gpuledger_placement.kube import KubePodApi, NoPodApi, PodApi
 from gpuledger_placement.policies import Policies
 from gpuledger_placement.routes import Extender, extender_app
@@ -44,8 +45,15 @@ class Parts:
     extender: Extender
 
 
-def build(settings: PlacementSettings, store: LedgerStore | None, pods: PodApi, nc: Client | None) -> Parts:
-    """The service's parts over a store (None: a view fed by the caller, as the benchmark does)."""
+def build(
+    settings: PlacementSettings,
+    store: LedgerStore | None,
+    pods: PodApi,
+    nc: Client | None,
+    hosts: HostUsage | None = None,
+) -> Parts:
+    """The service's parts over a store (None: a view fed by the caller, as the benchmark does);
+    ``hosts``: each node's CPU and memory for the guard (None: the guard cannot act)."""
     view = FleetView(
         store, settings.stale_after_s, slots_per_card=settings.slots_per_card, mix_isolation=settings.mix_isolation
     )
@@ -53,8 +61,10 @@ def build(settings: PlacementSettings, store: LedgerStore | None, pods: PodApi, 
     policies = Policies(tracker, view.card_memory, settings.workload_refresh_s)
     guard, ready = parse_guard(settings.guard), _ready(view, nc, settings)
     assumed = Assumptions(settings.assume_ttl_s)
-    service = PlacementService(view, policies, settings.policy, guard, ready, assumed=assumed)
-    binder = Binder(store, service, pods, settings.lease_s, schedulers=settings.schedulers) if store else None
+    service = PlacementService(view, policies, settings.policy, guard, ready, assumed=assumed, hosts=hosts)
+    binder = None
+    if store is not None:
+        binder = Binder(store, service, pods, settings.lease_s, schedulers=settings.schedulers, hosts=hosts)
     return Parts(view, service, Extender(service, binder, settings.schedulers))
 
 
@@ -123,10 +133,16 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
     pods = await _pod_api(settings)
     try:
         store = await open_ledger(nc, stop, retry_s=settings.ledger_retry_s)
-        parts = build(settings, store, pods, nc)
+        hosts = HostUsage() if settings.guard != "off" and isinstance(pods, KubePodApi) else None
+        if settings.guard != "off" and hosts is None:
+            log.warning(
+                "guard %s set, but without Kubernetes access it cannot know nodes' CPU and memory", settings.guard
+            )
+        parts = build(settings, store, pods, nc, hosts)
         async with asyncio.TaskGroup() as tasks:
             watching = tasks.create_task(parts.view.run())
             seeding = tasks.create_task(_seed_workload(parts))
+            following = tasks.create_task(follow(pods, hosts)) if isinstance(pods, KubePodApi) and hosts else None
             await parts.view.listen(nc)
             responders = await serve_nats(nc, parts.service, settings.nats_queue)
             runners = [await start_http(http_app(settings, parts), settings.http_host, settings.http_port)]
@@ -159,6 +175,8 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
             await parts.view.stop_listening()
             watching.cancel()
             seeding.cancel()
+            if following is not None:
+                following.cancel()
     except Unavailable:
         if not stop.is_set():
             raise

@@ -35,6 +35,7 @@ from gpuledger_core.model import Allocation, Owner, OwnerKind
 from gpuledger_core.pods import Hint, PodAsk, hint_of, reserve_pod
 from gpuledger_placement import convert
 from gpuledger_placement.convert import BindArgs
+from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.kube import PodApi
 from gpuledger_placement.metrics import ROLLBACKS
 from gpuledger_placement.service import PlacementService
@@ -57,6 +58,7 @@ class Binder:
     lease_s: float = 300.0
     clock: Callable[[], float] = time.time
     schedulers: frozenset[str] = frozenset({"gpuledger-scheduler"})  # the pods' schedulerName this binds
+    hosts: HostUsage | None = None  # the guard's CPU and memory per node: a bound pod counts at once
 
     async def bind(self, args: BindArgs) -> Bound:
         owner = Owner(OwnerKind.POD, args.uid)  # the key filter's assumption is under
@@ -89,6 +91,8 @@ class Binder:
             if allocation is not None and not isinstance(err, Unavailable):
                 await self.roll_back(allocation, f"bind failed: {err}")
             raise
+        if self.hosts is not None:
+            self.hosts.bound(args.uid, args.node, pod.cpu_milli, pod.memory_mib)
         return Bound(allocation, again=False)
 
     async def _pod(self, args: BindArgs) -> tuple[PodAsk, str]:

@@ -198,16 +198,29 @@ def pod_ask_from(pod: Mapping[str, Any]) -> PodAsk:
         for at, container in enumerate(group)
         if (ask := _container_ask(container, init, at, models)) is not None
     ]
-    cpu = max(sum(_host(c, "cpu") for c in apps), max((_host(c, "cpu") for c in inits), default=0))
-    mem = max(sum(_host(c, "memory") for c in apps), max((_host(c, "memory") for c in inits), default=0))
+    cpu_milli, memory_mib = _host_totals(inits, apps)
     return PodAsk(
         owner,
         tuple(asks),
         _isolation(annotations.get(ISOLATION_ANNOTATION)),
         _policy(annotations.get(POLICY_ANNOTATION)),
-        int(cpu * 1000),
-        int(mem / MIB),
+        cpu_milli,
+        memory_mib,
     )
+
+
+def host_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """The pod's CPU (millicores) and memory (MiB) requests as kube-scheduler counts them (the
+    app containers' sum, or the largest init container if more); ``InvalidArgument`` for a
+    quantity that is not one."""
+    spec = _obj(pod, "spec")
+    return _host_totals(_containers(spec, "initContainers"), _containers(spec, "containers"))
+
+
+def _host_totals(inits: list[Mapping[str, Any]], apps: list[Mapping[str, Any]]) -> tuple[int, int]:
+    cpu = max(sum(_host(c, "cpu") for c in apps), max((_host(c, "cpu") for c in inits), default=0))
+    mem = max(sum(_host(c, "memory") for c in apps), max((_host(c, "memory") for c in inits), default=0))
+    return int(cpu * 1000), int(mem / MIB)
 
 
 def allocation_annotation(allocation: Allocation) -> str:

@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import aiohttp
 
@@ -121,6 +122,47 @@ class KubePodApi:
     async def close(self) -> None:
         await self._http.close()
 
+    async def list_objects(self, path: str, params: Mapping[str, str], timeout_s: float = 60.0) -> dict[str, Any]:
+        """One LIST (``items`` and ``metadata.resourceVersion``), raw JSON."""
+        query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
+        found = await self._call(f"list {path}", "GET", f"{path}?{query}", timeout_s=timeout_s)
+        if not isinstance(found, dict) or not isinstance(found.get("items"), list):
+            raise Unavailable(f"the API server sent the list of {path} in an unexpected form")
+        return found
+
+    async def watch(
+        self, path: str, params: Mapping[str, str], timeout_s: float = 300.0
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of one WATCH from ``params['resourceVersion']`` (``type`` and ``object``),
+        until the API server ends it (after ``timeout_s``); a ``GpuledgerError`` when it fails (410:
+        the version is gone, list again)."""
+        query = "&".join(f"{k}={quote(v, safe='')}" for k, v in {**params, "watch": "1"}.items())
+        query += f"&timeoutSeconds={int(timeout_s)}&allowWatchBookmarks=true"
+        try:
+            headers = await self._headers(JSON)
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=timeout_s + 30)
+            async with self._http.get(
+                f"{self._server}{path}?{query}",
+                headers=headers,
+                proxy=self._proxy,
+                server_hostname=self._server_name,
+                timeout=timeout,
+            ) as response:
+                if response.status != 200:
+                    raise http_error(response.status, f"watch {path}", _json(await response.read()))
+                async for line in response.content:
+                    event = _json(line)
+                    if not isinstance(event, dict):
+                        continue
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        raise http_error(int(status.get("code") or 500), f"watch {path}", status)
+                    yield event
+        except GpuledgerError:
+            raise
+        except Exception as err:
+            raise Unavailable(f"the watch of {path} broke: {err or type(err).__name__}") from err
+
     async def _headers(self, content_type: str) -> dict[str, str]:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         auth = await self._config.auth_settings()  # runs the configuration's token refresh, if any
@@ -129,13 +171,26 @@ class KubePodApi:
             headers["Authorization"] = str(token)
         return headers
 
-    async def _call(self, what: str, method: str, path: str, body: Any = None, content_type: str = JSON) -> Any:
+    async def _call(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = JSON,
+        timeout_s: float | None = None,
+    ) -> Any:
         try:
             headers = await self._headers(content_type)
             data = None if body is None else json.dumps(body, separators=(",", ":"))
             async with self._http.request(
-                method, self._server + path, data=data, headers=headers, proxy=self._proxy,
+                method,
+                self._server + path,
+                data=data,
+                headers=headers,
+                proxy=self._proxy,
                 server_hostname=self._server_name,
+                timeout=aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None,
             ) as response:
                 status, raw = response.status, await response.read()
         except GpuledgerError:

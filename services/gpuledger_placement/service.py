@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from itertools import count
 from random import Random
@@ -30,6 +30,7 @@ from gpuledger_core.placement import (
 )
 from gpuledger_core.pods import PodAsk, expand_models, impossible, plan, reserve_pod
 from gpuledger_placement.assumed import Assumptions
+from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.policies import Policies, PolicyKey
 from gpuledger_placement.preferred import preferred_ids
 from gpuledger_placement.ranking import Ranking, Rankings
@@ -70,8 +71,10 @@ class PlacementService:
         ready: Callable[[], str] = lambda: "",
         rng: Random | None = None,
         assumed: Assumptions | None = None,
+        hosts: HostUsage | None = None,
     ) -> None:
         self.view, self.policies, self.policy, self.guard = view, policies, policy, guard
+        self.hosts = hosts  # each node's free CPU and memory, for the guard
         self.ready = ready
         self.rng = rng or Random()
         self.assumed = assumed if assumed is not None else Assumptions()
@@ -119,8 +122,8 @@ class PlacementService:
         """The extender's filter. For a pod that wants cards: the one node placement chooses among
         those it fits, assumed there until its bind (the others that fit are ``passed_over``), and
         why each other node does not fit. Every node passes a pod that wants none."""
-        if not pod.wants_cards:  # not ours: every node will do, ledger or not
-            return Filtered(tuple(names), {}, {})
+        if not pod.wants_cards:  # every node will do, but a GPU node whose cards it would strand
+            return self._guarded(pod, names)
         self.check()
         pod = self.resolve(pod)
         self.policies.observe(pod)
@@ -135,6 +138,31 @@ class PlacementService:
             return judged
         others = tuple(name for name in judged.fits if name != chosen)
         return Filtered((chosen,), judged.failed, judged.unresolvable, others)
+
+    def _guarded(self, pod: PodAsk, names: Sequence[str]) -> Filtered:
+        """A pod that takes no card: every node that is not a GPU node, and each GPU node where it
+        leaves the CPU and memory the guard keeps for the node's free cards."""
+        if self.guard is None or self.hosts is None:
+            return Filtered(tuple(names), {}, {})
+        ask = Ask(None, pod.cpu_milli, pod.memory_mib, pod.owner.describe())
+        fits: list[str] = []
+        failed: dict[str, str] = {}
+        for name in names:
+            entry = self.view.entries.get(name)
+            if entry is None:  # no cards here to strand
+                fits.append(name)
+                continue
+            free = self.hosts.free(name)
+            if free is None:
+                failed[name] = "guard: gpuledger does not know this GPU node's CPU and memory yet"
+                continue
+            state = replace(entry.state, cpu_free=free[0], mem_free=free[1])
+            why = self.guard.problem(state, ask)
+            if why:
+                failed[name] = why
+            else:
+                fits.append(name)
+        return Filtered(tuple(fits), failed, {})
 
     def _holding(self, pod: PodAsk, names: Sequence[str]) -> str | None:
         """The node among ``names`` where the pod already holds a live allocation of what it asks

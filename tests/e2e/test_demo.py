@@ -10,12 +10,31 @@ import pytest
 from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.scenario import run_scenario
 from gpuledger_cli.dev.stack import Stack
+from gpuledger_testing.waiting import wait_for
+from tests.e2e.helpers import ledger
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest.mark.timeout(300)
 async def test_demo_scenario_on_the_real_control_plane(stack: Stack, cluster: RealCluster) -> None:
+    try:
+        await _demo(stack, cluster)
+    finally:  # the demo's pods go: the next tests find the cards free
+        await _delete_pods_of(stack, cluster, "demo")
+
+
+async def _delete_pods_of(stack: Stack, cluster: RealCluster, ns: str) -> None:
+    assert cluster.api is not None
+    await cluster.api.call("DELETE", f"/api/v1/namespaces/{ns}/pods", params={"gracePeriodSeconds": "0"})
+
+    async def released() -> bool:
+        return not any(a.owner.namespace == ns for found in (await ledger(stack)).values() for a in found.live())
+
+    await wait_for(released, 60, f"every card held in namespace {ns} released", interval=0.5)
+
+
+async def _demo(stack: Stack, cluster: RealCluster) -> None:
     said: list[str] = []
     assert await run_scenario(stack, said.append), "\n".join(said)
     assert any("stays pending" in line for line in said), said

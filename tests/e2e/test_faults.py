@@ -21,6 +21,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 BURST = 200
 NODES = ("a100-0", "a100-1", "v100-0")  # 24 cards x 8 slots: room for 192 one-card shares
 SETTLED_S = 240.0
+STEADY_S = 15.0  # longer than kube-scheduler's longest backoff (podMaxBackoffSeconds, 10 s)
 Fault = Callable[[Stack, RealCluster], Awaitable[None]]
 
 
@@ -83,7 +84,7 @@ async def test_a_fault_mid_burst_leaves_the_ledger_equal_to_the_pods(
         await FAULTS[fault](stack, cluster)
         await creating
         await wait_for(
-            lambda: _settled(cluster, api, ns), SETTLED_S, "every pod Running or Pending with a reason", interval=1.0
+            _steady(cluster, api, ns), SETTLED_S, "every pod Running or Pending with a reason, for good", interval=1.0
         )
         after = await pods_in(api, ns)
         expected = EXPECTED_REFUSALS.get(fault)
@@ -108,6 +109,26 @@ async def _create_all(api: KubeApi, ns: str, pods: list[dict[str, object]]) -> N
 
 async def _bound_at_least(api: KubeApi, ns: str, count: int) -> bool:
     return sum(1 for p in await pods_in(api, ns) if p["spec"].get("nodeName")) >= count
+
+
+def _steady(cluster: RealCluster, api: KubeApi, ns: str) -> Callable[[], Awaitable[bool]]:
+    """Settled, and still with as many pods Running ``STEADY_S`` later: a pod refused while a
+    service was down (its FailedScheduling event says so) is retried within kube-scheduler's
+    backoff (10 s at most), so one settled look right after the fault is not the end."""
+    seen: list[tuple[float, int]] = []
+
+    async def steady() -> bool:
+        if not await _settled(cluster, api, ns):
+            seen.clear()
+            return False
+        running = sum(1 for p in await pods_in(api, ns) if p["status"].get("phase") == "Running")
+        now = asyncio.get_running_loop().time()
+        if not seen or seen[0][1] != running:
+            seen[:] = [(now, running)]
+            return False
+        return now - seen[0][0] >= STEADY_S
+
+    return steady
 
 
 async def _settled(cluster: RealCluster, api: KubeApi, ns: str) -> bool:

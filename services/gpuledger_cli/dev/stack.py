@@ -26,6 +26,7 @@ from gpuledger_testing.secure_nats import SecureNats, secure_nats
 Say = Callable[[str], None]
 READY_S = 90.0
 KUBERNETES = ("sim", "real")
+GUARD = "4:32"  # GPULEDGER_GUARD of deploy/kubernetes/base
 Cluster = SimCluster | RealCluster
 
 
@@ -119,6 +120,11 @@ def _nats_flags(nats: SecureNats, role: Role, node: str = "") -> list[str]:
     ]
 
 
+def _guard(cluster: Cluster) -> list[str]:
+    """The guard as the manifests set it, where the API server lists and watches Nodes (the real one)."""
+    return ["--guard", GUARD] if isinstance(cluster, RealCluster) else []
+
+
 def _inventory_kube(cluster: Cluster, kubeconfig: Path) -> list[str]:
     """The simulated API server has no Node objects to label; the real one has."""
     if isinstance(cluster, SimCluster):
@@ -174,6 +180,7 @@ async def _start_services(
             *pki.placement_flags(),
             "--extender-port",
             str(extender_port),
+            *_guard(cluster),
             "--kube",
             "kubeconfig",
             "--kubeconfig",

@@ -36,11 +36,16 @@ PERMISSIONS: dict[str, set[Grant]] = {
           for verb in ("get", "list", "watch", "create", "update", "delete")},
     },
     # The extender's bind: read the pod, record the decision in its gpuledger.io/allocation
-    # annotation, create its Binding.
+    # annotation, create its Binding. The guard (gpuledger_placement/hosts.py): list and watch
+    # Nodes (allocatable) and bound pods (requests).
     "gpuledger-placement": {
         ("*", "", "pods", "get", "*"),
         ("*", "", "pods", "patch", "*"),
         ("*", "", "pods/binding", "create", "*"),
+        ("*", "", "pods", "list", "*"),
+        ("*", "", "pods", "watch", "*"),
+        ("*", "", "nodes", "list", "*"),
+        ("*", "", "nodes", "watch", "*"),
     },
     # A kube-scheduler: the stock roles, and its own leader-election Lease.
     "gpuledger-scheduler": {

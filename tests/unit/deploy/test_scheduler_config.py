@@ -74,9 +74,14 @@ def test_the_extender_is_node_cache_capable_and_not_ignorable(extender: dict[str
     assert extender["ignorable"] is False
 
 
-def test_only_card_count_is_checked_by_the_scheduler_itself(extender: dict[str, Any]) -> None:
-    ignored = {r["name"]: r["ignoredByScheduler"] for r in extender["managedResources"]}
-    assert ignored == {"gpuledger.io/gpu": False, "gpuledger.io/gpu-mem": True, "gpuledger.io/gpu-core": True}
+def test_every_pod_of_the_profile_reaches_the_extender(extender: dict[str, Any]) -> None:
+    assert not extender.get("managedResources")  # empty: interested in every pod (the guard sees CPU-only pods)
+
+
+def test_only_card_count_is_checked_by_the_scheduler_itself(config: dict[str, Any]) -> None:
+    (profile,) = config["profiles"]
+    (fit,) = [p for p in profile["pluginConfig"] if p["name"] == "NodeResourcesFit"]
+    assert fit["args"]["ignoredResources"] == ["gpuledger.io/gpu-mem", "gpuledger.io/gpu-core"]  # not gpuledger.io/gpu
 
 
 def test_the_verbs_and_prefix_are_what_placement_serves(extender: dict[str, Any]) -> None:

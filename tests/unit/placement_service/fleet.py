@@ -6,6 +6,7 @@ from gpuledger_common.fleet import parse_fleet
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_placement.app import Parts, build
+from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.kube import NoPodApi
 from gpuledger_placement.settings import PlacementSettings
 
@@ -22,9 +23,11 @@ nodes:
 """
 
 
-def parts(policy: str = "default", stale_after_s: float = 0.0) -> Parts:
-    settings = PlacementSettings(kube="off", stale_after_s=stale_after_s, policy=policy)
-    built = build(settings, None, NoPodApi(), None)
+def parts(
+    policy: str = "default", stale_after_s: float = 0.0, guard: str = "off", hosts: HostUsage | None = None
+) -> Parts:
+    settings = PlacementSettings(kube="off", stale_after_s=stale_after_s, policy=policy, guard=guard)
+    built = build(settings, None, NoPodApi(), None, hosts)
     for revision, node in enumerate(parse_fleet(FLEET).nodes, start=1):
         built.view.apply(NodeName(node.node.name), NodeLedger(node.node), revision)
     return built

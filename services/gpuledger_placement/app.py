@@ -53,10 +53,16 @@ def build(
     hosts: HostUsage | None = None,
 ) -> Parts:
     """The service's parts over a store (None: a view fed by the caller, as the benchmark does);
-    ``hosts``: each node's CPU and memory for the guard (None: the guard cannot act)."""
+    ``hosts``: each node's CPU and memory, for fit, the balance term and the guard (None: untracked)."""
     view = FleetView(
-        store, settings.stale_after_s, slots_per_card=settings.slots_per_card, mix_isolation=settings.mix_isolation
+        store,
+        settings.stale_after_s,
+        slots_per_card=settings.slots_per_card,
+        mix_isolation=settings.mix_isolation,
+        hosts=hosts.totals if hosts is not None else lambda _: None,
     )
+    if hosts is not None:  # the node's CPU and memory are part of its state: fit, the balance term, the guard
+        hosts.watch(view.host_changed)
     tracker = WorkloadTracker(window=settings.workload_window)
     policies = Policies(tracker, view.card_memory, settings.workload_refresh_s)
     guard, ready = parse_guard(settings.guard), _ready(view, nc, settings)

@@ -28,6 +28,7 @@ from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, Owner
 from gpuledger_core.placement import from_ledger
+from gpuledger_core.placement.state import UNTRACKED
 from gpuledger_core.pods import PodAsk
 from gpuledger_placement.metrics import ASSUMED, ASSUMPTIONS
 from gpuledger_placement.view import NodeEntry
@@ -145,7 +146,17 @@ class Assumptions:
         if not extra:
             return None
         ledger = NodeLedger(base.ledger.node, (*base.ledger.allocations, *extra))
-        state = from_ledger(ledger, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
+        host = base.state
+        pods = [a.pod for a in self._by_node.get(node, {}).values()]
+        state = from_ledger(
+            ledger,
+            cpu_free=_less(host.cpu_free, sum(p.cpu_milli for p in pods)),
+            mem_free=_less(host.mem_free, sum(p.memory_mib for p in pods)),
+            cpu_total=host.cpu_total,
+            mem_total=host.mem_total,
+            slots_per_card=slots_per_card,
+            mix_isolation=mix_isolation,
+        )
         entry = NodeEntry(ledger, base.revision, state)
         counted = self._counted[node] = Counted(base, self.generation(node), entry)
         return counted
@@ -163,3 +174,8 @@ class Assumptions:
 
     def _bump(self, node: str) -> None:
         self._generations[node] = self._generations.get(node, 0) + 1
+
+
+def _less(free: int, taken: int) -> int:
+    """What the assumed pods leave of a node's CPU or memory (untracked stays untracked)."""
+    return free if free == UNTRACKED else free - taken

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,6 +44,22 @@ class HostUsage:
     pods: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # uid -> node, CPU, memory
     used: dict[str, tuple[int, int]] = field(default_factory=dict)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
+    _watchers: list[Callable[[str], None]] = field(default_factory=list)
+
+    def watch(self, changed: Callable[[str], None]) -> None:
+        """Call ``changed(node)`` after what is known of the node's CPU or memory changed."""
+        self._watchers.append(changed)
+
+    def totals(self, node: str) -> tuple[int, int, int, int] | None:
+        """Free CPU, free memory, allocatable CPU, allocatable memory; None while unknown."""
+        free = self.free(node)
+        total = self.allocatable.get(node)
+        return None if free is None or total is None else (*free, *total)
+
+    def _changed(self, node: str) -> None:
+        if self.synced.is_set():
+            for changed in self._watchers:
+                changed(node)
 
     def free(self, node: str) -> tuple[int, int] | None:
         """The node's CPU and memory not requested by its pods; None for a node not (yet) known."""
@@ -63,11 +79,14 @@ class HostUsage:
             log.warning("node %s: allocatable not understood (%s); the guard leaves it alone", name, err)
             self.allocatable.pop(name, None)
             return
-        if name:
+        if name and self.allocatable.get(name) != (cpu, mem):
             self.allocatable[name] = (cpu, mem)
+            self._changed(name)
 
     def drop_node(self, raw: Mapping[str, Any]) -> None:
-        self.allocatable.pop(str(raw.get("metadata", {}).get("name") or ""), None)
+        name = str(raw.get("metadata", {}).get("name") or "")
+        if self.allocatable.pop(name, None) is not None:
+            self._changed(name)
 
     def set_pod(self, raw: Mapping[str, Any]) -> None:
         meta, spec = raw.get("metadata") or {}, raw.get("spec") or {}
@@ -86,10 +105,13 @@ class HostUsage:
 
     def bound(self, uid: str, node: str, cpu_milli: int, memory_mib: int) -> None:
         """The pod ``uid`` runs on ``node`` with these requests (again: replaces what was counted)."""
+        if self.pods.get(uid) == (node, cpu_milli, memory_mib):
+            return
         self.drop_pod(uid)
         self.pods[uid] = (node, cpu_milli, memory_mib)
         cpu, mem = self.used.get(node, (0, 0))
         self.used[node] = (cpu + cpu_milli, mem + memory_mib)
+        self._changed(node)
 
     def drop_pod(self, uid: str) -> None:
         found = self.pods.pop(uid, None)
@@ -98,6 +120,7 @@ class HostUsage:
         node, cpu_milli, memory_mib = found
         cpu, mem = self.used.get(node, (0, 0))
         self.used[node] = (cpu - cpu_milli, mem - memory_mib)
+        self._changed(node)
 
     def replace(self, nodes: list[Any], pods: list[Any]) -> None:
         """Start again from full lists."""
@@ -109,6 +132,8 @@ class HostUsage:
         for pod in pods:
             self.set_pod(pod)
         self.synced.set()
+        for name in list(self.allocatable):
+            self._changed(name)
 
 
 async def follow(api: Watchable, usage: HostUsage) -> None:

@@ -63,6 +63,8 @@ class FleetView:
     memories: Counter[int] = field(default_factory=Counter)  # cards per memory size
     order: dict[str, int] = field(default_factory=dict)  # each node's place in ``entries``' order
     holders: dict[str, str] = field(default_factory=dict)  # owner key -> the node of its live allocation
+    # Each node's CPU and memory (free, allocatable) where Kubernetes is followed (hosts.py); None: untracked.
+    hosts: Callable[[str], tuple[int, int, int, int] | None] = field(default=lambda _: None, kw_only=True)
     _subs: list[Subscription] = field(default_factory=list)
     _watchers: list[Callable[[str], None]] = field(default_factory=list)
     _added: Iterator[int] = field(default_factory=count)
@@ -91,11 +93,35 @@ class FleetView:
         else:
             if known is None:
                 self.order[node] = next(self._added)
-            state = from_ledger(ledger, slots_per_card=self.slots_per_card, mix_isolation=self.mix_isolation)
-            self.entries[node] = NodeEntry(ledger, revision, state)
+            self.entries[node] = NodeEntry(ledger, revision, self._state(node, ledger))
             self._count(ledger, 1)
         for changed in self._watchers:
             changed(node)
+
+    def host_changed(self, node: str) -> None:
+        """The node's CPU or memory changed (a pod bound or gone, the Node resized): its state is
+        made again, and with it every answer computed from it."""
+        known = self.entries.get(node)
+        if known is None:
+            return
+        self.entries[node] = NodeEntry(known.ledger, known.revision, self._state(node, known.ledger))
+        for changed in self._watchers:
+            changed(node)
+
+    def _state(self, node: str, ledger: NodeLedger) -> NodeState:
+        host = self.hosts(node)
+        if host is None:
+            return from_ledger(ledger, slots_per_card=self.slots_per_card, mix_isolation=self.mix_isolation)
+        cpu_free, mem_free, cpu_total, mem_total = host
+        return from_ledger(
+            ledger,
+            cpu_free=cpu_free,
+            mem_free=mem_free,
+            cpu_total=cpu_total,
+            mem_total=mem_total,
+            slots_per_card=self.slots_per_card,
+            mix_isolation=self.mix_isolation,
+        )
 
     def _count(self, ledger: NodeLedger, sign: int) -> None:
         for card in ledger.node.cards:

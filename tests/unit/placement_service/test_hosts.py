@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gpuledger_core.model import Owner, OwnerKind
+from gpuledger_core.fit import ContainerAsk
+from gpuledger_core.model import Owner, OwnerKind, Request
 from gpuledger_core.pods import PodAsk
 from gpuledger_placement.hosts import BOUND, NODES, PODS, HostUsage, follow
 
@@ -134,3 +135,21 @@ async def test_follow_lists_then_watches_and_lists_again_when_a_watch_fails(monk
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+def gpu_pod(cpu_milli: int) -> PodAsk:
+    owner = Owner(OwnerKind.POD, "uid-gpu", "ns", "gpu")
+    return PodAsk(owner, (ContainerAsk("c", Request(1)),), cpu_milli=cpu_milli, memory_mib=1024)
+
+
+def test_a_nodes_cpu_is_part_of_its_state_and_a_change_is_seen_at_once() -> None:
+    usage = HostUsage()
+    built = parts(guard="4:32", hosts=usage)
+    usage.replace([node("rtx-0", "16", "64Gi"), node("p4-0", "16", "64Gi")], [pod("busy", "rtx-0", "12")])
+    first = built.service.filter(gpu_pod(8000), ["rtx-0", "p4-0"])
+    assert first.fits == ("p4-0",)
+    assert first.failed["rtx-0"] == "4000m CPU free, 4000m short of 8000m"
+    usage.drop_pod("busy")  # its pod ended: rtx-0's state (and every answer from it) is made again
+    again = built.service.filter(gpu_pod(8000), ["rtx-0"])
+    assert again.fits == ("rtx-0",)
+    assert built.view.entries["rtx-0"].state.cpu_free == 16000

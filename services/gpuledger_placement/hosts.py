@@ -111,7 +111,8 @@ class HostUsage:
         self.pods[uid] = (node, cpu_milli, memory_mib)
         cpu, mem = self.used.get(node, (0, 0))
         self.used[node] = (cpu + cpu_milli, mem + memory_mib)
-        self._changed(node)
+        if cpu_milli or memory_mib:  # a pod that requests nothing changes no node's state
+            self._changed(node)
 
     def drop_pod(self, uid: str) -> None:
         found = self.pods.pop(uid, None)
@@ -120,7 +121,8 @@ class HostUsage:
         node, cpu_milli, memory_mib = found
         cpu, mem = self.used.get(node, (0, 0))
         self.used[node] = (cpu - cpu_milli, mem - memory_mib)
-        self._changed(node)
+        if cpu_milli or memory_mib:
+            self._changed(node)
 
     def replace(self, nodes: list[Any], pods: list[Any]) -> None:
         """Start again from full lists."""

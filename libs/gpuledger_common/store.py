@@ -597,7 +597,6 @@ class LedgerStore:
         subscription's own callback: no queue and no task between a change and ``apply``. The
         returned handle says whether it failed, and stops it."""
         following = Following()
-        self._followed = True
         try:
             keys = await self._keys_now()
             if not keys:
@@ -628,6 +627,7 @@ class LedgerStore:
             )
         except Exception as err:
             raise Unavailable(f"cannot watch the ledger: {err}") from err
+        self._followed = True  # from now on the known values are the watch's (see ``_start_from``)
         return following
 
     # --- the owner index: one allocation per owner, whichever replica got there first ---

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -169,7 +168,7 @@ async def run(args: argparse.Namespace) -> int:
         await asyncio.to_thread(
             cluster.control_plane.start_scheduler, "plain-scheduler", plain_scheduler_config("plain-scheduler")
         )
-        metrics_url = re.sub(r"/gpuledger$", "/metrics", stack.extender)
+        metrics_url = f"{stack.placement_ops}/metrics"
         placement = stack.supervisor.get("placement").process
         assert placement is not None
         rows: dict[str, list[float]] = {"plain": [], "gpuledger": []}

@@ -42,6 +42,7 @@ class Stack:
     nats: NatsServer
     operator: NatsCredentials  # for gpuledger health against this stack
     pki: ExtenderPki  # the extender's certificates: kube-scheduler's client one among them
+    placement_ops: str  # placement's /healthz, /readyz and /metrics (plain HTTP)
 
 
 async def wait_until(check: Callable[[], Awaitable[bool]], what: str, supervisor: Supervisor) -> None:
@@ -232,4 +233,5 @@ async def _start_services(
     say("every plugin shim registered with its kubelet and listed its devices")
     dashboard = f"http://127.0.0.1:{dashboard_port}/"
     operator = nats.credentials(Role.OPERATOR)
-    return Stack(fleet, nats_url, grpc, dashboard, extender, cluster, supervisor, nats.server, operator, pki)
+    ops = f"http://127.0.0.1:{placement_port}"
+    return Stack(fleet, nats_url, grpc, dashboard, extender, cluster, supervisor, nats.server, operator, pki, ops)

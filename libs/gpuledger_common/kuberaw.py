@@ -32,7 +32,7 @@ class RawKube:
         self._server = str(configuration.host).rstrip("/")
         self._proxy = getattr(configuration, "proxy", None) or None
         self._server_name = getattr(configuration, "tls_server_name", None) or None
-        connector = aiohttp.TCPConnector(limit=16, keepalive_timeout=60.0, ssl=_ssl_context(configuration))
+        connector = aiohttp.TCPConnector(limit=16, keepalive_timeout=60.0, ssl=ssl_context(configuration))
         self._http = aiohttp.ClientSession(
             connector=connector, trust_env=False, timeout=aiohttp.ClientTimeout(total=timeout_s)
         )
@@ -67,7 +67,7 @@ class RawKube:
             raise
         except Exception as err:  # timeouts, refused connections, TLS: all mean "not now"
             raise Unavailable(f"Kubernetes API unreachable for {what}: {err or type(err).__name__}") from err
-        found = _json(raw)
+        found = json_of(raw)
         if 200 <= status < 300:
             return found
         raise http_error(status, what, found)
@@ -81,7 +81,8 @@ class RawKube:
         return headers
 
 
-def _ssl_context(configuration: Any) -> ssl.SSLContext | bool:
+def ssl_context(configuration: Any) -> ssl.SSLContext | bool:
+    """TLS as the configuration says (the CA, a client certificate, verification)."""
     if not str(configuration.host).startswith("https"):
         return False
     context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
@@ -105,7 +106,8 @@ def http_error(status: int, what: str, body: Any) -> GpuledgerError:
     return Unavailable(detail)
 
 
-def _json(data: bytes) -> Any:
+def json_of(data: bytes) -> Any:
+    """A response body as JSON (None when empty or not JSON)."""
     try:
         return json.loads(data) if data else None
     except ValueError:

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
-import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
 
-from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, NotFound, Unavailable
+from gpuledger_common.kuberaw import http_error, json_of, ssl_context
+from gpuledger_core.errors import FailedPrecondition, GpuledgerError, Unavailable
 
 log = logging.getLogger(__name__)
 MERGE_PATCH = "application/merge-patch+json"
@@ -70,7 +70,7 @@ class KubePodApi:
         self._server_name = getattr(configuration, "tls_server_name", None) or None  # kubeconfig tls-server-name
         # Idle connections are kept 60 s (the API server closes them after 90 s): a TLS handshake
         # costs both sides more than a Binding, and binds come in bursts seconds apart.
-        connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=60.0, ssl=_ssl_context(configuration))
+        connector = aiohttp.TCPConnector(limit=64, keepalive_timeout=60.0, ssl=ssl_context(configuration))
         self._http = aiohttp.ClientSession(
             connector=connector, trust_env=False, timeout=aiohttp.ClientTimeout(total=timeout_s)
         )
@@ -149,9 +149,9 @@ class KubePodApi:
                 timeout=timeout,
             ) as response:
                 if response.status != 200:
-                    raise http_error(response.status, f"watch {path}", _json(await response.read()))
+                    raise http_error(response.status, f"watch {path}", json_of(await response.read()))
                 async for line in response.content:
-                    event = _json(line)
+                    event = json_of(line)
                     if not isinstance(event, dict):
                         continue
                     if event.get("type") == "ERROR":
@@ -197,42 +197,10 @@ class KubePodApi:
             raise
         except Exception as err:  # timeouts, refused connections, TLS: all mean "not now"
             raise Unavailable(f"Kubernetes API unreachable for {what}: {err or type(err).__name__}") from err
-        found = _json(raw)
+        found = json_of(raw)
         if 200 <= status < 300:
             return found
         raise http_error(status, what, found)
-
-
-def _ssl_context(configuration: Any) -> ssl.SSLContext | bool:
-    """TLS as the configuration says (the CA, a client certificate, verification)."""
-    if not str(configuration.host).startswith("https"):
-        return False
-    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
-    if configuration.cert_file:
-        context.load_cert_chain(configuration.cert_file, keyfile=configuration.key_file)
-    if not configuration.verify_ssl:
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-    return context
-
-
-def http_error(status: int, what: str, body: Any) -> GpuledgerError:
-    message = body.get("message") if isinstance(body, dict) else None
-    detail = f"{what}: {message or f'HTTP {status}'}"
-    if status == 404:
-        return NotFound(detail)
-    if status == 409:
-        return Conflict(detail)
-    if 400 <= status < 500 and status != 429:
-        return FailedPrecondition(detail)
-    return Unavailable(detail)
-
-
-def _json(data: bytes) -> Any:
-    try:
-        return json.loads(data) if data else None
-    except ValueError:
-        return None
 
 
 async def _auto(config: Any, configuration: Any) -> None:

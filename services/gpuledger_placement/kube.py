@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
+import orjson
 
 from gpuledger_common.kuberaw import http_error, json_of, ssl_context
 from gpuledger_core.errors import FailedPrecondition, GpuledgerError, Unavailable
@@ -151,7 +152,7 @@ class KubePodApi:
                 if response.status != 200:
                     raise http_error(response.status, f"watch {path}", json_of(await response.read()))
                 async for line in response.content:
-                    event = json_of(line)
+                    event = _event(line)
                     if not isinstance(event, dict):
                         continue
                     if event.get("type") == "ERROR":
@@ -209,3 +210,11 @@ async def _auto(config: Any, configuration: Any) -> None:
         config.load_incluster_config(client_configuration=configuration)
     except Exception:  # not in a pod
         await config.load_kube_config(client_configuration=configuration)
+
+
+def _event(line: bytes) -> Any:
+    """One watch event (orjson: the guard's pod watch decodes every bound pod's changes)."""
+    try:
+        return orjson.loads(line) if line.strip() else None
+    except orjson.JSONDecodeError:
+        return None

@@ -197,10 +197,13 @@ class Binder:
         return hint_of(assumed.allocation.grants)
 
     async def _owned(self, owner: Owner, node: str) -> Allocation | None:
-        """The owner's live allocation on ``node``; one elsewhere, or a record of nothing, is dropped."""
+        """The owner's live allocation on ``node``; one elsewhere, or a record of nothing, is dropped.
+        With no record, the node's own ledger is asked too: a bind whose reservation was written but
+        whose owner record was not (the owner stream had no leader yet) left one there, which the
+        retry takes and records instead of reserving a second."""
         record = await self.store.owner_of(owner)
         if record is None:
-            return None
+            return await self._unrecorded(owner, node)
         allocation_id, where, revision = record
         ledger, _ = await self.store.read(where)
         found = ledger.get(allocation_id) if ledger else None
@@ -210,6 +213,14 @@ class Binder:
             await self._release(found, f"the scheduler bound the pod to {node} instead")
         await self.store.forget_owner(owner, revision)
         return None
+
+    async def _unrecorded(self, owner: Owner, node: str) -> Allocation | None:
+        ledger, _ = await self.store.read(node)
+        found = ledger.of_owner(owner.key) if ledger is not None else None
+        if found is None or await self.store.claim_owner(owner, found.id, node) is None:
+            return None  # none there, or another bind of the pod recorded its own meanwhile
+        log.info("took %s on %s for %s: reserved by an earlier bind, never recorded", found.id, node, owner.describe())
+        return found
 
     async def _release(self, allocation: Allocation, reason: str) -> None:
         node, allocation_id = allocation.node, allocation.id

@@ -1,9 +1,11 @@
-"""Pod binds through placement's extender while the ledger stream's leader of a 3-server JetStream
-cluster is SIGKILLed: a scheduler's loop (filter one pod at a time, bind each as it goes) against
-placement on the whole server list, with the fake API server for the pods. After it: every bind
-answered within the extender's HTTP timeout (bound, or a clear error the scheduler retries), every
-bound pod's annotated allocation live in the ledger, no card over capacity, no pod holding two
-allocations, and the binds go through again once the stream has a leader.
+"""Pod binds through placement's extender while a 3-server JetStream cluster loses servers: the
+ledger stream's leader SIGKILLed, a follower SIGKILLed, two servers killed one after the other (no
+quorum until one is back), and a follower whose store is wiped rejoining. A scheduler's loop
+(filter one pod at a time, bind each as it goes) against placement on the whole server list, with
+the fake API server for the pods. After each: every bind answered within the extender's HTTP
+timeout (bound, or a clear error the scheduler retries), every bound pod's annotated allocation
+live in the ledger, no card over capacity, no pod holding two allocations, and the binds go
+through again once the stream has a leader.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from gpuledger_testing.stack import RunningAllocator, running_placement, wait_fo
 
 from ..placement.helpers import args, bind_args, gpu_pod, post
 from .conftest import STREAMS, all_current, read_ledger
+from .test_faults import a_follower, new_leader
 
 pytestmark = pytest.mark.timeout(180)
 LEDGER = STREAMS[0]
@@ -81,8 +84,55 @@ class Scheduler:
             await asyncio.gather(*self.binds)
 
 
-async def test_binds_through_placement_ride_out_a_leader_kill(
-    cluster: NatsCluster, cluster_nc: Client, replicas: list[RunningAllocator], tmp_path: Path
+async def kill_leader(cluster: NatsCluster, nc: Client, scheduler: Scheduler, _: list[str]) -> list[str]:
+    leader = await stream_leader(nc, LEDGER)
+    await cluster.kill(leader)
+    return [leader]
+
+
+async def kill_follower(cluster: NatsCluster, nc: Client, scheduler: Scheduler, _: list[str]) -> list[str]:
+    follower = await a_follower(nc, await cluster.wait_meta_leader())
+    await cluster.kill(follower)
+    return [follower]
+
+
+async def kill_two(cluster: NatsCluster, nc: Client, scheduler: Scheduler, names: list[str]) -> list[str]:
+    """The leader, then the next leader: one server of three left, no quorum. Binds meanwhile are
+    refused with a clear error within the scheduler's timeout, and none is bound; one server back,
+    the stream elects a leader again (the other stays down until the end)."""
+    first = await stream_leader(nc, LEDGER)
+    await cluster.kill(first)
+    second = await wait_for(lambda: new_leader(nc, first), 40.0, "a new ledger leader")
+    await cluster.kill(second)
+    for name in names[:3]:
+        await scheduler.schedule(name)
+    await scheduler.settle()
+    blind = [a for a in (*scheduler.answers, *scheduler.filter_errors) if a.pod in names[:3]]
+    assert len(blind) >= 3 and all(a.error for a in blind), blind  # filter or bind refused: no quorum
+    assert not scheduler.bound() & set(names[:3])
+    await cluster.start(first)
+    return [second]
+
+
+async def wipe_follower(cluster: NatsCluster, nc: Client, scheduler: Scheduler, _: list[str]) -> list[str]:
+    victim = await a_follower(nc, await cluster.wait_meta_leader())
+    await cluster.kill(victim)
+    await cluster.wipe(victim)
+    await cluster.start(victim)
+    return []
+
+
+FAULTS = {
+    "leader-sigkill": kill_leader,
+    "follower-sigkill": kill_follower,
+    "two-servers": kill_two,
+    "wiped-follower": wipe_follower,
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+async def test_binds_through_placement_ride_out_a_server_loss(
+    cluster: NatsCluster, cluster_nc: Client, replicas: list[RunningAllocator], tmp_path: Path, fault: str
 ) -> None:
     apiserver = await FakeApiServer().start()
     kubeconfig = str(apiserver.kubeconfig(tmp_path / "kubeconfig"))
@@ -93,16 +143,15 @@ async def test_binds_through_placement_ride_out_a_leader_kill(
         placement = running_placement(cluster.url, kube="kubeconfig", kubeconfig=kubeconfig)
         async with placement as running, aiohttp.ClientSession() as http:
             scheduler = Scheduler(http, running.url, apiserver)
-            leader = await stream_leader(cluster_nc, LEDGER)
             for name in names[:BEFORE]:
                 await scheduler.schedule(name)
             await scheduler.settle()
             assert scheduler.bound() == set(names[:BEFORE]), [a for a in scheduler.answers if a.error]
 
             killed = time.monotonic()
-            await cluster.kill(leader)
+            down = await FAULTS[fault](cluster, cluster_nc, scheduler, names[BEFORE:])
             pending = list(names[BEFORE:])
-            deadline = killed + 60.0
+            deadline = time.monotonic() + 60.0
             while pending and time.monotonic() < deadline:  # the scheduler retries what failed
                 for name in pending:
                     await scheduler.schedule(name)
@@ -111,22 +160,23 @@ async def test_binds_through_placement_ride_out_a_leader_kill(
                 pending = [n for n in pending if n not in scheduler.bound()]
                 if pending:
                     await asyncio.sleep(0.5)
-            assert not pending, f"still unbound a minute after the leader's loss: {pending}"
+            assert not pending, f"still unbound a minute after {fault}: {pending}"
 
             late = [a for a in scheduler.answers if a.seconds > HTTP_TIMEOUT_S - 0.5]
             assert not late, late
             refused = [a for a in scheduler.answers if a.error]
-            for answer in refused:
-                assert "electing a leader" in answer.error, answer  # says what is wrong and to retry
+            for answer in refused:  # says what is wrong and to retry
+                assert any(w in answer.error for w in ("electing a leader", "quorum", "JetStream outage")), answer
             for answer in scheduler.filter_errors:  # while placement's own connection moves to a live server
                 assert "NATS" in answer.error and answer.seconds < 1.0, answer
             window = max((a.started + a.seconds for a in refused), default=killed) - killed
             print(
-                f"\nledger leader {leader} SIGKILLed: {len(refused)} bind(s) refused with a clear error "
-                f"over {window:.1f} s, {len(scheduler.filter_errors)} filter(s) refused, all retried and bound; "
+                f"\n{fault}: {len(refused)} bind(s) refused with a clear error over {window:.1f} s, "
+                f"{len(scheduler.filter_errors)} filter(s) refused, all retried and bound; "
                 f"slowest answer {max(a.seconds for a in scheduler.answers):.1f} s"
             )
-            await cluster.start(leader)
+            for server in down:
+                await cluster.start(server)
             await wait_for(lambda: all_current(cluster_nc), 60.0, "every stream replica current again")
 
             ledgers = await read_ledger(cluster_nc)

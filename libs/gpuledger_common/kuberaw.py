@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
+import orjson
 
 from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, NotFound, Unavailable
 
@@ -27,12 +28,16 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class RawKube:
-    def __init__(self, configuration: Any, timeout_s: float = 30.0) -> None:
+    """``connections``: the most kept open at once. Idle ones are kept 60 s (the API server closes
+    them after 90 s): a TLS handshake costs both sides more than most requests."""
+
+    def __init__(self, configuration: Any, timeout_s: float = 30.0, connections: int = 16) -> None:
         self._config = configuration
+        self.timeout_s = timeout_s
         self._server = str(configuration.host).rstrip("/")
         self._proxy = getattr(configuration, "proxy", None) or None
-        self._server_name = getattr(configuration, "tls_server_name", None) or None
-        connector = aiohttp.TCPConnector(limit=16, keepalive_timeout=60.0, ssl=ssl_context(configuration))
+        self._server_name = getattr(configuration, "tls_server_name", None) or None  # kubeconfig tls-server-name
+        connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=60.0, ssl=ssl_context(configuration))
         self._http = aiohttp.ClientSession(
             connector=connector, trust_env=False, timeout=aiohttp.ClientTimeout(total=timeout_s)
         )
@@ -48,8 +53,10 @@ class RawKube:
         body: Any = None,
         content_type: str = JSON,
         params: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
     ) -> Any:
-        """One request; the decoded JSON answer, or the gpuledger error for its status."""
+        """One request; the decoded JSON answer, or the gpuledger error for its status.
+        ``timeout_s``: this request's own limit (else the session's)."""
         try:
             headers = await self._headers(content_type)
             data = None if body is None else json.dumps(body, separators=(",", ":"))
@@ -61,6 +68,7 @@ class RawKube:
                 params=params,
                 proxy=self._proxy,
                 server_hostname=self._server_name,
+                timeout=aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None,
             ) as response:
                 status, raw = response.status, await response.read()
         except GpuledgerError:
@@ -71,6 +79,40 @@ class RawKube:
         if 200 <= status < 300:
             return found
         raise http_error(status, what, found)
+
+    async def watch(
+        self, path: str, params: Mapping[str, str], timeout_s: float = 300.0
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of one WATCH from ``params['resourceVersion']`` (``type`` and ``object``),
+        until the API server ends it (after ``timeout_s``); a ``GpuledgerError`` when it fails (410:
+        the version is gone, list again). Events are decoded with orjson: a watch of pods brings
+        every change of every pod."""
+        query = {**params, "watch": "1", "timeoutSeconds": str(int(timeout_s)), "allowWatchBookmarks": "true"}
+        try:
+            headers = await self._headers(JSON)
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout_s, sock_read=timeout_s + 30)
+            async with self._http.get(
+                self._server + path,
+                params=query,
+                headers=headers,
+                proxy=self._proxy,
+                server_hostname=self._server_name,
+                timeout=timeout,
+            ) as response:
+                if response.status != 200:
+                    raise http_error(response.status, f"watch {path}", json_of(await response.read()))
+                async for line in response.content:
+                    event = _event(line)
+                    if not isinstance(event, dict):
+                        continue
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        raise http_error(int(status.get("code") or 500), f"watch {path}", status)
+                    yield event
+        except GpuledgerError:
+            raise
+        except Exception as err:
+            raise Unavailable(f"the watch of {path} broke: {err or type(err).__name__}") from err
 
     async def _headers(self, content_type: str) -> dict[str, str]:
         headers = {"Accept": JSON, "Content-Type": content_type}
@@ -111,4 +153,11 @@ def json_of(data: bytes) -> Any:
     try:
         return json.loads(data) if data else None
     except ValueError:
+        return None
+
+
+def _event(line: bytes) -> Any:
+    try:
+        return orjson.loads(line) if line.strip() else None
+    except orjson.JSONDecodeError:
         return None

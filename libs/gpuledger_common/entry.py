@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, TypeVar
@@ -51,3 +52,12 @@ async def _serve(serve: Callable[[S], Awaitable[None]], settings: S) -> None:
         collecting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await collecting
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT (in the running loop): a service's cue to shut down."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import ssl
 
 from grpclib.server import Server
@@ -24,6 +23,7 @@ from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import bus
+from gpuledger_common.entry import stop_on_signals
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
-    stop = stop or _stop_on_signals()
+    stop = stop or stop_on_signals()
     log.info("gpuledger-allocator starting with %s", describe(settings))
     pods = await _pod_lister(settings)
     try:
@@ -164,11 +164,3 @@ async def _pod_lister(settings: AllocatorSettings) -> PodLister | None:
             raise
         log.warning("no Kubernetes access (%s): the ledger is not reconciled with pods", err)
         return None
-
-
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 import sys
 from importlib import resources
 from pathlib import Path
@@ -24,6 +23,7 @@ from gpuledger_cli.dev.processes import ServiceDied
 from gpuledger_cli.dev.scenario import run_scenario
 from gpuledger_cli.dev.stack import KUBERNETES, Stack, running_stack
 from gpuledger_common import pbconvert as conv
+from gpuledger_common.entry import stop_on_signals
 from gpuledger_common.fleet import FleetError, load_fleet
 from gpuledger_common.natsserver import free_port
 from gpuledger_testing.controlplane.build import BuildError
@@ -61,7 +61,7 @@ async def dev_up(args: argparse.Namespace) -> int:
         print(f"gpuledger dev up: fleet file: {err}", file=sys.stderr)
         return 2
     say(f"fleet {fleet.path}: {len(fleet.nodes)} node(s), {sum(len(n.node.cards) for n in fleet.nodes)} card(s)")
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     try:
         async with running_stack(
             fleet, args.dashboard_port or free_port(), args.grpc_port or free_port(), say, args.kubernetes
@@ -107,11 +107,3 @@ async def _run(stack: Stack, once: bool, stop: asyncio.Event) -> int:
                 await task
     say("stopping")
     return 0
-
-
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    return stop

@@ -6,11 +6,11 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuledger_common import bus, inventory_api
+from gpuledger_common.entry import stop_on_signals
 from gpuledger_common.fleet import load_fleet
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_core.errors import Unavailable
@@ -43,9 +43,7 @@ def build_gpus(settings: Settings) -> tuple[Gpus, Host]:
 
         sim = node_sim(load_fleet(settings.fake_fleet), settings.node)
         fake = FakeNvml(sim)
-        return NvmlGpus(fake, fake.numa_node, "fake"), Host(
-            sim.node.cpu_milli, sim.node.memory_mib, sim.node.labels
-        )
+        return NvmlGpus(fake, fake.numa_node, "fake"), Host(sim.node.cpu_milli, sim.node.memory_mib, sim.node.labels)
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return NvmlGpus(load_pynvml()), Host((os.cpu_count() or 0) * 1000, pages // MiB)
 
@@ -82,12 +80,10 @@ async def serve(
     if gpus is None:
         gpus, default_host = build_gpus(settings)
         host = host or default_host
-    policy = HealthPolicy(
-        settings.ignore_xids, settings.recover_on_nvml_return, settings.recover_after_s
-    )
+    policy = HealthPolicy(settings.ignore_xids, settings.recover_on_nvml_return, settings.recover_after_s)
     store = HealthStore(settings.state_file)
     state = NodeState(NodeName(settings.node), gpus.backend, store.load(policy), host or Host())
-    stop = stop or _signals()
+    stop = stop or stop_on_signals()
     try:
         nc = await bus.connect(
             settings.nats_url,
@@ -104,9 +100,7 @@ async def serve(
     slices = await build_slices(settings, state, slice_api)
     inventory = Inventory(settings, gpus, state, nc, node_api, store, slices=slices)
     responders = [
-        await bus.Responder(
-            nc, inventory_api.set_health_subject(settings.node), inventory.set_health
-        ).start(),
+        await bus.Responder(nc, inventory_api.set_health_subject(settings.node), inventory.set_health).start(),
         await bus.Responder(nc, inventory_api.get_subject(settings.node), inventory.get).start(),
     ]
     alive = True
@@ -150,11 +144,3 @@ async def _shutdown(
     if node_api is not None:
         with contextlib.suppress(Exception):
             await node_api.close()
-
-
-def _signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop

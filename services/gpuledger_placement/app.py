@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from aiohttp.typedefs import Handler, Middleware
 from nats.aio.client import Client
 
 from gpuledger_common import bus
+from gpuledger_common.entry import stop_on_signals
 from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
@@ -122,7 +122,7 @@ def _one_outage_window(seconds: float) -> Middleware:
 
 async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
-    stop = stop or _stop_on_signals()
+    stop = stop or stop_on_signals()
     log.info("gpuledger-placement starting with %s", describe(settings))
     try:
         nc = await bus.connect(
@@ -215,11 +215,3 @@ async def _pod_api(settings: PlacementSettings) -> PodApi:
             raise
         log.warning("no Kubernetes access (%s): filter and prioritize only, bind will fail", err)
         return NoPodApi()
-
-
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop

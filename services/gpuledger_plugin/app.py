@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from nats.aio.client import Client
 
 from gpuledger_common import bus
+from gpuledger_common.entry import stop_on_signals
 from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
@@ -42,7 +42,7 @@ class Running:
 
 async def serve(settings: PluginSettings, stop: asyncio.Event | None = None) -> None:
     """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
-    stop = stop or _stop_on_signals()
+    stop = stop or stop_on_signals()
     try:
         async with running(settings, stop):
             await stop.wait()
@@ -52,9 +52,7 @@ async def serve(settings: PluginSettings, stop: asyncio.Event | None = None) -> 
 
 
 @contextlib.asynccontextmanager
-async def running(
-    settings: PluginSettings, stop: asyncio.Event | None = None
-) -> AsyncIterator[Running]:
+async def running(settings: PluginSettings, stop: asyncio.Event | None = None) -> AsyncIterator[Running]:
     log.info("gpuledger-plugin starting with %s", describe(settings))
     nc = await _connect(settings, stop)
     try:
@@ -97,9 +95,7 @@ def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> Plugin
         mps_host_pipe_dir=settings.mps_host_pipe_dir,
         mps_host_shm_dir=settings.mps_host_shm_dir,
     )
-    pods = PodResourcesClient(
-        settings.pod_resources_socket, RESOURCE_NAME, settings.pod_resources_timeout_s
-    )
+    pods = PodResourcesClient(settings.pod_resources_socket, RESOURCE_NAME, settings.pod_resources_timeout_s)
     placement = NatsPlacement(nc, settings.placement_timeout_s)
     ledger = StoreLedger(store, settings.node)
     return PluginService(settings.node, ledger, placement, pods, policy, settings.slots_per_card)
@@ -144,11 +140,3 @@ def _not_ready(nc: Client, service: PluginService, link: KubeletLink) -> str:
     if not link.registered.is_set():
         return "not registered with kubelet"
     return ""
-
-
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop

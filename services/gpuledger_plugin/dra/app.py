@@ -6,13 +6,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from grpclib.server import Server
 
+from gpuledger_common.entry import stop_on_signals
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe
 from gpuledger_plugin.dra.kube import ClaimApi, KubeClaimApi
@@ -32,7 +32,7 @@ class RunningDra:
 
 
 async def serve(settings: DraSettings, stop: asyncio.Event | None = None) -> None:
-    stop = stop or _stop_on_signals()
+    stop = stop or stop_on_signals()
     async with running(settings):
         await stop.wait()
 
@@ -101,11 +101,3 @@ def _remove(path: str) -> None:
 
 def _not_ready(registration: Registration) -> str:
     return "" if registration.registered.is_set() else "not registered with kubelet"
-
-
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    return stop

@@ -215,6 +215,8 @@ class Binder:
         return None
 
     async def _unrecorded(self, owner: Owner, node: str) -> Allocation | None:
+        if self.service.view.holders.get(owner.key) != node:  # the view knows of none: no read on the bind path
+            return None
         ledger, _ = await self.store.read(node)
         found = ledger.of_owner(owner.key) if ledger is not None else None
         if found is None or await self.store.claim_owner(owner, found.id, node) is None:

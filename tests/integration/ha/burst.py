@@ -31,6 +31,7 @@ from gpuledger_testing.stack import RunningAllocator
 DEADLINE_S = DEFAULT_TIMEOUT_S  # each client's gRPC deadline, as the CLI's
 LEASE_S = 16  # longer than an Allocate's outage window: a reservation waiting for its commit lives on
 SLOTS_PER_CARD = 8
+MAX_HELD = 3  # per client: 8 clients hold at most 32 of the fleet's 64 shares, so no refusal is for want of room
 CLEAR = {Status.UNAVAILABLE, Status.RESOURCE_EXHAUSTED, Status.ABORTED, Status.NOT_FOUND}
 
 
@@ -100,8 +101,10 @@ class Burst:
             allocation = await self._allocate(stub, f"c{seed}-{i}")
             if allocation is not None:
                 held.append(allocation.id)
-            if held and rng.random() < 0.3:
-                await self._release(stubs[(seed + i + 1) % len(stubs)], held.pop(rng.randrange(len(held))))
+            if held and (len(held) > MAX_HELD or rng.random() < 0.3):
+                allocation_id = held.pop(rng.randrange(len(held)))
+                if not await self._release(stubs[(seed + i + 1) % len(stubs)], allocation_id):
+                    held.append(allocation_id)  # not known to be gone: released again later
 
     async def _allocate(self, stub: pb.AllocatorStub, owner: str) -> pb.Allocation | None:
         request = pb.AllocateRequest(
@@ -114,9 +117,11 @@ class Burst:
         await self._answer(asked, lambda: stub.allocate(request))
         return asked.allocation
 
-    async def _release(self, stub: pb.AllocatorStub, allocation_id: str) -> None:
+    async def _release(self, stub: pb.AllocatorStub, allocation_id: str) -> bool:
+        """Whether the allocation is gone (released now, or not found)."""
         asked = self._ask("release", allocation_id)
         await self._answer(asked, lambda: stub.release(pb.ReleaseRequest(allocation_id=allocation_id)))
+        return asked.ok or asked.status is Status.NOT_FOUND
 
     def _ask(self, verb: str, owner: str) -> Asked:
         asked = Asked(verb, owner, time.monotonic())

@@ -46,6 +46,7 @@ class Isolation(StrEnum):
 class OwnerKind(StrEnum):
     POD = "pod"
     TOOL = "tool"
+    CLAIM = "claim"  # a DRA ResourceClaim, by uid (placement's claims controller holds its cards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +124,8 @@ class Request:
 
 @dataclass(frozen=True, slots=True)
 class Owner:
-    """Who holds an allocation: a pod (by uid) or an outside tool (by its own id)."""
+    """Who holds an allocation: a pod (by uid), a DRA ResourceClaim (by uid) or an outside tool
+    (by its own id)."""
 
     kind: OwnerKind
     id: str
@@ -141,6 +143,8 @@ class Owner:
     def describe(self) -> str:
         if self.kind is OwnerKind.POD and self.name:
             return f"pod {self.namespace}/{self.name}"
+        if self.kind is OwnerKind.CLAIM and self.name:
+            return f"claim {self.namespace}/{self.name}"
         return f"{self.kind} {self.id}"
 
 

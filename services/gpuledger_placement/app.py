@@ -27,6 +27,7 @@ from gpuledger_core.placement import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
 from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.binder import Binder
+from gpuledger_placement.claims import ClaimsController
 from gpuledger_placement.hosts import HostUsage, follow
 from gpuledger_placement.kube import KubePodApi, NoPodApi, PodApi
 from gpuledger_placement.policies import Policies
@@ -149,6 +150,9 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
             watching = tasks.create_task(parts.view.run())
             seeding = tasks.create_task(_seed_workload(parts))
             following = tasks.create_task(follow(pods, hosts)) if isinstance(pods, KubePodApi) and hosts else None
+            settling = None
+            if settings.dra_claims:  # the ledger decides every DRA allocation of our driver
+                settling = tasks.create_task(_claims(settings, store, parts.view, pods).run())
             await parts.view.listen(nc)
             responders = await serve_nats(nc, parts.service, settings.nats_queue)
             runners = [await start_http(http_app(settings, parts), settings.http_host, settings.http_port)]
@@ -181,8 +185,9 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
             await parts.view.stop_listening()
             watching.cancel()
             seeding.cancel()
-            if following is not None:
-                following.cancel()
+            for task in (following, settling):
+                if task is not None:
+                    task.cancel()
     except Unavailable:
         if not stop.is_set():
             raise
@@ -192,6 +197,12 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
         with contextlib.suppress(Exception):
             await nc.drain()
     log.info("gpuledger-placement stopped")
+
+
+def _claims(settings: PlacementSettings, store: LedgerStore, view: FleetView, pods: PodApi) -> ClaimsController:
+    if not isinstance(pods, KubePodApi):
+        raise Unavailable("dra_claims needs Kubernetes access (kube is off, or no configuration was found)")
+    return ClaimsController(pods, store, view, memory_step_mib=settings.dra_memory_step_mib)
 
 
 def _ready(view: FleetView, nc: Client | None, settings: PlacementSettings) -> Callable[[], str]:

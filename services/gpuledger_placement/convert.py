@@ -22,6 +22,9 @@ from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.model import CORE_WHOLE, Allocation, Isolation, Owner, OwnerKind, Request
 from gpuledger_core.placement import POLICIES
 from gpuledger_core.pods import PodAsk
+from gpuledger_core.quantity import BINARY, parse_quantity
+from gpuledger_core.quantity import MIB as MIB  # re-exported: pods' quantities are read here
+from gpuledger_core.quantity import quantity as quantity
 
 GPU = "gpuledger.io/gpu"
 GPU_MEM = "gpuledger.io/gpu-mem"
@@ -30,17 +33,7 @@ MODEL_ANNOTATION = "gpuledger.io/gpu-model"
 POLICY_ANNOTATION = "gpuledger.io/placement"
 ISOLATION_ANNOTATION = "gpuledger.io/isolation"
 ALLOCATION_ANNOTATION = "gpuledger.io/allocation"
-MIB = 1 << 20
 _PLAIN = re.compile(r"[A-Za-z0-9._-]+")  # a node name that JSON takes as it is
-SUFFIXES = {
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("0.001"), "": Decimal(1), "k": Decimal(10**3),
-    "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12), "P": Decimal(10**15), "E": Decimal(10**18),
-    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50),
-    "Ei": Decimal(2**60),
-}  # fmt: skip
-BINARY = frozenset(s for s in SUFFIXES if s.endswith("i"))
-# A Kubernetes quantity: a signed decimal number, then a suffix or a decimal exponent (``1e3``).
-_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE])?")
 _COUNT_LIMIT = 2**63  # no whole count of cards, MiB or percent comes near this
 
 
@@ -289,30 +282,6 @@ def _host(container: Mapping[str, Any], resource: str) -> Decimal:
     resources = _obj(container, "resources")
     raw = _obj(resources, "requests").get(resource, _obj(resources, "limits").get(resource))
     return Decimal(0) if raw is None else quantity(raw, f"{container.get('name')}: {resource}")
-
-
-def quantity(raw: Any, field: str) -> Decimal:
-    """A Kubernetes quantity (``500m``, ``16Gi``, ``1e3``) as a number."""
-    return parse_quantity(raw, field)[0]
-
-
-def parse_quantity(raw: Any, field: str) -> tuple[Decimal, str]:
-    """A Kubernetes quantity as a number, and the suffix it was written with (empty for none or
-    for a decimal exponent). Negative quantities are refused: no resource here can be negative."""
-    text = str(raw).strip()
-    found = None if isinstance(raw, bool) else _QUANTITY.fullmatch(text)
-    if found is None:
-        raise InvalidArgument(field, f"{text!r} is not a Kubernetes quantity")
-    number, suffix = found.group(1), found.group(2) or ""
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:
-        number, suffix = number + suffix, ""
-    try:
-        value = Decimal(number) * SUFFIXES[suffix]
-    except ArithmeticError:  # an exponent beyond what any resource could mean
-        raise InvalidArgument(field, f"{text!r} is out of range") from None
-    if value < 0:
-        raise InvalidArgument(field, f"{text!r} is negative")
-    return value, suffix
 
 
 def _models(raw: Any) -> frozenset[str]:

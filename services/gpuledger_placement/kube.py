@@ -117,8 +117,22 @@ class KubePodApi:
         """``RawKube.watch``: the events of one WATCH."""
         return self._raw.watch(path, params, timeout_s)
 
+    async def get_object(self, path: str) -> dict[str, Any]:
+        """One object, raw JSON."""
+        return _object(await self._raw.call(f"get {path}", "GET", path), path)
+
+    async def replace_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """PUT ``body`` (its resourceVersion is the precondition: 409 ``Conflict`` if it changed)."""
+        return _object(await self._raw.call(f"update {path}", "PUT", path, body), path)
+
     async def _call(self, what: str, method: str, path: str, body: Any = None, content_type: str = JSON) -> Any:
         return await self._raw.call(what, method, path, body, content_type)
+
+
+def _object(found: Any, path: str) -> dict[str, Any]:
+    if not isinstance(found, dict):
+        raise Unavailable(f"the API server sent {path} in an unexpected form")
+    return found
 
 
 async def _auto(config: Any, configuration: Any) -> None:

@@ -27,3 +27,14 @@ ASSUMPTIONS = Counter(
     ["event"],
 )
 ASSUMED = Gauge("gpuledger_placement_assumed_pods", "Pods placed by filter whose reservation is not in the view yet")
+CLAIMS = Counter(
+    "gpuledger_placement_claims_total",
+    "ResourceClaims settled by the claims controller, by outcome (committed, rejected, mirrored, kept, released, "
+    "conflict: allocated by the scheduler without waiting and refused by the ledger, error: tried again)",
+    ["outcome"],
+)
+CLAIM_COMMIT_SECONDS = Histogram(
+    "gpuledger_placement_claim_commit_seconds",
+    "From a claim's allocationTimestamp to its gpuledger.io/committed condition written",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)

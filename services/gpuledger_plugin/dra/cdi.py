@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuledger_core.errors import FailedPrecondition
-from gpuledger_plugin.dra.claims import AllocatedDevice, ClaimAllocation, MiB
+from gpuledger_core.claims import AllocatedDevice, ClaimAllocation, MiB
 
 VENDOR = "k8s.gpu.gpuledger.io"
 CLASS = "claim"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gpuledger_plugin.dra.claims import ClaimRef
+from gpuledger_core.claims import ClaimRef
 from gpuledger_plugin.dra.prepare import Outcome, Preparer
 from gpuledger_proto import pluginregistration as reg
 from gpuledger_proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from gpuledger_core.claims import AllocatedDevice, ClaimAllocation, ClaimRef, allocation_of
 from gpuledger_core.errors import FailedPrecondition, NotFound
+from gpuledger_core.quantity import whole_up
 from gpuledger_plugin.dra import cdi
-from gpuledger_plugin.dra.claims import AllocatedDevice, ClaimAllocation, ClaimRef, allocation_of, quantity
 from gpuledger_plugin.dra.prepare import Preparer
 from gpuledger_plugin.dra.settings import DraSettings, wants_dra
 
@@ -39,7 +40,7 @@ SHARE = result(shareID="s-1", consumedCapacity={"memory": "10Gi", "compute": "25
 
 @pytest.mark.parametrize(("raw", "value"), [("10Gi", 10 << 30), ("25", 25), ("1500m", 2), ("1k", 1000), (3, 3)])
 def test_quantities_are_read_rounded_up(raw: Any, value: int) -> None:
-    assert quantity(raw, "x") == value
+    assert whole_up(raw, "x") == value
 
 
 def test_the_devices_of_our_driver_on_this_node_are_taken() -> None:
@@ -97,8 +98,15 @@ def test_a_device_that_is_not_published_here_is_refused() -> None:
 
 
 def test_cards_are_read_back_from_the_published_slices() -> None:
-    device = {"name": "gpu-3", "attributes": {"uuid": {"string": "GPU-d"}, "index": {"int": 3},
-                                              "memoryMiB": {"int": 24576}, "minor": {"int": 5}}}
+    device = {
+        "name": "gpu-3",
+        "attributes": {
+            "uuid": {"string": "GPU-d"},
+            "index": {"int": 3},
+            "memoryMiB": {"int": 24576},
+            "minor": {"int": 5},
+        },
+    }
     assert cdi.cards_of([{"spec": {"devices": [device]}}]) == {"gpu-3": cdi.Card("GPU-d", 3, 24576, 5)}
 
 

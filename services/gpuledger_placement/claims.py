@@ -1,0 +1,318 @@
+"""The claims controller: the ledger decides every DRA allocation of our driver (docs/dra.md).
+
+kube-scheduler allocates a ResourceClaim from the slices the inventory publishes; where the devices
+carry the binding condition ``gpuledger.io/committed`` it then waits at PreBind (polling every
+5 s) before it binds the pod. This controller lists and watches every ResourceClaim and, for one
+allocated with devices of our driver:
+
+1. reserves exactly that allocation in the node's ledger, with one compare-and-set (the claim's
+   cards, what each result consumed; an allocation id derived from the claim's uid and devices, so a
+   second replica or a retry writes nothing twice). Classic pods, tools and claims are counted
+   against the same cards: a card a classic pod fills is refused to a claim, and the other way
+   round (the extender and the allocator read the same ledger).
+2. writes the claim's ``status.devices``: ``gpuledger.io/committed`` True, or
+   ``gpuledger.io/rejected`` True with the ledger's reason, after which kube-scheduler takes the
+   allocation back and tries again. A claim whose devices carry no binding condition (a pool
+   published without them) is only mirrored: the ledger holds it, and a refusal is logged and
+   counted, for the scheduler did not wait.
+3. releases the claim's ledger entry when its allocation is cleared or the claim is deleted, and
+   after every (re)listing releases the entries of claims that no longer hold one (older than a
+   grace period, so an entry another replica wrote for a claim allocated after the listing stays).
+
+Claims are handled one at a time per uid (the latest version wins), several uids at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from gpuledger_common.store import LedgerStore
+from gpuledger_core import claims
+from gpuledger_core.claims import AllocatedDevice, ClaimRef
+from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
+from gpuledger_core.ids import NodeName
+from gpuledger_core.ledger import NodeLedger, release, reserve
+from gpuledger_core.model import Allocation, OwnerKind
+from gpuledger_core.slots import slot_problem
+from gpuledger_placement.metrics import CLAIM_COMMIT_SECONDS, CLAIMS
+from gpuledger_placement.view import FleetView
+
+log = logging.getLogger(__name__)
+DRIVER = "gpu.gpuledger.io"
+COMMITTED = "gpuledger.io/committed"
+REJECTED = "gpuledger.io/rejected"
+RESOURCE = "/apis/resource.k8s.io/v1"
+LIST = f"{RESOURCE}/resourceclaims"
+RETRY_S = 1.0
+GRACE_S = 30.0  # an entry younger than this survives a listing that does not show its claim
+CONFLICT_ROUNDS = 5
+
+
+class ClaimApi(Protocol):
+    async def list_objects(self, path: str, params: Mapping[str, str], timeout_s: float = 60.0) -> dict[str, Any]: ...
+    def watch(
+        self, path: str, params: Mapping[str, str], timeout_s: float = 300.0
+    ) -> AsyncIterator[dict[str, Any]]: ...
+    async def get_object(self, path: str) -> dict[str, Any]: ...
+    async def replace_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+def claim_path(ref: ClaimRef) -> str:
+    return f"{RESOURCE}/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
+
+
+@dataclass(slots=True)
+class ClaimsController:
+    api: ClaimApi
+    store: LedgerStore
+    view: FleetView
+    driver: str = DRIVER
+    memory_step_mib: int = claims.MEMORY_STEP_MIB
+    clock: Callable[[], float] = time.time
+    concurrency: int = 16
+    _latest: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)  # uid -> newest (None: deleted)
+    _refs: dict[str, ClaimRef] = field(default_factory=dict)
+    _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _slots: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._slots = asyncio.Semaphore(self.concurrency)
+
+    async def run(self) -> None:
+        """List, settle every claim, release what no claim holds, watch; again after any failure."""
+        await self.view.ready.wait()
+        while True:
+            try:
+                listed = await self.api.list_objects(LIST, {})
+                started = self.clock()
+                items = listed["items"]
+                for item in items:
+                    self.offer(item)
+                await self.idle()
+                await self._release_orphans(items, started)
+                log.info("claims: %d ResourceClaim(s) listed and settled", len(items))
+                await self._watch(str((listed.get("metadata") or {}).get("resourceVersion") or ""))
+            except GpuledgerError as err:
+                log.warning("claims: following ResourceClaims failed (%s); listing again in %gs", err, RETRY_S)
+            await asyncio.sleep(RETRY_S)
+
+    async def _watch(self, version: str) -> None:
+        while True:
+            async for event in self.api.watch(LIST, {"resourceVersion": version}):
+                obj = event.get("object") or {}
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                kind = event.get("type")
+                if kind == "DELETED":
+                    self.offer(obj, deleted=True)
+                elif kind in ("ADDED", "MODIFIED"):
+                    self.offer(obj)
+
+    def offer(self, raw: Mapping[str, Any], deleted: bool = False) -> None:
+        """Take the claim's newest version (``deleted``: it is gone) to settle."""
+        ref = claims.ref_of(raw)
+        if not ref.uid:
+            return
+        self._latest[ref.uid] = None if deleted else raw
+        self._refs[ref.uid] = ref
+        if ref.uid not in self._busy:
+            self._busy[ref.uid] = asyncio.create_task(self._drain(ref.uid))
+
+    async def idle(self) -> None:
+        """Until every claim offered so far is settled."""
+        while self._busy:
+            await asyncio.gather(*list(self._busy.values()), return_exceptions=True)
+
+    async def _drain(self, uid: str) -> None:
+        try:
+            async with self._slots:
+                while uid in self._latest:
+                    raw = self._latest.pop(uid)
+                    ref = self._refs[uid]
+                    try:
+                        await (self._gone(ref) if raw is None else self.settle(raw))
+                    except GpuledgerError as err:
+                        log.warning("claims: %s not settled (%s); it is tried again", ref.describe(), err)
+                        CLAIMS.labels("error").inc()
+                        await asyncio.sleep(RETRY_S)
+                        self._latest.setdefault(uid, await self._fresh(ref) if raw is not None else None)
+        finally:
+            del self._busy[uid]
+            if uid not in self._latest:
+                self._refs.pop(uid, None)
+
+    async def _fresh(self, ref: ClaimRef) -> Mapping[str, Any] | None:
+        try:
+            found = await self.api.get_object(claim_path(ref))
+        except NotFound:
+            return None
+        except GpuledgerError:
+            return self._latest.get(ref.uid)
+        return found if claims.ref_of(found).uid == ref.uid else None
+
+    async def settle(self, raw: Mapping[str, Any]) -> None:
+        """Make the ledger and the claim's device status agree with its allocation."""
+        ref = claims.ref_of(raw)
+        for _ in range(CONFLICT_ROUNDS):
+            devices = claims.results_of(raw, self.driver)
+            if not devices:
+                await self._gone(ref)
+                return
+            decided = _decided(raw, self.driver, devices)
+            if decided == REJECTED:
+                return  # nothing was reserved; kube-scheduler takes the allocation back
+            gated = any(COMMITTED in d.binding_conditions for d in devices)
+            try:
+                allocation = await self._reserve(ref, devices)
+            except (Exhausted, InvalidArgument, NotFound) as err:
+                if gated and decided is None:
+                    if await self._decide(raw, devices, REJECTED, "LedgerRefused", str(err)) is not None:
+                        log.info("claims: %s rejected: %s", ref.describe(), err)
+                        CLAIMS.labels("rejected").inc()
+                        return
+                    raw = await self._fresh(ref) or {}
+                    continue
+                log.error("claims: the ledger cannot hold %s, which the scheduler allocated: %s", ref.describe(), err)
+                CLAIMS.labels("conflict").inc()
+                return
+            if not gated or decided == COMMITTED:
+                CLAIMS.labels("mirrored" if not gated else "kept").inc()
+                return
+            message = f"ledger allocation {allocation.id} on {allocation.node}"
+            if await self._decide(raw, devices, COMMITTED, "Reserved", message) is not None:
+                CLAIMS.labels("committed").inc()
+                CLAIM_COMMIT_SECONDS.observe(max(0.0, self.clock() - _allocated_at(raw)))
+                log.info("claims: %s committed as %s on %s", ref.describe(), allocation.id, allocation.node)
+                return
+            raw = await self._fresh(ref) or {}  # changed meanwhile: decide on its newest version
+        raise Conflict(f"{ref.describe()} kept changing while its status was written")
+
+    async def _reserve(self, ref: ClaimRef, devices: tuple[AllocatedDevice, ...]) -> Allocation:
+        node = claims.node_of(ref, devices)
+        owner = ref.owner
+        elsewhere = self.view.holders.get(owner.key)
+        if elsewhere and elsewhere != node:
+            await self._release_on(NodeName(elsewhere), ref, "the claim was allocated on another node")
+        now = self.clock()
+        wanted = claims.allocation_id(ref, devices)
+
+        def transition(ledger: NodeLedger | None) -> NodeLedger:
+            if ledger is None:
+                raise NotFound(f"node {node} is not in the ledger")
+            held = ledger.of_owner(owner.key)
+            if held is not None and held.id == wanted:
+                return ledger
+            if held is not None:
+                ledger = release(ledger, held.id, now, "the claim was allocated again")
+            allocation = claims.ledger_allocation(ref, devices, ledger.node, now, self.memory_step_mib)
+            problem = slot_problem(ledger, allocation, self.view.slots_per_card)
+            if problem:
+                raise Exhausted(problem)
+            return reserve(ledger, allocation, mix_isolation=self.view.mix_isolation)
+
+        written = await self.store.mutate(node, transition)
+        found = written.new.get(wanted) if written.new is not None else None
+        if found is None or written.new is None:
+            raise Conflict(f"the ledger entry of {ref.describe()} on {node} was not written")
+        self.view.apply(node, written.new, written.revision)
+        return found
+
+    async def _decide(
+        self, raw: Mapping[str, Any], devices: tuple[AllocatedDevice, ...], kind: str, reason: str, message: str
+    ) -> dict[str, Any] | None:
+        """Write the condition ``kind`` on each of our devices' status; None when the claim changed
+        meanwhile (409) or is gone."""
+        ref = claims.ref_of(raw)
+        body = copy.deepcopy(dict(raw))
+        status = body.setdefault("status", {})
+        generation = int((body.get("metadata") or {}).get("generation") or 0)
+        condition = {
+            "type": kind,
+            "status": "True",
+            "reason": reason,
+            "message": message[:1000],
+            "lastTransitionTime": datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            **({"observedGeneration": generation} if generation else {}),
+        }
+        ours = {d.key for d in devices}
+        kept = [s for s in status.get("devices") or [] if not _ours(s, self.driver, ours)]
+        status["devices"] = kept + [_device_status(self.driver, d, condition) for d in devices]
+        try:
+            return await self.api.replace_object(f"{claim_path(ref)}/status", body)
+        except (Conflict, NotFound):
+            return None
+
+    async def _gone(self, ref: ClaimRef) -> None:
+        node = self.view.holders.get(ref.owner.key)
+        if node:
+            await self._release_on(NodeName(node), ref, "the claim's allocation was cleared or the claim deleted")
+
+    async def _release_on(self, node: NodeName, ref: ClaimRef, reason: str) -> None:
+        owner = ref.owner
+        now = self.clock()
+
+        def transition(ledger: NodeLedger | None) -> NodeLedger | None:
+            held = ledger.of_owner(owner.key) if ledger is not None else None
+            return release(ledger, held.id, now, reason) if ledger is not None and held is not None else ledger
+
+        written = await self.store.mutate(node, transition)
+        if written.new is not None:
+            self.view.apply(node, written.new, written.revision)
+        CLAIMS.labels("released").inc()
+        log.info("claims: released the ledger entry of %s on %s (%s)", ref.describe(), node, reason)
+
+    async def _release_orphans(self, items: list[Any], listed_at: float) -> None:
+        holding = {claims.ref_of(i).uid for i in items if claims.results_of(i, self.driver)}
+        for node, entry in list(self.view.entries.items()):
+            for allocation in entry.ledger.live():
+                owner = allocation.owner
+                if owner.kind is not OwnerKind.CLAIM or owner.id in holding:
+                    continue
+                if allocation.created_at > listed_at - GRACE_S or owner.id in self._busy:
+                    continue
+                ref = ClaimRef(owner.namespace, owner.name, owner.id)
+                with contextlib.suppress(GpuledgerError):
+                    await self._release_on(NodeName(node), ref, "no ResourceClaim holds it")
+
+
+def _decided(raw: Mapping[str, Any], driver: str, devices: tuple[AllocatedDevice, ...]) -> str | None:
+    """What the claim's device status says already: REJECTED if any of ours is rejected, COMMITTED
+    if every one is committed, else None."""
+    found: dict[tuple[str, str, str], set[str]] = {}
+    for status in (raw.get("status") or {}).get("devices") or []:
+        if status.get("driver") == driver:
+            key = (str(status.get("pool")), str(status.get("device")), str(status.get("shareID") or ""))
+            found[key] = {str(c.get("type")) for c in status.get("conditions") or [] if c.get("status") == "True"}
+    if any(REJECTED in found.get(d.key, set()) for d in devices):
+        return REJECTED
+    if all(COMMITTED in found.get(d.key, set()) for d in devices):
+        return COMMITTED
+    return None
+
+
+def _ours(status: Mapping[str, Any], driver: str, keys: set[tuple[str, str, str]]) -> bool:
+    key = (str(status.get("pool")), str(status.get("device")), str(status.get("shareID") or ""))
+    return status.get("driver") == driver and key in keys
+
+
+def _device_status(driver: str, device: AllocatedDevice, condition: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"driver": driver, "pool": device.pool, "device": device.device}
+    if device.share_id:
+        out["shareID"] = device.share_id
+    out["conditions"] = [dict(condition)]
+    return out
+
+
+def _allocated_at(raw: Mapping[str, Any]) -> float:
+    stamp = ((raw.get("status") or {}).get("allocation") or {}).get("allocationTimestamp")
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()

@@ -1,0 +1,240 @@
+"""The ledger decides DRA allocations, on the real control plane: the inventory publishes its slices
+with the binding condition, the real kube-scheduler allocates a claim and waits at PreBind, and
+placement's claims controller reserves exactly that allocation in the ledger and marks the claim
+committed, so the pod binds; a card the ledger gives to someone else (a tool) is refused with the
+ledger's reason and the pod waits, unbound, until the card is free; deleting the pod and the claim
+releases the entry; a controller started afresh rebuilds the ledger's entries from the claims."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+import pytest
+import pytest_asyncio
+
+from gpuledger_common.natsserver import NatsServer, embedded_nats
+from gpuledger_common.store import LedgerStore
+from gpuledger_core import claims
+from gpuledger_core.claims import AllocatedDevice, ClaimRef
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Allocation, OwnerKind
+from gpuledger_inventory.slices import DRIVER
+from gpuledger_proto.gpuledger.allocator import v1 as pb
+from gpuledger_testing.controlplane.api import KubeApi
+from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
+from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_allocator, running_placement
+from gpuledger_testing.waiting import wait_for
+from tests.e2e.dra_helpers import (
+    CLAIMS,
+    SCHEDULER,
+    DraNode,
+    allocated_claim,
+    claim_pod,
+    dra_node,
+    ensure_device_class,
+    namespace,
+    published,
+    share_claim,
+)
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="session")]
+COMMITTED, REJECTED = "gpuledger.io/committed", "gpuledger.io/rejected"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def nats_server() -> AsyncIterator[NatsServer]:
+    async with embedded_nats() as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def ledger_side(cp: ControlPlane, server: NatsServer) -> AsyncIterator[tuple[RunningAllocator, RunningPlacement]]:
+    """The allocator (it turns the inventory into the node's ledger) and placement with the claims
+    controller, on the admin kubeconfig."""
+    assert cp.admin_kubeconfig is not None
+    async with running_allocator(server.url) as allocator, placement_with_claims(cp, server) as placement:
+        yield allocator, placement
+
+
+def placement_with_claims(cp: ControlPlane, server: NatsServer) -> contextlib.AbstractAsyncContextManager[Any]:
+    return running_placement(server.url, kube="kubeconfig", kubeconfig=str(cp.admin_kubeconfig), dra_claims=True)
+
+
+async def ledger_of(server: NatsServer, node: str) -> NodeLedger | None:
+    nc = await nats.connect(server.url)
+    try:
+        ledger, _ = await (await LedgerStore.open(nc)).read(node)
+        return ledger
+    finally:
+        await nc.close()
+
+
+async def claim_entry(server: NatsServer, node: str, uid: str) -> Allocation | None:
+    ledger = await ledger_of(server, node)
+    return ledger.of_owner(f"{OwnerKind.CLAIM}:{uid}") if ledger is not None else None
+
+
+def conditions(claim: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The conditions of our devices' status, by type (the first device's)."""
+    ours = [d for d in claim.get("status", {}).get("devices") or [] if d.get("driver") == DRIVER]
+    return {c["type"]: c for c in ours[0].get("conditions", [])} if ours else {}
+
+
+async def bound(api: KubeApi, ns: str, name: str, timeout: float = 60) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        pod = await api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        return pod if pod["spec"].get("nodeName") else None
+
+    return dict(await wait_for(check, timeout, f"pod {ns}/{name} bound", 0.2))
+
+
+def gated_node(cp: ControlPlane, server: NatsServer, profile: str) -> contextlib.AbstractAsyncContextManager[DraNode]:
+    """A DRA node whose devices carry the binding condition: kube-scheduler waits for the ledger."""
+    return dra_node(cp, server, profile, dra_binding_conditions=True)
+
+
+async def test_the_ledger_commits_a_share_and_the_scheduler_binds_the_pod_then_deleting_releases(
+    control_plane: ControlPlane, nats_server: NatsServer
+) -> None:
+    await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
+    async with ledger_side(control_plane, nats_server), gated_node(control_plane, nats_server, "h100-sxm-8") as node:
+        api = node.api
+        async with namespace(api, node.name) as ns:
+            (devices,) = [s["spec"]["devices"] for s in await published(node)]
+            assert devices[0]["bindingConditions"] == [COMMITTED]
+            await ensure_device_class(api)
+            await wait_for(lambda: ledger_of(nats_server, node.name), 30, f"{node.name} in the ledger", 0.2)
+            await api.create(CLAIMS.format(ns=ns), share_claim("share", "10Gi", "25"))
+            created = time.monotonic()
+            await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("app", node.name, "share"))
+            pod = await bound(api, ns, "app")
+            print(f"\n  pod bound {time.monotonic() - created:.1f}s after it was created (PreBind polls every 5s)")
+            claim = await api.get(f"{CLAIMS.format(ns=ns)}/share")
+            assert conditions(claim)[COMMITTED]["status"] == "True", claim["status"]
+            assert REJECTED not in conditions(claim)
+            uid = claim["metadata"]["uid"]
+            entry = await claim_entry(nats_server, node.name, uid)
+            assert entry is not None and entry.live, f"no ledger entry for claim {uid}"
+            (share,) = entry.shares()
+            ledger = await ledger_of(nats_server, node.name)
+            assert ledger is not None
+            card0 = next(c for c in ledger.node.cards if c.index == 0)
+            assert (share.uuid, share.mem_mib, share.core_milli, share.exclusive) == (card0.uuid, 10240, 250, False)
+            assert entry.owner.namespace == ns and entry.owner.name == "share"
+            assert pod["spec"]["nodeName"] == node.name
+
+            await api.call("DELETE", f"/api/v1/namespaces/{ns}/pods/app", params={"gracePeriodSeconds": "0"})
+            await api.delete(f"{CLAIMS.format(ns=ns)}/share")
+
+            async def released() -> bool:
+                return await claim_entry(nats_server, node.name, uid) is None
+
+            await wait_for(released, 60, "the claim's ledger entry released", 0.2)
+
+
+async def test_a_card_the_ledger_gave_a_tool_is_refused_with_its_reason_and_the_pod_waits(
+    control_plane: ControlPlane, nats_server: NatsServer
+) -> None:
+    await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
+    async with (
+        ledger_side(control_plane, nats_server) as (allocator, _),
+        gated_node(control_plane, nats_server, "tesla-p4-2") as node,
+    ):
+        api = node.api
+        async with namespace(api, node.name) as ns:
+            await published(node)
+            await ensure_device_class(api)
+            await wait_for(lambda: ledger_of(nats_server, node.name), 30, f"{node.name} in the ledger", 0.2)
+            # A tool takes both cards whole through the allocator: the slices know nothing of it.
+            stub = allocator.stub()
+            held = []
+            for i in range(2):
+                request = pb.AllocateRequest(
+                    owner=pb.Owner(kind="tool", id=f"batch/job-{i}"),
+                    containers=[pb.ContainerRequest(request=pb.ResourceRequest(gpu=1))],
+                    commit=True,
+                    node=node.name,
+                )
+                allocation = (await stub.allocate(request)).allocation
+                held.append((allocation.grants[0].cards[0].index, allocation.id))
+            whole = {"metadata": {"name": "whole"}, "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}  # fmt: skip
+            await api.create(CLAIMS.format(ns=ns), whole)
+            await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("app", node.name, "whole"))
+
+            async def rejected() -> dict[str, Any] | None:
+                claim = await api.get(f"{CLAIMS.format(ns=ns)}/whole")
+                return conditions(claim).get(REJECTED)
+
+            refusal = await wait_for(rejected, 60, "the claim rejected by the ledger", 0.1)
+            assert refusal["status"] == "True" and refusal["reason"] == "LedgerRefused"
+            assert "held by 1 other" in refusal["message"], refusal
+            pod = await api.get(f"/api/v1/namespaces/{ns}/pods/app")
+            assert not pod["spec"].get("nodeName"), "a pod bound to a card the ledger refused"
+            ledger = await ledger_of(nats_server, node.name)
+            assert ledger is not None
+            assert [a.owner.kind for a in ledger.live()] == [OwnerKind.TOOL, OwnerKind.TOOL]
+            # The tool lets go of one card: the scheduler's next try is committed and the pod binds.
+            await stub.release(pb.ReleaseRequest(allocation_id=dict(held)[0]))  # card 0: first-fit's choice
+            await bound(api, ns, "app", timeout=120)
+            claim = await allocated_claim(api, ns, "whole")
+            assert conditions(claim)[COMMITTED]["status"] == "True"
+            entry = await claim_entry(nats_server, node.name, claim["metadata"]["uid"])
+            assert entry is not None and entry.shares()[0].exclusive
+
+
+async def test_a_started_controller_rebuilds_entries_from_the_claims_and_releases_orphans(
+    control_plane: ControlPlane, nats_server: NatsServer
+) -> None:
+    await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
+    async with running_allocator(nats_server.url), gated_node(control_plane, nats_server, "h100-sxm-8") as node:
+        api = node.api
+        async with namespace(api, node.name) as ns:
+            await published(node)
+            await ensure_device_class(api)
+            await wait_for(lambda: ledger_of(nats_server, node.name), 30, f"{node.name} in the ledger", 0.2)
+            async with placement_with_claims(control_plane, nats_server):
+                await api.create(CLAIMS.format(ns=ns), share_claim("kept", "8Gi", "20"))
+                await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("kept", node.name, "kept"))
+                await bound(api, ns, "kept")
+            uid = (await api.get(f"{CLAIMS.format(ns=ns)}/kept"))["metadata"]["uid"]
+            # With no controller running, the ledger loses the entry (a wiped bucket, say)...
+            nc = await nats.connect(nats_server.url)
+            try:
+                store = await LedgerStore.open(nc)
+                entry = await claim_entry(nats_server, node.name, uid)
+                assert entry is not None
+
+                gone = ClaimRef(ns, "gone", "uid-of-a-deleted-claim")
+                device = AllocatedDevice("gpu", node.name, "gpu-7")
+
+                def forget(ledger: NodeLedger | None) -> NodeLedger | None:
+                    """The claim's entry lost, and one left behind by a claim deleted long ago."""
+                    assert ledger is not None
+                    kept = tuple(a for a in ledger.allocations if a.id != entry.id)
+                    orphan = claims.ledger_allocation(gone, [device], ledger.node, time.time() - 3600)
+                    return type(ledger)(ledger.node, (*kept, orphan))
+
+                await store.mutate(node.name, forget)
+            finally:
+                await nc.close()
+            assert await claim_entry(nats_server, node.name, uid) is None
+            assert await claim_entry(nats_server, node.name, gone.uid) is not None
+            # ...and a started controller writes it again from the claim, and releases the orphan.
+            async with placement_with_claims(control_plane, nats_server):
+
+                async def rebuilt() -> Allocation | None:
+                    return await claim_entry(nats_server, node.name, uid)
+
+                again = await wait_for(rebuilt, 30, "the claim's entry rebuilt", 0.2)
+                assert again.id == entry.id and again.shares() == entry.shares()
+
+                async def orphan_released() -> bool:
+                    return await claim_entry(nats_server, node.name, gone.uid) is None
+
+                await wait_for(orphan_released, 30, "the orphaned entry released", 0.2)

@@ -151,8 +151,11 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
             seeding = tasks.create_task(_seed_workload(parts))
             following = tasks.create_task(follow(pods, hosts)) if isinstance(pods, KubePodApi) and hosts else None
             settling = None
-            if settings.dra_claims:  # the ledger decides every DRA allocation of our driver
-                settling = tasks.create_task(_claims(settings, store, parts.view, pods).run())
+            if settings.dra_claims != "off" and isinstance(pods, KubePodApi):  # the ledger decides DRA allocations
+                claims = ClaimsController(pods, store, parts.view, memory_step_mib=settings.dra_memory_step_mib)
+                settling = tasks.create_task(claims.run(optional=settings.dra_claims == "auto"))
+            elif settings.dra_claims == "on":
+                raise Unavailable("dra_claims=on needs Kubernetes access, and none was configured")
             await parts.view.listen(nc)
             responders = await serve_nats(nc, parts.service, settings.nats_queue)
             runners = [await start_http(http_app(settings, parts), settings.http_host, settings.http_port)]
@@ -197,12 +200,6 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
         with contextlib.suppress(Exception):
             await nc.drain()
     log.info("gpuledger-placement stopped")
-
-
-def _claims(settings: PlacementSettings, store: LedgerStore, view: FleetView, pods: PodApi) -> ClaimsController:
-    if not isinstance(pods, KubePodApi):
-        raise Unavailable("dra_claims needs Kubernetes access (kube is off, or no configuration was found)")
-    return ClaimsController(pods, store, view, memory_step_mib=settings.dra_memory_step_mib)
 
 
 def _ready(view: FleetView, nc: Client | None, settings: PlacementSettings) -> Callable[[], str]:

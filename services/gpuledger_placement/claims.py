@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from gpuledger_common.store import LedgerStore
 from gpuledger_core import claims
 from gpuledger_core.claims import AllocatedDevice, ClaimRef
-from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
+from gpuledger_core.errors import Conflict, Exhausted, FailedPrecondition, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.model import Allocation, OwnerKind
@@ -54,6 +54,7 @@ LIST = f"{RESOURCE}/resourceclaims"
 RETRY_S = 1.0
 GRACE_S = 30.0  # an entry younger than this survives a listing that does not show its claim
 CONFLICT_ROUNDS = 5
+ABSENT_RETRY_S = 60.0  # dra_claims=auto without DRA: how often to look again
 
 
 class ClaimApi(Protocol):
@@ -86,20 +87,33 @@ class ClaimsController:
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
 
-    async def run(self) -> None:
-        """List, settle every claim, release what no claim holds, watch; again after any failure."""
+    async def run(self, optional: bool = False) -> None:
+        """List, settle every claim, release what no claim holds, watch; again after any failure.
+        ``optional``: where the API server has no ResourceClaims or this service account may not
+        list them (DRA not deployed), say so once and look again every ``ABSENT_RETRY_S``."""
         await self.view.ready.wait()
+        absent_said = False
         while True:
             try:
-                listed = await self.api.list_objects(LIST, {})
                 started = self.clock()
+                listed = await self.api.list_objects(LIST, {})
                 items = listed["items"]
                 for item in items:
                     self.offer(item)
                 await self.idle()
                 await self._release_orphans(items, started)
                 log.info("claims: %d ResourceClaim(s) listed and settled", len(items))
+                absent_said = False
                 await self._watch(str((listed.get("metadata") or {}).get("resourceVersion") or ""))
+            except (NotFound, FailedPrecondition) as err:  # 404: no resource.k8s.io/v1; 403: no RBAC for it
+                if not optional:
+                    log.warning("claims: cannot follow ResourceClaims (%s); trying again in %gs", err, RETRY_S)
+                else:
+                    if not absent_said:
+                        log.info("claims: not following ResourceClaims (%s); looking again later", err)
+                    absent_said = True
+                    await asyncio.sleep(ABSENT_RETRY_S)
+                    continue
             except GpuledgerError as err:
                 log.warning("claims: following ResourceClaims failed (%s); listing again in %gs", err, RETRY_S)
             await asyncio.sleep(RETRY_S)

@@ -76,10 +76,10 @@ class PlacementSettings:
     stale_after_s: float = option(30.0, "a node without a heartbeat for this long gets nothing new (0: never)")
     workload_window: int = option(5000, "recent pod asks the fragmentation policies measure against")
     workload_refresh_s: float = option(30.0, "how often the fragmentation policies take in recent asks")
-    dra_claims: bool = option(
-        False,
-        "run the claims controller: the ledger decides every ResourceClaim allocation of driver gpu.gpuledger.io "
-        "(needs Kubernetes access; see docs/dra.md)",
+    dra_claims: str = option(
+        "auto",
+        "the claims controller (the ledger decides every ResourceClaim allocation of driver gpu.gpuledger.io, "
+        "docs/dra.md): on, off, or auto (on where Kubernetes is reached and ResourceClaims may be listed)",
     )
     dra_memory_step_mib: int = option(256, "the inventory's dra_memory_step_mib: the slices' memory grid")
     nats_queue: str = option("placement", "NATS queue group of the placement subjects")
@@ -130,6 +130,9 @@ class PlacementSettings:
         require(self.lease_s > 0, "lease_s", "must be positive")
         require(1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}")
         require(0 < self.assume_ttl_s <= MAX_ASSUME_TTL_S, "assume_ttl_s", f"must be in (0, {MAX_ASSUME_TTL_S:g}]")
+        claims_modes = ("auto", "on", "off")
+        require(self.dra_claims in claims_modes, "dra_claims", f"must be auto, on or off, got {self.dra_claims!r}")
+        require(self.dra_claims != "on" or self.kube != "off", "dra_claims", "on needs Kubernetes access (kube is off)")
         require(1 <= self.dra_memory_step_mib <= 65536, "dra_memory_step_mib", "must be 1..65536")
         require(self.stale_after_s >= 0, "stale_after_s", "must not be negative")
         require(self.workload_window >= 1, "workload_window", "must be at least 1")

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -26,7 +27,7 @@ from gpuledger_core.model import Allocation, OwnerKind
 from gpuledger_inventory.slices import DRIVER
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
+from gpuledger_testing.controlplane.cluster import Access, ControlPlane, plain_scheduler_config
 from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_allocator, running_placement
 from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_helpers import (
@@ -52,17 +53,53 @@ async def nats_server() -> AsyncIterator[NatsServer]:
         yield server
 
 
+DRA_DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "dra"
+
+
+@pytest.fixture(scope="module")
+def placement_kubeconfig(control_plane: ControlPlane) -> Path:
+    """Placement's service account with only what deploy/kubernetes/dra grants it (applied as shipped,
+    by the real kubectl): the claims controller's writes below prove that RBAC is enough."""
+    cp = control_plane
+    cp.kubectl("create", "namespace", "gpuledger", check=False)
+    cp.kubectl("create", "serviceaccount", "gpuledger-placement", "-n", "gpuledger", check=False)
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(DRA_DEPLOY))
+    token = cp.kubectl("create", "token", "gpuledger-placement", "-n", "gpuledger", "--duration=2h").stdout.strip()
+    assert cp.access is not None
+    return Access(cp.access.server, cp.access.ca_pem, token).kubeconfig(cp.workdir / "placement-dra.kubeconfig")
+
+
+async def test_placement_may_write_the_status_of_our_driver_only(
+    control_plane: ControlPlane, placement_kubeconfig: Path
+) -> None:
+    def can_i(*args: str) -> bool:
+        done = control_plane.kubectl(
+            "auth", "can-i", *args, "--all-namespaces", "--as=system:serviceaccount:gpuledger:gpuledger-placement",
+            check=False,
+        )  # fmt: skip
+        return done.stdout.strip() == "yes"
+
+    assert can_i("watch", "resourceclaims.resource.k8s.io")
+    assert can_i("update", "resourceclaims.resource.k8s.io", "--subresource", "status")
+    assert can_i("arbitrary-node:update", "resourceclaims.resource.k8s.io/gpu.gpuledger.io", "--subresource", "driver")
+    assert not can_i(
+        "arbitrary-node:update", "resourceclaims.resource.k8s.io/nic.example.com", "--subresource", "driver"
+    )
+    assert not can_i("update", "resourceclaims.resource.k8s.io", "--subresource", "binding")
+    assert not can_i("update", "resourceclaims.resource.k8s.io")
+    assert not can_i("delete", "resourceclaims.resource.k8s.io")
+
+
 @contextlib.asynccontextmanager
-async def ledger_side(cp: ControlPlane, server: NatsServer) -> AsyncIterator[tuple[RunningAllocator, RunningPlacement]]:
+async def ledger_side(server: NatsServer, kubeconfig: Path) -> AsyncIterator[tuple[RunningAllocator, RunningPlacement]]:
     """The allocator (it turns the inventory into the node's ledger) and placement with the claims
-    controller, on the admin kubeconfig."""
-    assert cp.admin_kubeconfig is not None
-    async with running_allocator(server.url) as allocator, placement_with_claims(cp, server) as placement:
+    controller, as placement's service account (``placement_kubeconfig``)."""
+    async with running_allocator(server.url) as allocator, placement_with_claims(server, kubeconfig) as placement:
         yield allocator, placement
 
 
-def placement_with_claims(cp: ControlPlane, server: NatsServer) -> contextlib.AbstractAsyncContextManager[Any]:
-    return running_placement(server.url, kube="kubeconfig", kubeconfig=str(cp.admin_kubeconfig), dra_claims=True)
+def placement_with_claims(server: NatsServer, kubeconfig: Path) -> contextlib.AbstractAsyncContextManager[Any]:
+    return running_placement(server.url, kube="kubeconfig", kubeconfig=str(kubeconfig), dra_claims="on")
 
 
 async def ledger_of(server: NatsServer, node: str) -> NodeLedger | None:
@@ -99,10 +136,13 @@ def gated_node(cp: ControlPlane, server: NatsServer, profile: str) -> contextlib
 
 
 async def test_the_ledger_commits_a_share_and_the_scheduler_binds_the_pod_then_deleting_releases(
-    control_plane: ControlPlane, nats_server: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Path
 ) -> None:
     await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
-    async with ledger_side(control_plane, nats_server), gated_node(control_plane, nats_server, "h100-sxm-8") as node:
+    async with (
+        ledger_side(nats_server, placement_kubeconfig),
+        gated_node(control_plane, nats_server, "h100-sxm-8") as node,
+    ):
         api = node.api
         async with namespace(api, node.name) as ns:
             (devices,) = [s["spec"]["devices"] for s in await published(node)]
@@ -138,11 +178,11 @@ async def test_the_ledger_commits_a_share_and_the_scheduler_binds_the_pod_then_d
 
 
 async def test_a_card_the_ledger_gave_a_tool_is_refused_with_its_reason_and_the_pod_waits(
-    control_plane: ControlPlane, nats_server: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Path
 ) -> None:
     await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
     async with (
-        ledger_side(control_plane, nats_server) as (allocator, _),
+        ledger_side(nats_server, placement_kubeconfig) as (allocator, _),
         gated_node(control_plane, nats_server, "tesla-p4-2") as node,
     ):
         api = node.api
@@ -189,7 +229,7 @@ async def test_a_card_the_ledger_gave_a_tool_is_refused_with_its_reason_and_the_
 
 
 async def test_a_started_controller_rebuilds_entries_from_the_claims_and_releases_orphans(
-    control_plane: ControlPlane, nats_server: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Path
 ) -> None:
     await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
     async with running_allocator(nats_server.url), gated_node(control_plane, nats_server, "h100-sxm-8") as node:
@@ -198,7 +238,7 @@ async def test_a_started_controller_rebuilds_entries_from_the_claims_and_release
             await published(node)
             await ensure_device_class(api)
             await wait_for(lambda: ledger_of(nats_server, node.name), 30, f"{node.name} in the ledger", 0.2)
-            async with placement_with_claims(control_plane, nats_server):
+            async with placement_with_claims(nats_server, placement_kubeconfig):
                 await api.create(CLAIMS.format(ns=ns), share_claim("kept", "8Gi", "20"))
                 await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("kept", node.name, "kept"))
                 await bound(api, ns, "kept")
@@ -226,7 +266,7 @@ async def test_a_started_controller_rebuilds_entries_from_the_claims_and_release
             assert await claim_entry(nats_server, node.name, uid) is None
             assert await claim_entry(nats_server, node.name, gone.uid) is not None
             # ...and a started controller writes it again from the claim, and releases the orphan.
-            async with placement_with_claims(control_plane, nats_server):
+            async with placement_with_claims(nats_server, placement_kubeconfig):
 
                 async def rebuilt() -> Allocation | None:
                     return await claim_entry(nats_server, node.name, uid)

@@ -82,6 +82,16 @@ def test_the_toleration_component_is_valid_against_the_1_36_schemas() -> None:
         kubernetes_validate.validate(obj, "1.36", strict=True)
 
 
+def test_the_dra_objects_are_valid_against_the_1_36_schemas() -> None:
+    """deploy/kubernetes/dra: the DeviceClass (resource.k8s.io/v1, 1.34+) and the claims controller's RBAC."""
+    objects = [o for p in sorted((KUSTOMIZE / "dra").glob("*.yaml")) for o in yaml.safe_load_all(p.read_text()) if o]
+    kinds = {o["kind"] for o in objects}
+    assert {"DeviceClass", "ClusterRole", "ClusterRoleBinding"} <= kinds
+    for obj in objects:
+        if obj["kind"] != "Kustomization":
+            kubernetes_validate.validate(obj, "1.36", strict=True)
+
+
 def test_the_schema_check_rejects_a_misspelt_field() -> None:
     deployment = named(rendered("base"), "Deployment", "gpuledger-allocator")
     deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}

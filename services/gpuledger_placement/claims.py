@@ -193,6 +193,8 @@ class ClaimsController:
                         return
                     raw = await self._fresh(ref) or {}
                     continue
+                if isinstance(err, NotFound) and not gated:
+                    raise  # the node is not in the ledger yet: a mirrored claim is tried again
                 log.error("claims: the ledger cannot hold %s, which the scheduler allocated: %s", ref.describe(), err)
                 CLAIMS.labels("conflict").inc()
                 return

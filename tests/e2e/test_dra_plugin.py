@@ -1,6 +1,8 @@
 """The DRA kubelet plugin (gpuledger-plugin --mode dra) over its unix sockets, as kubelet speaks to
 it: the registration handshake, then NodePrepareResources and NodeUnprepareResources (v1 and
-v1beta1) for claims that the real kube-scheduler allocated from the inventory's slices."""
+v1beta1) for claims that the real kube-scheduler allocated from the inventory's slices (published
+without binding conditions: placement's claims controller mirrors each allocation into the
+ledger), each checked against the node's ledger: a claim the ledger does not hold is refused."""
 
 from __future__ import annotations
 
@@ -10,12 +12,15 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import nats as nats_client
 import pytest
 import pytest_asyncio
 from grpclib.client import Channel
 
 from gpuledger_common.natsserver import NatsServer, embedded_nats
+from gpuledger_common.store import LedgerStore
 from gpuledger_inventory.slices import DRIVER
 from gpuledger_plugin.dra.app import RunningDra, running
 from gpuledger_plugin.dra.settings import DraSettings
@@ -23,6 +28,7 @@ from gpuledger_proto import pluginregistration as reg
 from gpuledger_proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra
 from gpuledger_proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_beta
 from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
+from gpuledger_testing.stack import running_allocator, running_placement
 from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_helpers import (
     CLAIMS,
@@ -45,10 +51,11 @@ async def nats() -> AsyncIterator[NatsServer]:
         yield server
 
 
-def _settings(work: Path, node: str, cp: ControlPlane) -> DraSettings:
+def _settings(work: Path, node: str, cp: ControlPlane, nats: NatsServer) -> DraSettings:
     return DraSettings(
         node=node, registry_dir=str(work / "reg"), plugin_dir=str(work / "plugins"), cdi_dir=str(work / "cdi"),
         kubeconfig=str(cp.admin_kubeconfig), http_host="127.0.0.1", http_port=0, socket_poll_s=0.05,
+        nats_url=nats.url,
     )
 
 
@@ -58,16 +65,37 @@ async def test_kubelets_handshake_then_prepare_and_unprepare_claims(
     await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
     work = Path(tempfile.mkdtemp(prefix="gl-dp-", dir="/tmp"))  # unix socket paths must stay short
     try:
-        async with dra_node(control_plane, nats) as node, namespace(node.api, node.name) as ns:
+        # The inventory announces itself again every 2 s: the allocator, started after it, takes it in.
+        node_cm = dra_node(control_plane, nats, inventory_interval_s=2.0)
+        async with node_cm as node, namespace(node.api, node.name) as ns:
             await published(node)
             await ensure_device_class(node.api)
-            await node.api.create(CLAIMS.format(ns=ns), share_claim("share"))
-            await node.api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("app", node.name, "share"))
-            claim = await allocated_claim(node.api, ns, "share")
-            settings = _settings(work, node.name, control_plane)
-            async with running(settings) as plugin:
-                await _handshake(settings, plugin)
-                await _prepare_and_unprepare(settings, claim, node.name)
+            settings = _settings(work, node.name, control_plane, nats)
+            kube = {"kube": "kubeconfig", "kubeconfig": str(control_plane.admin_kubeconfig), "dra_claims": "on"}
+            async with running_allocator(nats.url), running_placement(nats.url, **kube):
+                await node.api.create(CLAIMS.format(ns=ns), share_claim("share"))
+                await node.api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("app", node.name, "share"))
+                claim = await allocated_claim(node.api, ns, "share")
+                await wait_for(lambda: _mirrored(nats, node.name, claim), 30, "the claim mirrored into the ledger", 0.1)
+                async with running(settings) as plugin:
+                    await _handshake(settings, plugin)
+                    await _prepare_and_unprepare(settings, claim, node.name)
+            # A claim the ledger does not hold (no claims controller ran for it) is refused.
+            await node.api.create(CLAIMS.format(ns=ns), share_claim("unrecorded", "2Gi", "10"))
+            await node.api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("other", node.name, "unrecorded"))
+            unrecorded = await allocated_claim(node.api, ns, "unrecorded")
+            async with running(settings):
+                meta = unrecorded["metadata"]
+                ref = dra.Claim(namespace=meta["namespace"], uid=meta["uid"], name=meta["name"])
+                channel = Channel(path=settings.dra_socket)
+                try:
+                    request = dra.NodePrepareResourcesRequest(claims=[ref])
+                    answer = await dra.DraPluginStub(channel).node_prepare_resources(request, timeout=45)
+                finally:
+                    channel.close()
+                refusal = answer.claims[ref.uid]
+                assert "holds no entry for it" in refusal.error and not refusal.devices, refusal
+                assert not list(Path(settings.cdi_dir).glob("*.json"))  # noqa: ASYNC240
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -94,6 +122,15 @@ async def _handshake(settings: DraSettings, plugin: RunningDra) -> None:
     await asyncio.to_thread(socket.unlink)
     await wait_for(lambda: _at_least(plugin, 2), 10, "the registration socket served again", 0.05)
     await wait_for(lambda: asyncio.to_thread(socket.exists), 10, "the new registration socket", 0.05)
+
+
+async def _mirrored(server: NatsServer, node: str, claim: dict[str, Any]) -> bool:
+    nc = await nats_client.connect(server.url)
+    try:
+        ledger, _ = await (await LedgerStore.open(nc)).read(node)
+    finally:
+        await nc.close()
+    return ledger is not None and ledger.of_owner(f"claim:{claim['metadata']['uid']}") is not None
 
 
 async def _at_least(plugin: RunningDra, n: int) -> bool:

@@ -12,10 +12,14 @@ from pathlib import Path
 
 from grpclib.server import Server
 
+from gpuledger_common import bus
 from gpuledger_common.entry import stop_on_signals
+from gpuledger_common.ledgerwait import open_ledger
+from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe
 from gpuledger_plugin.dra.kube import ClaimApi, KubeClaimApi
+from gpuledger_plugin.dra.ledger import LedgerEntryCheck
 from gpuledger_plugin.dra.prepare import LedgerCheck, Preparer
 from gpuledger_plugin.dra.server import DraPluginV1, DraPluginV1Beta1, Registration
 from gpuledger_plugin.dra.settings import DraSettings
@@ -42,6 +46,33 @@ async def running(
     settings: DraSettings, api: ClaimApi | None = None, ledger: LedgerCheck | None = None
 ) -> AsyncIterator[RunningDra]:
     log.info("gpuledger-plugin (DRA mode) starting with %s", describe(settings))
+    async with contextlib.AsyncExitStack() as stack:
+        if ledger is None and settings.ledger_check:
+            ledger = await stack.enter_async_context(_ledger(settings))
+        elif ledger is None:
+            log.warning("ledger_check is off: claims are prepared as kube-scheduler allocated them, unchecked")
+        async with _running(settings, api, ledger) as found:
+            yield found
+
+
+@contextlib.asynccontextmanager
+async def _ledger(settings: DraSettings) -> AsyncIterator[LedgerCheck]:
+    """The check of each claim against the node's ledger, over NATS (waiting for NATS and the
+    ledger's buckets, as the classic plugin does)."""
+    nc = await bus.connect(
+        settings.nats_url, f"gpuledger-plugin-dra-{settings.node}", credentials=credentials_of(settings)
+    )
+    try:
+        yield LedgerEntryCheck(await open_ledger(nc, None), settings.node)
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+
+
+@contextlib.asynccontextmanager
+async def _running(
+    settings: DraSettings, api: ClaimApi | None, ledger: LedgerCheck | None
+) -> AsyncIterator[RunningDra]:
     api = api or await KubeClaimApi.connect(settings.kubeconfig, settings.api_timeout_s)
     preparer = Preparer(settings.node, settings.driver, api, settings.cdi_dir, ledger, settings.prepare_timeout_s)
     registration = Registration(settings.driver, settings.dra_socket)

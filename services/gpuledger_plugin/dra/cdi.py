@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuledger_core.errors import FailedPrecondition
 from gpuledger_core.claims import AllocatedDevice, ClaimAllocation, MiB
+from gpuledger_core.errors import FailedPrecondition
 
 VENDOR = "k8s.gpu.gpuledger.io"
 CLASS = "claim"

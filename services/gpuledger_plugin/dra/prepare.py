@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpuledger_core.claims import AllocatedDevice, ClaimAllocation, ClaimRef, allocation_of
 from gpuledger_core.errors import GpuledgerError
 from gpuledger_plugin.dra import cdi
-from gpuledger_core.claims import AllocatedDevice, ClaimAllocation, ClaimRef, allocation_of
 from gpuledger_plugin.dra.kube import ClaimApi
 from gpuledger_plugin.dra.metrics import CLAIM_SECONDS, CLAIMS
 

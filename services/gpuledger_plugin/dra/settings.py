@@ -6,7 +6,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuledger_common.settings import option, require
+from gpuledger_common.natscreds import HELP as NATS_HELP
+from gpuledger_common.natscreds import credentials_of
+from gpuledger_common.settings import nats_servers, option, require
 
 DRIVER = "gpu.gpuledger.io"
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -23,6 +25,17 @@ class DraSettings:
     plugin_dir: str = option("/var/lib/kubelet/plugins", "where the plugin's own socket goes (<dir>/<driver>/dra.sock)")
     cdi_dir: str = option("/var/run/cdi", "where the claims' CDI specs are written (the runtime's CDI spec dir)")
     kubeconfig: str = option("", "a kubeconfig (empty: the pod's service account, else the default kubeconfig)")
+    ledger_check: bool = option(
+        True, "prepare a claim only if the ledger holds it (placement's claims controller wrote it; over NATS)"
+    )
+    nats_url: str = option(
+        "nats://127.0.0.1:4222", "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)"
+    )
+    nats_user: str = option("", NATS_HELP["nats_user"])
+    nats_password_file: str = option("", NATS_HELP["nats_password_file"])
+    nats_ca_file: str = option("", NATS_HELP["nats_ca_file"])
+    nats_cert_file: str = option("", NATS_HELP["nats_cert_file"])
+    nats_key_file: str = option("", NATS_HELP["nats_key_file"])
     api_timeout_s: float = option(10.0, "the longest one API server call may take")
     prepare_timeout_s: float = option(40.0, "the longest one claim's prepare may take (kubelet waits 45 s)")
     socket_poll_s: float = option(1.0, "how often to check that the registration socket is still there")
@@ -34,6 +47,8 @@ class DraSettings:
     def __post_init__(self) -> None:
         require(self.mode == "dra", "mode", f"must be dra here, got {self.mode!r}")
         require(bool(self.node), "node", "is required (the Kubernetes node name)")
+        nats_servers(self.nats_url)
+        credentials_of(self)
         require(
             len(self.driver) <= 63 and bool(_DNS_SUBDOMAIN.fullmatch(self.driver)),
             "driver", "must be a DNS subdomain of at most 63 characters",

@@ -7,8 +7,9 @@ on its own: one that fails never fails the others. Both are idempotent (the spec
 was prepared, so a restarted plugin unprepares what an earlier one prepared, even when the claim
 is gone from the API server), one claim at a time per UID, and bounded by ``timeout_s``.
 
-The ledger seam (``LedgerCheck``): checking the claim against the ledger and committing its entry
-is issue 11 item 2. Until then ``NotCheckedYet`` accepts what kube-scheduler allocated.
+The ledger seam (``LedgerCheck``): ``ledger.LedgerEntryCheck`` refuses a claim the node's ledger
+does not hold (placement's claims controller writes the entries); ``Unchecked`` (``ledger_check``
+off) accepts what kube-scheduler allocated.
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ class LedgerCheck(Protocol):
         """The claim is unprepared on this node."""
 
 
-class NotCheckedYet:
-    """The ledger seam before issue 11 item 2: every allocation kube-scheduler made is accepted."""
+class Unchecked:
+    """``ledger_check`` off: every allocation kube-scheduler made is accepted."""
 
     async def check(self, allocation: ClaimAllocation) -> None:
-        log.debug("%s: not checked against the ledger (DRA ledger check not built yet)", allocation.ref.describe())
+        log.debug("%s: not checked against the ledger (ledger_check is off)", allocation.ref.describe())
 
     async def release(self, claim_uid: str) -> None:
         return None
@@ -72,7 +73,7 @@ class Preparer:
         timeout_s: float = 30.0,
     ) -> None:
         self.node, self.driver, self.api, self.cdi_dir = node, driver, api, cdi_dir
-        self.ledger = ledger or NotCheckedYet()
+        self.ledger = ledger or Unchecked()
         self.timeout_s = timeout_s
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # per claim UID: the lock, its users
 

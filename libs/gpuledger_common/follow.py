@@ -11,7 +11,8 @@ from typing import Generic, TypeVar
 
 from nats.aio.client import Client
 
-from gpuledger_common.store import LedgerStore
+from gpuledger_common.store import LedgerStore, node_key
+from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 
@@ -119,3 +120,29 @@ async def follow(
             await asyncio.sleep(retry_s)
         else:
             log.info("NATS reconnected; watching again from a fresh snapshot")
+
+
+async def node_ledger(store: LedgerStore, node: str, retry_s: float = RETRY_S) -> AsyncIterator[NodeLedger | None]:
+    """One node's ledger now and after every change (None: no key); watched again after NATS
+    trouble, each time from a fresh snapshot."""
+
+    async def once() -> AsyncIterator[NodeLedger | None]:
+        try:
+            watcher = await store.kv.watch(node_key(node))
+        except Exception as err:
+            raise Unavailable(f"cannot watch the ledger of {node}: {err}") from err
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    continue
+                yield store.watched_value(node, entry.value, entry.operation)
+        except Exception as err:
+            raise Unavailable(f"ledger watch of {node} failed: {err}") from err
+        finally:
+            try:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+            except Exception as err:  # the connection may already be gone
+                log.debug("stopping the ledger watcher: %s", err)
+
+    async for ledger in resilient(store.nc, once, retry_s):
+        yield ledger

@@ -129,10 +129,18 @@ def permissions(role: Role, node: str = "") -> Permissions:
             (f"{PLACEMENT}.>", f"{INVENTORY}.*", f"{HEARTBEAT}.*", inbox),
             allow_responses=True,
         )
-    if role is Role.INVENTORY:
+    if role is Role.INVENTORY:  # DRA mode: it reads (never writes) its node's ledger, for the slices' taints
+        key = f"node.{node}"
         return Permissions(
-            (f"{INVENTORY}.{node}", f"{INVENTORY}.{node}.health", f"{HEARTBEAT}.{node}"),
-            (f"{INVENTORY}.{node}.set_health", f"{INVENTORY}.{node}.get"),
+            (
+                f"{INVENTORY}.{node}",
+                f"{INVENTORY}.{node}.health",
+                f"{HEARTBEAT}.{node}",
+                *_reads(LEDGER, key),
+                *_watches(LEDGER, key),
+                f"{API}.STREAM.INFO.KV_{OWNERS}",
+            ),
+            (f"{INVENTORY}.{node}.set_health", f"{INVENTORY}.{node}.get", inbox),
             allow_responses=True,
         )
     if role is Role.PLUGIN:

@@ -63,6 +63,14 @@ class SlicePublisher:
         self._written: Slices | None = None
         self._owner: dict[str, Any] | None = None
         self._roots: dict[str, str | None] = {}
+        self.held: dict[str, float] = {}  # card uuid -> since when pods or tools (not claims) hold some of it
+
+    def set_held(self, held: dict[str, float]) -> None:
+        """The cards the ledger gives to holders outside DRA: published with a NoSchedule taint,
+        so that kube-scheduler allocates them to no new claim (the ledger would refuse it)."""
+        if held != self.held:
+            self.held = held
+            self.poke()
 
     def poke(self) -> None:
         self._poked.set()
@@ -76,7 +84,8 @@ class SlicePublisher:
         for info in scan.cards:
             health = self.state.book.of(info.uuid)
             since = health.since if health.health is Health.UNHEALTHY else None
-            facts[info.uuid] = CardFacts(info.compute_capability, self._root(info.card.pci_bus_id), since)
+            root = self._root(info.card.pci_bus_id)
+            facts[info.uuid] = CardFacts(info.compute_capability, root, since, self.held.get(info.uuid))
         return desired(self.state.node(), facts, scan.driver_version, self.config)
 
     async def run(self) -> None:

@@ -21,6 +21,8 @@ from typing import Any
 from nats.aio.client import Client
 
 from gpuledger_common import bus, inventory_api
+from gpuledger_common.follow import node_ledger
+from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_core.errors import InvalidArgument, NotFound
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.model import Health
@@ -32,6 +34,7 @@ from gpuledger_inventory.labels import label_patch, node_labels
 from gpuledger_inventory.nvml import Gpus, NvmlUnavailable
 from gpuledger_inventory.publisher import SlicePublisher
 from gpuledger_inventory.settings import Settings
+from gpuledger_inventory.slices import held_outside_dra
 from gpuledger_inventory.state import NodeState, same_content
 
 log = logging.getLogger(__name__)
@@ -98,9 +101,17 @@ class Inventory:
                 tg.create_task(self._label_loop(self.node_api), name="labels")
             if self.slices is not None:
                 tg.create_task(self.slices.run(), name="slices")
+                tg.create_task(self._holders_loop(self.slices), name="holders")
 
     async def close(self) -> None:
         await asyncio.to_thread(self.gpus.close)
+
+    async def _holders_loop(self, slices: SlicePublisher) -> None:
+        """DRA mode: follow the node's ledger, so that the slices taint the cards that pods or tools
+        outside DRA hold (the claims controller would refuse a claim on them)."""
+        store = await open_ledger(self.nc, None)
+        async for ledger in node_ledger(store, self.settings.node):
+            slices.set_held(held_outside_dra(ledger))
 
     # --- NVML ----------------------------------------------------------------------------------
 

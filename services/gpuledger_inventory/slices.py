@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuledger_core.errors import FailedPrecondition, InvalidArgument
-from gpuledger_core.model import Card, Node
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Card, Node, OwnerKind
 from gpuledger_inventory.labels import family
 
 DRIVER = "gpu.gpuledger.io"
@@ -41,6 +42,7 @@ STANDARD = "resource.kubernetes.io"
 MAX_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures: taints count as advanced
 MAX_STRING = 64  # DeviceAttributeMaxValueLength
 TAINT_UNHEALTHY = f"{DRIVER}/unhealthy"
+TAINT_HELD = f"{DRIVER}/held"  # the ledger gave (some of) the card to pods or tools outside DRA
 BINDING_CONDITION = "gpuledger.io/committed"
 BINDING_FAILURE_CONDITION = "gpuledger.io/rejected"
 NVLINK_GROUP_SIZES = (2, 4, 8)
@@ -79,6 +81,7 @@ class CardFacts:
     compute_capability: tuple[int, int] | None = None
     pcie_root: str | None = None  # e.g. pci0000:00, from sysfs; None where it cannot be read
     unhealthy_since: float | None = None  # when the card turned unhealthy (the taint's timeAdded)
+    held_since: float | None = None  # since when the ledger has holders of the card that are not claims
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +179,18 @@ def nvlink_groups(node: Node, size: int) -> dict[int, int]:
 # --- devices ---------------------------------------------------------------------------------------
 
 
+def held_outside_dra(ledger: NodeLedger | None) -> dict[str, float]:
+    """The cards of which live allocations other than claims' hold some, each with the earliest
+    such allocation's time (the taint's timeAdded, stable while they hold it)."""
+    held: dict[str, float] = {}
+    for allocation in ledger.live() if ledger is not None else ():
+        if allocation.owner.kind is OwnerKind.CLAIM:
+            continue
+        for share in allocation.shares():
+            held[share.uuid] = min(held.get(share.uuid, allocation.created_at), allocation.created_at)
+    return held
+
+
 def device_name(card: Card) -> str:
     return f"gpu-{card.index}"
 
@@ -220,6 +235,9 @@ def device(
         if facts.unhealthy_since is not None:
             taint["timeAdded"] = rfc3339(facts.unhealthy_since)
         out["taints"] = [taint]
+    if facts.held_since is not None:
+        held = {"key": TAINT_HELD, "value": "outside-dra", "effect": "NoSchedule"}
+        out.setdefault("taints", []).append({**held, "timeAdded": rfc3339(facts.held_since)})
     if config.binding_conditions:
         out["bindingConditions"] = [BINDING_CONDITION]
         out["bindingFailureConditions"] = [BINDING_FAILURE_CONDITION]

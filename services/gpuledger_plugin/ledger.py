@@ -10,9 +10,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from gpuledger_common.follow import resilient
-from gpuledger_common.store import LedgerStore, Transition, node_key
-from gpuledger_core.errors import Unavailable
+from gpuledger_common.follow import node_ledger
+from gpuledger_common.store import LedgerStore, Transition
 from gpuledger_core.ledger import NodeLedger
 
 log = logging.getLogger(__name__)
@@ -39,25 +38,6 @@ class StoreLedger:
     async def mutate(self, transition: Transition) -> NodeLedger | None:
         return (await self.store.mutate(self.node, transition)).new
 
-    async def watch(self) -> AsyncIterator[NodeLedger | None]:
+    def watch(self) -> AsyncIterator[NodeLedger | None]:
         """The node's ledger now and after every change; watches again after NATS trouble."""
-        async for ledger in resilient(self.store.nc, self._watch_once, self.retry_s):
-            yield ledger
-
-    async def _watch_once(self) -> AsyncIterator[NodeLedger | None]:
-        try:
-            watcher = await self.store.kv.watch(node_key(self.node))
-        except Exception as err:
-            raise Unavailable(f"cannot watch the ledger of {self.node}: {err}") from err
-        try:
-            async for entry in watcher:
-                if entry is None:
-                    continue
-                yield self.store.watched_value(self.node, entry.value, entry.operation)
-        except Exception as err:
-            raise Unavailable(f"ledger watch of {self.node} failed: {err}") from err
-        finally:
-            try:
-                await watcher.stop()  # type: ignore[no-untyped-call]
-            except Exception as err:  # the connection may already be gone
-                log.debug("stopping the ledger watcher: %s", err)
+        return node_ledger(self.store, self.node, self.retry_s)

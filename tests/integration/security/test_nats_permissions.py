@@ -17,6 +17,8 @@ from nats.errors import TimeoutError as NatsTimeout
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
 from gpuledger_common.fleet import Fleet, parse_fleet
+from gpuledger_common.follow import node_ledger
+from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_common.natsauth import Role
 from gpuledger_common.natscreds import NatsCredentials
 from gpuledger_common.store import LedgerStore, Transition, node_key
@@ -131,6 +133,19 @@ async def test_the_inventory_publishes_only_its_own_nodes_subjects(secure: Secur
     for sub in subs:
         await sub.unsubscribe()
     assert violations(secure, "inventory-node-a", "gpuledger.v1.inventory.node-b") == 1
+
+
+async def test_the_inventory_watches_its_own_nodes_ledger_and_writes_none(
+    secure: SecureNats, ledger: LedgerStore
+) -> None:
+    """DRA mode: the inventory follows its node's ledger (the slices' taints) and may not write it."""
+    async with connected(secure, Role.INVENTORY, "node-a") as nc:
+        store = await open_ledger(nc, None, retry_s=1.0)
+        seen = await anext(node_ledger(store, "node-a"))
+        assert seen is not None and seen.node.name == "node-a"
+        with pytest.raises(NatsTimeout):  # nothing answers a refused publish: the put times out
+            await nc.jetstream(timeout=1.0).publish(f"$KV.gpuledger-ledger.{node_key('node-a')}", b"{}")
+    assert violations(secure, "inventory-node-a", "$KV.gpuledger-ledger.node.node-a") >= 1
 
 
 async def test_a_reader_reads_and_cannot_write(secure: SecureNats, ledger: LedgerStore) -> None:

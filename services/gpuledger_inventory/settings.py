@@ -47,7 +47,7 @@ class Settings:
     mode: str = "classic"  # classic: the device plugin; dra: publish ResourceSlices (docs/dra.md)
     slots_per_card: int = DEFAULT_SLOTS_PER_CARD  # dra: the most claims sharing a card (1: never shared)
     dra_memory_step_mib: int = 256  # dra: the memory capacity's request step (and its minimum)
-    dra_binding_conditions: bool = False  # dra: every device waits for the ledger's commit at bind
+    dra_binding_conditions: bool = True  # dra: kube-scheduler binds a claim's pod only once the ledger committed it
     dra_resync_s: float = 30.0  # dra: how often the slices are read back and mended (kubelet deletes them)
     log_level: str = "info"
     log_format: str = "text"

@@ -66,7 +66,7 @@ async def test_kubelets_handshake_then_prepare_and_unprepare_claims(
     work = Path(tempfile.mkdtemp(prefix="gl-dp-", dir="/tmp"))  # unix socket paths must stay short
     try:
         # The inventory announces itself again every 2 s: the allocator, started after it, takes it in.
-        node_cm = dra_node(control_plane, nats, inventory_interval_s=2.0)
+        node_cm = dra_node(control_plane, nats, inventory_interval_s=2.0, dra_binding_conditions=False)
         async with node_cm as node, namespace(node.api, node.name) as ns:
             await published(node)
             await ensure_device_class(node.api)

@@ -36,5 +36,6 @@ def test_bad_dra_settings_are_refused(flags: list[str], field: str) -> None:
 def test_nodes_are_classic_unless_told_and_dra_reads_from_the_environment() -> None:
     assert load_settings(["--node", "n1"], {}).mode == "classic"
     found = load_settings(["--node", "n1"], {"GPULEDGER_MODE": "dra", "GPULEDGER_KUBE": "on",
-                                             "GPULEDGER_DRA_BINDING_CONDITIONS": "true"})
-    assert (found.mode, found.dra_binding_conditions, found.slots_per_card) == ("dra", True, 8)
+                                             "GPULEDGER_DRA_BINDING_CONDITIONS": "false"})
+    assert (found.mode, found.dra_binding_conditions, found.slots_per_card) == ("dra", False, 8)
+    assert load_settings(["--node", "n1", "--mode", "dra", "--kube", "on"], {}).dra_binding_conditions

@@ -21,7 +21,7 @@ from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.outage import within
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
-from gpuledger_common.tls import HTTP1_ALPN, server_context
+from gpuledger_common.tls import EXTENDER_ALPN, server_context
 from gpuledger_core.errors import GpuledgerError, Unavailable
 from gpuledger_core.placement import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
@@ -29,9 +29,10 @@ from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.binder import Binder
 from gpuledger_placement.claims import ClaimsController
 from gpuledger_placement.hosts import HostUsage, follow
+from gpuledger_placement.http2 import ExtenderServer, Verb
 from gpuledger_placement.kube import KubePodApi, NoPodApi, PodApi
 from gpuledger_placement.policies import Policies
-from gpuledger_placement.routes import Extender, extender_app
+from gpuledger_placement.routes import Extender, extender_app, forbidden
 from gpuledger_placement.service import PlacementService
 from gpuledger_placement.settings import PlacementSettings, parse_guard
 from gpuledger_placement.view import FleetView
@@ -105,9 +106,33 @@ def _extender_tls(settings: PlacementSettings) -> ssl.SSLContext:
         settings.extender_cert_file,
         settings.extender_key_file,
         settings.extender_client_ca_file,
-        alpn=HTTP1_ALPN,
+        alpn=EXTENDER_ALPN,
         setting="extender",
     )
+
+
+async def _https(settings: PlacementSettings, parts: Parts) -> ExtenderServer:
+    """The verbs on the HTTPS port: over HTTP/2 for kube-scheduler, HTTP/1.1 for other clients."""
+    verbs = {
+        path: _in_window(verb, settings.ledger_retry_s)
+        for path, verb in parts.extender.verbs(settings.url_prefix).items()
+    }
+    clients = settings.clients
+    server = ExtenderServer(
+        https_app(settings, parts), verbs, lambda caller: forbidden(caller, clients), settings.max_body_bytes
+    )
+    await server.start(settings.http_host, settings.extender_port, _extender_tls(settings))
+    return server
+
+
+def _in_window(verb: Verb, seconds: float) -> Verb:
+    """A verb over HTTP/2 in its own outage window, as ``_one_outage_window`` does over HTTP/1.1."""
+
+    async def answer(body: bytes) -> web.Response:
+        with within(seconds):
+            return await verb(body)
+
+    return answer
 
 
 def _one_outage_window(seconds: float) -> Middleware:
@@ -159,15 +184,12 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
             await parts.view.listen(nc)
             responders = await serve_nats(nc, parts.service, settings.nats_queue)
             runners = [await start_http(http_app(settings, parts), settings.http_host, settings.http_port)]
-            if settings.extender_tls:
-                https = https_app(settings, parts)
-                tls = _extender_tls(settings)
-                runners.append(await start_http(https, settings.http_host, settings.extender_port, tls))
+            https = await _https(settings, parts) if settings.extender_tls else None
             log.info(
                 "gpuledger-placement ready: extender on %s://%s:%d%s, ops endpoints on port %d, policy %s",
                 "https" if settings.extender_tls else "http",
                 settings.http_host,
-                bound_port(runners[-1]),
+                https.port if https is not None else bound_port(runners[0]),
                 settings.url_prefix,
                 bound_port(runners[0]),
                 settings.policy,
@@ -183,6 +205,8 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
             for runner in runners:
                 await runner.shutdown()
                 await runner.cleanup()
+            if https is not None:
+                await https.close(settings.stop_timeout_s)
             for responder in responders:
                 await responder.close(settings.stop_timeout_s)
             await parts.view.stop_listening()

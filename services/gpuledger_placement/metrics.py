@@ -9,6 +9,11 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 EXTENDER_SECONDS = Histogram(
     "gpuledger_placement_extender_seconds", "Time to answer a kube-scheduler extender call", ["verb"], buckets=BUCKETS
 )
+EXTENDER_CONNECTIONS = Counter(
+    "gpuledger_placement_extender_connections_total",
+    "Connections (TLS handshakes) taken on the extender's HTTPS port, by the protocol chosen (h2, http/1.1)",
+    ["protocol"],
+)
 NATS_SECONDS = Histogram(
     "gpuledger_placement_nats_seconds", "Time to answer a placement request over NATS", ["subject"], buckets=BUCKETS
 )

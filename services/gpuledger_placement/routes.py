@@ -7,17 +7,18 @@ Filter passes no node for a pod whose ``schedulerName`` is not one of ours (bind
 
 Over HTTPS (``extender_app`` with ``clients``), a caller must present a client certificate signed
 by the extender's client CA (refused in the handshake otherwise) whose common name is one of
-``clients`` (403 otherwise).
+``clients`` (403 otherwise). Each verb is a function of the request's body (``Extender.verbs``), so
+the same verbs serve HTTP/1.1 (aiohttp, these routes) and HTTP/2 (``http2.py``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
@@ -30,27 +31,44 @@ from gpuledger_placement.service import Filtered, PlacementService
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Verb = Callable[[bytes], Awaitable[web.Response]]  # a verb's answer to the request's body
 
 
 def _reply(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=json.dumps(body, separators=(",", ":")), status=status, content_type="application/json")
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
 
 
 def _bad(err: InvalidArgument) -> web.Response:
     return web.Response(status=400, text=f"bad request: {err}\n")
 
 
-def _timed(verb: str, handler: Handler) -> Handler:
+def _timed(verb: str, answer: Verb) -> Verb:
     histogram = metrics.EXTENDER_SECONDS.labels(verb)
 
-    async def timed(request: web.Request) -> web.StreamResponse:
+    async def timed(body: bytes) -> web.Response:
         started = time.perf_counter()
         try:
-            return await handler(request)
+            return await answer(body)
         finally:
             histogram.observe(time.perf_counter() - started)
 
     return timed
+
+
+def _of_request(verb: Verb) -> Handler:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await verb(await request.read())
+
+    return handle
+
+
+def forbidden(caller: str, clients: frozenset[str]) -> web.Response | None:
+    """The 403 for a caller whose client certificate names none of ``clients`` (None: let in)."""
+    if caller in clients:
+        return None
+    metrics.FAILURES.labels("extender", "forbidden").inc()
+    log.warning("extender call from %r refused: not one of %s", caller, ", ".join(sorted(clients)))
+    return web.Response(status=403, text=f"forbidden: client {caller!r} may not call the extender\n")
 
 
 class Extender:
@@ -62,16 +80,20 @@ class Extender:
     ) -> None:
         self.service, self.binder, self.schedulers = service, binder, schedulers
 
-    def routes(self, prefix: str) -> list[web.RouteDef]:
-        return [
-            web.post(f"{prefix}/filter", _timed("filter", self.filter)),
-            web.post(f"{prefix}/prioritize", _timed("prioritize", self.prioritize)),
-            web.post(f"{prefix}/bind", _timed("bind", self.bind)),
-        ]
+    def verbs(self, prefix: str) -> dict[str, Verb]:
+        """Each verb by its path, timed."""
+        return {
+            f"{prefix}/filter": _timed("filter", self.filter),
+            f"{prefix}/prioritize": _timed("prioritize", self.prioritize),
+            f"{prefix}/bind": _timed("bind", self.bind),
+        }
 
-    async def filter(self, request: web.Request) -> web.Response:
+    def routes(self, prefix: str) -> list[web.RouteDef]:
+        return [web.post(path, _of_request(verb)) for path, verb in self.verbs(prefix).items()]
+
+    async def filter(self, body: bytes) -> web.Response:
         try:
-            args = convert.extender_args_from(convert.parse_json(await request.read()))
+            args = convert.extender_args_from(convert.parse_json(body))
         except BadRequest as err:
             metrics.FAILURES.labels("filter", "bad_request").inc()
             return _bad(err)
@@ -93,9 +115,9 @@ class Extender:
         self._count_filter(pod.wants_cards, found)
         return _reply(convert.filter_result_to(args, found.fits, found.failed, found.unresolvable))
 
-    async def prioritize(self, request: web.Request) -> web.Response:
+    async def prioritize(self, body: bytes) -> web.Response:
         try:
-            args = convert.extender_args_from(convert.parse_json(await request.read()))
+            args = convert.extender_args_from(convert.parse_json(body))
         except BadRequest as err:
             metrics.FAILURES.labels("prioritize", "bad_request").inc()
             return _bad(err)
@@ -109,9 +131,9 @@ class Extender:
         metrics.DECISIONS.labels("prioritize", "scored").inc()
         return web.Response(text=convert.priorities_json(scores), content_type="application/json")
 
-    async def bind(self, request: web.Request) -> web.Response:
+    async def bind(self, body: bytes) -> web.Response:
         try:
-            args = convert.bind_args_from(convert.parse_json(await request.read()))
+            args = convert.bind_args_from(convert.parse_json(body))
         except BadRequest as err:
             metrics.FAILURES.labels("bind", "bad_request").inc()
             return _bad(err)
@@ -161,10 +183,7 @@ def _only(clients: frozenset[str]) -> Middleware:
     @web.middleware
     async def authorized(request: web.Request, handler: Handler) -> web.StreamResponse:
         caller = identity_of(request.transport.get_extra_info("peercert") if request.transport else None)
-        if caller not in clients:
-            metrics.FAILURES.labels("extender", "forbidden").inc()
-            log.warning("extender call from %r refused: not one of %s", caller, ", ".join(sorted(clients)))
-            return web.Response(status=403, text=f"forbidden: client {caller!r} may not call the extender\n")
-        return await handler(request)
+        refused = forbidden(caller, clients)
+        return refused if refused is not None else await handler(request)
 
     return authorized

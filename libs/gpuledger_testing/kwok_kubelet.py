@@ -17,6 +17,11 @@ ListAndWatch, Allocate, PodResources, restart) and tied to the API server as kub
 - ``restart()`` does what a kubelet restart does: sockets deleted, ``kubelet.sock`` recreated, the
   devices assigned to pods kept (the checkpoint), the pods listed again (admitted ones stay so).
 
+With ``dra`` (``KwokDraSettings``) the node also has kubelet's DRA side (``kwok_dra``): plugins
+register through ``dra.registry_dir``, and an admitted pod with ``spec.resourceClaims`` gets its
+condition only once its claims were prepared (a failed prepare is retried, never fails the pod);
+its claims are unprepared when it is gone. Without it the node behaves as before.
+
 Every API call has a deadline; the watch and the writes retry with back-off while the API server is
 away. All background work runs in one task group, started on enter and closed on exit.
 """
@@ -42,9 +47,10 @@ from gpuledger_testing.kubelet_pods import (
     status_says_admitted,
     uid,
 )
+from gpuledger_testing.kwok_dra import KwokDra, KwokDraSettings
 from gpuledger_testing.kwok_sync import GPU, KwokKubeletSettings, patch_pod_status, watch_pods, write_node_devices
 
-__all__ = ["GPU", "KwokKubelet", "KwokKubeletSettings"]
+__all__ = ["GPU", "KwokDraSettings", "KwokKubelet", "KwokKubeletSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,7 @@ class KwokKubelet:
         pod_resources_socket: str | os.PathLike[str],
         access: Access,
         settings: KwokKubeletSettings | None = None,
+        dra: KwokDraSettings | None = None,
     ) -> None:
         settings = settings or KwokKubeletSettings()
         self.node, self.settings = node, settings
@@ -69,6 +76,7 @@ class KwokKubelet:
             rpc_timeout_s=settings.rpc_timeout_s,
         )
         self._api = KubeApi(access, timeout_s=settings.call_timeout_s)
+        self.dra = None if dra is None else KwokDra(node, dra, self._api, settings, self._notify)
         self._pods: dict[str, dict[str, Any]] = {}  # uid -> the pod as last seen
         self._admitted: set[str] = set()  # with the device manager's assignments: the checkpoint
         self.admissions: dict[str, Admitted] = {}  # uid -> what Allocate answered, per container
@@ -154,6 +162,8 @@ class KwokKubelet:
 
     async def __aexit__(self, *exc: object) -> None:
         await self._stop()
+        if self.dra is not None:
+            self.dra.close()
         await self.device_manager.stop()
         await self._api.__aexit__()
         if self._failure is not None and exc[0] is None:
@@ -166,6 +176,8 @@ class KwokKubelet:
         self._pods.clear()
         self._queue, self._queued = asyncio.Queue(), set()
         self.node_status = None
+        if self.dra is not None:
+            self.dra.restart()
         self.restarts += 1
         self._start()
 
@@ -183,6 +195,8 @@ class KwokKubelet:
         api, node, settings = self._api, self.node, self.settings
         try:
             async with asyncio.TaskGroup() as group:
+                if self.dra is not None:
+                    self.dra.begin(group)
                 group.create_task(watch_pods(api, node, settings, self._listed, self._changed))
                 group.create_task(self._admit_pods())
                 group.create_task(
@@ -192,6 +206,9 @@ class KwokKubelet:
             log.exception("the kubelet of node %s stopped", self.node)
             self._failure = err
             self._notify()
+        finally:
+            if self.dra is not None:
+                self.dra.end()
 
     def _notify(self) -> None:
         pulse, self._pulse = self._pulse, asyncio.Event()
@@ -208,7 +225,8 @@ class KwokKubelet:
     def _listed(self, pods: list[dict[str, Any]]) -> None:
         """A fresh list: what we hold for pods not in it is freed (they went while we were away)."""
         listed = {uid(p) for p in pods}
-        for gone in (set(self._pods) | self._admitted | set(self.assignments)) - listed:
+        held = self.dra.users() if self.dra is not None else set()
+        for gone in (set(self._pods) | self._admitted | set(self.assignments) | held) - listed:
             self._release(gone)
         for pod in pods:
             self._observe(pod)
@@ -251,6 +269,8 @@ class KwokKubelet:
         self._admitted.discard(pod_uid)
         self.admissions.pop(pod_uid, None)
         self.device_manager.remove_uid(pod_uid)
+        if self.dra is not None:
+            self.dra.pod_gone(pod_uid)
         self._notify()
 
     # --- admission ---
@@ -271,8 +291,8 @@ class KwokKubelet:
             pod = self._pods.get(pod_uid)
             if pod is None or is_deleting(pod):
                 continue
-            if pod_uid in self._admitted:  # the condition was not written before a restart
-                await self._patch_pod(pod, admitted_patch(pod_uid))
+            if pod_uid in self._admitted:  # its claims not prepared yet, or the condition not written
+                await self._let_run(pod)
                 continue
             await self._admit(pod)
 
@@ -296,7 +316,20 @@ class KwokKubelet:
         self._admitted.add(pod_uid)
         self.admissions[pod_uid] = admitted
         self._notify()
-        await self._patch_pod(pod, admitted_patch(pod_uid))
+        await self._let_run(pod)
+
+    async def _let_run(self, pod: dict[str, Any]) -> None:
+        """What kubelet does before the sandbox: the pod's claims prepared (on their own, retried),
+        then the condition that lets kwok run it."""
+        if self.dra is None or self.dra.ready(pod):
+            await self._patch_pod(pod, admitted_patch(uid(pod)))
+        else:
+            self.dra.start(uid(pod), self._pods.get, self._started)
+
+    async def _started(self, pod_uid: str) -> None:
+        pod = self._pods.get(pod_uid)
+        if pod is not None:
+            await self._patch_pod(pod, admitted_patch(pod_uid))
 
     async def _patch_pod(self, pod: dict[str, Any], body: dict[str, Any]) -> None:
         pod_uid = uid(pod)

@@ -20,6 +20,8 @@ claims; a claim no local pod uses is unprepared (NodeUnprepareResources, retried
 and leaves the cache. ``restart()`` keeps the cache (kubelet's checkpoint) but forgets which
 claims were prepared and which plugins registered (kubelet's in-memory state): pods that had not
 started are prepared again (a repeat the plugin answers idempotently), started ones are not.
+With ``wipe_slices`` every start deletes the node's ResourceSlices, as kubelet's does (the drivers
+publish them again).
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ from typing import Any
 from gpuledger_testing.controlplane.api import ApiError, KubeApi
 from gpuledger_testing.kubelet_pods import is_deleting
 from gpuledger_testing.kwok_dra_claims import (
+    FAILED_PREPARE,
     ClaimInfo,
     PodClaim,
     PrepareError,
     claim_drivers,
     container_cdi_ids,
+    failed_prepare_event,
     foreign_devices,
     has_claims,
     pod_claims,
@@ -49,12 +53,12 @@ from gpuledger_testing.kwok_dra_claims import (
 from gpuledger_testing.kwok_dra_plugins import DraPlugin, KwokDraSettings, PluginWatcher
 from gpuledger_testing.kwok_sync import UNREACHABLE, Backoff, KwokKubeletSettings
 
-__all__ = ["KwokDra", "KwokDraSettings"]
+__all__ = ["FAILED_PREPARE", "KwokDra", "KwokDraSettings"]
 
 log = logging.getLogger(__name__)
 
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
-FAILED_PREPARE = "FailedPrepareDynamicResources"
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 PodOf = Callable[[str], dict[str, Any] | None]
 Started = Callable[[str], Awaitable[None]]
@@ -76,6 +80,7 @@ class KwokDra:
         self.attempts: dict[str, int] = {}  # pod uid -> how many times its claims were tried
         self.prepare_calls: list[tuple[str, ...]] = []  # the claim UIDs of every NodePrepareResources
         self.unprepare_calls: list[tuple[str, ...]] = []  # and of every NodeUnprepareResources
+        self.wipes = 0  # how many times the node's ResourceSlices were deleted at a start
         self._ready: set[str] = set()  # pods whose claims were prepared since the last start
         self._events: dict[str, str] = {}  # pod uid -> the last message written as an Event
         self._tasks: dict[str, asyncio.Task[None]] = {}  # pod uid -> its prepare loop
@@ -112,6 +117,8 @@ class KwokDra:
         self._group = group
         group.create_task(self.watcher.run(), name=f"kwok-dra-plugins-{self.node}")
         group.create_task(self._unprepare_idle(), name=f"kwok-dra-unprepare-{self.node}")
+        if self.settings.wipe_slices:
+            group.create_task(self._wipe_slices(), name=f"kwok-dra-wipe-{self.node}")
 
     def end(self) -> None:
         """The kubelet's task group is done (its tasks are cancelled)."""
@@ -119,7 +126,7 @@ class KwokDra:
         self._tasks.clear()
 
     def restart(self) -> None:
-        """After ``run`` was cancelled: kubelet's memory goes, its checkpoint (the cache) stays."""
+        """After the kubelet's task group ended: kubelet's memory goes, its checkpoint (the cache) stays."""
         self.watcher.forget()
         for info in self.claims.values():
             info.prepared = False
@@ -177,23 +184,30 @@ class KwokDra:
         self._changed()
         if self._events.get(meta["uid"]) != message:
             self._events[meta["uid"]] = message
-            await self._event(pod, f"Failed to prepare dynamic resources: {message}")
+            await self._event(pod, message)
 
     async def _event(self, pod: dict[str, Any], message: str) -> None:
-        meta, now = pod["metadata"], datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "metadata": {"generateName": f"{meta['name']}."},
-            "involvedObject": {
-                "apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"], "name": meta["name"],
-                "uid": meta["uid"],
-            },
-            "reason": FAILED_PREPARE, "message": message, "type": "Warning", "count": 1,
-            "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "kubelet", "host": self.node},
-        }  # fmt: skip
+        body = failed_prepare_event(pod, self.node, message, datetime.now(UTC))
         try:
-            await self._api.create(f"/api/v1/namespaces/{meta['namespace']}/events", body)
+            await self._api.create(f"/api/v1/namespaces/{pod['metadata']['namespace']}/events", body)
         except (ApiError, *UNREACHABLE) as err:  # events are best effort, as kubelet's are
-            log.info("node %s: event for pod %s not written: %r", self.node, meta["name"], err)
+            log.info("node %s: event for pod %s not written: %r", self.node, pod["metadata"]["name"], err)
+
+    async def _wipe_slices(self) -> None:
+        """kubelet's start: no local ResourceSlice stays until the drivers' plugins are back (the
+        drivers publish them again)."""
+        backoff, selector = Backoff(self._kubelet), f"spec.nodeName={self.node}"
+        while True:
+            try:
+                await self._api.call("DELETE", SLICES, params={"fieldSelector": selector})
+            except (ApiError, *UNREACHABLE) as err:
+                log.info("node %s: deleting the node's ResourceSlices failed, will retry: %r", self.node, err)
+                await backoff.sleep()
+                continue
+            self.wipes += 1
+            log.info("node %s: the node's ResourceSlices deleted (kubelet start)", self.node)
+            self._changed()
+            return
 
     # --- prepare ---
 

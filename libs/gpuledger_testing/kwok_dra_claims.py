@@ -20,9 +20,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 PLUGIN_TYPE = "DRAPlugin"
+FAILED_PREPARE = "FailedPrepareDynamicResources"  # the reason of kubelet's Event
 V1, V1BETA1 = "v1.DRAPlugin", "v1beta1.DRAPlugin"
 KUBELET_SERVICES = (V1, V1BETA1)  # the order kubelet prefers does not matter: the plugin's order does
 _CDI_ID = re.compile(r"(?P<vendor>[A-Za-z0-9][A-Za-z0-9_.-]*)/(?P<class>[A-Za-z0-9][A-Za-z0-9_.-]*)=(?P<name>\S+)")
@@ -196,3 +198,20 @@ def container_cdi_ids(pod: Mapping[str, Any], container: str, infos: Mapping[tup
         if info is not None:
             found += info.cdi_ids(str(ref.get("request") or ""))
     return found
+
+
+def failed_prepare_event(pod: Mapping[str, Any], node: str, message: str, now: datetime) -> dict[str, Any]:
+    """kubelet's Warning Event on the pod: ``Failed to prepare dynamic resources: <message>``."""
+    meta, stamp = pod["metadata"], now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    involved = {"apiVersion": "v1", "kind": "Pod", "namespace": meta["namespace"], "name": meta["name"]}
+    return {
+        "metadata": {"generateName": f"{meta['name']}."},
+        "involvedObject": {**involved, "uid": meta["uid"]},
+        "reason": FAILED_PREPARE,
+        "message": f"Failed to prepare dynamic resources: {message}",
+        "type": "Warning",
+        "count": 1,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "source": {"component": "kubelet", "host": node},
+    }

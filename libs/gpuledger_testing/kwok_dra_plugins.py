@@ -44,6 +44,7 @@ class KwokDraSettings:
     register_timeout_s: float = 1.0  # GetInfo and NotifyRegistrationStatus (kubelet: 1 s)
     poll_s: float = 0.1  # the registration directory is looked at this often
     retry_s: float = 1.0  # a socket whose registration failed is tried again after this
+    wipe_slices: bool = False  # delete the node's ResourceSlices at every start, as kubelet does
 
     def __post_init__(self) -> None:
         for name in ("registry_dir", "cdi_dir"):

@@ -120,12 +120,15 @@ class Node:
 
 
 @contextlib.asynccontextmanager
-async def dra_kubelet_node(cp: ControlPlane, server: NatsServer, binding_conditions: bool) -> AsyncIterator[Node]:
-    """A kwok node in DRA mode with the kubelet and its DRA side running (the plugin is not)."""
+async def dra_kubelet_node(
+    cp: ControlPlane, server: NatsServer, binding_conditions: bool, wipe_slices: bool = False, **inventory: Any
+) -> AsyncIterator[Node]:
+    """A kwok node in DRA mode with the kubelet and its DRA side running (the plugin is not);
+    ``inventory``: more of the inventory's settings."""
     assert cp.access is not None
     await asyncio.to_thread(cp.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
     work = Path(tempfile.mkdtemp(prefix="gl-dk-", dir="/tmp"))  # unix socket paths must stay short
-    node_cm = dra_node(cp, server, inventory_interval_s=1.0, dra_binding_conditions=binding_conditions)
+    node_cm = dra_node(cp, server, inventory_interval_s=1.0, dra_binding_conditions=binding_conditions, **inventory)
     try:
         async with node_cm as node, namespace(node.api, node.name) as ns:
             await published(node)
@@ -135,7 +138,7 @@ async def dra_kubelet_node(cp: ControlPlane, server: NatsServer, binding_conditi
                 cdi_dir=str(work / "cdi"), kubeconfig=str(cp.admin_kubeconfig), http_host="127.0.0.1", http_port=0,
                 socket_poll_s=0.05, nats_url=server.url,
             )  # fmt: skip
-            dra = KwokDraSettings(registry_dir=plugin.registry_dir, cdi_dir=plugin.cdi_dir, poll_s=0.05)
+            dra = KwokDraSettings(plugin.registry_dir, plugin.cdi_dir, poll_s=0.05, wipe_slices=wipe_slices)
             async with KwokKubelet(node.name, work / "dp", work / "pr.sock", cp.access, QUICK, dra) as kubelet:
                 yield Node(node, ns, kubelet, plugin)
     finally:
@@ -164,6 +167,15 @@ async def registered(node: Node, plugin: RunningDra, n: int = 1) -> None:
 
 async def _set(event: asyncio.Event) -> bool:
     return event.is_set()
+
+
+async def slice_uids(node: Node) -> set[str]:
+    return {s["metadata"]["uid"] for s in await node.dra_node.slices()}
+
+
+async def _new_slices(node: Node, before: set[str]) -> bool:
+    now = await slice_uids(node)
+    return bool(now) and not now & before
 
 
 def conditions(pod: dict[str, Any]) -> set[str]:
@@ -238,12 +250,12 @@ async def test_a_claim_the_plugin_refuses_keeps_its_pod_pending_until_the_ledger
 async def test_a_restart_registers_again_prepares_nothing_twice_and_a_shared_claim_goes_with_its_last_pod(
     control_plane: ControlPlane, nats: NatsServer
 ) -> None:
-    async with (
-        running_allocator(nats.url),
-        ledger_side(nats, control_plane),
-        dra_kubelet_node(control_plane, nats, binding_conditions=False) as node,
-    ):
+    # kubelet deletes the node's slices at every start; the inventory reads them back every second.
+    node_cm = dra_kubelet_node(control_plane, nats, binding_conditions=False, wipe_slices=True, dra_resync_s=1.0)
+    async with running_allocator(nats.url), ledger_side(nats, control_plane), node_cm as node:
         await wait_for(lambda: node_in_ledger(nats, node.dra_node.name), 30, "the node in the ledger", 0.2)
+        await node.kubelet.wait_for(lambda k: node.dra.wipes == 1, 15)
+        before = await wait_for(lambda: slice_uids(node), 15, "the slices published again", 0.1)
         async with running(node.plugin) as plugin:
             await registered(node, plugin)
             first = await node.claim_pod("first", "one")
@@ -254,8 +266,9 @@ async def test_a_restart_registers_again_prepares_nothing_twice_and_a_shared_cla
 
             await node.kubelet.restart()
             await registered(node, plugin, 2)
-            await node.kubelet.wait_for(lambda k: k.lists >= 2)
+            await node.kubelet.wait_for(lambda k: k.lists >= 2 and node.dra.wipes == 2)
             assert node.dra.registrations == 2 and node.kubelet.restarts == 1
+            await wait_for(lambda: _new_slices(node, before), 15, "the slices deleted and published again", 0.1)
             assert node.dra.claims[(node.ns, "one")].pods == {first}  # the checkpoint kept its user
 
             second = await node.claim_pod("second", "two")

@@ -4,6 +4,7 @@ worded as kubelet words it."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from gpuledger_testing.kwok_dra_claims import (
     choose_service,
     claim_drivers,
     container_cdi_ids,
+    failed_prepare_event,
     foreign_devices,
     has_claims,
     parse_cdi_id,
@@ -188,3 +190,19 @@ def test_settings_want_absolute_directories_and_positive_deadlines() -> None:
         KwokDraSettings("reg", "/cdi")
     with pytest.raises(ValueError, match="must be > 0"):
         KwokDraSettings("/reg", "/cdi", poll_s=0)
+
+
+def test_a_failed_prepare_is_told_as_kubelets_warning_event_on_the_pod() -> None:
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    event = failed_prepare_event(pod([]), "node-a", "prepare dynamic resources: no", now)
+    assert event == {
+        "metadata": {"generateName": "p."},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": "ns", "name": "p", "uid": "pod-1"},
+        "reason": "FailedPrepareDynamicResources",
+        "message": "Failed to prepare dynamic resources: prepare dynamic resources: no",
+        "type": "Warning",
+        "count": 1,
+        "firstTimestamp": "2026-01-02T03:04:05Z",
+        "lastTimestamp": "2026-01-02T03:04:05Z",
+        "source": {"component": "kubelet", "host": "node-a"},
+    }

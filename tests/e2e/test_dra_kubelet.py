@@ -6,7 +6,8 @@ the plugin refuses keeps its pod Pending, never Failed, with the reason recorded
 until the cause is gone; deleting the pod unprepares the claim; a kubelet restart registers the
 plugin again and prepares nothing twice; a claim two pods share is unprepared after the last; a
 pod's claim made from a template (by kube-controller-manager) is found through the pod's status and
-unprepared when the pod finishes. And kubelet's plugin watcher alone, against registration sockets
+unprepared when the pod finishes; what a plugin answers is checked (devices allocated to the claim,
+every claim answered, every CDI id resolved on disk). And kubelet's plugin watcher alone, against registration sockets
 written here: what it refuses and why, the service it picks, a socket that goes."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import contextlib
 import json
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from gpuledger_inventory.slices import DRIVER
 from gpuledger_plugin.dra.app import RunningDra, running
 from gpuledger_plugin.dra.settings import DraSettings
 from gpuledger_proto import pluginregistration as reg
+from gpuledger_proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from gpuledger_proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_beta
 from gpuledger_testing.controlplane.api import KubeApi
 from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
@@ -46,6 +48,7 @@ from tests.e2e.dra_helpers import (
     CLAIMS,
     SCHEDULER,
     DraNode,
+    allocated_claim,
     claim_pod,
     dra_node,
     ensure_device_class,
@@ -176,6 +179,10 @@ async def slice_uids(node: Node) -> set[str]:
 async def _new_slices(node: Node, before: set[str]) -> bool:
     now = await slice_uids(node)
     return bool(now) and not now & before
+
+
+def failed_with(node: Node, pod_uid: str, text: str) -> Callable[[KwokKubelet], bool]:
+    return lambda _: text in node.dra.failures.get(pod_uid, "")
 
 
 def conditions(pod: dict[str, Any]) -> set[str]:
@@ -404,3 +411,84 @@ async def _registered(watcher: PluginWatcher, driver: str, wanted: bool = True) 
 
 async def _at_least(items: list[Any], n: int) -> bool:
     return len(items) >= n
+
+
+class AnsweringPlugin(dra_v1.DraPluginBase):  # type: ignore[misc]
+    """A DRA plugin of our driver written here, answering as ``mode`` says, for the claim's
+    allocated ``device`` (pool, device, share id); ``good`` writes a CDI spec first."""
+
+    def __init__(self, cdi_dir: Path) -> None:
+        self.cdi_dir, self.mode, self.device = cdi_dir, "not yet", ("", "", "")
+        self.unprepared: list[str] = []
+
+    async def node_prepare_resources(
+        self, request: dra_v1.NodePrepareResourcesRequest
+    ) -> dra_v1.NodePrepareResourcesResponse:
+        if self.mode == "skip":
+            return dra_v1.NodePrepareResourcesResponse(claims={})
+        answers = {c.uid: self._answer(c.uid) for c in request.claims}
+        return dra_v1.NodePrepareResourcesResponse(claims=answers)
+
+    def _answer(self, claim_uid: str) -> dra_v1.NodePrepareResourceResponse:
+        pool, device, share = self.device
+        name = f"{claim_uid}-{device}"
+        if self.mode == "foreign":
+            device = "gpu-7"
+        elif self.mode == "good":
+            spec = {"cdiVersion": "0.3.0", "kind": "example.com/claim", "devices": [{"name": name}]}
+            self.cdi_dir.mkdir(parents=True, exist_ok=True)
+            (self.cdi_dir / f"example.com-claim_{claim_uid}.json").write_text(json.dumps(spec))
+        elif self.mode == "not yet":
+            return dra_v1.NodePrepareResourceResponse(error="not yet")
+        answer = dra_v1.Device(["gpu"], pool, device, [f"example.com/claim={name}"], share or None)
+        return dra_v1.NodePrepareResourceResponse(devices=[answer])
+
+    async def node_unprepare_resources(
+        self, request: dra_v1.NodeUnprepareResourcesRequest
+    ) -> dra_v1.NodeUnprepareResourcesResponse:
+        for claim in request.claims:
+            self.unprepared.append(claim.uid)
+            (self.cdi_dir / f"example.com-claim_{claim.uid}.json").unlink(missing_ok=True)
+        return dra_v1.NodeUnprepareResourcesResponse(
+            claims={c.uid: dra_v1.NodeUnprepareResourceResponse() for c in request.claims}
+        )
+
+
+async def test_what_a_plugin_answers_is_checked_before_the_pod_may_run(
+    control_plane: ControlPlane, nats: NatsServer
+) -> None:
+    async with dra_kubelet_node(control_plane, nats, binding_conditions=False) as node:
+        registry, cdi_dir = Path(node.plugin.registry_dir), Path(node.plugin.cdi_dir)
+        endpoint = str(registry.parent / "answering.sock")
+        info = reg.PluginInfo("DRAPlugin", DRIVER, endpoint, ["v1.DRAPlugin"])
+        plugin = AnsweringPlugin(cdi_dir)
+        servers = [Server([FakeRegistration(info)]), Server([plugin])]
+        await asyncio.to_thread(registry.mkdir, parents=True, exist_ok=True)
+        await servers[0].start(path=str(registry / f"{DRIVER}-reg.sock"))
+        await servers[1].start(path=endpoint)
+        try:
+            await node.kubelet.wait_for(lambda k: DRIVER in node.dra.plugins, 15)
+            pod_uid = await node.claim_pod("app", "gpu")
+            claim = await allocated_claim(node.api, node.ns, "gpu")
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            plugin.device = (result["pool"], result["device"], result.get("shareID", ""))
+            failures = {
+                "skip": "NodePrepareResources skipped 1 ResourceClaims",
+                "foreign": f"NodePrepareResources gave gpu devices not allocated to it: ['{result['pool']}/gpu-7 ",
+                "unresolvable": f"unresolvable CDI devices example.com/claim={claim['metadata']['uid']}-",
+            }
+            for mode, expected in failures.items():
+                plugin.mode = mode
+                await node.kubelet.wait_for(failed_with(node, pod_uid, expected), 15)
+                pod = await node.get("app")
+                assert pod["status"]["phase"] == "Pending" and ADMITTED not in conditions(pod)
+            plugin.mode = "good"
+            pod = await node.running("app")
+            assert node.dra.cdi_ids(pod, "app") == [f"example.com/claim={claim['metadata']['uid']}-{result['device']}"]
+            await node.delete("app")
+            await node.kubelet.wait_for(lambda k: not node.dra.claims, 30)
+            assert plugin.unprepared == [claim["metadata"]["uid"]] and node.specs() == {}
+        finally:
+            for server in servers:
+                server.close()
+                await server.wait_closed()

@@ -4,6 +4,8 @@ specs, and what it remembers of prepared claims (pure; kubelet's ``cm/dra`` at v
 - A pod's claims (``pod_claims``): ``spec.resourceClaims[].resourceClaimName``, or for a template
   the name kube-controller-manager generated, from ``status.resourceClaimStatuses`` (a generated
   claim must be controlled by the pod). A template whose claim is not created yet is an error.
+  A pod asking for an extended resource that a DeviceClass serves (``DRAExtendedResource``) uses
+  the claim kube-scheduler made for it, ``status.extendedResourceClaimStatus``.
 - A claim may be used (``claim_drivers``) when it is allocated and lists the pod's UID in
   ``status.reservedFor``; the drivers of its allocation's results are the plugins to call.
 - A plugin registers with type ``DRAPlugin``; kubelet takes the first of its supported services
@@ -22,6 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from gpuledger_testing import quantity
 
 PLUGIN_TYPE = "DRAPlugin"
 FAILED_PREPARE = "FailedPrepareDynamicResources"  # the reason of kubelet's Event
@@ -79,7 +83,8 @@ class ClaimInfo:
 
 
 def has_claims(pod: Mapping[str, Any]) -> bool:
-    return bool((pod.get("spec") or {}).get("resourceClaims"))
+    status = pod.get("status") or {}
+    return bool((pod.get("spec") or {}).get("resourceClaims") or status.get("extendedResourceClaimStatus"))
 
 
 def pod_claims(pod: Mapping[str, Any]) -> list[PodClaim]:
@@ -102,6 +107,9 @@ def pod_claims(pod: Mapping[str, Any]) -> list[PodClaim]:
                 f'pod "{meta["namespace"]}/{meta["name"]}", spec.resourceClaim "{name}": '
                 "none of the supported fields are set"
             )
+    extended = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    if extended.get("resourceClaimName"):
+        found.append(PodClaim("", str(extended["resourceClaimName"]), generated=False))
     return found
 
 
@@ -184,20 +192,44 @@ def unresolved(cdi_ids: Iterable[str], specs: Iterable[Mapping[str, Any]]) -> li
 
 def container_cdi_ids(pod: Mapping[str, Any], container: str, infos: Mapping[tuple[str, str], ClaimInfo]) -> list[str]:
     """kubelet's ``GetResources``: the CDI ids a container of the pod is given, by the claims (and
-    requests) its ``resources.claims`` name; ``infos`` by (namespace, claim name)."""
+    requests) its ``resources.claims`` name, and by the extended resources it asks for that the
+    pod's extended-resource claim maps to requests; ``infos`` by (namespace, claim name)."""
     spec = pod.get("spec") or {}
     every = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
     wanted = next((c for c in every if c["name"] == container), None)
     if wanted is None:
         return []
-    by_pod_name = {c.name: c.claim for c in pod_claims(pod)}
+    by_pod_name = {c.name: c.claim for c in pod_claims(pod) if c.name}
+    requests = [(by_pod_name.get(r.get("name", "")), str(r.get("request") or "")) for r in _claims_of(wanted)]
+    extended = (pod.get("status") or {}).get("extendedResourceClaimStatus") or {}
+    asked = _extended_asked(wanted)
+    for mapping in extended.get("requestMappings") or []:
+        if mapping.get("containerName") == container and mapping.get("resourceName") in asked:
+            requests.append((extended.get("resourceClaimName"), str(mapping.get("requestName", ""))))
     found: list[str] = []
-    for ref in (wanted.get("resources") or {}).get("claims") or []:
-        claim = by_pod_name.get(ref.get("name", ""))
+    for claim, request in requests:
         info = None if claim is None else infos.get((pod["metadata"]["namespace"], claim))
         if info is not None:
-            found += info.cdi_ids(str(ref.get("request") or ""))
+            found += info.cdi_ids(request)
     return found
+
+
+def _claims_of(container: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return list((container.get("resources") or {}).get("claims") or [])
+
+
+def _extended_asked(container: Mapping[str, Any]) -> set[str]:
+    """The resources the container requests a non-zero amount of (requests, else limits)."""
+    resources = container.get("resources") or {}
+    amounts = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    return {name for name, amount in amounts.items() if _positive(str(amount))}
+
+
+def _positive(amount: str) -> bool:
+    try:
+        return quantity.parse(amount.strip()).value > 0
+    except ValueError:
+        return False
 
 
 def failed_prepare_event(pod: Mapping[str, Any], node: str, message: str, now: datetime) -> dict[str, Any]:

@@ -6,7 +6,8 @@ the plugin refuses keeps its pod Pending, never Failed, with the reason recorded
 until the cause is gone; deleting the pod unprepares the claim; a kubelet restart registers the
 plugin again and prepares nothing twice; a claim two pods share is unprepared after the last; a
 pod's claim made from a template (by kube-controller-manager) is found through the pod's status and
-unprepared when the pod finishes; what a plugin answers is checked (devices allocated to the claim,
+unprepared when the pod finishes, and an extended resource a DeviceClass serves through the claim
+kube-scheduler made for the pod; what a plugin answers is checked (devices allocated to the claim,
 every claim answered, every CDI id resolved on disk). And kubelet's plugin watcher alone, against registration sockets
 written here: what it refuses and why, the service it picks, a socket that goes."""
 
@@ -328,6 +329,45 @@ async def test_a_claim_from_a_template_is_prepared_for_its_pod_and_unprepared_wh
             await node.kubelet.wait_for(lambda k: not node.dra.claims, 30)
             assert (await node.get("job"))["status"]["phase"] == "Succeeded"
             assert node.dra.unprepare_calls == [(info.uid,)] and node.specs() == {}
+
+
+async def test_an_extended_resource_served_by_a_device_class_is_prepared_through_the_pods_special_claim(
+    control_plane: ControlPlane, nats: NatsServer
+) -> None:
+    async with (
+        running_allocator(nats.url),
+        ledger_side(nats, control_plane),
+        dra_kubelet_node(control_plane, nats, binding_conditions=False) as node,
+    ):
+        await wait_for(lambda: node_in_ledger(nats, node.dra_node.name), 30, "the node in the ledger", 0.2)
+        resource = f"{node.dra_node.name}.example.com/gpu"  # the node advertises none: DRA serves it
+        class_name = f"{node.dra_node.name}.example.com"
+        device_class = {
+            "metadata": {"name": class_name},
+            "spec": {
+                "extendedResourceName": resource,
+                "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
+            },
+        }
+        await node.api.create("/apis/resource.k8s.io/v1/deviceclasses", device_class)
+        try:
+            body = claim_pod("ext", node.dra_node.name, "unused")
+            del body["spec"]["resourceClaims"]
+            body["spec"]["containers"] = [{"name": "app", "image": "cuda", "resources": {"limits": {resource: "1"}}}]
+            async with running(node.plugin) as plugin:
+                await registered(node, plugin)
+                made = await node.api.create(f"/api/v1/namespaces/{node.ns}/pods", body)
+                pod = await node.running("ext")
+                special = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+                info = node.dra.claims[(node.ns, special)]
+                assert info.prepared and info.pods == {made["metadata"]["uid"]}
+                (cdi_id,) = node.dra.cdi_ids(pod, "app")
+                assert node.spec_ids() == {cdi_id}
+                await node.delete("ext")
+                await node.kubelet.wait_for(lambda k: not node.dra.claims, 30)
+                assert node.specs() == {}
+        finally:
+            await node.api.delete(f"/apis/resource.k8s.io/v1/deviceclasses/{class_name}")
 
 
 class FakeRegistration(reg.RegistrationBase):  # type: ignore[misc]

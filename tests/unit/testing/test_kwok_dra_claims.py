@@ -206,3 +206,30 @@ def test_a_failed_prepare_is_told_as_kubelets_warning_event_on_the_pod() -> None
         "lastTimestamp": "2026-01-02T03:04:05Z",
         "source": {"component": "kubelet", "host": "node-a"},
     }
+
+
+def test_an_extended_resource_served_by_dra_uses_the_claim_the_scheduler_made_for_the_pod() -> None:
+    extended = {
+        "resourceClaimName": "p-extended-resources-x2",
+        "requestMappings": [
+            {"containerName": "app", "resourceName": "example.com/gpu", "requestName": "container-0-request-0"},
+            {"containerName": "side", "resourceName": "example.com/gpu", "requestName": "container-1-request-0"},
+        ],
+    }
+    containers = [
+        {"name": "app", "resources": {"limits": {"example.com/gpu": "1"}}},
+        {"name": "side", "resources": {"requests": {"example.com/gpu": "0"}}},
+    ]
+    found = pod([], containers=containers)
+    assert not has_claims(found)
+    found["status"]["extendedResourceClaimStatus"] = extended
+    assert has_claims(found)
+    assert pod_claims(found) == [PodClaim("", "p-extended-resources-x2", generated=False)]
+    info = ClaimInfo("claim-2", "ns", "p-extended-resources-x2", frozenset({"gpu.gpuledger.io"}), {"pod-1"})
+    info.devices["gpu.gpuledger.io"] = (
+        PreparedDevice(("container-0-request-0",), "node-a", "gpu-0", ("k/c=app",)),
+        PreparedDevice(("container-1-request-0",), "node-a", "gpu-1", ("k/c=side",)),
+    )
+    infos = {("ns", "p-extended-resources-x2"): info}
+    assert container_cdi_ids(found, "app", infos) == ["k/c=app"]
+    assert container_cdi_ids(found, "side", infos) == []  # asks for none of it

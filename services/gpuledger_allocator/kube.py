@@ -16,12 +16,13 @@ the way, a later page included, is ``Unavailable``: a listing is used whole or n
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+import orjson
 
 from gpuledger_allocator.reconcile import PodSeen
 from gpuledger_core import codec
@@ -210,7 +211,7 @@ def pod_from(raw: Mapping[str, Any]) -> PodSeen:
 
 def _allocation(annotation: Any, pod: str) -> Allocation | None:
     try:
-        return codec.allocation_from(codec.Reader(json.loads(str(annotation)), ALLOCATION_ANNOTATION))
+        return codec.allocation_from(codec.Reader(orjson.loads(str(annotation)), ALLOCATION_ANNOTATION))
     except (ValueError, GpuledgerError) as err:
         log.warning("pod %s: ignoring malformed %s annotation: %s", pod, ALLOCATION_ANNOTATION, err)
         return None
@@ -229,7 +230,8 @@ def _obj(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 
 
 def _json(data: bytes) -> Any:
+    """A body or a watch line (orjson: the watch brings every change of every pod followed)."""
     try:
-        return json.loads(data) if data else None
+        return orjson.loads(data) if data else None
     except ValueError:
         return None

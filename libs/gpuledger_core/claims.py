@@ -30,6 +30,7 @@ from gpuledger_core.model import (
     Card,
     CardShare,
     Grant,
+    Isolation,
     Node,
     Owner,
     OwnerKind,
@@ -40,6 +41,8 @@ from gpuledger_core.quantity import MIB, whole_up
 MiB = MIB
 DEVICE_PREFIX = "gpu-"  # the inventory names each card's device gpu-<index>
 MEMORY_STEP_MIB = 256  # the slices' memory grid (the inventory's --dra-memory-step-mib)
+SHARING_API = "gpuledger.io/v1alpha1"  # the opaque configuration a DeviceClass or claim passes our driver
+SHARING_KIND = "SharingConfig"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ class AllocatedDevice:
     memory_bytes: int | None = None  # consumedCapacity["memory"]; None: the device is not shared
     compute: int | None = None  # consumedCapacity["compute"], percent
     binding_conditions: tuple[str, ...] = ()  # what kube-scheduler waits for before it binds the pod
+    chosen: str = ""  # the result's request as written (``main/sub`` for a firstAvailable choice)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -81,6 +85,7 @@ class ClaimAllocation:
     ref: ClaimRef
     devices: tuple[AllocatedDevice, ...]
     pods: tuple[str, ...]  # the UIDs of the pods in status.reservedFor
+    isolation: Isolation = Isolation.NONE  # from the opaque SharingConfig of the class or claim
 
 
 def ref_of(raw: Mapping[str, Any]) -> ClaimRef:
@@ -115,7 +120,7 @@ def allocation_of(raw: Mapping[str, Any], ref: ClaimRef, driver: str, node: str)
         pools = sorted({d.pool for d in ours})
         where = f" (its {driver} devices are in pools {', '.join(pools)})" if pools else ""
         raise FailedPrecondition(f"{ref.describe()} holds no {driver} device on node {node}{where}")
-    return ClaimAllocation(ref, here, pods)
+    return ClaimAllocation(ref, here, pods, isolation_of(raw, driver, here))
 
 
 def _device(result: Mapping[str, Any], ref: ClaimRef) -> AllocatedDevice:
@@ -131,7 +136,56 @@ def _device(result: Mapping[str, Any], ref: ClaimRef) -> AllocatedDevice:
         memory_bytes=None if memory is None else whole_up(memory, f"{ref.describe()} consumedCapacity memory"),
         compute=None if compute is None else whole_up(compute, f"{ref.describe()} consumedCapacity compute"),
         binding_conditions=tuple(str(c) for c in result.get("bindingConditions") or ()),
+        chosen=str(result.get("request", "")),
     )
+
+
+def isolation_of(raw: Mapping[str, Any], driver: str, devices: Sequence[AllocatedDevice]) -> Isolation:
+    """The isolation the claim's devices get from the opaque configuration of our driver that
+    applies to their requests (``status.allocation.devices.config``: the class's first, then the
+    claim's, the later winning), ``none`` where none applies. The ledger holds one isolation per
+    allocation, so a claim whose devices would get different ones is refused."""
+    configs = ((raw.get("status") or {}).get("allocation") or {}).get("devices", {}).get("config") or []
+    ordered = [c for c in configs if c.get("source") == "FromClass"] + [
+        c for c in configs if c.get("source") != "FromClass"
+    ]
+    found: set[Isolation] = set()
+    for device in devices:
+        chosen = Isolation.NONE
+        for config in ordered:
+            opaque = config.get("opaque") or {}
+            if opaque.get("driver") != driver or not _applies(config.get("requests") or [], device):
+                continue
+            chosen = _sharing(opaque.get("parameters"), ref_of(raw))
+        found.add(chosen)
+    if len(found) > 1:
+        raise InvalidArgument("config", f"{ref_of(raw).describe()}: its devices ask for isolation none and mps at once")
+    return found.pop() if found else Isolation.NONE
+
+
+def _applies(requests: Sequence[str], device: AllocatedDevice) -> bool:
+    return not requests or device.request in requests or (bool(device.chosen) and device.chosen in requests)
+
+
+def _sharing(parameters: Any, ref: ClaimRef) -> Isolation:
+    """The isolation of one ``SharingConfig`` (``gpuledger.io/v1alpha1``)."""
+    where = f"{ref.describe()}: opaque config of {SHARING_API}"
+    if not isinstance(parameters, Mapping):
+        raise InvalidArgument("config.opaque.parameters", f"{where} must be an object")
+    if (parameters.get("apiVersion"), parameters.get("kind")) != (SHARING_API, SHARING_KIND):
+        got = f"{parameters.get('apiVersion')!r} {parameters.get('kind')!r}"
+        problem = f"{where}: apiVersion and kind must be {SHARING_API} {SHARING_KIND}, got {got}"
+        raise InvalidArgument("config.opaque.parameters", problem)
+    unknown = sorted(set(parameters) - {"apiVersion", "kind", "isolation"})
+    if unknown:
+        raise InvalidArgument("config.opaque.parameters", f"{where}: unknown field(s) {', '.join(unknown)}")
+    raw = parameters.get("isolation", Isolation.NONE.value)
+    try:
+        return Isolation(raw)
+    except ValueError:
+        choices = "|".join(i.value for i in Isolation)
+        problem = f"{where}: isolation must be {choices}, got {raw!r}"
+        raise InvalidArgument("config.opaque.parameters.isolation", problem) from None
 
 
 def node_of(ref: ClaimRef, devices: Sequence[AllocatedDevice]) -> NodeName:
@@ -175,6 +229,7 @@ def ledger_allocation(
     node: Node,
     now: float,
     memory_step_mib: int = MEMORY_STEP_MIB,
+    isolation: Isolation = Isolation.NONE,
 ) -> Allocation:
     """The claim's allocation as the ledger holds it: bound (the claim's allocation is the
     scheduler's word; it lives until the allocation is cleared or the claim deleted, no lease),
@@ -192,6 +247,7 @@ def ledger_allocation(
         node.name,
         grants,
         state=AllocState.BOUND,
+        isolation=isolation,
         created_at=now,
         updated_at=now,
         requests=requests,

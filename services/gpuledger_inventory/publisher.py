@@ -19,10 +19,21 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuledger_core.errors import Conflict, GpuledgerError
+from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Health
 from gpuledger_inventory import metrics
 from gpuledger_inventory.kube import SliceApi
-from gpuledger_inventory.slices import CardFacts, Plan, SliceConfig, Slices, check_returned, desired, plan
+from gpuledger_inventory.slices import (
+    CardFacts,
+    Plan,
+    SliceConfig,
+    Slices,
+    check_returned,
+    desired,
+    held_outside_dra,
+    plan,
+    tenancy_of,
+)
 from gpuledger_inventory.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -64,12 +75,16 @@ class SlicePublisher:
         self._owner: dict[str, Any] | None = None
         self._roots: dict[str, str | None] = {}
         self.held: dict[str, float] = {}  # card uuid -> since when pods or tools (not claims) hold some of it
+        self.tenancy: dict[str, str] = {}  # card uuid -> the isolation tier of its holders (absent: idle)
 
-    def set_held(self, held: dict[str, float]) -> None:
-        """The cards the ledger gives to holders outside DRA: published with a NoSchedule taint,
-        so that kube-scheduler allocates them to no new claim (the ledger would refuse it)."""
-        if held != self.held:
-            self.held = held
+    def set_ledger(self, ledger: NodeLedger | None) -> None:
+        """What the node's ledger says of its cards: those it gives to holders outside DRA are
+        published with a NoSchedule taint, so that kube-scheduler allocates them to no new claim
+        (the ledger would refuse it); every card's ``tenancy`` attribute says the isolation tier of
+        its holders, which the DeviceClasses select on (an mps claim never meets a none tenant)."""
+        held, tenancy = held_outside_dra(ledger), tenancy_of(ledger)
+        if (held, tenancy) != (self.held, self.tenancy):
+            self.held, self.tenancy = held, tenancy
             self.poke()
 
     def poke(self) -> None:
@@ -85,7 +100,8 @@ class SlicePublisher:
             health = self.state.book.of(info.uuid)
             since = health.since if health.health is Health.UNHEALTHY else None
             root = self._root(info.card.pci_bus_id)
-            facts[info.uuid] = CardFacts(info.compute_capability, root, since, self.held.get(info.uuid))
+            held, tenancy = self.held.get(info.uuid), self.tenancy.get(info.uuid, "idle")
+            facts[info.uuid] = CardFacts(info.compute_capability, root, since, held, tenancy)
         return desired(self.state.node(), facts, scan.driver_version, self.config)
 
     async def run(self) -> None:

@@ -34,7 +34,6 @@ from gpuledger_inventory.labels import label_patch, node_labels
 from gpuledger_inventory.nvml import Gpus, NvmlUnavailable
 from gpuledger_inventory.publisher import SlicePublisher
 from gpuledger_inventory.settings import Settings
-from gpuledger_inventory.slices import held_outside_dra
 from gpuledger_inventory.state import NodeState, same_content
 
 log = logging.getLogger(__name__)
@@ -108,10 +107,10 @@ class Inventory:
 
     async def _holders_loop(self, slices: SlicePublisher) -> None:
         """DRA mode: follow the node's ledger, so that the slices taint the cards that pods or tools
-        outside DRA hold (the claims controller would refuse a claim on them)."""
+        outside DRA hold and say each card's isolation tier (``SlicePublisher.set_ledger``)."""
         store = await open_ledger(self.nc, None)
         async for ledger in node_ledger(store, self.settings.node):
-            slices.set_held(held_outside_dra(ledger))
+            slices.set_ledger(ledger)
 
     # --- NVML ----------------------------------------------------------------------------------
 

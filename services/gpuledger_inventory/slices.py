@@ -82,6 +82,7 @@ class CardFacts:
     pcie_root: str | None = None  # e.g. pci0000:00, from sysfs; None where it cannot be read
     unhealthy_since: float | None = None  # when the card turned unhealthy (the taint's timeAdded)
     held_since: float | None = None  # since when the ledger has holders of the card that are not claims
+    tenancy: str = "idle"  # the isolation tier of the card's holders: idle, none, mps or mixed
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +192,19 @@ def held_outside_dra(ledger: NodeLedger | None) -> dict[str, float]:
     return held
 
 
+def tenancy_of(ledger: NodeLedger | None) -> dict[str, str]:
+    """Each held card's isolation tier, from every live holder (pods, tools, claims): ``none`` or
+    ``mps`` when all holders are of that tier, ``mixed`` when both (``mix_isolation``); a card no
+    one holds is absent (``idle``)."""
+    if ledger is None:
+        return {}
+    found: dict[str, str] = {}
+    for uuid, use in ledger.use().items():
+        if use.holders:
+            found[uuid] = "mixed" if len(use.tiers) > 1 else next(iter(use.tiers)).value
+    return found
+
+
 def device_name(card: Card) -> str:
     return f"gpu-{card.index}"
 
@@ -226,6 +240,7 @@ def device(
         attributes[f"{STANDARD}/pcieRoot"] = _string(facts.pcie_root)
     if card.numa is not None:
         attributes[f"{STANDARD}/numaNode"] = {"int": card.numa}
+    attributes["tenancy"] = _string(facts.tenancy)  # DeviceClasses select on it (deploy/kubernetes/dra)
     out: dict[str, Any] = {"name": device_name(card), "attributes": attributes}
     out["capacity"] = capacities(card, config)
     if config.slots_per_card > 1:

@@ -40,7 +40,7 @@ from gpuledger_core.claims import AllocatedDevice, ClaimRef
 from gpuledger_core.errors import Conflict, Exhausted, FailedPrecondition, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger, release, reserve
-from gpuledger_core.model import Allocation, OwnerKind
+from gpuledger_core.model import Allocation, Isolation, OwnerKind
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement.metrics import CLAIM_COMMIT_SECONDS, CLAIMS
 from gpuledger_placement.view import FleetView
@@ -184,7 +184,7 @@ class ClaimsController:
                 return  # nothing was reserved; kube-scheduler takes the allocation back
             gated = any(COMMITTED in d.binding_conditions for d in devices)
             try:
-                allocation = await self._reserve(ref, devices)
+                allocation = await self._reserve(ref, devices, claims.isolation_of(raw, self.driver, devices))
             except (Exhausted, InvalidArgument, NotFound) as err:
                 if gated and decided is None:
                     if await self._decide(raw, devices, REJECTED, "LedgerRefused", str(err)) is not None:
@@ -210,7 +210,9 @@ class ClaimsController:
             raw = await self._fresh(ref) or {}  # changed meanwhile: decide on its newest version
         raise Conflict(f"{ref.describe()} kept changing while its status was written")
 
-    async def _reserve(self, ref: ClaimRef, devices: tuple[AllocatedDevice, ...]) -> Allocation:
+    async def _reserve(
+        self, ref: ClaimRef, devices: tuple[AllocatedDevice, ...], isolation: Isolation = Isolation.NONE
+    ) -> Allocation:
         node = claims.node_of(ref, devices)
         owner = ref.owner
         elsewhere = self.view.holders.get(owner.key)
@@ -227,7 +229,7 @@ class ClaimsController:
                 return ledger
             if held is not None:
                 ledger = release(ledger, held.id, now, "the claim was allocated again")
-            allocation = claims.ledger_allocation(ref, devices, ledger.node, now, self.memory_step_mib)
+            allocation = claims.ledger_allocation(ref, devices, ledger.node, now, self.memory_step_mib, isolation)
             problem = slot_problem(ledger, allocation, self.view.slots_per_card)
             if problem:
                 raise Exhausted(problem)

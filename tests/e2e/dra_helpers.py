@@ -90,12 +90,13 @@ CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
 
 
 async def ensure_device_class(api: KubeApi) -> None:
-    """The DeviceClass of deploy/kubernetes/dra, created as shipped (409: another test made it)."""
-    try:
-        await api.create("/apis/resource.k8s.io/v1/deviceclasses", yaml.safe_load(DEVICE_CLASS.read_text()))
-    except ApiError as err:
-        if err.status != 409:
-            raise
+    """The DeviceClasses of deploy/kubernetes/dra, created as shipped (409: another test made them)."""
+    for body in yaml.safe_load_all(DEVICE_CLASS.read_text()):
+        try:
+            await api.create("/apis/resource.k8s.io/v1/deviceclasses", body)
+        except ApiError as err:
+            if err.status != 409:
+                raise
 
 
 def share_claim(name: str, memory: str = "10Gi", compute: str = "25") -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,8 +24,10 @@ from gpuledger_common.store import LedgerStore
 from gpuledger_core import claims
 from gpuledger_core.claims import AllocatedDevice, ClaimRef
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Allocation, OwnerKind
+from gpuledger_core.model import Allocation, Isolation, OwnerKind
 from gpuledger_inventory.slices import DRIVER
+from gpuledger_plugin.dra.app import running
+from gpuledger_plugin.dra.settings import DraSettings
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.controlplane.api import KubeApi
 from gpuledger_testing.controlplane.cluster import Access, ControlPlane, plain_scheduler_config
@@ -255,7 +258,7 @@ async def test_a_card_the_ledger_gave_a_tool_before_the_slices_show_it_is_refuse
             await ensure_device_class(api)
             await wait_for(lambda: ledger_of(nats_server, node.name), 30, f"{node.name} in the ledger", 0.2)
             # A tool takes both cards whole through the allocator, and the slices do not show it.
-            node.publisher.set_held = lambda held: None  # type: ignore[method-assign]
+            node.publisher.set_ledger = lambda ledger: None  # type: ignore[method-assign]
             held = await tool_takes(allocator, node.name, 2)
             await api.create(CLAIMS.format(ns=ns), whole_claim("whole"))
             await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("app", node.name, "whole"))
@@ -331,3 +334,54 @@ async def test_a_started_controller_rebuilds_entries_from_the_claims_and_release
                     return await claim_entry(nats_server, node.name, gone.uid) is None
 
                 await wait_for(orphan_released, 30, "the orphaned entry released", 0.2)
+
+
+async def test_an_mps_claim_is_held_as_mps_its_card_says_so_and_an_unisolated_share_goes_elsewhere(
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Path, tmp_path: Path
+) -> None:
+    await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
+    async with (
+        ledger_side(nats_server, placement_kubeconfig),
+        gated_node(control_plane, nats_server, "h100-sxm-8") as node,
+    ):
+        api = node.api
+        async with namespace(api, node.name) as ns:
+            await published(node)
+            await ensure_device_class(api)
+            await wait_for(lambda: ledger_of(nats_server, node.name), 30, f"{node.name} in the ledger", 0.2)
+            mps = share_claim("mps", "10Gi", "25")
+            mps["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = f"mps.{DRIVER}"
+            await api.create(CLAIMS.format(ns=ns), mps)
+            await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("mps", node.name, "mps"))
+            await bound(api, ns, "mps")
+            claim = await api.get(f"{CLAIMS.format(ns=ns)}/mps")
+            (config,) = claim["status"]["allocation"]["devices"]["config"]
+            assert config["source"] == "FromClass" and config["opaque"]["parameters"]["isolation"] == "mps"
+            entry = await claim_entry(nats_server, node.name, claim["metadata"]["uid"])
+            assert entry is not None and entry.isolation is Isolation.MPS and entry.shares()[0].index == 0
+
+            async def says_mps() -> bool:
+                devices = [d for s in await node.slices() for d in s["spec"]["devices"]]
+                return any(d["name"] == "gpu-0" and d["attributes"]["tenancy"] == {"string": "mps"} for d in devices)
+
+            await wait_for(says_mps, 30, "gpu-0's tenancy published as mps", 0.1)
+            # An unisolated share may not join MPS tenants: the default class skips gpu-0.
+            await api.create(CLAIMS.format(ns=ns), share_claim("plain", "10Gi", "25"))
+            await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("plain", node.name, "plain"))
+            await bound(api, ns, "plain")
+            plain = await api.get(f"{CLAIMS.format(ns=ns)}/plain")
+            assert plain["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1"
+            # The plugin makes the mps claim an MPS client.
+            settings = DraSettings(
+                node=node.name, registry_dir=str(tmp_path / "reg"), plugin_dir=str(tmp_path / "p"),
+                cdi_dir=str(tmp_path / "cdi"), kubeconfig=str(control_plane.admin_kubeconfig), http_host="127.0.0.1",
+                http_port=0, nats_url=nats_server.url,
+            )  # fmt: skip
+            async with running(settings) as plugin:
+                ref = ClaimRef(ns, "mps", claim["metadata"]["uid"])
+                outcome = (await plugin.preparer.prepare([ref]))[ref.uid]
+            assert outcome.error == "", outcome.error
+            (spec_file,) = (tmp_path / "cdi").glob("*.json")
+            env = dict(e.split("=", 1) for e in json.loads(spec_file.read_text())["containerEdits"]["env"])
+            assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
+            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"

@@ -18,6 +18,7 @@ from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe
+from gpuledger_plugin.dra.cdi import Mps
 from gpuledger_plugin.dra.kube import ClaimApi, KubeClaimApi
 from gpuledger_plugin.dra.ledger import LedgerEntryCheck
 from gpuledger_plugin.dra.prepare import LedgerCheck, Preparer
@@ -74,7 +75,10 @@ async def _running(
     settings: DraSettings, api: ClaimApi | None, ledger: LedgerCheck | None
 ) -> AsyncIterator[RunningDra]:
     api = api or await KubeClaimApi.connect(settings.kubeconfig, settings.api_timeout_s)
-    preparer = Preparer(settings.node, settings.driver, api, settings.cdi_dir, ledger, settings.prepare_timeout_s)
+    mps = Mps(settings.mps_pipe_dir, settings.mps_host_pipe_dir, settings.mps_host_shm_dir)
+    preparer = Preparer(
+        settings.node, settings.driver, api, settings.cdi_dir, ledger, settings.prepare_timeout_s, mps
+    )
     registration = Registration(settings.driver, settings.dra_socket)
     dra_server = Server([DraPluginV1(preparer), DraPluginV1Beta1(preparer)])
     try:

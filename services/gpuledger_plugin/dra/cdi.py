@@ -9,7 +9,14 @@ its devices: the control device nodes and the environment, in the order of the c
 - ``GPULEDGER_CLAIM`` (``namespace/name``) and ``GPULEDGER_CLAIM_UID``;
 - ``GPULEDGER_MEMORY_LIMIT_MIB`` and ``GPULEDGER_CORE_LIMIT_PERCENT``: per card, what the claim
   consumed of it (the whole card where the device is not shared);
-- ``GPULEDGER_EXCLUSIVE``: ``true`` when no card of the claim is shared.
+- ``GPULEDGER_EXCLUSIVE``: ``true`` when no card of the claim is shared;
+- ``CUDA_VISIBLE_DEVICES``: the UUIDs in the same order, so CUDA ordinal i is the claim's i-th card.
+
+A claim with isolation ``mps`` (its class's or its own opaque ``SharingConfig``) is an MPS client,
+as in classic mode (``gpuledger_plugin.answer``): ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` per CUDA
+ordinal (``0=10240M,1=10240M``), ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the smallest compute share),
+``CUDA_MPS_PIPE_DIRECTORY``, and the daemon's pipe directory (and, where set, its ``/dev/shm``)
+mounted from the host.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any
 
 from gpuledger_core.claims import AllocatedDevice, ClaimAllocation, MiB
 from gpuledger_core.errors import FailedPrecondition
+from gpuledger_core.model import Isolation
 
 VENDOR = "k8s.gpu.gpuledger.io"
 CLASS = "claim"
@@ -32,6 +40,15 @@ KIND = f"{VENDOR}/{CLASS}"
 CDI_VERSION = "0.3.0"
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+@dataclass(frozen=True, slots=True)
+class Mps:
+    """Where MPS clients find the control daemon (the plugin's mps_* settings)."""
+
+    pipe_dir: str = "/tmp/nvidia-mps"  # CUDA_MPS_PIPE_DIRECTORY in the container
+    host_pipe_dir: str = "/run/nvidia/mps"
+    host_shm_dir: str = ""  # the daemon's /dev/shm on the host; empty: not mounted
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +86,7 @@ def cdi_id(name: str) -> str:
     return f"{KIND}={name}"
 
 
-def spec(allocation: ClaimAllocation, cards: Mapping[str, Card]) -> dict[str, Any]:
+def spec(allocation: ClaimAllocation, cards: Mapping[str, Card], mps: Mps | None = None) -> dict[str, Any]:
     """The claim's CDI spec; ``FailedPrecondition`` if a device is not among this node's cards."""
     devices, uuids, memory, compute = [], [], [], []
     shared = False
@@ -96,15 +113,23 @@ def spec(allocation: ClaimAllocation, cards: Mapping[str, Card]) -> dict[str, An
         "GPULEDGER_MEMORY_LIMIT_MIB": ",".join(memory),
         "GPULEDGER_CORE_LIMIT_PERCENT": ",".join(compute),
         "GPULEDGER_EXCLUSIVE": "false" if shared else "true",
+        "CUDA_VISIBLE_DEVICES": ",".join(uuids),
     }
+    shared_edits: dict[str, Any] = {"deviceNodes": [{"path": p} for p in CONTROL_DEVICES]}
+    if allocation.isolation is Isolation.MPS:
+        mps = mps or Mps()
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={m}M" for i, m in enumerate(memory))
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, min(int(c) for c in compute)))
+        env["CUDA_MPS_PIPE_DIRECTORY"] = mps.pipe_dir
+        mounts = [{"hostPath": mps.host_pipe_dir, "containerPath": mps.pipe_dir, "options": ["rbind", "rw"]}]
+        if mps.host_shm_dir:
+            mounts.append({"hostPath": mps.host_shm_dir, "containerPath": "/dev/shm", "options": ["rbind", "rw"]})
+        shared_edits["mounts"] = mounts
     return {
         "cdiVersion": CDI_VERSION,
         "kind": KIND,
         "devices": devices,
-        "containerEdits": {
-            "env": [f"{k}={v}" for k, v in env.items()],
-            "deviceNodes": [{"path": p} for p in CONTROL_DEVICES],
-        },
+        "containerEdits": {"env": [f"{k}={v}" for k, v in env.items()], **shared_edits},
     }
 
 

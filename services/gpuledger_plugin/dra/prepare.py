@@ -71,10 +71,12 @@ class Preparer:
         cdi_dir: str,
         ledger: LedgerCheck | None = None,
         timeout_s: float = 30.0,
+        mps: cdi.Mps | None = None,
     ) -> None:
         self.node, self.driver, self.api, self.cdi_dir = node, driver, api, cdi_dir
         self.ledger = ledger or Unchecked()
         self.timeout_s = timeout_s
+        self.mps = mps or cdi.Mps()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # per claim UID: the lock, its users
 
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, Outcome]:
@@ -120,7 +122,7 @@ class Preparer:
         allocation = allocation_of(raw, ref, self.driver, self.node)
         cards = cdi.cards_of(await self.api.node_slices(self.node, self.driver))
         await self.ledger.check(allocation)
-        content = cdi.spec(allocation, cards)
+        content = cdi.spec(allocation, cards, self.mps)
         path = await asyncio.to_thread(cdi.write, self.cdi_dir, ref.uid, content)
         names = [d["name"] for d in content["devices"]]
         devices = tuple(

@@ -36,6 +36,11 @@ class DraSettings:
     nats_ca_file: str = option("", NATS_HELP["nats_ca_file"])
     nats_cert_file: str = option("", NATS_HELP["nats_cert_file"])
     nats_key_file: str = option("", NATS_HELP["nats_key_file"])
+    mps_pipe_dir: str = option("/tmp/nvidia-mps", "CUDA_MPS_PIPE_DIRECTORY inside containers of mps claims")
+    mps_host_pipe_dir: str = option("/run/nvidia/mps", "the MPS daemon's pipe directory on the host")
+    mps_host_shm_dir: str = option(
+        "", "the MPS daemon's /dev/shm on the host, mounted at /dev/shm for mps claims (empty: not mounted)"
+    )
     api_timeout_s: float = option(10.0, "the longest one API server call may take")
     prepare_timeout_s: float = option(40.0, "the longest one claim's prepare may take (kubelet waits 45 s)")
     socket_poll_s: float = option(1.0, "how often to check that the registration socket is still there")
@@ -53,10 +58,12 @@ class DraSettings:
             len(self.driver) <= 63 and bool(_DNS_SUBDOMAIN.fullmatch(self.driver)),
             "driver", "must be a DNS subdomain of at most 63 characters",
         )
-        for name in ("registry_dir", "plugin_dir", "cdi_dir"):
+        for name in ("registry_dir", "plugin_dir", "cdi_dir", "mps_pipe_dir", "mps_host_pipe_dir"):
             require(getattr(self, name).startswith("/"), name, "must be an absolute path")
         for name in ("api_timeout_s", "prepare_timeout_s", "socket_poll_s"):
             require(getattr(self, name) > 0, name, "must be positive")
+        shm = self.mps_host_shm_dir
+        require(not shm or shm.startswith("/"), "mps_host_shm_dir", "must be an absolute path (or empty)")
         require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
         require(self.log_format in ("text", "json"), "log_format", "must be text or json")
         require(self.log_level in ("debug", "info", "warning", "error"), "log_level", "bad level")

@@ -10,7 +10,7 @@ from gpuledger_core import claims
 from gpuledger_core.claims import AllocatedDevice, ClaimRef
 from gpuledger_core.errors import Exhausted, InvalidArgument
 from gpuledger_core.ledger import reserve
-from gpuledger_core.model import CORE_WHOLE, AllocState, OwnerKind
+from gpuledger_core.model import CORE_WHOLE, AllocState, Isolation, OwnerKind
 from tests.unit.core.builders import NODE, ledger, node
 
 REF = ClaimRef("ns", "train", "uid-1")
@@ -93,6 +93,61 @@ def test_results_of_takes_our_driver_with_its_binding_conditions() -> None:
         ]}}},
     }  # fmt: skip
     (found,) = claims.results_of(raw, "gpu.gpuledger.io")
-    assert found == AllocatedDevice("gpu", NODE, "gpu-3", "s", 2 * GiB, 10, ("gpuledger.io/committed",))
+    assert found == AllocatedDevice("gpu", NODE, "gpu-3", "s", 2 * GiB, 10, ("gpuledger.io/committed",), "gpu/nvlink")
     assert found.key == (NODE, "gpu-3", "s")
     assert claims.results_of({"status": {}}, "gpu.gpuledger.io") == ()
+
+
+def sharing(isolation: str, *requests: str, source: str = "FromClaim") -> dict[str, Any]:
+    parameters = {"apiVersion": "gpuledger.io/v1alpha1", "kind": "SharingConfig", "isolation": isolation}
+    return {
+        "source": source,
+        "requests": list(requests),
+        "opaque": {"driver": "gpu.gpuledger.io", "parameters": parameters},
+    }
+
+
+def configured(*configs: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ns", "name": "train", "uid": "uid-1"},
+            "status": {"allocation": {"devices": {"config": list(configs)}}}}  # fmt: skip
+
+
+def test_the_isolation_comes_from_the_class_then_the_claim_for_the_devices_requests() -> None:
+    gpu, aux = device(request="gpu"), device("gpu-1", request="aux")
+    assert claims.isolation_of(configured(), "gpu.gpuledger.io", [gpu]) is Isolation.NONE
+    from_class = sharing("mps", "gpu", source="FromClass")
+    assert claims.isolation_of(configured(from_class), "gpu.gpuledger.io", [gpu]) is Isolation.MPS
+    # The claim's own config comes after the class's and wins, whatever the order listed.
+    both = configured(sharing("none", "gpu"), from_class)
+    assert claims.isolation_of(both, "gpu.gpuledger.io", [gpu]) is Isolation.NONE
+    # A config for another request, or another driver, does not apply.
+    assert claims.isolation_of(configured(sharing("mps", "aux")), "gpu.gpuledger.io", [gpu]) is Isolation.NONE
+    other = sharing("mps")
+    other["opaque"]["driver"] = "net.example.com"
+    assert claims.isolation_of(configured(other), "gpu.gpuledger.io", [gpu]) is Isolation.NONE
+    with pytest.raises(InvalidArgument, match="none and mps at once"):
+        claims.isolation_of(configured(sharing("mps", "aux")), "gpu.gpuledger.io", [gpu, aux])
+
+
+@pytest.mark.parametrize(
+    ("parameters", "says"),
+    [
+        ({"apiVersion": "gpuledger.io/v1alpha1", "kind": "SharingConfig", "isolation": "hami"}, "must be none|mps"),
+        ({"apiVersion": "gpuledger.io/v2", "kind": "SharingConfig"}, "must be gpuledger.io/v1alpha1 SharingConfig"),
+        ({"apiVersion": "gpuledger.io/v1alpha1", "kind": "SharingConfig", "mode": "mps"}, "unknown field"),
+        ("mps", "must be an object"),
+    ],
+)
+def test_a_bad_sharing_config_is_refused_saying_what_is_wrong(parameters: Any, says: str) -> None:
+    config = sharing("mps")
+    config["opaque"]["parameters"] = parameters
+    with pytest.raises(InvalidArgument, match=says):
+        claims.isolation_of(configured(config), "gpu.gpuledger.io", [device()])
+
+
+def test_an_mps_claim_is_held_with_isolation_mps_and_never_beside_an_unisolated_tenant() -> None:
+    mps = claims.ledger_allocation(REF, [device(memory=GiB)], node(8000), 0.0, isolation=Isolation.MPS)
+    assert mps.isolation is Isolation.MPS
+    other = claims.ledger_allocation(ClaimRef("ns", "b", "uid-2"), [device(memory=GiB)], node(8000), 0.0)
+    with pytest.raises(Exhausted, match="mps"):
+        reserve(reserve(ledger(8000), mps), other)

@@ -8,8 +8,21 @@ from typing import Any
 import pytest
 
 from gpuledger_core.errors import FailedPrecondition, InvalidArgument
-from gpuledger_core.ids import CardUuid, NodeName
-from gpuledger_core.model import Card, Health, Link, Node
+from gpuledger_core.ids import AllocationId, CardUuid, NodeName
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import (
+    Allocation,
+    AllocState,
+    Card,
+    CardShare,
+    Grant,
+    Health,
+    Isolation,
+    Link,
+    Node,
+    Owner,
+    OwnerKind,
+)
 from gpuledger_inventory.publisher import sysfs_pcie_root
 from gpuledger_inventory.slices import (
     MAX_DEVICES_PER_SLICE,
@@ -19,11 +32,13 @@ from gpuledger_inventory.slices import (
     check_returned,
     desired,
     differences,
+    held_outside_dra,
     manifest,
     nvlink_groups,
     plan,
     semver,
     sysfs_bus_id,
+    tenancy_of,
 )
 
 
@@ -237,3 +252,30 @@ def test_the_pcie_root_is_read_from_the_sysfs_link(tmp_path: Any) -> None:
     (devices / "0000:18:00.0").symlink_to("../../../devices/pci0000:17/0000:17:01.0/0000:18:00.0")
     assert sysfs_pcie_root("00000000:18:00.0", str(tmp_path)) == "pci0000:17"
     assert sysfs_pcie_root("00000000:19:00.0", str(tmp_path)) is None
+
+
+def _holding(owner: Owner, index: int, isolation: Isolation, at: float, exclusive: bool = False) -> Allocation:
+    share = CardShare(CardUuid(f"GPU-{index:08d}"), index, 81920 if exclusive else 1024, 1000 if exclusive else 100,
+                      exclusive)  # fmt: skip
+    return Allocation(
+        AllocationId(f"a-{owner.id}"), owner, NodeName("h100-0"), (Grant("", (share,)),),
+        state=AllocState.BOUND, isolation=isolation, created_at=at,
+    )  # fmt: skip
+
+
+def test_cards_held_outside_dra_are_tainted_and_every_card_says_its_holders_tier() -> None:
+    tool = _holding(Owner(OwnerKind.TOOL, "batch/1"), 0, Isolation.NONE, at=100.0, exclusive=True)
+    pod = _holding(Owner(OwnerKind.POD, "p"), 0, Isolation.NONE, at=50.0)
+    claim = _holding(Owner(OwnerKind.CLAIM, "c"), 1, Isolation.MPS, at=10.0)
+    ledger = NodeLedger(node(3), (tool, pod, claim))
+    assert held_outside_dra(ledger) == {"GPU-00000000": 50.0}  # the oldest holder: a stable timeAdded
+    assert tenancy_of(ledger) == {"GPU-00000000": "none", "GPU-00000001": "mps"}
+    facts = {"GPU-00000000": CardFacts(held_since=50.0, tenancy="none"), "GPU-00000001": CardFacts(tenancy="mps")}
+    devices = desired(node(3), facts, None, SliceConfig()).chunks[0]
+    assert devices[0]["taints"] == [
+        {"key": "gpu.gpuledger.io/held", "value": "outside-dra", "effect": "NoSchedule",
+         "timeAdded": "1970-01-01T00:00:50Z"}
+    ]  # fmt: skip
+    assert "taints" not in devices[1] and "taints" not in devices[2]  # a claim's card is the scheduler's to share
+    assert [d["attributes"]["tenancy"] for d in devices] == [{"string": "none"}, {"string": "mps"}, {"string": "idle"}]
+    assert held_outside_dra(None) == {} and tenancy_of(None) == {}

@@ -12,6 +12,7 @@ import pytest
 
 from gpuledger_core.claims import AllocatedDevice, ClaimAllocation, ClaimRef, allocation_of
 from gpuledger_core.errors import FailedPrecondition, NotFound
+from gpuledger_core.model import Isolation
 from gpuledger_core.quantity import whole_up
 from gpuledger_plugin.dra import cdi
 from gpuledger_plugin.dra.prepare import Preparer
@@ -46,7 +47,7 @@ def test_quantities_are_read_rounded_up(raw: Any, value: int) -> None:
 def test_the_devices_of_our_driver_on_this_node_are_taken() -> None:
     raw = claim([SHARE, result("gpu-1", pool="other"), result("nic-0", driver="net.example.com")])
     found = allocation_of(raw, REF, DRIVER, NODE)
-    assert found.devices == (AllocatedDevice("gpu", NODE, "gpu-0", "s-1", 10 << 30, 25),)
+    assert found.devices == (AllocatedDevice("gpu", NODE, "gpu-0", "s-1", 10 << 30, 25, chosen="gpu"),)
     assert found.pods == ("pod-1",)
 
 
@@ -90,6 +91,25 @@ def test_the_cdi_spec_gives_each_device_a_unique_name_its_node_and_the_claims_li
         "k8s.gpu.gpuledger.io/claim=uid-1-gpu-0-s-1",
         "k8s.gpu.gpuledger.io/claim=uid-1-gpu-1",
     ]
+
+
+def test_an_mps_claim_is_an_mps_client_limited_per_cuda_ordinal_and_an_unisolated_one_is_not() -> None:
+    a = AllocatedDevice("gpu", NODE, "gpu-0", "s-1", 10 << 30, 25)
+    b = AllocatedDevice("gpu", NODE, "gpu-1", "s-2", 4 << 30, 40)
+    mps = cdi.Mps("/tmp/nvidia-mps", "/run/nvidia/mps", "/run/nvidia/mps-shm")
+    content = cdi.spec(ClaimAllocation(REF, (a, b), ("pod-1",), Isolation.MPS), CARDS, mps)
+    env = dict(e.split("=", 1) for e in content["containerEdits"]["env"])
+    assert env["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-b"  # ordinal i is the claim's i-th card
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M,1=4096M"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    assert content["containerEdits"]["mounts"] == [
+        {"hostPath": "/run/nvidia/mps", "containerPath": "/tmp/nvidia-mps", "options": ["rbind", "rw"]},
+        {"hostPath": "/run/nvidia/mps-shm", "containerPath": "/dev/shm", "options": ["rbind", "rw"]},
+    ]
+    plain = cdi.spec(ClaimAllocation(REF, (a, b), ("pod-1",)), CARDS, mps)
+    assert not [e for e in plain["containerEdits"]["env"] if e.startswith("CUDA_MPS_")]
+    assert "mounts" not in plain["containerEdits"]
 
 
 def test_a_device_that_is_not_published_here_is_refused() -> None:

@@ -20,8 +20,8 @@ claims; a claim no local pod uses is unprepared (NodeUnprepareResources, retried
 and leaves the cache. ``restart()`` keeps the cache (kubelet's checkpoint) but forgets which
 claims were prepared and which plugins registered (kubelet's in-memory state): pods that had not
 started are prepared again (a repeat the plugin answers idempotently), started ones are not.
-With ``wipe_slices`` every start deletes the node's ResourceSlices, as kubelet's does (the drivers
-publish them again).
+With ``wipe_slices`` the node's ResourceSlices are deleted as kubelet deletes them (the drivers
+publish them again): all at every start, a driver's ``wipe_delay_s`` after its plugin went.
 """
 
 from __future__ import annotations
@@ -74,19 +74,20 @@ class KwokDra:
         changed: Callable[[], None],
     ) -> None:
         self.node, self.settings, self._api, self._kubelet, self._changed = node, settings, api, kubelet, changed
-        self.watcher = PluginWatcher(settings, changed)
+        self.watcher = PluginWatcher(settings, changed, self._plugin_moved)
         self.claims: dict[tuple[str, str], ClaimInfo] = {}  # (namespace, name) -> kubelet's claim info
         self.failures: dict[str, str] = {}  # pod uid -> why its claims are not prepared (the last try)
         self.attempts: dict[str, int] = {}  # pod uid -> how many times its claims were tried
         self.prepare_calls: list[tuple[str, ...]] = []  # the claim UIDs of every NodePrepareResources
         self.unprepare_calls: list[tuple[str, ...]] = []  # and of every NodeUnprepareResources
-        self.wipes = 0  # how many times the node's ResourceSlices were deleted at a start
+        self.wipes = 0  # how many times (some of) the node's ResourceSlices were deleted
         self._ready: set[str] = set()  # pods whose claims were prepared since the last start
         self._events: dict[str, str] = {}  # pod uid -> the last message written as an Event
         self._tasks: dict[str, asyncio.Task[None]] = {}  # pod uid -> its prepare loop
         self._group: asyncio.TaskGroup | None = None
         self._locks: dict[str, asyncio.Lock] = {}  # claim uid -> held across its plugin calls
         self._idle = asyncio.Event()  # a claim may have lost its last user
+        self._wipes: dict[str, asyncio.Task[None]] = {}  # driver -> its slices' pending deletion
 
     # --- what tests look at ---
 
@@ -124,6 +125,7 @@ class KwokDra:
         """The kubelet's task group is done (its tasks are cancelled)."""
         self._group = None
         self._tasks.clear()
+        self._wipes.clear()
 
     def restart(self) -> None:
         """After the kubelet's task group ended: kubelet's memory goes, its checkpoint (the cache) stays."""
@@ -193,19 +195,33 @@ class KwokDra:
         except (ApiError, *UNREACHABLE) as err:  # events are best effort, as kubelet's are
             log.info("node %s: event for pod %s not written: %r", self.node, pod["metadata"]["name"], err)
 
-    async def _wipe_slices(self) -> None:
-        """kubelet's start: no local ResourceSlice stays until the drivers' plugins are back (the
-        drivers publish them again)."""
-        backoff, selector = Backoff(self._kubelet), f"spec.nodeName={self.node}"
+    def _plugin_moved(self, driver: str, registered: bool) -> None:
+        """kubelet deletes a driver's slices ``wipe_delay_s`` after its plugin went, unless it is back."""
+        pending = self._wipes.pop(driver, None)
+        if pending is not None:
+            pending.cancel()
+        if not registered and self.settings.wipe_slices and self._group is not None:
+            self._wipes[driver] = self._group.create_task(self._wipe_later(driver))
+
+    async def _wipe_later(self, driver: str) -> None:
+        await asyncio.sleep(self.settings.wipe_delay_s)
+        del self._wipes[driver]
+        await self._wipe_slices(driver)
+
+    async def _wipe_slices(self, driver: str = "") -> None:
+        """Delete the node's ResourceSlices (of one driver, or all: kubelet's start); the drivers
+        publish them again."""
+        selector = f"spec.nodeName={self.node}" + (f",spec.driver={driver}" if driver else "")
+        backoff = Backoff(self._kubelet)
         while True:
             try:
                 await self._api.call("DELETE", SLICES, params={"fieldSelector": selector})
             except (ApiError, *UNREACHABLE) as err:
-                log.info("node %s: deleting the node's ResourceSlices failed, will retry: %r", self.node, err)
+                log.info("node %s: deleting ResourceSlices (%s) failed, will retry: %r", self.node, selector, err)
                 await backoff.sleep()
                 continue
             self.wipes += 1
-            log.info("node %s: the node's ResourceSlices deleted (kubelet start)", self.node)
+            log.info("node %s: ResourceSlices deleted (%s)", self.node, selector)
             self._changed()
             return
 

@@ -44,13 +44,14 @@ class KwokDraSettings:
     register_timeout_s: float = 1.0  # GetInfo and NotifyRegistrationStatus (kubelet: 1 s)
     poll_s: float = 0.1  # the registration directory is looked at this often
     retry_s: float = 1.0  # a socket whose registration failed is tried again after this
-    wipe_slices: bool = False  # delete the node's ResourceSlices at every start, as kubelet does
+    wipe_slices: bool = False  # delete the node's ResourceSlices as kubelet does: at every start, and
+    wipe_delay_s: float = 30.0  # a driver's this long after its plugin went (unless it came back)
 
     def __post_init__(self) -> None:
         for name in ("registry_dir", "cdi_dir"):
             if not os.path.isabs(getattr(self, name)):
                 raise ValueError(f"KwokDraSettings: {name} must be an absolute path")
-        if min(self.rpc_timeout_s, self.register_timeout_s, self.poll_s, self.retry_s) <= 0:
+        if min(self.rpc_timeout_s, self.register_timeout_s, self.poll_s, self.retry_s, self.wipe_delay_s) <= 0:
             raise ValueError("KwokDraSettings: timeouts and intervals must be > 0")
 
 
@@ -110,8 +111,15 @@ def _device(device: dra.Device | dra_beta.Device) -> PreparedDevice:
 class PluginWatcher:
     """The registration directory's sockets -> registered plugins (``plugins``, by driver name)."""
 
-    def __init__(self, settings: KwokDraSettings, changed: Callable[[], None]) -> None:
-        self.settings, self._changed = settings, changed
+    def __init__(
+        self,
+        settings: KwokDraSettings,
+        changed: Callable[[], None],
+        moved: Callable[[str, bool], None] = lambda driver, registered: None,
+    ) -> None:
+        """``changed()`` after anything changed; ``moved(driver, registered)`` when a driver's
+        plugin registered or deregistered (not when ``forget`` forgets them all)."""
+        self.settings, self._changed, self._moved = settings, changed, moved
         self.plugins: dict[str, DraPlugin] = {}
         self.registrations = 0  # successful registrations, all runs together
         self.refusals: list[str] = []  # why a registration was refused, in order
@@ -133,6 +141,8 @@ class PluginWatcher:
             found = await asyncio.to_thread(_sockets, self.settings.registry_dir)
             for path in [p for p, ino in self._seen.items() if found.get(p) != ino]:
                 self._gone(path)
+            for path in set(self._failed) - set(found):
+                del self._failed[path]
             for path, ino in found.items():
                 if path not in self._seen and loop.time() >= self._failed.get(path, 0.0):
                     await self._register(path, ino)
@@ -145,6 +155,7 @@ class PluginWatcher:
                 log.info("DRA plugin %s deregistered: %s is gone", driver, path)
                 plugin.close()
                 del self.plugins[driver]
+                self._moved(driver, False)
                 self._changed()
 
     async def _register(self, path: str, ino: int) -> None:
@@ -183,6 +194,7 @@ class PluginWatcher:
         self._failed.pop(path, None)
         self.registrations += 1
         log.info("DRA plugin %s registered (%s at %s)", info.name, plugin.service, endpoint)
+        self._moved(info.name, True)
         self._changed()
 
     def _retry_later(self, path: str) -> None:

@@ -125,7 +125,12 @@ class Node:
 
 @contextlib.asynccontextmanager
 async def dra_kubelet_node(
-    cp: ControlPlane, server: NatsServer, binding_conditions: bool, wipe_slices: bool = False, **inventory: Any
+    cp: ControlPlane,
+    server: NatsServer,
+    binding_conditions: bool,
+    wipe_slices: bool = False,
+    wipe_delay_s: float = 30.0,
+    **inventory: Any,
 ) -> AsyncIterator[Node]:
     """A kwok node in DRA mode with the kubelet and its DRA side running (the plugin is not);
     ``inventory``: more of the inventory's settings."""
@@ -142,7 +147,9 @@ async def dra_kubelet_node(
                 cdi_dir=str(work / "cdi"), kubeconfig=str(cp.admin_kubeconfig), http_host="127.0.0.1", http_port=0,
                 socket_poll_s=0.05, nats_url=server.url,
             )  # fmt: skip
-            dra = KwokDraSettings(plugin.registry_dir, plugin.cdi_dir, poll_s=0.05, wipe_slices=wipe_slices)
+            dra = KwokDraSettings(
+                plugin.registry_dir, plugin.cdi_dir, poll_s=0.05, wipe_slices=wipe_slices, wipe_delay_s=wipe_delay_s
+            )
             async with KwokKubelet(node.name, work / "dp", work / "pr.sock", cp.access, QUICK, dra) as kubelet:
                 yield Node(node, ns, kubelet, plugin)
     finally:
@@ -258,8 +265,11 @@ async def test_a_claim_the_plugin_refuses_keeps_its_pod_pending_until_the_ledger
 async def test_a_restart_registers_again_prepares_nothing_twice_and_a_shared_claim_goes_with_its_last_pod(
     control_plane: ControlPlane, nats: NatsServer
 ) -> None:
-    # kubelet deletes the node's slices at every start; the inventory reads them back every second.
-    node_cm = dra_kubelet_node(control_plane, nats, binding_conditions=False, wipe_slices=True, dra_resync_s=1.0)
+    # kubelet deletes the node's slices at every start and a driver's a while after its plugin went;
+    # the inventory reads them back every second.
+    node_cm = dra_kubelet_node(
+        control_plane, nats, binding_conditions=False, wipe_slices=True, wipe_delay_s=0.5, dra_resync_s=1.0
+    )
     async with running_allocator(nats.url), ledger_side(nats, control_plane), node_cm as node:
         await wait_for(lambda: node_in_ledger(nats, node.dra_node.name), 30, "the node in the ledger", 0.2)
         await node.kubelet.wait_for(lambda k: node.dra.wipes == 1, 15)
@@ -298,6 +308,11 @@ async def test_a_restart_registers_again_prepares_nothing_twice_and_a_shared_cla
             await node.delete("third")
             await node.kubelet.wait_for(lambda k: not node.dra.claims, 30)
             assert node.specs() == {}
+            before = await slice_uids(node)
+        # The plugin is gone: its registration socket too, so the kubelet deregisters it and then
+        # deletes the driver's slices.
+        await node.kubelet.wait_for(lambda k: DRIVER not in node.dra.plugins and node.dra.wipes == 3, 15)
+        await wait_for(lambda: _new_slices(node, before), 15, "the driver's slices deleted and published again", 0.1)
 
 
 async def test_a_claim_from_a_template_is_prepared_for_its_pod_and_unprepared_when_the_pod_finishes(

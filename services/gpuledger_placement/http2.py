@@ -76,6 +76,7 @@ class Http2(asyncio.Protocol):
         self._window_open = asyncio.Event()
         self._transport: asyncio.Transport | None = None
         self._caller = ""
+        self._flushing = False  # a write of what h2 has to send is due at the loop's next turn
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's TLS transport is not a subclass
@@ -94,7 +95,7 @@ class Http2(asyncio.Protocol):
             return
         for event in events:
             self._on(event)
-        self._flush()
+        self._flush_soon()
 
     def _on(self, event: object) -> None:
         if isinstance(event, RequestReceived):
@@ -166,9 +167,17 @@ class Http2(asyncio.Protocol):
                 self._h2.reset_stream(stream_id, ErrorCodes.NO_ERROR)
         except (StreamClosedError, ProtocolError):  # the client gave up on the stream
             return
-        self._flush()
+        self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        """Write what h2 has to send once the calls that end in this turn of the loop have all
+        answered: one TLS record and one write for all of them (a burst's binds end together)."""
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
     def _flush(self) -> None:
+        self._flushing = False
         data = self._h2.data_to_send()
         if data and self._transport is not None and not self._transport.is_closing():
             self._transport.write(data)

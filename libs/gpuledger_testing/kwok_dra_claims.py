@@ -42,7 +42,7 @@ class PrepareError(Exception):
 class PodClaim:
     """One of the pod's ``spec.resourceClaims`` with the ResourceClaim it names."""
 
-    name: str  # the pod's name for it (containers' resources.claims[].name)
+    name: str  # the pod's name for it (containers' resources.claims[].name; "" for the extended-resource claim)
     claim: str  # the ResourceClaim object's name
     generated: bool  # from a template: the claim must be controlled by the pod
 

@@ -16,9 +16,9 @@ import pytest_asyncio
 from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.stack import Stack, running_stack
 from gpuledger_common.fleet import Fleet, load_fleet
-from gpuledger_common.natsserver import free_port
+from gpuledger_common.natsserver import NatsServer, embedded_nats, free_port
 from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.controlplane.cluster import ControlPlane
+from gpuledger_testing.controlplane.cluster import Access, ControlPlane
 
 E2E_FLEET = Path(__file__).with_name("fleet.yaml")
 
@@ -57,3 +57,27 @@ def api(cluster: RealCluster) -> KubeApi:
 
 def _say(message: str) -> None:
     print(f"[e2e stack] {message}", flush=True)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def nats_server() -> AsyncIterator[NatsServer]:
+    """A nats-server of the test's own."""
+    async with embedded_nats() as server:
+        yield server
+
+
+DRA_DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "dra"
+
+
+@pytest.fixture(scope="session")
+def placement_kubeconfig(control_plane: ControlPlane) -> Path:
+    """A kubeconfig of placement's service account holding only what deploy/kubernetes/dra grants it
+    (applied as shipped, by the real kubectl): the claims controller's writes in the DRA tests
+    prove that RBAC is enough."""
+    cp = control_plane
+    cp.kubectl("create", "namespace", "gpuledger", check=False)
+    cp.kubectl("create", "serviceaccount", "gpuledger-placement", "-n", "gpuledger", check=False)
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(DRA_DEPLOY))
+    token = cp.kubectl("create", "token", "gpuledger-placement", "-n", "gpuledger", "--duration=2h").stdout.strip()
+    assert cp.access is not None
+    return Access(cp.access.server, cp.access.ca_pem, token).kubeconfig(cp.workdir / "placement-dra.kubeconfig")

@@ -47,10 +47,10 @@ class DraNode:
 
 @contextlib.asynccontextmanager
 async def dra_node(
-    cp: ControlPlane, nats: NatsServer, profile: str = "h100-sxm-8", **overrides: Any
+    cp: ControlPlane, nats: NatsServer, profile: str = "h100-sxm-8", pods: int = 20, **overrides: Any
 ) -> AsyncIterator[DraNode]:
-    """A kwok node and its inventory in DRA mode on the fake NVML (the fleet file's one node);
-    ``overrides``: more of the inventory's settings."""
+    """A kwok node (room for ``pods`` pods) and its inventory in DRA mode on the fake NVML (the fleet
+    file's one node); ``overrides``: more of the inventory's settings."""
     assert cp.access is not None and cp.admin_kubeconfig is not None
     name = f"dra-{uuid.uuid4().hex[:6]}"
     work = Path(tempfile.mkdtemp(prefix="gl-dra-"))
@@ -62,7 +62,8 @@ async def dra_node(
         **overrides,
     )
     async with KubeApi(cp.access) as api:
-        body = {"metadata": {"name": name}, "status": {"capacity": CAPACITY, "allocatable": CAPACITY}}
+        capacity = {**CAPACITY, "pods": str(pods)}
+        body = {"metadata": {"name": name}, "status": {"capacity": capacity, "allocatable": capacity}}
         await api.create("/api/v1/nodes", body)
         stop = asyncio.Event()
         started: asyncio.Future[Running] = asyncio.get_running_loop().create_future()

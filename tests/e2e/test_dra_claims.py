@@ -8,18 +8,15 @@ releases the entry; a controller started afresh rebuilds the ledger's entries fr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import nats
 import pytest
-import pytest_asyncio
 
-from gpuledger_common.natsserver import NatsServer, embedded_nats
+from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core import claims
 from gpuledger_core.claims import AllocatedDevice, ClaimRef
@@ -29,47 +26,32 @@ from gpuledger_inventory.slices import DRIVER
 from gpuledger_plugin.dra.app import running
 from gpuledger_plugin.dra.settings import DraSettings
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.controlplane.cluster import Access, ControlPlane, plain_scheduler_config
-from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_allocator, running_placement
+from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
+from gpuledger_testing.stack import RunningAllocator, running_allocator
 from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_helpers import (
     CLAIMS,
     SCHEDULER,
-    DraNode,
     allocated_claim,
     claim_pod,
-    dra_node,
     ensure_device_class,
     namespace,
     published,
     share_claim,
 )
+from tests.e2e.dra_ledger import (
+    COMMITTED,
+    REJECTED,
+    bound,
+    claim_entry,
+    conditions,
+    gated_node,
+    ledger_of,
+    ledger_side,
+    placement_with_claims,
+)
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="session")]
-COMMITTED, REJECTED = "gpuledger.io/committed", "gpuledger.io/rejected"
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def nats_server() -> AsyncIterator[NatsServer]:
-    async with embedded_nats() as server:
-        yield server
-
-
-DRA_DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "dra"
-
-
-@pytest.fixture(scope="module")
-def placement_kubeconfig(control_plane: ControlPlane) -> Path:
-    """Placement's service account with only what deploy/kubernetes/dra grants it (applied as shipped,
-    by the real kubectl): the claims controller's writes below prove that RBAC is enough."""
-    cp = control_plane
-    cp.kubectl("create", "namespace", "gpuledger", check=False)
-    cp.kubectl("create", "serviceaccount", "gpuledger-placement", "-n", "gpuledger", check=False)
-    cp.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(DRA_DEPLOY))
-    token = cp.kubectl("create", "token", "gpuledger-placement", "-n", "gpuledger", "--duration=2h").stdout.strip()
-    assert cp.access is not None
-    return Access(cp.access.server, cp.access.ca_pem, token).kubeconfig(cp.workdir / "placement-dra.kubeconfig")
 
 
 async def test_placement_may_write_the_status_of_our_driver_only(
@@ -91,51 +73,6 @@ async def test_placement_may_write_the_status_of_our_driver_only(
     assert not can_i("update", "resourceclaims.resource.k8s.io", "--subresource", "binding")
     assert not can_i("update", "resourceclaims.resource.k8s.io")
     assert not can_i("delete", "resourceclaims.resource.k8s.io")
-
-
-@contextlib.asynccontextmanager
-async def ledger_side(server: NatsServer, kubeconfig: Path) -> AsyncIterator[tuple[RunningAllocator, RunningPlacement]]:
-    """The allocator (it turns the inventory into the node's ledger) and placement with the claims
-    controller, as placement's service account (``placement_kubeconfig``)."""
-    async with running_allocator(server.url) as allocator, placement_with_claims(server, kubeconfig) as placement:
-        yield allocator, placement
-
-
-def placement_with_claims(server: NatsServer, kubeconfig: Path) -> contextlib.AbstractAsyncContextManager[Any]:
-    return running_placement(server.url, kube="kubeconfig", kubeconfig=str(kubeconfig), dra_claims="on")
-
-
-async def ledger_of(server: NatsServer, node: str) -> NodeLedger | None:
-    nc = await nats.connect(server.url)
-    try:
-        ledger, _ = await (await LedgerStore.open(nc)).read(node)
-        return ledger
-    finally:
-        await nc.close()
-
-
-async def claim_entry(server: NatsServer, node: str, uid: str) -> Allocation | None:
-    ledger = await ledger_of(server, node)
-    return ledger.of_owner(f"{OwnerKind.CLAIM}:{uid}") if ledger is not None else None
-
-
-def conditions(claim: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The conditions of our devices' status, by type (the first device's)."""
-    ours = [d for d in claim.get("status", {}).get("devices") or [] if d.get("driver") == DRIVER]
-    return {c["type"]: c for c in ours[0].get("conditions", [])} if ours else {}
-
-
-async def bound(api: KubeApi, ns: str, name: str, timeout: float = 60) -> dict[str, Any]:
-    async def check() -> dict[str, Any] | None:
-        pod = await api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
-        return pod if pod["spec"].get("nodeName") else None
-
-    return dict(await wait_for(check, timeout, f"pod {ns}/{name} bound", 0.2))
-
-
-def gated_node(cp: ControlPlane, server: NatsServer, profile: str) -> contextlib.AbstractAsyncContextManager[DraNode]:
-    """A DRA node whose devices carry the binding condition: kube-scheduler waits for the ledger."""
-    return dra_node(cp, server, profile, dra_binding_conditions=True)
 
 
 async def test_the_ledger_commits_a_share_and_the_scheduler_binds_the_pod_then_deleting_releases(

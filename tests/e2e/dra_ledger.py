@@ -1,0 +1,72 @@
+"""What the DRA e2e tests of the ledger share: the allocator and placement with the claims
+controller (as placement's service account: the ``placement_kubeconfig`` fixture in conftest.py),
+gated DRA nodes, and reads of the ledger and of claims."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nats
+
+from gpuledger_common.natsserver import NatsServer
+from gpuledger_common.store import LedgerStore
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Allocation, OwnerKind
+from gpuledger_inventory.slices import DRIVER
+from gpuledger_testing.controlplane.api import KubeApi
+from gpuledger_testing.controlplane.cluster import ControlPlane
+from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_allocator, running_placement
+from gpuledger_testing.waiting import wait_for
+from tests.e2e.dra_helpers import DraNode, dra_node
+
+COMMITTED, REJECTED = "gpuledger.io/committed", "gpuledger.io/rejected"
+
+
+@contextlib.asynccontextmanager
+async def ledger_side(server: NatsServer, kubeconfig: Path) -> AsyncIterator[tuple[RunningAllocator, RunningPlacement]]:
+    """The allocator (it turns the inventory into the node's ledger) and placement with the claims
+    controller, as placement's service account (``placement_kubeconfig``)."""
+    async with running_allocator(server.url) as allocator, placement_with_claims(server, kubeconfig) as placement:
+        yield allocator, placement
+
+
+def placement_with_claims(server: NatsServer, kubeconfig: Path) -> contextlib.AbstractAsyncContextManager[Any]:
+    return running_placement(server.url, kube="kubeconfig", kubeconfig=str(kubeconfig), dra_claims="on")
+
+
+async def ledger_of(server: NatsServer, node: str) -> NodeLedger | None:
+    nc = await nats.connect(server.url)
+    try:
+        ledger, _ = await (await LedgerStore.open(nc)).read(node)
+        return ledger
+    finally:
+        await nc.close()
+
+
+async def claim_entry(server: NatsServer, node: str, uid: str) -> Allocation | None:
+    ledger = await ledger_of(server, node)
+    return ledger.of_owner(f"{OwnerKind.CLAIM}:{uid}") if ledger is not None else None
+
+
+def conditions(claim: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The conditions of our devices' status, by type (the first device's)."""
+    ours = [d for d in claim.get("status", {}).get("devices") or [] if d.get("driver") == DRIVER]
+    return {c["type"]: c for c in ours[0].get("conditions", [])} if ours else {}
+
+
+async def bound(api: KubeApi, ns: str, name: str, timeout: float = 60) -> dict[str, Any]:
+    async def check() -> dict[str, Any] | None:
+        pod = await api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        return pod if pod["spec"].get("nodeName") else None
+
+    return dict(await wait_for(check, timeout, f"pod {ns}/{name} bound", 0.2))
+
+
+def gated_node(
+    cp: ControlPlane, server: NatsServer, profile: str, pods: int = 20
+) -> contextlib.AbstractAsyncContextManager[DraNode]:
+    """A DRA node whose devices carry the binding condition: kube-scheduler waits for the ledger."""
+    return dra_node(cp, server, profile, pods, dra_binding_conditions=True)

@@ -47,7 +47,8 @@ async def h2_calls(
                 break
             for event in h2.receive_data(data):
                 if isinstance(event, ResponseReceived):
-                    answers[event.stream_id].status = int(dict(event.headers)[":status"])
+                    status = next(value for name, value in event.headers or [] if name in (":status", b":status"))
+                    answers[event.stream_id].status = int(status)
                 elif isinstance(event, DataReceived):
                     answers[event.stream_id].body += event.data
                     h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from gpuledger_cli import render
 from gpuledger_cli.client import allocator, cluster_nodes
-from gpuledger_cli.dev.kubereal import RealCluster
+from gpuledger_cli.dev.kubereal import MODES, RealCluster
 from gpuledger_cli.dev.processes import ServiceDied
 from gpuledger_cli.dev.scenario import run_scenario
+from gpuledger_cli.dev.scenario_dra import run_dra_scenario
 from gpuledger_cli.dev.stack import KUBERNETES, Stack, running_stack
 from gpuledger_common import pbconvert as conv
 from gpuledger_common.entry import stop_on_signals
@@ -47,6 +48,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="sim: simulated API server, scheduler and kubelets (quick); real: a real kube-apiserver, "
         "kube-scheduler and kube-controller-manager with kwok nodes (built from Go modules on first use)",
     )
+    up.add_argument(
+        "--mode",
+        choices=MODES,
+        default="classic",
+        help="classic: the device plugin and the extender; dra: every node a DRA driver's, claims decided by the "
+        "ledger (needs --kubernetes real)",
+    )
     up.set_defaults(run=dev_up)
 
 
@@ -63,9 +71,11 @@ async def dev_up(args: argparse.Namespace) -> int:
     say(f"fleet {fleet.path}: {len(fleet.nodes)} node(s), {sum(len(n.node.cards) for n in fleet.nodes)} card(s)")
     stop = stop_on_signals()
     try:
-        async with running_stack(
-            fleet, args.dashboard_port or free_port(), args.grpc_port or free_port(), say, args.kubernetes
-        ) as stack:
+        if args.mode == "dra" and args.kubernetes != "real":
+            print("gpuledger dev up: --mode dra needs --kubernetes real", file=sys.stderr)
+            return 2
+        ports = args.dashboard_port or free_port(), args.grpc_port or free_port()
+        async with running_stack(fleet, *ports, say, args.kubernetes, args.mode) as stack:
             return await _run(stack, args.once, stop)
     except ServiceDied as err:
         print(f"gpuledger dev up: {err}", file=sys.stderr)
@@ -76,8 +86,9 @@ async def dev_up(args: argparse.Namespace) -> int:
 
 
 async def _run(stack: Stack, once: bool, stop: asyncio.Event) -> int:
-    say("running the demo scenario")
-    ok = await run_scenario(stack, say)
+    dra = isinstance(stack.cluster, RealCluster) and stack.cluster.mode == "dra"
+    say("running the demo scenario" + (" in DRA mode" if dra else ""))
+    ok = await (run_dra_scenario(stack, say) if dra else run_scenario(stack, say))
     stack.supervisor.check()
     async with allocator(stack.grpc) as api:
         listed = await cluster_nodes(api)

@@ -6,26 +6,39 @@ Every demo pod goes the real way: created through the API, scheduled by kube-sch
 extender filters and binds), admitted by the node's kubelet (Allocate from the plugin shim), and
 turned Running by kwok. A pod that cannot be placed is Pending with kube-scheduler's
 FailedScheduling event, which carries the extender's reason.
+
+In DRA mode (``mode="dra"``) the nodes publish ResourceSlices instead, the demo pods ask for their
+cards through ResourceClaims of the DeviceClasses in deploy/kubernetes/dra, and each simulated
+kubelet also plays kubelet's DRA side: the DRA plugin registers with it, and a pod runs only once
+NodePrepareResources wrote its claims' CDI specs (their environment is what the pod's containers
+get).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gpuledger_cli.dev.kubesim import Outcome
 from gpuledger_common.fleet import Fleet
 from gpuledger_testing.controlplane.api import ApiError, KubeApi
-from gpuledger_testing.controlplane.cluster import ControlPlane, scheduler_config
+from gpuledger_testing.controlplane.cluster import ControlPlane, ControlPlaneError, scheduler_config
 from gpuledger_testing.extender_pki import ExtenderPki
+from gpuledger_testing.kwok_dra import KwokDraSettings
 from gpuledger_testing.kwok_kubelet import KwokKubelet
 
 NAMESPACE = "demo"
 SCHEDULER = "gpuledger-scheduler"
 DEFAULT_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "110"}
 OUTCOME_S = 60.0
+DRIVER = "gpu.gpuledger.io"
+DEVICE_CLASSES = Path("deploy") / "kubernetes" / "dra" / "deviceclass.yaml"
+MODES = ("classic", "dra")
 
 
 def node_object(name: str, cpu_milli: int = 0, memory_mib: int = 0) -> dict[str, Any]:
@@ -48,8 +61,10 @@ def node_object(name: str, cpu_milli: int = 0, memory_mib: int = 0) -> dict[str,
 
 
 class RealCluster:
-    def __init__(self, run_dir: Path, fleet: Fleet) -> None:
-        self.run_dir, self.fleet = run_dir, fleet
+    def __init__(self, run_dir: Path, fleet: Fleet, mode: str = "classic") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {'|'.join(MODES)}, got {mode!r}")
+        self.run_dir, self.fleet, self.mode = run_dir, fleet, mode
         self.nodes = [str(n.node.name) for n in fleet.nodes]
         self.control_plane = ControlPlane(run_dir / "cp")
         self.kubelets: dict[str, KwokKubelet] = {}
@@ -61,6 +76,17 @@ class RealCluster:
 
     def pod_resources(self, node: str) -> Path:
         return self.run_dir / node / "pod-resources.sock"
+
+    def registry_dir(self, node: str) -> Path:
+        """DRA mode: kubelet's plugins_registry of the node."""
+        return self.run_dir / node / "reg"
+
+    def dra_plugin_dir(self, node: str) -> Path:
+        """DRA mode: where the node's DRA plugin serves its socket (``<dir>/<driver>/dra.sock``)."""
+        return self.run_dir / node / "plugins"
+
+    def cdi_dir(self, node: str) -> Path:
+        return self.run_dir / node / "cdi"
 
     @property
     def kubeconfig(self) -> Path:
@@ -77,9 +103,18 @@ class RealCluster:
             node = str(member.node.name)
             await self.api.create("/api/v1/nodes", node_object(node, member.node.cpu_milli, member.node.memory_mib))
             self.plugin_dir(node).mkdir(parents=True, exist_ok=True)
-            kubelet = KwokKubelet(node, self.plugin_dir(node), self.pod_resources(node), self.control_plane.access)
+            dra = None
+            if self.mode == "dra":
+                for path in (self.registry_dir(node), self.dra_plugin_dir(node), self.cdi_dir(node)):
+                    path.mkdir(parents=True, exist_ok=True)
+                dra = KwokDraSettings(str(self.registry_dir(node)), str(self.cdi_dir(node)))
+            access = self.control_plane.access
+            kubelet = KwokKubelet(node, self.plugin_dir(node), self.pod_resources(node), access, dra=dra)
             await kubelet.__aenter__()
             self.kubelets[node] = kubelet
+        if self.mode == "dra":
+            for body in yaml.safe_load_all(find_device_classes().read_text()):
+                await self.api.create("/apis/resource.k8s.io/v1/deviceclasses", body)
         return self.kubeconfig
 
     async def use_extender(self, url: str, pki: ExtenderPki) -> None:
@@ -97,10 +132,16 @@ class RealCluster:
         await asyncio.to_thread(self.control_plane.stop)
 
     async def devices_ready(self) -> bool:
-        """Every kubelet has the plugin registered and wrote its devices into the Node's status."""
+        """Every kubelet has the plugin registered and wrote its devices into the Node's status (in
+        DRA mode: the DRA plugin registered and the node's ResourceSlices published)."""
+        assert self.api is not None
+        if self.mode == "dra":
+            if not all(k.dra is not None and DRIVER in k.dra.plugins for k in self.kubelets.values()):
+                return False
+            found = await self.api.get("/apis/resource.k8s.io/v1/resourceslices")
+            return {s["spec"].get("nodeName") for s in found["items"]} >= set(self.nodes)
         if not all(k.registered and k.devices for k in self.kubelets.values()):
             return False
-        assert self.api is not None
         for node in self.nodes:
             found = await self.api.get(f"/api/v1/nodes/{node}")
             if int(found.get("status", {}).get("allocatable", {}).get("gpuledger.io/gpu", "0")) == 0:
@@ -129,7 +170,7 @@ class RealCluster:
             pod = await self.api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
             status, node = pod.get("status", {}), pod.get("spec", {}).get("nodeName", "")
             if status.get("phase") == "Running":
-                return Outcome(name, node, self.kubelets[node].container_envs(uid))
+                return Outcome(name, node, self._envs(node, pod, uid))
             if status.get("phase") == "Failed":
                 return Outcome(name, node, pending=f"kubelet refused it: {status.get('message', '')}")
             why = await self.scheduling_failure(namespace, name, uid)
@@ -137,6 +178,18 @@ class RealCluster:
                 return Outcome(name, pending=why)
             await asyncio.sleep(0.1)
         raise TimeoutError(f"pod {namespace}/{name} neither ran nor was refused within {timeout:g}s")
+
+    def _envs(self, node: str, pod: dict[str, Any], uid: str) -> dict[str, dict[str, str]]:
+        """What each container got: its Allocate answer's environment, or in DRA mode the
+        environment of the CDI specs of its claims' devices."""
+        kubelet = self.kubelets[node]
+        if kubelet.dra is None:
+            return kubelet.container_envs(uid)
+        envs = {}
+        for container in pod["spec"]["containers"]:
+            ids = set(kubelet.dra.cdi_ids(pod, container["name"]))
+            envs[container["name"]] = cdi_env(self.cdi_dir(node), ids)
+        return envs
 
     async def scheduling_failure(self, namespace: str, name: str, uid: str) -> str:
         """The message of the pod's latest FailedScheduling event ('' if none)."""
@@ -159,3 +212,26 @@ class RealCluster:
 def _on_nodes(nodes: list[str]) -> dict[str, Any]:
     term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(nodes)}]}
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def find_device_classes() -> Path:
+    """deploy/kubernetes/dra/deviceclass.yaml of the checkout: the first found from the working
+    directory upwards, or beside this source tree (tox and dev.py run from the checkout)."""
+    for directory in (Path.cwd(), *Path.cwd().parents, *Path(__file__).resolve().parents):
+        if (directory / DEVICE_CLASSES).is_file():
+            return directory / DEVICE_CLASSES
+    raise ControlPlaneError(f"cannot find {DEVICE_CLASSES} from {Path.cwd()}: run from the gpuledger checkout")
+
+
+def cdi_env(cdi_dir: Path, ids: set[str]) -> dict[str, str]:
+    """The environment a runtime gives a container with the CDI devices ``ids`` (``kind=name``):
+    the edits of every spec that holds one of them, and of those devices."""
+    env: dict[str, str] = {}
+    for path in sorted(cdi_dir.glob("*.json")):
+        spec = json.loads(path.read_text())
+        mine = [d for d in spec.get("devices", []) if f"{spec.get('kind')}={d.get('name')}" in ids]
+        if not mine:
+            continue
+        for edits in (spec.get("containerEdits") or {}, *(d.get("containerEdits") or {} for d in mine)):
+            env.update(e.split("=", 1) for e in edits.get("env", []) if "=" in e)
+    return env

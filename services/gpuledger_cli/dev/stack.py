@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from gpuledger_cli.client import allocator, cluster_nodes
-from gpuledger_cli.dev.kubereal import RealCluster
+from gpuledger_cli.dev.kubereal import MODES, RealCluster
 from gpuledger_cli.dev.kubesim import SimCluster
 from gpuledger_cli.dev.processes import Supervisor
 from gpuledger_common.fleet import Fleet
@@ -69,16 +69,19 @@ async def _nodes_in_ledger(grpc: str, count: int) -> bool:
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    fleet: Fleet, dashboard_port: int, grpc_port: int, say: Say, kubernetes: str = "sim"
+    fleet: Fleet, dashboard_port: int, grpc_port: int, say: Say, kubernetes: str = "sim", mode: str = "classic"
 ) -> AsyncIterator[Stack]:
     """The whole stack; ``kubernetes`` is ``sim`` (simulated API server, scheduler and kubelets) or
-    ``real`` (a real control plane built from Go modules, kwok nodes and simulated kubelets)."""
+    ``real`` (a real control plane built from Go modules, kwok nodes and simulated kubelets);
+    ``mode`` ``dra`` (real only) runs every node in DRA mode (docs/dra.md)."""
     if kubernetes not in KUBERNETES:
         raise ValueError(f"kubernetes must be one of {'|'.join(KUBERNETES)}, got {kubernetes!r}")
+    if mode not in MODES or (mode == "dra" and kubernetes != "real"):
+        raise ValueError(f"mode must be classic, or dra with the real control plane; got {mode!r} on {kubernetes}")
     run_dir = Path(tempfile.mkdtemp(prefix="gl-"))  # short: unix socket paths stay under 108 bytes
     supervisor = Supervisor(run_dir)
     names = [str(n.node.name) for n in fleet.nodes]
-    cluster: Cluster = SimCluster(run_dir, names) if kubernetes == "sim" else RealCluster(run_dir, fleet)
+    cluster: Cluster = SimCluster(run_dir, names) if kubernetes == "sim" else RealCluster(run_dir, fleet, mode)
     say(f"logs and sockets in {run_dir}")
     try:
         async with secure_nats(names) as nats:  # TLS, and a user per role and node, as deployed
@@ -127,10 +130,29 @@ def _guard(cluster: Cluster) -> list[str]:
 
 
 def _inventory_kube(cluster: Cluster, kubeconfig: Path) -> list[str]:
-    """The simulated API server has no Node objects to label; the real one has."""
+    """The simulated API server has no Node objects to label; the real one has (and in DRA mode the
+    inventory publishes the node's ResourceSlices there)."""
     if isinstance(cluster, SimCluster):
         return ["--kube", "off"]
-    return ["--kube", "on", "--kubeconfig", str(kubeconfig)]
+    dra = ["--mode", "dra"] if cluster.mode == "dra" else []
+    return ["--kube", "on", "--kubeconfig", str(kubeconfig), *dra]
+
+
+def _plugin(cluster: Cluster, nats: SecureNats, node: str, kubeconfig: Path) -> list[str]:
+    """The node's plugin shim: the device plugin, or in DRA mode the DRA kubelet plugin."""
+    if isinstance(cluster, RealCluster) and cluster.mode == "dra":
+        return [
+            "--mode", "dra", "--node", node, *_nats_flags(nats, Role.PLUGIN, node),
+            "--registry-dir", str(cluster.registry_dir(node)), "--plugin-dir", str(cluster.dra_plugin_dir(node)),
+            "--cdi-dir", str(cluster.cdi_dir(node)), "--kubeconfig", str(kubeconfig),
+            "--http-host", "127.0.0.1", "--http-port", "0",
+        ]  # fmt: skip
+    return [
+        "--node", node, *_nats_flags(nats, Role.PLUGIN, node),
+        "--device-plugin-dir", str(cluster.plugin_dir(node)),
+        "--pod-resources-socket", str(cluster.pod_resources(node)),
+        "--http-host", "127.0.0.1", "--http-port", "0",
+    ]  # fmt: skip
 
 
 async def _start_services(
@@ -205,22 +227,7 @@ async def _start_services(
                 *_inventory_kube(cluster, kubeconfig),
             ],
         )
-        await supervisor.start(
-            f"plugin-{node}",
-            "gpuledger_plugin",
-            [
-                "--node",
-                node,
-                *_nats_flags(nats, Role.PLUGIN, node),
-                "--device-plugin-dir",
-                str(cluster.plugin_dir(node)),
-                "--pod-resources-socket",
-                str(cluster.pod_resources(node)),
-                *local,
-                "--http-port",
-                "0",
-            ],
-        )
+        await supervisor.start(f"plugin-{node}", "gpuledger_plugin", _plugin(cluster, nats, node, kubeconfig))
     started = ", ".join(f"{p.name} (pid {p.process.pid})" for p in supervisor.services if p.process)
     say(f"started {started}")
     await wait_until(lambda: _nodes_in_ledger(grpc, len(fleet.nodes)), "every node in the ledger", supervisor)

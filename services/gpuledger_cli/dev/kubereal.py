@@ -38,7 +38,8 @@ DEFAULT_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "110"}
 OUTCOME_S = 60.0
 DRIVER = "gpu.gpuledger.io"
 DEVICE_CLASSES = Path("deploy") / "kubernetes" / "dra" / "deviceclass.yaml"
-MODES = ("classic", "dra")
+MODES = ("classic", "dra")  # what dev up offers
+BOTH = "both"  # classic and DRA on every node: the same nodes for benchmarks of the two paths
 
 
 def node_object(name: str, cpu_milli: int = 0, memory_mib: int = 0) -> dict[str, Any]:
@@ -62,14 +63,24 @@ def node_object(name: str, cpu_milli: int = 0, memory_mib: int = 0) -> dict[str,
 
 class RealCluster:
     def __init__(self, run_dir: Path, fleet: Fleet, mode: str = "classic") -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {'|'.join(MODES)}, got {mode!r}")
+        if mode not in (*MODES, BOTH):
+            raise ValueError(f"mode must be one of {'|'.join((*MODES, BOTH))}, got {mode!r}")
         self.run_dir, self.fleet, self.mode = run_dir, fleet, mode
         self.nodes = [str(n.node.name) for n in fleet.nodes]
         self.control_plane = ControlPlane(run_dir / "cp")
         self.kubelets: dict[str, KwokKubelet] = {}
         self.extender = ""
         self.api: KubeApi | None = None
+
+    @property
+    def dra(self) -> bool:
+        """The nodes publish ResourceSlices and run the DRA plugin."""
+        return self.mode in ("dra", BOTH)
+
+    @property
+    def classic(self) -> bool:
+        """The nodes run the device plugin."""
+        return self.mode in ("classic", BOTH)
 
     def plugin_dir(self, node: str) -> Path:
         return self.run_dir / node / "device-plugins"
@@ -104,7 +115,7 @@ class RealCluster:
             await self.api.create("/api/v1/nodes", node_object(node, member.node.cpu_milli, member.node.memory_mib))
             self.plugin_dir(node).mkdir(parents=True, exist_ok=True)
             dra = None
-            if self.mode == "dra":
+            if self.dra:
                 for path in (self.registry_dir(node), self.dra_plugin_dir(node), self.cdi_dir(node)):
                     path.mkdir(parents=True, exist_ok=True)
                 dra = KwokDraSettings(str(self.registry_dir(node)), str(self.cdi_dir(node)))
@@ -112,7 +123,7 @@ class RealCluster:
             kubelet = KwokKubelet(node, self.plugin_dir(node), self.pod_resources(node), access, dra=dra)
             await kubelet.__aenter__()
             self.kubelets[node] = kubelet
-        if self.mode == "dra":
+        if self.dra:
             for body in yaml.safe_load_all(find_device_classes().read_text()):
                 await self.api.create("/apis/resource.k8s.io/v1/deviceclasses", body)
         return self.kubeconfig
@@ -135,11 +146,14 @@ class RealCluster:
         """Every kubelet has the plugin registered and wrote its devices into the Node's status (in
         DRA mode: the DRA plugin registered and the node's ResourceSlices published)."""
         assert self.api is not None
-        if self.mode == "dra":
+        if self.dra:
             if not all(k.dra is not None and DRIVER in k.dra.plugins for k in self.kubelets.values()):
                 return False
             found = await self.api.get("/apis/resource.k8s.io/v1/resourceslices")
-            return {s["spec"].get("nodeName") for s in found["items"]} >= set(self.nodes)
+            if not {s["spec"].get("nodeName") for s in found["items"]} >= set(self.nodes):
+                return False
+            if self.mode == "dra":
+                return True
         if not all(k.registered and k.devices for k in self.kubelets.values()):
             return False
         for node in self.nodes:
@@ -183,7 +197,7 @@ class RealCluster:
         """What each container got: its Allocate answer's environment, or in DRA mode the
         environment of the CDI specs of its claims' devices."""
         kubelet = self.kubelets[node]
-        if kubelet.dra is None:
+        if kubelet.dra is None or not pod["spec"].get("resourceClaims"):
             return kubelet.container_envs(uid)
         envs = {}
         for container in pod["spec"]["containers"]:

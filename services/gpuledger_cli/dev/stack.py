@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from gpuledger_cli.client import allocator, cluster_nodes
-from gpuledger_cli.dev.kubereal import MODES, RealCluster
+from gpuledger_cli.dev.kubereal import BOTH, MODES, RealCluster
 from gpuledger_cli.dev.kubesim import SimCluster
 from gpuledger_cli.dev.processes import Supervisor
 from gpuledger_common.fleet import Fleet
@@ -76,7 +76,7 @@ async def running_stack(
     ``mode`` ``dra`` (real only) runs every node in DRA mode (docs/dra.md)."""
     if kubernetes not in KUBERNETES:
         raise ValueError(f"kubernetes must be one of {'|'.join(KUBERNETES)}, got {kubernetes!r}")
-    if mode not in MODES or (mode == "dra" and kubernetes != "real"):
+    if mode not in (*MODES, BOTH) or (mode != "classic" and kubernetes != "real"):
         raise ValueError(f"mode must be classic, or dra with the real control plane; got {mode!r} on {kubernetes}")
     run_dir = Path(tempfile.mkdtemp(prefix="gl-"))  # short: unix socket paths stay under 108 bytes
     supervisor = Supervisor(run_dir)
@@ -134,19 +134,31 @@ def _inventory_kube(cluster: Cluster, kubeconfig: Path) -> list[str]:
     inventory publishes the node's ResourceSlices there)."""
     if isinstance(cluster, SimCluster):
         return ["--kube", "off"]
-    dra = ["--mode", "dra"] if cluster.mode == "dra" else []
+    dra = ["--mode", "dra"] if cluster.dra else []
     return ["--kube", "on", "--kubeconfig", str(kubeconfig), *dra]
 
 
-def _plugin(cluster: Cluster, nats: SecureNats, node: str, kubeconfig: Path) -> list[str]:
-    """The node's plugin shim: the device plugin, or in DRA mode the DRA kubelet plugin."""
-    if isinstance(cluster, RealCluster) and cluster.mode == "dra":
-        return [
-            "--mode", "dra", "--node", node, *_nats_flags(nats, Role.PLUGIN, node),
-            "--registry-dir", str(cluster.registry_dir(node)), "--plugin-dir", str(cluster.dra_plugin_dir(node)),
-            "--cdi-dir", str(cluster.cdi_dir(node)), "--kubeconfig", str(kubeconfig),
-            "--http-host", "127.0.0.1", "--http-port", "0",
-        ]  # fmt: skip
+def _plugins(cluster: Cluster, nats: SecureNats, node: str, kubeconfig: Path) -> dict[str, list[str]]:
+    """The node's plugin shims by name: the device plugin, the DRA kubelet plugin, or both."""
+    dra = isinstance(cluster, RealCluster) and cluster.dra
+    classic = not isinstance(cluster, RealCluster) or cluster.classic
+    found = {f"plugin-{node}": _classic_plugin(cluster, nats, node)} if classic else {}
+    if dra:
+        found[f"dra-plugin-{node}" if classic else f"plugin-{node}"] = _dra_plugin(cluster, nats, node, kubeconfig)
+    return found
+
+
+def _dra_plugin(cluster: Cluster, nats: SecureNats, node: str, kubeconfig: Path) -> list[str]:
+    assert isinstance(cluster, RealCluster)
+    return [
+        "--mode", "dra", "--node", node, *_nats_flags(nats, Role.PLUGIN, node),
+        "--registry-dir", str(cluster.registry_dir(node)), "--plugin-dir", str(cluster.dra_plugin_dir(node)),
+        "--cdi-dir", str(cluster.cdi_dir(node)), "--kubeconfig", str(kubeconfig),
+        "--http-host", "127.0.0.1", "--http-port", "0",
+    ]  # fmt: skip
+
+
+def _classic_plugin(cluster: Cluster, nats: SecureNats, node: str) -> list[str]:
     return [
         "--node", node, *_nats_flags(nats, Role.PLUGIN, node),
         "--device-plugin-dir", str(cluster.plugin_dir(node)),
@@ -227,7 +239,8 @@ async def _start_services(
                 *_inventory_kube(cluster, kubeconfig),
             ],
         )
-        await supervisor.start(f"plugin-{node}", "gpuledger_plugin", _plugin(cluster, nats, node, kubeconfig))
+        for name, argv in _plugins(cluster, nats, node, kubeconfig).items():
+            await supervisor.start(name, "gpuledger_plugin", argv)
     started = ", ".join(f"{p.name} (pid {p.process.pid})" for p in supervisor.services if p.process)
     say(f"started {started}")
     await wait_until(lambda: _nodes_in_ledger(grpc, len(fleet.nodes)), "every node in the ledger", supervisor)

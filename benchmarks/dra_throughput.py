@@ -1,0 +1,218 @@
+"""DRA mode next to classic mode, in the same run, on the same kwok nodes: pods per second bound and
+the time from a pod's creation to Running, for one-card pods of each path.
+
+The stack is ``gpuledger dev up --kubernetes real`` with every node in both modes (``mode="both"``):
+each node's inventory publishes ResourceSlices (with the binding condition) and the node runs the
+device plugin shim as well as the DRA kubelet plugin; its simulated kubelet plays both the device
+manager and kubelet's DRA side. Paths:
+
+- ``classic``: ``gpuledger.io/gpu: 1`` through kube-scheduler with gpuledger's extender (filter and
+  bind reserve in the ledger), admitted with the plugin shim's Allocate;
+- ``dra``: a ResourceClaimTemplate of one whole card of ``gpu.gpuledger.io``; kube-controller-manager
+  makes each pod's claim, kube-scheduler (a profile without the extender) allocates it and waits at
+  PreBind until the claims controller has committed it in the ledger, then binds; the kubelet has
+  the DRA plugin prepare the claim (CDI spec) before the pod runs.
+
+Rounds alternate the paths; each burst creates its pods, waits until a watch has seen them all
+Running, then deletes them and waits for the ledger to give every card back. Printed: pods/s to
+bound and to Running (medians), the median and p90 time from creation to Running, the ratio, and
+the claims controller's time from allocation to the committed condition (its histogram).
+
+    python benchmarks/dra_throughput.py [--nodes 8] [--pods 48] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from gpuledger_cli.dev.kubereal import BOTH, DRIVER, RealCluster
+from gpuledger_cli.dev.stack import Stack, running_stack
+from gpuledger_common.fleet import load_fleet
+from gpuledger_common.natsserver import free_port
+from gpuledger_testing.controlplane.api import KubeApi
+from gpuledger_testing.controlplane.cluster import plain_scheduler_config
+from gpuledger_testing.ledger_check import read_ledger
+from gpuledger_testing.waiting import wait_for
+
+NAMESPACE = "bench"
+DRA_SCHEDULER = "dra-scheduler"  # a kube-scheduler profile with no extender: DRA pods need none
+TEMPLATE = "one-card"
+
+
+def fleet_file(directory: Path, nodes: int) -> Path:
+    path = directory / "bench-fleet.yaml"
+    path.write_text("nodes:\n" + "".join(f"  - name: h100-{i}\n    profile: h100-sxm-8\n" for i in range(nodes)))
+    return path
+
+
+def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
+    toleration = [{"key": "gpuledger.io/gpu-node", "operator": "Exists", "effect": "NoSchedule"}]
+    out = []
+    for i in range(count):
+        spec: dict[str, Any] = {"terminationGracePeriodSeconds": 0, "tolerations": toleration}
+        container: dict[str, Any] = {"name": "app", "image": "cuda"}
+        if kind == "classic":
+            spec["schedulerName"] = "gpuledger-scheduler"
+            container["resources"] = {"limits": {"gpuledger.io/gpu": "1"}}
+        else:
+            spec["schedulerName"] = DRA_SCHEDULER
+            spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}]
+            container["resources"] = {"claims": [{"name": "gpu"}]}
+        spec["containers"] = [container]
+        meta = {"name": f"{kind}-{round_no}-{i:04d}", "namespace": NAMESPACE, "labels": {"bench": kind}}
+        out.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
+    return out
+
+
+async def burst(api: KubeApi, kind: str, count: int, round_no: int) -> tuple[float, float, list[float]]:
+    """Seconds until every pod was bound, until every pod ran, and each pod's creation to Running."""
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    selector = f"bench={kind}"
+    version = (await api.get(path, labelSelector=selector, limit="1"))["metadata"]["resourceVersion"]
+    created: dict[str, float] = {}
+    bound: dict[str, float] = {}
+    running: dict[str, float] = {}
+
+    async def follow() -> None:
+        while len(running) < count:
+            async for event in api.watch(path, version, 600, labelSelector=selector):
+                obj = event.get("object") or {}
+                name = obj.get("metadata", {}).get("name", "")
+                now = time.perf_counter()
+                if obj.get("spec", {}).get("nodeName"):
+                    bound.setdefault(name, now)
+                if obj.get("status", {}).get("phase") == "Running":
+                    running.setdefault(name, now)
+                if len(running) >= count:
+                    return
+
+    started = time.perf_counter()
+    sem = asyncio.Semaphore(16)
+
+    async def create(body: dict[str, Any]) -> None:
+        async with sem:
+            created[body["metadata"]["name"]] = time.perf_counter()
+            await api.create(path, body)
+
+    async with asyncio.timeout(600), asyncio.TaskGroup() as tasks:
+        tasks.create_task(follow())
+        await asyncio.gather(*(create(b) for b in pods(kind, count, round_no)))
+    latencies = sorted(running[n] - created[n] for n in running)
+    return max(bound.values()) - started, max(running.values()) - started, latencies
+
+
+async def clear(api: KubeApi, stack: Stack, kind: str) -> None:
+    await api.call(
+        "DELETE",
+        f"/api/v1/namespaces/{NAMESPACE}/pods",
+        params={"labelSelector": f"bench={kind}", "gracePeriodSeconds": "0"},
+    )
+
+    async def gone() -> bool:
+        found = await api.get(f"/api/v1/namespaces/{NAMESPACE}/pods", labelSelector=f"bench={kind}")
+        claims = await api.get(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims")
+        return not found["items"] and not claims["items"]
+
+    await wait_for(gone, 180, f"{kind} pods and claims gone", interval=0.2)
+
+    async def free() -> bool:
+        return not any(found.live() for found in (await read_ledger(stack.nats_url, stack.operator)).values())
+
+    await wait_for(free, 180, "every card back in the ledger", interval=0.5)
+
+
+async def histogram(url: str, name: str) -> tuple[float, float]:
+    async with aiohttp.ClientSession() as http, http.get(url) as reply:
+        text = await reply.text()
+    found = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        for part in found:
+            if line.startswith(f"{name}_{part} "):
+                found[part] = float(line.rsplit(" ", 1)[1])
+    return found["sum"], found["count"]
+
+
+def pct(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+async def run(args: argparse.Namespace) -> int:
+    fleet = load_fleet(str(fleet_file(Path(tempfile.mkdtemp(prefix="gl-bench-")), args.nodes)))
+    say = lambda m: print(f"[stack] {m}", flush=True)  # noqa: E731
+    async with running_stack(fleet, free_port(), free_port(), say, "real", mode=BOTH) as stack:
+        cluster = stack.cluster
+        assert isinstance(cluster, RealCluster) and cluster.api is not None
+        api = cluster.api
+        await api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
+        template = {"metadata": {"name": TEMPLATE}, "spec": {"spec": {"devices": {"requests": [request]}}}}
+        await api.create(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates", template)
+        await asyncio.to_thread(
+            cluster.control_plane.start_scheduler, DRA_SCHEDULER, plain_scheduler_config(DRA_SCHEDULER)
+        )
+        metrics = f"{stack.placement_ops}/metrics"
+        await asyncio.sleep(2.0)
+        kinds = ("classic", "dra")
+        to_bound: dict[str, list[float]] = {k: [] for k in kinds}
+        to_run: dict[str, list[float]] = {k: [] for k in kinds}
+        latency: dict[str, list[float]] = {k: [] for k in kinds}
+        commit: list[float] = []
+        for round_no in range(args.rounds):
+            for kind in kinds:
+                before = await histogram(metrics, "gpuledger_placement_claim_commit_seconds")
+                bound_s, run_s, each = await burst(api, kind, args.pods, round_no)
+                to_bound[kind].append(args.pods / bound_s)
+                to_run[kind].append(args.pods / run_s)
+                latency[kind].extend(each)
+                if kind == "dra":
+                    after = await histogram(metrics, "gpuledger_placement_claim_commit_seconds")
+                    if after[1] > before[1]:
+                        commit.append((after[0] - before[0]) / (after[1] - before[1]))
+                print(
+                    f"round {round_no} {kind:7s}: {args.pods} pods bound in {bound_s:.2f} s, running in {run_s:.2f} s; "
+                    f"creation to Running median {statistics.median(each):.2f} s",
+                    flush=True,
+                )
+                await clear(api, stack, kind)
+    print()
+    print(f"| path | pods/s bound (median of {args.rounds}) | pods/s Running | creation to Running, median / p90 (s) |")
+    print("|---|---:|---:|---:|")
+    for kind in kinds:
+        values = sorted(latency[kind])
+        print(
+            f"| {kind} | {statistics.median(to_bound[kind]):.1f} | {statistics.median(to_run[kind]):.1f} | "
+            f"{statistics.median(values):.2f} / {pct(values, 0.9):.2f} |"
+        )
+    ratio = statistics.median(to_run["dra"]) / statistics.median(to_run["classic"])
+    print(f"ratio dra / classic, pods/s Running: {ratio:.2f}")
+    extra = statistics.median(latency["dra"]) - statistics.median(latency["classic"])
+    print(f"median creation to Running, dra less classic: {extra:.2f} s")
+    if commit:
+        print(
+            f"claims controller, allocation to committed (mean per burst, s): {', '.join(f'{c:.3f}' for c in commit)}"
+        )
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=8, help="kwok nodes of 8 H100 (default 8)")
+    parser.add_argument("--pods", type=int, default=48, help="one-card pods per burst (default 48)")
+    parser.add_argument("--rounds", type=int, default=3, help="bursts of each path (default 3)")
+    args = parser.parse_args()
+    if args.pods > args.nodes * 8:
+        parser.error(f"--pods {args.pods} is more than the {args.nodes * 8} cards of --nodes {args.nodes}")
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

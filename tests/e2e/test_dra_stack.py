@@ -1,0 +1,229 @@
+"""The stack in DRA mode (`gpuledger dev up --kubernetes real --mode dra`), on its own real control
+plane: every node's inventory publishes ResourceSlices, every claim is allocated by the real
+kube-scheduler and committed by the ledger, every pod runs only after the node's DRA plugin
+prepared its claim (the kwok kubelet's DRA side), and its container's environment is the claim's
+CDI spec.
+
+- The demo scenario; afterwards the ledger holds only claims, each exactly as its ResourceClaim was
+  allocated.
+- Faults in the middle of a burst of claims: SIGKILL of placement (the claims controller), of the
+  allocator and of nats-server (each restarted), and a restart of a node's kubelet. Afterwards
+  every pod runs or is unbound with the scheduler's reason, no card is over capacity, and the
+  ledger's claim entries are exactly the claims' allocations."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gpuledger_cli.dev.kubereal import DRIVER, NAMESPACE, RealCluster
+from gpuledger_cli.dev.scenario_dra import CLAIMS, run_dra_scenario
+from gpuledger_cli.dev.stack import Stack, running_stack
+from gpuledger_cli.devup import DEFAULT_FLEET as DEV_FLEET
+from gpuledger_common.fleet import Fleet, load_fleet
+from gpuledger_common.natsserver import free_port
+from gpuledger_core.model import OwnerKind
+from gpuledger_testing.controlplane.api import KubeApi
+from gpuledger_testing.ledger_check import check
+from gpuledger_testing.waiting import wait_for
+from tests.e2e.dra_ledger import COMMITTED, REJECTED, conditions
+from tests.e2e.helpers import ledger
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def dra_stack() -> AsyncIterator[Stack]:
+    fleet: Fleet = load_fleet(str(DEV_FLEET))
+    async with running_stack(fleet, free_port(), free_port(), _say, "real", mode="dra") as running:
+        yield running
+
+
+def _say(message: str) -> None:
+    print(f"[e2e dra stack] {message}", flush=True)
+
+
+@pytest.mark.timeout(420)
+async def test_the_demo_scenario_in_dra_mode(dra_stack: Stack) -> None:
+    try:
+        await _demo(dra_stack)
+    finally:  # the demo's pods and claims go: the fault tests find the cards free
+        await _delete_all(dra_stack, NAMESPACE)
+
+
+async def _demo(dra_stack: Stack) -> None:
+    said: list[str] = []
+    assert await run_dra_scenario(dra_stack, said.append), "\n".join(said)
+    assert any("stays pending" in line for line in said), said
+    cluster = dra_stack.cluster
+    assert isinstance(cluster, RealCluster) and cluster.api is not None
+    claims = (await cluster.api.get(CLAIMS))["items"]
+    allocated = {c["metadata"]["uid"]: c for c in claims if c.get("status", {}).get("allocation")}
+    held = {a.owner.id: (node, a) for node, found in (await ledger(dra_stack)).items() for a in found.live()}
+    assert {owner: node for owner, (node, _) in held.items()} == {
+        uid: c["status"]["allocation"]["devices"]["results"][0]["pool"] for uid, c in allocated.items()
+    }
+    assert all(a.owner.kind is OwnerKind.CLAIM and a.owner.namespace == NAMESPACE for _, a in held.values())
+    for uid, (_, entry) in held.items():
+        results = allocated[uid]["status"]["allocation"]["devices"]["results"]
+        assert sorted(f"gpu-{s.index}" for s in entry.shares()) == sorted(r["device"] for r in results)
+
+
+async def _delete_all(stack: Stack, ns: str) -> None:
+    cluster = stack.cluster
+    assert isinstance(cluster, RealCluster) and cluster.api is not None
+    await cluster.api.call("DELETE", f"/api/v1/namespaces/{ns}/pods", params={"gracePeriodSeconds": "0"})
+    await cluster.api.call("DELETE", f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")
+
+    async def released() -> bool:
+        return not any(a.owner.namespace == ns for found in (await ledger(stack)).values() for a in found.live())
+
+    await wait_for(released, 180, f"every card held in namespace {ns} released", interval=0.5)
+
+
+async def kill_service(stack: Stack, name: str) -> None:
+    await stack.supervisor.kill(name)
+    await stack.supervisor.restart(name)
+
+
+async def kill_nats(stack: Stack) -> None:
+    await stack.nats.kill()
+    await stack.nats.start()
+
+
+async def restart_kubelet(stack: Stack) -> None:
+    assert isinstance(stack.cluster, RealCluster)
+    await stack.cluster.kubelets["h100-0"].restart()
+
+
+FAULTS: dict[str, Callable[[Stack], Awaitable[None]]] = {
+    "placement-sigkill": lambda stack: kill_service(stack, "placement"),
+    "allocator-sigkill": lambda stack: kill_service(stack, "allocator"),
+    "nats-server-sigkill": kill_nats,
+    "kubelet-restart": restart_kubelet,
+}
+STEADY_S = 15.0  # longer than kube-scheduler's longest backoff (podMaxBackoffSeconds, 10 s)
+BURST = 48  # shares of 1 GiB and 1 %: 8 a card by slots; the fleet has 11 cards, one turns unhealthy
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("fault", list(FAULTS))
+async def test_a_fault_mid_burst_of_claims_leaves_the_ledger_equal_to_the_claims(dra_stack: Stack, fault: str) -> None:
+    cluster = dra_stack.cluster
+    assert isinstance(cluster, RealCluster) and cluster.api is not None
+    api = cluster.api
+    ns = f"dra-{fault}"
+    await api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+    try:
+        claims_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+        request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER,
+                   "capacity": {"requests": {"memory": "1Gi", "compute": "1"}}}}  # fmt: skip
+
+        async def create_all() -> None:
+            for i in range(BURST):
+                await api.create(
+                    claims_path, {"metadata": {"name": f"c{i}"}, "spec": {"devices": {"requests": [request]}}}
+                )
+                await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod(f"p{i}", f"c{i}"))
+
+        creating = asyncio.ensure_future(create_all())
+        await wait_for(lambda: _bound_at_least(api, ns, BURST // 4), 120, f"{BURST // 4} pods bound", 0.2)
+        await FAULTS[fault](dra_stack)
+        await creating
+        await wait_for(_steady(api, ns), 240, "every pod running, or unbound with a reason, for good", 1.0)
+        dra_stack.supervisor.check()
+        await wait_for(lambda: _decided(api, claims_path), 60, "every allocated claim committed or rejected", 0.5)
+        claims = (await api.get(claims_path))["items"]
+        found = await ledger(dra_stack)
+        report = check(found.values(), [], 8, time.time())
+        assert report.findings == [], report.findings
+        committed = {
+            c["metadata"]["uid"]: sorted(r["device"] for r in c["status"]["allocation"]["devices"]["results"])
+            for c in claims
+            if conditions(c).get(COMMITTED, {}).get("status") == "True"
+        }
+        held = {
+            a.owner.id: sorted(f"gpu-{s.index}" for s in a.shares())
+            for entries in found.values()
+            for a in entries.live()
+            if a.owner.kind is OwnerKind.CLAIM and a.owner.namespace == ns
+        }
+        assert held == committed
+        running = sum(
+            1
+            for p in (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+            if p["status"].get("phase") == "Running"
+        )
+        print(f"\n  {fault}: {running} of {BURST} pods running, {len(held)} claims held", flush=True)
+        assert running >= BURST * 3 // 4, f"only {running} of {BURST} pods run after {fault}"
+    finally:
+        await _delete_all(dra_stack, ns)
+        await api.delete(f"/api/v1/namespaces/{ns}")
+
+
+def claim_pod(name: str, claim: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": "gpuledger-scheduler",
+            "terminationGracePeriodSeconds": 0,
+            "tolerations": [{"operator": "Exists"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "containers": [{"name": "app", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
+        },
+    }
+
+
+async def _bound_at_least(api: KubeApi, ns: str, count: int) -> bool:
+    found = (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+    return sum(1 for p in found if p["spec"].get("nodeName")) >= count
+
+
+async def _decided(api: KubeApi, claims_path: str) -> bool:
+    """Every allocated claim marked committed or rejected by the claims controller."""
+    for claim in (await api.get(claims_path))["items"]:
+        if claim.get("status", {}).get("allocation") and not (set(conditions(claim)) & {COMMITTED, REJECTED}):
+            return False
+    return True
+
+
+def _steady(api: KubeApi, ns: str) -> Callable[[], Awaitable[bool]]:
+    """Settled (every pod Running, or unbound with a FailedScheduling event), and with as many pods
+    Running ``STEADY_S`` later: a pod refused while a service was down is tried again within
+    kube-scheduler's backoff, so one settled look right after the fault is not the end."""
+    seen: list[tuple[float, int]] = []
+
+    async def steady() -> bool:
+        pods = (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+        if not await _settled(api, ns, pods):
+            seen.clear()
+            return False
+        running = sum(1 for p in pods if p["status"].get("phase") == "Running")
+        now = asyncio.get_running_loop().time()
+        if not seen or seen[0][1] != running:
+            seen[:] = [(now, running)]
+            return False
+        return now - seen[0][0] >= STEADY_S
+
+    return steady
+
+
+async def _settled(api: KubeApi, ns: str, pods: list[dict[str, Any]]) -> bool:
+    """Every pod Running, or unbound with a FailedScheduling event."""
+    for found in pods:
+        if found["status"].get("phase") == "Running":
+            continue
+        if found["spec"].get("nodeName"):
+            return False
+        uid = found["metadata"]["uid"]
+        events = await api.get(
+            f"/api/v1/namespaces/{ns}/events", fieldSelector=f"involvedObject.uid={uid},reason=FailedScheduling"
+        )
+        if not events["items"]:
+            return False
+    return True

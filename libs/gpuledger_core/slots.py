@@ -27,6 +27,7 @@ from dataclasses import replace
 from gpuledger_core.errors import Exhausted, InvalidArgument
 from gpuledger_core.ids import AllocationId, CardUuid
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.memo import Memo
 from gpuledger_core.model import Allocation, Grant, Node
 
 SEPARATOR = "::"
@@ -78,12 +79,25 @@ def holders_of_ids(ledger: NodeLedger) -> dict[str, AllocationId]:
 
 def slots_taken(allocation: Allocation) -> Counter[CardUuid]:
     """How many of each card's slots one allocation takes (see the counting rules above)."""
+    return Counter(dict(_taken(allocation)))
+
+
+def _taken(allocation: Allocation) -> tuple[tuple[CardUuid, int], ...]:
+    """``slots_taken`` of an allocation, remembered (``Memo``): every node state placement
+    makes counts each allocation of the node again, and a node's allocations change one at a time."""
+    return _TAKEN.get(allocation, _count_taken)
+
+
+def _count_taken(allocation: Allocation) -> tuple[tuple[CardUuid, int], ...]:
     ids = [raw for grant in allocation.grants for raw in grant.device_ids]
     if ids:
-        return Counter(card_of(raw) for raw in set(ids))
+        return tuple(Counter(card_of(raw) for raw in set(ids)).items())
     apps = Counter(share.uuid for grant in allocation.grants if not grant.init for share in grant.cards)
     inits = Counter(share.uuid for grant in allocation.grants if grant.init for share in grant.cards)
-    return Counter({uuid: apps[uuid] or n for uuid, n in (inits | apps).items()})
+    return tuple((uuid, apps[uuid] or n) for uuid, n in (inits | apps).items())
+
+
+_TAKEN: Memo[Allocation, tuple[tuple[CardUuid, int], ...]] = Memo()
 
 
 def slots_held(allocations: Iterable[Allocation]) -> Counter[CardUuid]:
@@ -91,7 +105,8 @@ def slots_held(allocations: Iterable[Allocation]) -> Counter[CardUuid]:
     held: Counter[CardUuid] = Counter()
     for allocation in allocations:
         if allocation.live:
-            held.update(slots_taken(allocation))
+            for uuid, taken in _taken(allocation):
+                held[uuid] += taken
     return held
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpuledger_core.ids import CardUuid
+from gpuledger_core.memo import Memo
 from gpuledger_core.model import CORE_WHOLE, Allocation, Card, CardShare, Isolation
 
 
@@ -77,6 +78,16 @@ def allocation_use(allocation: Allocation) -> dict[CardUuid, CardUse]:
     Init containers run one at a time before the app containers, so a card carries the larger of
     the biggest init share and the sum of the app shares (kubelet reuses init devices likewise).
     """
+    return dict(_use_of(allocation))
+
+
+def _use_of(allocation: Allocation) -> tuple[tuple[CardUuid, CardUse], ...]:
+    """``allocation_use``, remembered (``Memo``): every node state made (placement makes one per
+    change of the node and per pod it assumes there) counts each of the node's allocations again."""
+    return _USES.get(allocation, _count_use)
+
+
+def _count_use(allocation: Allocation) -> tuple[tuple[CardUuid, CardUse], ...]:
     apps: dict[CardUuid, CardUse] = {}
     inits: dict[CardUuid, CardUse] = {}
     tier = allocation.isolation
@@ -88,7 +99,10 @@ def allocation_use(allocation: Allocation) -> dict[CardUuid, CardUse]:
                 apps[share.uuid] = apps.get(share.uuid, CardUse()).plus(share, tier)
     for uuid, use in inits.items():
         apps[uuid] = apps.get(uuid, CardUse()).most(use)
-    return apps
+    return tuple(apps.items())
+
+
+_USES: Memo[Allocation, tuple[tuple[CardUuid, CardUse], ...]] = Memo()
 
 
 def node_use(allocations: Iterable[Allocation]) -> dict[CardUuid, CardUse]:
@@ -97,7 +111,7 @@ def node_use(allocations: Iterable[Allocation]) -> dict[CardUuid, CardUse]:
     for allocation in allocations:
         if not allocation.live:
             continue
-        for uuid, use in allocation_use(allocation).items():
+        for uuid, use in _use_of(allocation):
             seen = total.get(uuid, CardUse())
             total[uuid] = CardUse(
                 seen.mem_mib + use.mem_mib,

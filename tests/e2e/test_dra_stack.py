@@ -1,5 +1,6 @@
 """The stack in DRA mode (`gpuledger dev up --kubernetes real --mode dra`), on its own real control
-plane: every node's inventory publishes ResourceSlices, every claim is allocated by the real
+plane, with every node in classic mode as well (the device plugin shim beside the DRA plugin, the
+`both` mode of the benchmarks): every node's inventory publishes ResourceSlices, every claim is allocated by the real
 kube-scheduler and committed by the ledger, every pod runs only after the node's DRA plugin
 prepared its claim (the kwok kubelet's DRA side), and its container's environment is the claim's
 CDI spec.
@@ -9,7 +10,9 @@ CDI spec.
 - Faults in the middle of a burst of claims: SIGKILL of placement (the claims controller), of the
   allocator and of nats-server (each restarted), and a restart of a node's kubelet. Afterwards
   every pod runs or is unbound with the scheduler's reason, no card is over capacity, and the
-  ledger's claim entries are exactly the claims' allocations."""
+  ledger's claim entries are exactly the claims' allocations.
+- Classic pods and claims at once on the same nodes and cards: no card over capacity, the ledger
+  equal to the classic pods and to the committed claims."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gpuledger_cli.dev.kubereal import DRIVER, NAMESPACE, RealCluster
+from gpuledger_cli.dev.kubereal import BOTH, DRIVER, NAMESPACE, RealCluster
 from gpuledger_cli.dev.scenario_dra import CLAIMS, run_dra_scenario
 from gpuledger_cli.dev.stack import Stack, running_stack
 from gpuledger_cli.devup import DEFAULT_FLEET as DEV_FLEET
@@ -32,7 +35,7 @@ from gpuledger_testing.controlplane.api import KubeApi
 from gpuledger_testing.ledger_check import check
 from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_ledger import COMMITTED, REJECTED, conditions
-from tests.e2e.helpers import ledger
+from tests.e2e.helpers import consistent, ledger, pod, share
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -40,7 +43,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def dra_stack() -> AsyncIterator[Stack]:
     fleet: Fleet = load_fleet(str(DEV_FLEET))
-    async with running_stack(fleet, free_port(), free_port(), _say, "real", mode="dra") as running:
+    async with running_stack(fleet, free_port(), free_port(), _say, "real", mode=BOTH) as running:
         yield running
 
 
@@ -227,3 +230,46 @@ async def _settled(api: KubeApi, ns: str, pods: list[dict[str, Any]]) -> bool:
         if not events["items"]:
             return False
     return True
+
+
+@pytest.mark.timeout(300)
+async def test_classic_pods_and_claims_at_once_on_the_same_cards_never_over_commit_one(dra_stack: Stack) -> None:
+    cluster = dra_stack.cluster
+    assert isinstance(cluster, RealCluster) and cluster.api is not None
+    api = cluster.api
+    ns = "mixed"
+    await api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+    claims_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+    request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER,
+               "capacity": {"requests": {"memory": "2Gi", "compute": "1"}}}}  # fmt: skip
+    try:
+
+        async def claims_and_pods() -> None:
+            for i in range(24):
+                body = {"metadata": {"name": f"c{i}"}, "spec": {"devices": {"requests": [request]}}}
+                await api.create(claims_path, body)
+                await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod(f"dra-{i}", f"c{i}"))
+
+        async def classic_pods() -> None:
+            for i in range(24):
+                body = pod(f"classic-{i}", ns, share(2048))
+                body["spec"]["tolerations"] = [{"operator": "Exists"}]
+                await api.create(f"/api/v1/namespaces/{ns}/pods", body)
+
+        await asyncio.gather(claims_and_pods(), classic_pods())
+        await wait_for(_steady(api, ns), 240, "every pod running, or unbound with a reason, for good", 1.0)
+        await wait_for(lambda: _decided(api, claims_path), 60, "every allocated claim committed or rejected", 0.5)
+        report = await consistent(cluster, dra_stack)  # the ledger equals the classic pods, no card over capacity
+        assert report.ok, report
+        found = await ledger(dra_stack)
+        claims = (await api.get(claims_path))["items"]
+        committed = {c["metadata"]["uid"] for c in claims if conditions(c).get(COMMITTED, {}).get("status") == "True"}
+        held = {a.owner.id for e in found.values() for a in e.live() if a.owner.kind is OwnerKind.CLAIM}
+        assert held == committed
+        pods = (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+        running = sum(1 for p in pods if p["status"].get("phase") == "Running")
+        print(f"\n  mixed: {running} of {len(pods)} pods running, {len(held)} claims held", flush=True)
+        assert running >= 36, f"only {running} of 48 pods run"
+    finally:
+        await _delete_all(dra_stack, ns)
+        await api.delete(f"/api/v1/namespaces/{ns}")

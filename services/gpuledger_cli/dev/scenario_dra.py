@@ -40,7 +40,7 @@ def cards(n: int, linked: bool = False) -> tuple[dict[str, Any], list[dict[str, 
 
 async def run_dra_scenario(stack: Stack, say: Say) -> bool:
     cluster = stack.cluster
-    assert isinstance(cluster, RealCluster) and cluster.mode == "dra"
+    assert isinstance(cluster, RealCluster) and cluster.dra
     checks = Checks(say)
     await _rtx(stack, cluster, checks)
     await _p4(cluster, checks)

@@ -38,6 +38,7 @@ from gpuledger_cli.dev.kubereal import BOTH, DRIVER, RealCluster
 from gpuledger_cli.dev.stack import Stack, running_stack
 from gpuledger_common.fleet import load_fleet
 from gpuledger_common.natsserver import free_port
+from gpuledger_testing.benchpods import h100_fleet
 from gpuledger_testing.controlplane.api import KubeApi
 from gpuledger_testing.controlplane.cluster import plain_scheduler_config
 from gpuledger_testing.ledger_check import read_ledger
@@ -46,12 +47,6 @@ from gpuledger_testing.waiting import wait_for
 NAMESPACE = "bench"
 DRA_SCHEDULER = "dra-scheduler"  # a kube-scheduler profile with no extender: DRA pods need none
 TEMPLATE = "one-card"
-
-
-def fleet_file(directory: Path, nodes: int) -> Path:
-    path = directory / "bench-fleet.yaml"
-    path.write_text("nodes:\n" + "".join(f"  - name: h100-{i}\n    profile: h100-sxm-8\n" for i in range(nodes)))
-    return path
 
 
 def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
@@ -146,7 +141,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def run(args: argparse.Namespace) -> int:
-    fleet = load_fleet(str(fleet_file(Path(tempfile.mkdtemp(prefix="gl-bench-")), args.nodes)))
+    fleet = load_fleet(str(h100_fleet(Path(tempfile.mkdtemp(prefix="gl-bench-")), args.nodes)))
     say = lambda m: print(f"[stack] {m}", flush=True)  # noqa: E731
     async with running_stack(fleet, free_port(), free_port(), say, "real", mode=BOTH) as stack:
         cluster = stack.cluster

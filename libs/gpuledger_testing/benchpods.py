@@ -30,6 +30,13 @@ def one_card_pods(kind: str, count: int, namespace: str, prefix: str, label: str
     ]
 
 
+def h100_fleet(directory: Path, nodes: int) -> Path:
+    """A fleet file of ``nodes`` nodes of 8 H100 (``h100-<i>``), in ``directory``."""
+    path = directory / "bench-fleet.yaml"
+    path.write_text("nodes:\n" + "".join(f"  - name: h100-{i}\n    profile: h100-sxm-8\n" for i in range(nodes)))
+    return path
+
+
 def stat_fields(pid: int) -> list[str]:
     """``/proc/<pid>/stat`` after the command name (which may hold spaces)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

@@ -4,8 +4,10 @@ gated DRA nodes, and reads of the ledger and of claims."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,10 @@ from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, OwnerKind
 from gpuledger_inventory.slices import DRIVER
 from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.controlplane.cluster import ControlPlane
+from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
 from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_allocator, running_placement
 from gpuledger_testing.waiting import wait_for
-from tests.e2e.dra_helpers import DraNode, dra_node
+from tests.e2e.dra_helpers import SCHEDULER, DraNode, dra_node, ensure_device_class, namespace, published
 
 COMMITTED, REJECTED = "gpuledger.io/committed", "gpuledger.io/rejected"
 
@@ -70,3 +72,36 @@ def gated_node(
 ) -> contextlib.AbstractAsyncContextManager[DraNode]:
     """A DRA node whose devices carry the binding condition: kube-scheduler waits for the ledger."""
     return dra_node(cp, server, profile, pods, dra_binding_conditions=True)
+
+
+@dataclass
+class World:
+    """What a DRA ledger test runs against: a gated node, published and in the ledger, its namespace."""
+
+    node: DraNode
+    ns: str
+    allocator: RunningAllocator
+
+    @property
+    def api(self) -> KubeApi:
+        return self.node.api
+
+
+@contextlib.asynccontextmanager
+async def gated_world(
+    cp: ControlPlane, server: NatsServer, kubeconfig: Path, profile: str, placement: bool = True
+) -> AsyncIterator[World]:
+    """kube-scheduler (a profile without the extender), the allocator and, unless not
+    ``placement``, placement with the claims controller; a gated DRA node of ``profile``, its
+    slices published and its ledger written; the DeviceClasses; a namespace of the node's name."""
+    await asyncio.to_thread(cp.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
+    async with contextlib.AsyncExitStack() as stack:
+        allocator = await stack.enter_async_context(running_allocator(server.url))
+        if placement:
+            await stack.enter_async_context(placement_with_claims(server, kubeconfig))
+        node = await stack.enter_async_context(gated_node(cp, server, profile))
+        ns = await stack.enter_async_context(namespace(node.api, node.name))
+        await published(node)
+        await ensure_device_class(node.api)
+        await wait_for(lambda: ledger_of(server, node.name), 30, f"{node.name} in the ledger", 0.2)
+        yield World(node, ns, allocator)

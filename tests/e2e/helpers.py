@@ -3,9 +3,10 @@ read straight from JetStream, and the ledger-versus-pods check."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from gpuledger_cli.dev.kubereal import RealCluster
@@ -120,3 +121,27 @@ async def consistent(cluster: RealCluster, stack: Stack, timeout: float = 60) ->
     except TimeoutError as err:
         raise AssertionError(f"{err}: {last[0] if last else 'never checked'}") from None
     return found
+
+
+STEADY_S = 15.0  # longer than kube-scheduler's longest backoff (podMaxBackoffSeconds, 10 s)
+
+
+def steady(running_if_settled: Callable[[], Awaitable[int | None]]) -> Callable[[], Awaitable[bool]]:
+    """A check for ``wait_for``: settled (``running_if_settled`` gives how many pods run, or None
+    while not settled) and with as many pods running ``STEADY_S`` later. A pod refused while a
+    service was down is tried again within kube-scheduler's backoff, so one settled look right
+    after a fault is not the end."""
+    seen: list[tuple[float, int]] = []
+
+    async def check() -> bool:
+        running = await running_if_settled()
+        if running is None:
+            seen.clear()
+            return False
+        now = asyncio.get_running_loop().time()
+        if not seen or seen[0][1] != running:
+            seen[:] = [(now, running)]
+            return False
+        return now - seen[0][0] >= STEADY_S
+
+    return check

@@ -35,7 +35,7 @@ from gpuledger_testing.controlplane.api import KubeApi
 from gpuledger_testing.ledger_check import check
 from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_ledger import COMMITTED, REJECTED, conditions
-from tests.e2e.helpers import consistent, ledger, pod, share
+from tests.e2e.helpers import consistent, ledger, pod, share, steady
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -110,7 +110,6 @@ FAULTS: dict[str, Callable[[Stack], Awaitable[None]]] = {
     "nats-server-sigkill": kill_nats,
     "kubelet-restart": restart_kubelet,
 }
-STEADY_S = 15.0  # longer than kube-scheduler's longest backoff (podMaxBackoffSeconds, 10 s)
 BURST = 48  # shares of 1 GiB and 1 %: 8 a card by slots; the fleet has 11 cards, one turns unhealthy
 
 
@@ -196,24 +195,15 @@ async def _decided(api: KubeApi, claims_path: str) -> bool:
 
 
 def _steady(api: KubeApi, ns: str) -> Callable[[], Awaitable[bool]]:
-    """Settled (every pod Running, or unbound with a FailedScheduling event), and with as many pods
-    Running ``STEADY_S`` later: a pod refused while a service was down is tried again within
-    kube-scheduler's backoff, so one settled look right after the fault is not the end."""
-    seen: list[tuple[float, int]] = []
+    """Every pod Running, or unbound with a FailedScheduling event, for good (``helpers.steady``)."""
 
-    async def steady() -> bool:
+    async def running_if_settled() -> int | None:
         pods = (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
         if not await _settled(api, ns, pods):
-            seen.clear()
-            return False
-        running = sum(1 for p in pods if p["status"].get("phase") == "Running")
-        now = asyncio.get_running_loop().time()
-        if not seen or seen[0][1] != running:
-            seen[:] = [(now, running)]
-            return False
-        return now - seen[0][0] >= STEADY_S
+            return None
+        return sum(1 for p in pods if p["status"].get("phase") == "Running")
 
-    return steady
+    return steady(running_if_settled)
 
 
 async def _settled(api: KubeApi, ns: str, pods: list[dict[str, Any]]) -> bool:

@@ -14,14 +14,13 @@ from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.stack import Stack
 from gpuledger_testing.controlplane.api import KubeApi
 from gpuledger_testing.waiting import wait_for
-from tests.e2e.helpers import POLL_S, consistent, namespace, pod, pods_in, share
+from tests.e2e.helpers import POLL_S, consistent, namespace, pod, pods_in, share, steady
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 BURST = 200
 NODES = ("a100-0", "a100-1", "v100-0")  # 24 cards x 8 slots: room for 192 one-card shares
 SETTLED_S = 240.0
-STEADY_S = 15.0  # longer than kube-scheduler's longest backoff (podMaxBackoffSeconds, 10 s)
 Fault = Callable[[Stack, RealCluster], Awaitable[None]]
 
 
@@ -112,23 +111,12 @@ async def _bound_at_least(api: KubeApi, ns: str, count: int) -> bool:
 
 
 def _steady(cluster: RealCluster, api: KubeApi, ns: str) -> Callable[[], Awaitable[bool]]:
-    """Settled, and still with as many pods Running ``STEADY_S`` later: a pod refused while a
-    service was down (its FailedScheduling event says so) is retried within kube-scheduler's
-    backoff (10 s at most), so one settled look right after the fault is not the end."""
-    seen: list[tuple[float, int]] = []
-
-    async def steady() -> bool:
+    async def running_if_settled() -> int | None:
         if not await _settled(cluster, api, ns):
-            seen.clear()
-            return False
-        running = sum(1 for p in await pods_in(api, ns) if p["status"].get("phase") == "Running")
-        now = asyncio.get_running_loop().time()
-        if not seen or seen[0][1] != running:
-            seen[:] = [(now, running)]
-            return False
-        return now - seen[0][0] >= STEADY_S
+            return None
+        return sum(1 for p in await pods_in(api, ns) if p["status"].get("phase") == "Running")
 
-    return steady
+    return steady(running_if_settled)
 
 
 async def _settled(cluster: RealCluster, api: KubeApi, ns: str) -> bool:

@@ -96,9 +96,9 @@ async def _p4(stack: Stack, checks: Checks) -> None:
 
 
 async def _h100(stack: Stack, checks: Checks) -> None:
-    node = _node(stack, "h100-0")
+    node = fleet_node(stack, "h100-0")
     job = await stack.cluster.run(gpu_pod("train-4", whole(4)), ["h100-0"])
-    chosen = _indexes(node, job)
+    chosen = card_indexes(node, job)
     connected = all(node.link(a, b).nvlinks > 0 for a in chosen for b in chosen if a < b)
     one_numa = len({node.cards[i].numa for i in chosen}) == 1
     checks.check(
@@ -110,18 +110,18 @@ async def _h100(stack: Stack, checks: Checks) -> None:
 
 
 async def _unhealthy_card(stack: Stack, checks: Checks, node: Node, taken: list[int]) -> None:
-    sick = await _wait_unhealthy(stack, "h100-0")
+    sick = await wait_unhealthy(stack, "h100-0")
     if not checks.check(sick is not None, f"h100-0: card {sick} turned unhealthy (XID)", "no card turned unhealthy"):
         return
     free = [c.index for c in node.cards if c.index not in taken and c.index != sick]
     too_many = await stack.cluster.run(gpu_pod("after-fault-big", whole(len(free) + 1)), ["h100-0"])
     checks.check(bool(too_many.pending), f"a {len(free) + 1}-card job now waits: {too_many.pending}", f"{too_many}")
     fits = await stack.cluster.run(gpu_pod("after-fault", whole(len(free))), ["h100-0"])
-    got = _indexes(node, fits)
+    got = card_indexes(node, fits)
     checks.check(got == sorted(free), f"a {len(free)}-card job gets {got}, never card {sick}", f"{fits}")
 
 
-async def _wait_unhealthy(stack: Stack, node: str) -> int | None:
+async def wait_unhealthy(stack: Stack, node: str) -> int | None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + FAULT_WAIT_S
     while loop.time() < deadline:
@@ -138,31 +138,37 @@ async def _delete_pod(stack: Stack, checks: Checks, name: str) -> None:
     """Delete the pod; the allocator's reconciliation with the API server releases its cards."""
     uid = await stack.cluster.pod_uid("demo", name)
     await stack.cluster.delete("demo", name)
-    mine = pb.ListAllocationsRequest(owner_kind="pod", owner_id=uid, include_released=True)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + RELEASE_WAIT_S
-    reason = ""
-    while loop.time() < deadline and not reason:
-        async with allocator(stack.grpc) as api:
-            found = (await api.list_allocations(mine)).allocations
-        reason = next((a.reason for a in found if a.state == "released"), "")
-        if not reason:
-            await asyncio.sleep(0.2)
+    reason = await released_reason(stack, "pod", uid)
     checks.check(
         bool(reason), f"{name} deleted: the allocator released its cards ({reason})", f"{name} deleted, still held"
     )
 
 
-def _indexes(node: Node, outcome: Outcome) -> list[int]:
+async def released_reason(stack: Stack, owner_kind: str, owner_id: str) -> str:
+    """Why the owner's allocation was released, once the ledger says so ('' if not within RELEASE_WAIT_S)."""
+    mine = pb.ListAllocationsRequest(owner_kind=owner_kind, owner_id=owner_id, include_released=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + RELEASE_WAIT_S
+    while loop.time() < deadline:
+        async with allocator(stack.grpc) as api:
+            found = (await api.list_allocations(mine)).allocations
+        reason = next((a.reason for a in found if a.state == "released"), "")
+        if reason:
+            return reason
+        await asyncio.sleep(0.2)
+    return ""
+
+
+def card_indexes(node: Node, outcome: Outcome) -> list[int]:
     """The indexes of the cards the container was given (from CUDA_VISIBLE_DEVICES)."""
     index = {str(c.uuid): c.index for c in node.cards}
     given = outcome.env.get("app", {}).get("CUDA_VISIBLE_DEVICES", "").split(",")
     return sorted(index.get(u, -1) for u in given if u)
 
 
-def _node(stack: Stack, name: str) -> Node:
+def fleet_node(stack: Stack, name: str) -> Node:
     return stack.fleet.node(name).node
 
 
 def _card(stack: Stack, node: str, index: int) -> str:
-    return next(c.uuid for c in _node(stack, node).cards if c.index == index)
+    return next(c.uuid for c in fleet_node(stack, node).cards if c.index == index)

@@ -12,15 +12,21 @@ the claim, and the container's environment is that of the claim's CDI spec.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from gpuledger_cli.client import allocator
 from gpuledger_cli.dev.kubereal import DRIVER, NAMESPACE, RealCluster
 from gpuledger_cli.dev.kubesim import Outcome
-from gpuledger_cli.dev.scenario import RELEASE_WAIT_S, UNIT_MIB, Checks, Say, _indexes, _node, _wait_unhealthy, describe
+from gpuledger_cli.dev.scenario import (
+    UNIT_MIB,
+    Checks,
+    Say,
+    card_indexes,
+    describe,
+    fleet_node,
+    released_reason,
+    wait_unhealthy,
+)
 from gpuledger_cli.dev.stack import Stack
-from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
 
@@ -71,7 +77,7 @@ async def claim_and_run(
 
 
 async def _rtx(stack: Stack, cluster: RealCluster, checks: Checks) -> None:
-    card = next(c.uuid for c in _node(stack, "rtx-0").cards if c.index == 0)
+    card = next(c.uuid for c in fleet_node(stack, "rtx-0").cards if c.index == 0)
     apps = (("app-a", 50), ("app-b", 40), ("app-c", 1))
     placed = [await claim_and_run(cluster, name, share(n), "rtx-0") for name, n in apps]
     for o, (_, n) in zip(placed, apps, strict=True):
@@ -98,24 +104,24 @@ async def _p4(cluster: RealCluster, checks: Checks) -> None:
 
 
 async def _h100(stack: Stack, cluster: RealCluster, checks: Checks) -> None:
-    node = _node(stack, "h100-0")
+    node = fleet_node(stack, "h100-0")
     request, linked = cards(4, linked=True)
     job = await claim_and_run(cluster, "train-4", request, "h100-0", linked)
-    chosen = _indexes(node, job)
+    chosen = card_indexes(node, job)
     connected = all(node.link(a, b).nvlinks > 0 for a in chosen for b in chosen if a < b)
     checks.check(
         len(chosen) == 4 and connected,
         f"h100-0: the 4-card claim got cards {chosen}, every pair on NVLink (matchAttribute nvlinkGroup4)",
         f"h100-0: the 4-card claim got {chosen} ({job.pending})",
     )
-    sick = await _wait_unhealthy(stack, "h100-0")
+    sick = await wait_unhealthy(stack, "h100-0")
     if not checks.check(sick is not None, f"h100-0: card {sick} turned unhealthy (XID)", "no card turned unhealthy"):
         return
     free = [c.index for c in node.cards if c.index not in chosen and c.index != sick]
     too_many = await claim_and_run(cluster, "after-fault-big", cards(len(free) + 1)[0], "h100-0")
     checks.check(bool(too_many.pending), f"a {len(free) + 1}-card claim now waits: {too_many.pending}", f"{too_many}")
     fits = await claim_and_run(cluster, "after-fault", cards(len(free))[0], "h100-0")
-    got = _indexes(node, fits)
+    got = card_indexes(node, fits)
     checks.check(got == sorted(free), f"a {len(free)}-card claim gets {got}, never the tainted card {sick}", f"{fits}")
 
 
@@ -125,14 +131,5 @@ async def _delete(stack: Stack, cluster: RealCluster, checks: Checks, name: str)
     uid = str((await cluster.api.get(f"{CLAIMS}/{name}"))["metadata"]["uid"])
     await cluster.delete(NAMESPACE, name)
     await cluster.api.delete(f"{CLAIMS}/{name}")
-    mine = pb.ListAllocationsRequest(owner_kind="claim", owner_id=uid, include_released=True)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + RELEASE_WAIT_S
-    reason = ""
-    while loop.time() < deadline and not reason:
-        async with allocator(stack.grpc) as api:
-            found = (await api.list_allocations(mine)).allocations
-        reason = next((a.reason for a in found if a.state == "released"), "")
-        if not reason:
-            await asyncio.sleep(0.2)
+    reason = await released_reason(stack, "claim", uid)
     checks.check(bool(reason), f"{name} deleted: its claim's cards released ({reason})", f"{name} deleted, still held")

@@ -280,3 +280,51 @@ async def test_an_mps_claim_is_held_as_mps_its_card_says_so_and_an_unisolated_sh
         env = dict(e.split("=", 1) for e in json.loads(spec_file.read_text())["containerEdits"]["env"])
         assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=10240M"
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+
+async def test_nvlink_if_possible_else_any_and_shares_on_distinct_cards(
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Path
+) -> None:
+    """DGX-1 (the fully linked quads are 0-3 and 4-7). With a card of each quad taken, a claim for
+    "4 linked cards, else any 4" gets its second choice; two shares asked to be on distinct cards
+    (``distinctAttribute`` on the uuid) get two cards; the ledger holds each as allocated."""
+    async with gated_world(control_plane, nats_server, placement_kubeconfig, "dgx1-v100") as world:
+        node, api, ns = world.node, world.api, world.ns
+        for name, index in (("one", 0), ("two", 4)):  # a card of each quad, chosen by a CEL selector
+            selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].index == {index}'}}
+            whole = {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "selectors": [selector]}}
+            await api.create(
+                CLAIMS.format(ns=ns), {"metadata": {"name": name}, "spec": {"devices": {"requests": [whole]}}}
+            )
+            await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod(name, node.name, name))
+            await bound(api, ns, name)
+        choices = {"name": "gpu", "firstAvailable": [
+            {"name": "linked", "deviceClassName": DRIVER, "count": 4},
+            {"name": "any", "deviceClassName": DRIVER, "count": 4},
+        ]}  # fmt: skip
+        linked = {"requests": ["gpu/linked"], "matchAttribute": f"{DRIVER}/nvlinkGroup4"}
+        spec = {"devices": {"requests": [choices], "constraints": [linked]}}
+        await api.create(CLAIMS.format(ns=ns), {"metadata": {"name": "four"}, "spec": spec})
+        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("four", node.name, "four"))
+        await bound(api, ns, "four")
+        claim = await api.get(f"{CLAIMS.format(ns=ns)}/four")
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert {r["request"] for r in results} == {"gpu/any"}, results
+        entry = await claim_entry(nats_server, node.name, claim["metadata"]["uid"])
+        assert entry is not None
+        assert sorted(f"gpu-{s.index}" for s in entry.shares()) == sorted(r["device"] for r in results)
+        assert [g.container for g in entry.grants] == ["gpu"]  # a firstAvailable choice counts for its request
+        # Two shares of one claim on distinct cards.
+        pair = {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": 2,
+                "capacity": {"requests": {"memory": "1Gi", "compute": "5"}}}}  # fmt: skip
+        distinct = {"requests": ["gpu"], "distinctAttribute": f"{DRIVER}/uuid"}
+        spec = {"devices": {"requests": [pair], "constraints": [distinct]}}
+        await api.create(CLAIMS.format(ns=ns), {"metadata": {"name": "pair"}, "spec": spec})
+        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("pair", node.name, "pair"))
+        await bound(api, ns, "pair")
+        claim = await api.get(f"{CLAIMS.format(ns=ns)}/pair")
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert len({r["device"] for r in results}) == 2, results
+        entry = await claim_entry(nats_server, node.name, claim["metadata"]["uid"])
+        assert entry is not None and len({s.uuid for s in entry.shares()}) == 2
+        assert all(not s.exclusive and s.mem_mib == 1024 for s in entry.shares())

@@ -56,9 +56,9 @@ def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
 
 async def burst(api: KubeApi, kind: str, count: int, round_no: int) -> float:
     """Seconds from the first create until every pod is bound, as a watch of the bound pods sees
-    them. (Listing the pods every 50 ms cost the API server and this process about 10 ms of CPU a
-    listing: a cost per second of burst, not per pod, which weighed on the slower path three times
-    as much and took the machine's CPU from what is measured.)"""
+    them. (Listing the pods every 50 ms was a cost per second of burst, not per pod: it weighed on
+    the slower path about three times as much, and took the machine's CPU from what is measured;
+    this process alone spent 1 ms more per gpuledger pod.)"""
     path = f"/api/v1/namespaces/{NAMESPACE}/pods"
     selector = f"bench={kind}"
     version = (await api.get(path, labelSelector=selector, limit="1"))["metadata"]["resourceVersion"]

@@ -2,8 +2,9 @@
 kube-scheduler extender (HTTP/1.1). The server's and the client's SSL contexts, and the caller's
 identity (its certificate's common name).
 
-TLS 1.2 or later. A server requires a client certificate signed by its client CA: a caller without
-one is refused in the handshake. ALPN is ``h2`` for gRPC; the extender offers ``h2`` first and
+TLS 1.2 or later. Each side trusts only the CA file it is given, never the system's CA store. A
+server requires a client certificate signed by its client CA: a caller without one is refused in
+the handshake. ALPN is ``h2`` for gRPC; the extender offers ``h2`` first and
 ``http/1.1`` (``EXTENDER_ALPN``: kube-scheduler's Go client takes HTTP/2, one connection for every
 call; a client offering only ``http/1.1`` gets it).
 
@@ -33,7 +34,7 @@ def server_context(
     setting: str = "grpc",
 ) -> ssl.SSLContext:
     """``setting``: the prefix of the settings named in errors (``grpc``: ``grpc_cert_file`` ...)."""
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # trusts nothing until _trust: no system CA
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     _load(context, cert_file, key_file, f"{setting}_cert_file")
     _trust(context, client_ca_file, f"{setting}_client_ca_file")
@@ -46,7 +47,9 @@ def server_context(
 def client_context(
     ca_file: str, cert_file: str = "", key_file: str = "", *, alpn: tuple[str, ...] = GRPC_ALPN
 ) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    # Not ssl.create_default_context: it would trust the system's CA store too, so any server with a
+    # certificate a public CA issued for the name would pass. Verification and host names are on.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     _trust(context, ca_file, "--ca-file")
     if cert_file:

@@ -5,9 +5,11 @@ applied with server-side dry-run."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_testing.controlplane.api import KubeApi
@@ -43,3 +45,27 @@ async def test_an_overlay_applies_with_server_side_dry_run(cluster: RealCluster,
     )
     assert done.returncode == 0, done.stderr
     assert "serverside-applied" in done.stdout, done.stdout
+
+
+@pytest.mark.timeout(180)
+async def test_an_overlay_with_dra_mode_applies_with_server_side_dry_run(cluster: RealCluster, tmp_path: Path) -> None:
+    """deploy/kubernetes/dra listed beside the base, as its kustomization says an overlay does: the
+    DeviceClasses, the claims controller's RBAC and the DRA nodes' DaemonSet, with the overlay's
+    image and the base's (hash-named) settings."""
+    root = os.path.relpath(DEPLOY, tmp_path)  # noqa: ASYNC240 - string arithmetic on two paths
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources:\n  - {root}/base\n  - {root}/dra\nimages:\n  - name: gpuledger\n    newTag: 0.1.0\n"
+    )
+    cp = cluster.control_plane
+    cp.kubectl("create", "namespace", "gpuledger", check=False)
+    rendered = cp.kubectl("kustomize", "--load-restrictor", "LoadRestrictionsNone", str(tmp_path)).stdout
+    objects = [o for o in yaml.safe_load_all(rendered) if o]
+    dra = next(o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "gpuledger-node-dra")
+    settings = {o["metadata"]["name"] for o in objects if o["kind"] == "ConfigMap"}
+    for container in dra["spec"]["template"]["spec"]["containers"]:
+        assert container["image"] == "gpuledger:0.1.0"
+        assert all(e["configMapRef"]["name"] in settings for e in container["envFrom"])
+    done = cp.kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", input_text=rendered, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "deviceclass.resource.k8s.io/mps.gpu.gpuledger.io serverside-applied" in done.stdout, done.stdout

@@ -92,6 +92,37 @@ def test_the_dra_objects_are_valid_against_the_1_36_schemas() -> None:
             kubernetes_validate.validate(obj, "1.36", strict=True)
 
 
+def test_dra_nodes_get_the_dra_agents_and_only_those() -> None:
+    """A node labelled gpuledger.io/mode=dra runs dra/node.yaml's DaemonSet (the DRA plugin, its
+    kubelet directories, an API token) and not the base's (the device plugin)."""
+    objects = [o for o in yaml.safe_load_all((KUSTOMIZE / "dra" / "node.yaml").read_text()) if o]
+    dra = next(o for o in objects if o["kind"] == "DaemonSet")
+    base = named(rendered("base"), "DaemonSet", "gpuledger-node")
+
+    def terms(ds: dict[str, Any]) -> list[list[dict[str, Any]]]:
+        affinity = ds["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+        return [
+            t["matchExpressions"]
+            for t in affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        ]
+
+    mode = {"key": "gpuledger.io/mode", "values": ["dra"]}
+    assert all({**mode, "operator": "In"} in t for t in terms(dra))
+    assert all({**mode, "operator": "NotIn"} in t for t in terms(base))
+    containers = {c["name"]: c for c in dra["spec"]["template"]["spec"]["containers"]}
+    for name in ("inventory", "plugin"):
+        assert {"name": "GPULEDGER_MODE", "value": "dra"} in containers[name]["env"]
+    mounts = {m["mountPath"] for m in containers["plugin"]["volumeMounts"]}
+    assert {"/var/lib/kubelet/plugins_registry", "/var/lib/kubelet/plugins", "/var/run/cdi"} <= mounts
+    assert "/var/run/secrets/kubernetes.io/serviceaccount" in mounts
+    assert "/var/lib/kubelet/device-plugins" not in mounts
+    assert containers["plugin"]["securityContext"] == named_container(base, "plugin")["securityContext"]
+
+
+def named_container(ds: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
 def test_the_schema_check_rejects_a_misspelt_field() -> None:
     deployment = named(rendered("base"), "Deployment", "gpuledger-allocator")
     deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
@@ -202,9 +233,7 @@ def _pod_references(spec: dict[str, Any]) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("path", RENDERS)
 def test_selectors_match_their_pods(path: str) -> None:
     objects = rendered(path)
-    templates = {
-        w["metadata"]["name"]: (w, w["spec"]["template"]["metadata"]["labels"]) for w, _ in workloads(objects)
-    }
+    templates = {w["metadata"]["name"]: (w, w["spec"]["template"]["metadata"]["labels"]) for w, _ in workloads(objects)}
     for workload, labels in templates.values():
         assert matches(workload["spec"]["selector"]["matchLabels"], labels)
     for service in of_kind(objects, "Service"):
@@ -542,7 +571,7 @@ def test_the_node_agents_run_on_gpu_nodes_and_tolerate_gpu_taints(path: str) -> 
     pod = named(rendered(path), "DaemonSet", "gpuledger-node")["spec"]["template"]["spec"]
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     keys = {e["key"] for t in terms for e in t["matchExpressions"]}
-    assert keys == {"gpuledger.io/gpu-node", "nvidia.com/gpu.present"}
+    assert keys == {"gpuledger.io/gpu-node", "nvidia.com/gpu.present", "gpuledger.io/mode"}
     assert {"nvidia.com/gpu", "gpuledger.io/gpu"} <= {t["key"] for t in pod["tolerations"]}
 
 

@@ -11,7 +11,11 @@ manager and kubelet's DRA side. Paths:
 - ``dra``: a ResourceClaimTemplate of one whole card of ``gpu.gpuledger.io``; kube-controller-manager
   makes each pod's claim, kube-scheduler (a profile without the extender) allocates it and waits at
   PreBind until the claims controller has committed it in the ledger, then binds; the kubelet has
-  the DRA plugin prepare the claim (CDI spec) before the pod runs.
+  the DRA plugin prepare the claim (CDI spec) before the pod runs;
+- ``dra-ungated``: the same with the slices published without the binding condition (every
+  inventory restarted with ``GPULEDGER_DRA_BINDING_CONDITIONS=false`` for these bursts, and back
+  after): kube-scheduler binds at once and the claims controller only mirrors the allocation. The
+  difference to ``dra`` is what the ledger's veto costs.
 
 Rounds alternate the paths; each burst creates its pods, waits until a watch has seen them all
 Running, then deletes them and waits for the ledger to give every card back. Printed: pods/s to
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -125,6 +130,25 @@ async def clear(api: KubeApi, stack: Stack, kind: str) -> None:
     await wait_for(free, 180, "every card back in the ledger", interval=0.5)
 
 
+async def gate(stack: Stack, api: KubeApi, on: bool) -> None:
+    """Restart every inventory with the binding condition on or off, and wait for its slices."""
+    os.environ["GPULEDGER_DRA_BINDING_CONDITIONS"] = "true" if on else "false"
+    cluster = stack.cluster
+    assert isinstance(cluster, RealCluster)
+    for node in cluster.nodes:
+        await stack.supervisor.restart(f"inventory-{node}")
+
+    async def published() -> bool:
+        found = (await api.get("/apis/resource.k8s.io/v1/resourceslices"))["items"]
+        gated = {
+            s["spec"]["nodeName"]: all(bool(d.get("bindingConditions")) == on for d in s["spec"]["devices"])
+            for s in found
+        }
+        return set(gated) >= set(cluster.nodes) and all(gated.values())
+
+    await wait_for(published, 120, f"every node's slices with the binding condition {'on' if on else 'off'}", 0.5)
+
+
 async def histogram(url: str, name: str) -> tuple[float, float]:
     async with aiohttp.ClientSession() as http, http.get(url) as reply:
         text = await reply.text()
@@ -156,13 +180,15 @@ async def run(args: argparse.Namespace) -> int:
         )
         metrics = f"{stack.placement_ops}/metrics"
         await asyncio.sleep(2.0)
-        kinds = ("classic", "dra")
+        kinds = ("classic", "dra", "dra-ungated")
         to_bound: dict[str, list[float]] = {k: [] for k in kinds}
         to_run: dict[str, list[float]] = {k: [] for k in kinds}
         latency: dict[str, list[float]] = {k: [] for k in kinds}
         commit: list[float] = []
         for round_no in range(args.rounds):
             for kind in kinds:
+                if kind == "dra-ungated":
+                    await gate(stack, api, on=False)
                 before = await histogram(metrics, "gpuledger_placement_claim_commit_seconds")
                 bound_s, run_s, each = await burst(api, kind, args.pods, round_no)
                 to_bound[kind].append(args.pods / bound_s)
@@ -178,6 +204,8 @@ async def run(args: argparse.Namespace) -> int:
                     flush=True,
                 )
                 await clear(api, stack, kind)
+                if kind == "dra-ungated":
+                    await gate(stack, api, on=True)
     print()
     print(f"| path | pods/s bound (median of {args.rounds}) | pods/s Running | creation to Running, median / p90 (s) |")
     print("|---|---:|---:|---:|")
@@ -187,10 +215,15 @@ async def run(args: argparse.Namespace) -> int:
             f"| {kind} | {statistics.median(to_bound[kind]):.1f} | {statistics.median(to_run[kind]):.1f} | "
             f"{statistics.median(values):.2f} / {pct(values, 0.9):.2f} |"
         )
-    ratio = statistics.median(to_run["dra"]) / statistics.median(to_run["classic"])
-    print(f"ratio dra / classic, pods/s Running: {ratio:.2f}")
-    extra = statistics.median(latency["dra"]) - statistics.median(latency["classic"])
-    print(f"median creation to Running, dra less classic: {extra:.2f} s")
+    for kind in ("dra", "dra-ungated"):
+        ratio = statistics.median(to_run[kind]) / statistics.median(to_run["classic"])
+        extra = statistics.median(latency[kind]) - statistics.median(latency["classic"])
+        print(
+            f"{kind} / classic, pods/s Running: {ratio:.2f}; "
+            f"median creation to Running, {kind} less classic: {extra:.2f} s"
+        )
+    veto = statistics.median(latency["dra"]) - statistics.median(latency["dra-ungated"])
+    print(f"what the binding condition adds to the median creation to Running: {veto:.2f} s")
     if commit:
         print(
             f"claims controller, allocation to committed (mean per burst, s): {', '.join(f'{c:.3f}' for c in commit)}"

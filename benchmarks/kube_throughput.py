@@ -35,19 +35,13 @@ from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.stack import Stack, running_stack
 from gpuledger_common.fleet import load_fleet
 from gpuledger_common.natsserver import free_port
-from gpuledger_testing.benchpods import PLAIN, cpu_seconds, one_card_pods, stat_fields
+from gpuledger_testing.benchpods import PLAIN, cpu_seconds, h100_fleet, one_card_pods, stat_fields
 from gpuledger_testing.controlplane.api import STRATEGIC, KubeApi
 from gpuledger_testing.controlplane.cluster import plain_scheduler_config
 from gpuledger_testing.ledger_check import read_ledger
 from gpuledger_testing.waiting import wait_for
 
 NAMESPACE = "bench"
-
-
-def fleet_file(directory: Path, nodes: int) -> Path:
-    path = directory / "bench-fleet.yaml"
-    path.write_text("nodes:\n" + "".join(f"  - name: h100-{i}\n    profile: h100-sxm-8\n" for i in range(nodes)))
-    return path
 
 
 def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
@@ -167,7 +161,7 @@ async def idle_cpu(seconds: float) -> dict[str, float]:
 
 
 async def run(args: argparse.Namespace) -> int:
-    fleet = load_fleet(str(fleet_file(Path(tempfile.mkdtemp(prefix="gl-bench-")), args.nodes)))
+    fleet = load_fleet(str(h100_fleet(Path(tempfile.mkdtemp(prefix="gl-bench-")), args.nodes)))
     async with running_stack(
         fleet, free_port(), free_port(), lambda m: print(f"[stack] {m}", flush=True), "real"
     ) as stack:

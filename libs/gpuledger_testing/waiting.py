@@ -13,16 +13,19 @@ async def wait_for(
     check: Callable[[], Awaitable[T | None]], timeout: float = 10.0, what: str = "condition", interval: float = 0.02
 ) -> T:
     """Await ``check()`` every ``interval`` seconds until it returns something truthy, and return that.
-    An exception from ``check`` means "not ready yet"; the last one is named if time runs out."""
+    An exception from ``check`` means "not ready yet"; the last one is named if time runs out. A
+    check that does not return is cut off at the deadline: the wait never outlasts ``timeout``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     last: Exception | None = None
     while loop.time() < deadline:
+        limit = asyncio.timeout_at(deadline)
         try:
-            result = await check()
+            async with limit:
+                result = await check()
             if result:
                 return result
-        except Exception as err:  # not ready yet
-            last = err
+        except Exception as err:  # not ready yet (or, past the deadline, still running)
+            last = TimeoutError("a check was still running at the deadline") if limit.expired() else err
         await asyncio.sleep(interval)
     raise TimeoutError(f"{what} not reached within {timeout:g}s (last error: {last})")

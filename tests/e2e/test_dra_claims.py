@@ -45,7 +45,7 @@ from tests.e2e.dra_ledger import (
     placement_with_claims,
 )
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.asyncio(loop_scope="session")]
+pytestmark = [pytest.mark.timeout(360), pytest.mark.asyncio(loop_scope="session")]
 
 
 async def test_placement_may_write_the_status_of_our_driver_only(

@@ -23,13 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nats as nats_client
 import pytest
-import pytest_asyncio
 from grpclib.server import Server
 
-from gpuledger_common.natsserver import NatsServer, embedded_nats
-from gpuledger_common.store import LedgerStore
+from gpuledger_common.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER
 from gpuledger_plugin.dra.app import RunningDra, running
 from gpuledger_plugin.dra.settings import DraSettings
@@ -43,7 +40,7 @@ from gpuledger_testing.kwok_dra import FAILED_PREPARE, KwokDra
 from gpuledger_testing.kwok_dra_claims import V1BETA1, PreparedDevice
 from gpuledger_testing.kwok_dra_plugins import PluginWatcher
 from gpuledger_testing.kwok_kubelet import KwokDraSettings, KwokKubelet, KwokKubeletSettings
-from gpuledger_testing.stack import running_allocator, running_placement
+from gpuledger_testing.stack import running_allocator
 from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_helpers import (
     CLAIMS,
@@ -57,16 +54,11 @@ from tests.e2e.dra_helpers import (
     published,
     share_claim,
 )
+from tests.e2e.dra_ledger import ledger_of, placement_with_claims
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
 QUICK = KwokKubeletSettings(backoff_max_s=1.0)
 COMPLETE = "gpuledger.io/test-complete"  # kwok's pod-complete Stage: the pod succeeds
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def nats() -> AsyncIterator[NatsServer]:
-    async with embedded_nats() as server:
-        yield server
 
 
 @dataclass
@@ -156,19 +148,10 @@ async def dra_kubelet_node(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def ledger_side(server: NatsServer, cp: ControlPlane) -> contextlib.AbstractAsyncContextManager[Any]:
-    """Placement with its claims controller (as admin): it commits or mirrors every claim."""
-    kube = {"kube": "kubeconfig", "kubeconfig": str(cp.admin_kubeconfig), "dra_claims": "on"}
-    return running_placement(server.url, **kube)
-
-
-async def node_in_ledger(server: NatsServer, node: str) -> bool:
-    nc = await nats_client.connect(server.url)
-    try:
-        ledger, _ = await (await LedgerStore.open(nc)).read(node)
-    finally:
-        await nc.close()
-    return ledger is not None
+def admin_kubeconfig(cp: ControlPlane) -> Path:
+    """Placement with its claims controller runs as the admin here: the RBAC is test_dra_claims.py's."""
+    assert cp.admin_kubeconfig is not None
+    return cp.admin_kubeconfig
 
 
 async def registered(node: Node, plugin: RunningDra, n: int = 1) -> None:
@@ -198,14 +181,14 @@ def conditions(pod: dict[str, Any]) -> set[str]:
 
 
 async def test_a_pod_runs_only_after_its_committed_claim_was_prepared_and_deleting_it_unprepares(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
     async with (
-        running_allocator(nats.url),
-        ledger_side(nats, control_plane),
-        dra_kubelet_node(control_plane, nats, binding_conditions=True) as node,
+        running_allocator(nats_server.url),
+        placement_with_claims(nats_server, admin_kubeconfig(control_plane)),
+        dra_kubelet_node(control_plane, nats_server, binding_conditions=True) as node,
     ):
-        await wait_for(lambda: node_in_ledger(nats, node.dra_node.name), 30, "the node in the ledger", 0.2)
+        await wait_for(lambda: ledger_of(nats_server, node.dra_node.name), 30, "the node in the ledger", 0.2)
         pod_uid = await node.claim_pod("app", "gpu")
         # Bound once the ledger committed the claim (PreBind), then held: no plugin has registered.
         await node.kubelet.wait_for(lambda k: "not registered" in node.dra.failures.get(pod_uid, ""), 40)
@@ -235,14 +218,14 @@ async def test_a_pod_runs_only_after_its_committed_claim_was_prepared_and_deleti
 
 
 async def test_a_claim_the_plugin_refuses_keeps_its_pod_pending_until_the_ledger_holds_it(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
     # The allocator keeps the node's ledger; no claims controller records the claim in it (yet).
     async with (
-        running_allocator(nats.url),
-        dra_kubelet_node(control_plane, nats, binding_conditions=False) as node,
+        running_allocator(nats_server.url),
+        dra_kubelet_node(control_plane, nats_server, binding_conditions=False) as node,
     ):
-        await wait_for(lambda: node_in_ledger(nats, node.dra_node.name), 30, "the node in the ledger", 0.2)
+        await wait_for(lambda: ledger_of(nats_server, node.dra_node.name), 30, "the node in the ledger", 0.2)
         async with running(node.plugin) as plugin:
             await registered(node, plugin)
             pod_uid = await node.claim_pod("app", "gpu")
@@ -256,22 +239,28 @@ async def test_a_claim_the_plugin_refuses_keeps_its_pod_pending_until_the_ledger
             (event,) = [e for e in await node.events(pod_uid) if e["reason"] == FAILED_PREPARE]
             assert event["message"] == f"Failed to prepare dynamic resources: {failure}"
 
-            async with ledger_side(nats, control_plane):  # the controller mirrors the claim: prepared
+            async with placement_with_claims(
+                nats_server, admin_kubeconfig(control_plane)
+            ):  # the controller mirrors the claim: prepared
                 pod = await node.running("app", within=40)
             assert pod_uid not in node.dra.failures and len(node.dra.prepare_calls) >= 3
             assert node.spec_ids() == set(node.dra.cdi_ids(pod, "app"))
 
 
 async def test_a_restart_registers_again_prepares_nothing_twice_and_a_shared_claim_goes_with_its_last_pod(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
     # kubelet deletes the node's slices at every start and a driver's a while after its plugin went;
     # the inventory reads them back every second.
     node_cm = dra_kubelet_node(
-        control_plane, nats, binding_conditions=False, wipe_slices=True, wipe_delay_s=0.5, dra_resync_s=1.0
+        control_plane, nats_server, binding_conditions=False, wipe_slices=True, wipe_delay_s=0.5, dra_resync_s=1.0
     )
-    async with running_allocator(nats.url), ledger_side(nats, control_plane), node_cm as node:
-        await wait_for(lambda: node_in_ledger(nats, node.dra_node.name), 30, "the node in the ledger", 0.2)
+    async with (
+        running_allocator(nats_server.url),
+        placement_with_claims(nats_server, admin_kubeconfig(control_plane)),
+        node_cm as node,
+    ):
+        await wait_for(lambda: ledger_of(nats_server, node.dra_node.name), 30, "the node in the ledger", 0.2)
         await node.kubelet.wait_for(lambda k: node.dra.wipes == 1, 15)
         before = await wait_for(lambda: slice_uids(node), 15, "the slices published again", 0.1)
         async with running(node.plugin) as plugin:
@@ -316,14 +305,14 @@ async def test_a_restart_registers_again_prepares_nothing_twice_and_a_shared_cla
 
 
 async def test_a_claim_from_a_template_is_prepared_for_its_pod_and_unprepared_when_the_pod_finishes(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
     async with (
-        running_allocator(nats.url),
-        ledger_side(nats, control_plane),
-        dra_kubelet_node(control_plane, nats, binding_conditions=False) as node,
+        running_allocator(nats_server.url),
+        placement_with_claims(nats_server, admin_kubeconfig(control_plane)),
+        dra_kubelet_node(control_plane, nats_server, binding_conditions=False) as node,
     ):
-        await wait_for(lambda: node_in_ledger(nats, node.dra_node.name), 30, "the node in the ledger", 0.2)
+        await wait_for(lambda: ledger_of(nats_server, node.dra_node.name), 30, "the node in the ledger", 0.2)
         template = {"metadata": {"name": "gpu"}, "spec": {"spec": share_claim("unused", "1Gi", "5")["spec"]}}
         await node.api.create(f"/apis/resource.k8s.io/v1/namespaces/{node.ns}/resourceclaimtemplates", template)
         body = claim_pod("job", node.dra_node.name, "unused")
@@ -347,14 +336,14 @@ async def test_a_claim_from_a_template_is_prepared_for_its_pod_and_unprepared_wh
 
 
 async def test_an_extended_resource_served_by_a_device_class_is_prepared_through_the_pods_special_claim(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
     async with (
-        running_allocator(nats.url),
-        ledger_side(nats, control_plane),
-        dra_kubelet_node(control_plane, nats, binding_conditions=False) as node,
+        running_allocator(nats_server.url),
+        placement_with_claims(nats_server, admin_kubeconfig(control_plane)),
+        dra_kubelet_node(control_plane, nats_server, binding_conditions=False) as node,
     ):
-        await wait_for(lambda: node_in_ledger(nats, node.dra_node.name), 30, "the node in the ledger", 0.2)
+        await wait_for(lambda: ledger_of(nats_server, node.dra_node.name), 30, "the node in the ledger", 0.2)
         resource = f"{node.dra_node.name}.example.com/gpu"  # the node advertises none: DRA serves it
         class_name = f"{node.dra_node.name}.example.com"
         device_class = {
@@ -510,9 +499,9 @@ class AnsweringPlugin(dra_v1.DraPluginBase):  # type: ignore[misc]
 
 
 async def test_what_a_plugin_answers_is_checked_before_the_pod_may_run(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
-    async with dra_kubelet_node(control_plane, nats, binding_conditions=False) as node:
+    async with dra_kubelet_node(control_plane, nats_server, binding_conditions=False) as node:
         registry, cdi_dir = Path(node.plugin.registry_dir), Path(node.plugin.cdi_dir)
         endpoint = str(registry.parent / "answering.sock")
         info = reg.PluginInfo("DRAPlugin", DRIVER, endpoint, ["v1.DRAPlugin"])

@@ -10,17 +10,13 @@ import asyncio
 import json
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import nats as nats_client
 import pytest
-import pytest_asyncio
 from grpclib.client import Channel
 
-from gpuledger_common.natsserver import NatsServer, embedded_nats
-from gpuledger_common.store import LedgerStore
+from gpuledger_common.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER
 from gpuledger_plugin.dra.app import RunningDra, running
 from gpuledger_plugin.dra.settings import DraSettings
@@ -41,42 +37,45 @@ from tests.e2e.dra_helpers import (
     published,
     share_claim,
 )
+from tests.e2e.dra_ledger import claim_entry
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def nats() -> AsyncIterator[NatsServer]:
-    async with embedded_nats() as server:
-        yield server
-
-
-def _settings(work: Path, node: str, cp: ControlPlane, nats: NatsServer) -> DraSettings:
+def _settings(work: Path, node: str, cp: ControlPlane, nats_server: NatsServer) -> DraSettings:
     return DraSettings(
-        node=node, registry_dir=str(work / "reg"), plugin_dir=str(work / "plugins"), cdi_dir=str(work / "cdi"),
-        kubeconfig=str(cp.admin_kubeconfig), http_host="127.0.0.1", http_port=0, socket_poll_s=0.05,
-        nats_url=nats.url,
+        node=node,
+        registry_dir=str(work / "reg"),
+        plugin_dir=str(work / "plugins"),
+        cdi_dir=str(work / "cdi"),
+        kubeconfig=str(cp.admin_kubeconfig),
+        http_host="127.0.0.1",
+        http_port=0,
+        socket_poll_s=0.05,
+        nats_url=nats_server.url,
     )
 
 
 async def test_kubelets_handshake_then_prepare_and_unprepare_claims(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
     await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
     work = Path(tempfile.mkdtemp(prefix="gl-dp-", dir="/tmp"))  # unix socket paths must stay short
     try:
         # The inventory announces itself again every 2 s: the allocator, started after it, takes it in.
-        node_cm = dra_node(control_plane, nats, inventory_interval_s=2.0, dra_binding_conditions=False)
+        node_cm = dra_node(control_plane, nats_server, inventory_interval_s=2.0, dra_binding_conditions=False)
         async with node_cm as node, namespace(node.api, node.name) as ns:
             await published(node)
             await ensure_device_class(node.api)
-            settings = _settings(work, node.name, control_plane, nats)
+            settings = _settings(work, node.name, control_plane, nats_server)
             kube = {"kube": "kubeconfig", "kubeconfig": str(control_plane.admin_kubeconfig), "dra_claims": "on"}
-            async with running_allocator(nats.url), running_placement(nats.url, **kube):
+            async with running_allocator(nats_server.url), running_placement(nats_server.url, **kube):
                 await node.api.create(CLAIMS.format(ns=ns), share_claim("share"))
                 await node.api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("app", node.name, "share"))
                 claim = await allocated_claim(node.api, ns, "share")
-                await wait_for(lambda: _mirrored(nats, node.name, claim), 30, "the claim mirrored into the ledger", 0.1)
+                await wait_for(
+                    lambda: _mirrored(nats_server, node.name, claim), 30, "the claim mirrored into the ledger", 0.1
+                )
                 async with running(settings) as plugin:
                     await _handshake(settings, plugin)
                     await _prepare_and_unprepare(settings, claim, node.name)
@@ -125,12 +124,7 @@ async def _handshake(settings: DraSettings, plugin: RunningDra) -> None:
 
 
 async def _mirrored(server: NatsServer, node: str, claim: dict[str, Any]) -> bool:
-    nc = await nats_client.connect(server.url)
-    try:
-        ledger, _ = await (await LedgerStore.open(nc)).read(node)
-    finally:
-        await nc.close()
-    return ledger is not None and ledger.of_owner(f"claim:{claim['metadata']['uid']}") is not None
+    return await claim_entry(server, node, claim["metadata"]["uid"]) is not None
 
 
 async def _at_least(plugin: RunningDra, n: int) -> bool:

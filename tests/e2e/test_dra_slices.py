@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
-from gpuledger_common.natsserver import NatsServer, embedded_nats
+from gpuledger_common.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER, differences, manifest
 from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
 from gpuledger_testing.waiting import wait_for
@@ -33,16 +31,10 @@ from tests.e2e.dra_helpers import (
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def nats() -> AsyncIterator[NatsServer]:
-    async with embedded_nats() as server:
-        yield server
-
-
 async def test_the_api_server_keeps_the_slices_as_the_inventory_wrote_them(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
-    async with dra_node(control_plane, nats) as node:
+    async with dra_node(control_plane, nats_server) as node:
         (found,) = await published(node)
         wanted = node.publisher.wanted()
         assert wanted is not None
@@ -67,9 +59,9 @@ async def test_the_api_server_keeps_the_slices_as_the_inventory_wrote_them(
 
 
 async def test_an_unhealthy_card_bumps_the_generation_and_is_tainted_not_removed(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
-    async with dra_node(control_plane, nats) as node:
+    async with dra_node(control_plane, nats_server) as node:
         await published(node)
         answer = await node.running.inventory.set_health({"index": 3, "healthy": False, "by": "e2e", "note": "bad"})
         assert answer["changed"]
@@ -86,11 +78,13 @@ async def test_an_unhealthy_card_bumps_the_generation_and_is_tainted_not_removed
 
 
 async def test_slices_deleted_behind_the_inventorys_back_come_back_and_binding_conditions_are_kept(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
     """kubelet deletes its node's slices when it starts: the inventory reads them back every
     dra_resync_s and writes them again, at a later generation."""
-    async with dra_node(control_plane, nats, "tesla-p4-2", dra_resync_s=0.5, dra_binding_conditions=True) as node:
+    async with dra_node(
+        control_plane, nats_server, "tesla-p4-2", dra_resync_s=0.5, dra_binding_conditions=True
+    ) as node:
         (found,) = await published(node)
         device = found["spec"]["devices"][0]
         assert device["bindingConditions"] == ["gpuledger.io/committed"]
@@ -101,14 +95,14 @@ async def test_slices_deleted_behind_the_inventorys_back_come_back_and_binding_c
         assert back["spec"]["devices"] == found["spec"]["devices"]
 
 
-async def test_an_api_server_that_drops_a_field_is_an_error_naming_it(nats: NatsServer) -> None:
+async def test_an_api_server_that_drops_a_field_is_an_error_naming_it(nats_server: NatsServer) -> None:
     """With DRAConsumableCapacity off, kube-apiserver 1.36 drops allowMultipleAllocations and the
     capacities' requestPolicy on write, without an error (resourceslice strategy.go)."""
     workdir = Path(tempfile.mkdtemp(prefix="gl-cp-gate-"))
     cp = ControlPlane(workdir, controllers=(), feature_gates={"DRAConsumableCapacity": False})
     await asyncio.to_thread(cp.__enter__)
     try:
-        async with dra_node(cp, nats, "rtx3090-1") as node:
+        async with dra_node(cp, nats_server, "rtx3090-1") as node:
 
             async def failed() -> str | None:
                 return node.publisher.last_error or None
@@ -123,10 +117,10 @@ async def test_an_api_server_that_drops_a_field_is_an_error_naming_it(nats: Nats
 
 
 async def test_kube_scheduler_allocates_a_claim_from_the_slices(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
     await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
-    async with dra_node(control_plane, nats) as node, namespace(node.api, node.name) as ns:
+    async with dra_node(control_plane, nats_server) as node, namespace(node.api, node.name) as ns:
         await published(node)
         api = node.api
         await ensure_device_class(api)
@@ -142,15 +136,17 @@ async def test_kube_scheduler_allocates_a_claim_from_the_slices(
 
 
 async def test_a_whole_card_claim_takes_a_card_alone_and_a_tainted_card_is_never_allocated(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
     await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
-    async with dra_node(control_plane, nats, "tesla-p4-2") as node, namespace(node.api, node.name) as ns:
+    async with dra_node(control_plane, nats_server, "tesla-p4-2") as node, namespace(node.api, node.name) as ns:
         api = node.api
         await published(node)
         await ensure_device_class(api)
-        whole = {"metadata": {"name": "whole"}, "spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}
+        whole = {
+            "metadata": {"name": "whole"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        }
         await api.create(CLAIMS.format(ns=ns), whole)
         await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("whole", node.name, "whole"))
         (taken,) = (await allocated_claim(api, ns, "whole"))["status"]["allocation"]["devices"]["results"]
@@ -187,12 +183,12 @@ async def test_a_whole_card_claim_takes_a_card_alone_and_a_tainted_card_is_never
 
 
 async def test_matchattribute_on_an_nvlink_group_gets_four_mutually_linked_cards(
-    control_plane: ControlPlane, nats: NatsServer
+    control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
     """DGX-1 (hybrid cube mesh): the fully linked quads are 0-3 and 4-7. With gpu-0 taken, four
     cards of one NVLink group can only be 4-7 (first-fit in device order would start at gpu-1)."""
     await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
-    async with dra_node(control_plane, nats, "dgx1-v100") as node, namespace(node.api, node.name) as ns:
+    async with dra_node(control_plane, nats_server, "dgx1-v100") as node, namespace(node.api, node.name) as ns:
         api = node.api
         await published(node)
         await ensure_device_class(api)

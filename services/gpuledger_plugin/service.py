@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, NotFound, Unavailable
 from gpuledger_core.ids import AllocationId
@@ -29,9 +30,9 @@ from gpuledger_plugin.reconcile import Comparison, Finding, compare, gone
 from gpuledger_plugin.transitions import GrantRef, bind
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-BIND_ATTEMPTS = 3
-OUTAGE_PAUSE_S, OUTAGE_PAUSE_MAX_S = 0.05, 1.0  # between reads of a ledger that cannot be reached
+OUTAGE_PAUSE_S, OUTAGE_PAUSE_MAX_S = 0.05, 1.0  # between tries of a ledger away or refusing writes
 
 
 class DeviceBoard:
@@ -124,8 +125,8 @@ class PluginService:
         self, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
         async with self._lock:
-            try:
-                ledger = await self._read()
+            try:  # kubelet follows the hint: one made without the ledger takes others' devices
+                ledger = await _waiting("GetPreferredAllocation", self._read)
             except GpuledgerError as err:
                 log.warning("preferred allocation without the ledger: %s", err)
                 return await self._by_topology(available, must_include, size)
@@ -156,25 +157,15 @@ class PluginService:
     # --- Allocate ---
 
     async def allocate(self, device_ids: Sequence[str]) -> Outcome:
-        """Bind the reservation these device IDs belong to. kubelet gives Allocate no deadline and
-        refuses the pod for good on an error, so a ledger that cannot be reached (NATS restarting)
-        is waited for; the server's ``answer_timeout_s`` bounds the whole call."""
+        """Bind the reservation these device IDs belong to, waiting for a ledger that cannot be
+        reached or would not take the write (see ``_waiting``)."""
         async with self._lock:
-            attempt, pause = 1, OUTAGE_PAUSE_S
-            while True:
-                try:
-                    ledger = await self._read()
-                    found = await self._identify(ledger, device_ids)
-                    return await self._bind(found)
-                except Unavailable as err:
-                    log.info("Allocate for %s waits for the ledger: %s", sorted(device_ids), err)
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
-                except Conflict as err:
-                    if attempt == BIND_ATTEMPTS:
-                        raise
-                    attempt += 1
-                    log.info("retrying Allocate for %s: %s", sorted(device_ids), err)
+            what = f"Allocate for {sorted(device_ids)}"
+            return await _waiting(what, lambda: self._allocate(device_ids))
+
+    async def _allocate(self, device_ids: Sequence[str]) -> Outcome:
+        ledger = await self._read()
+        return await self._bind(await self._identify(ledger, device_ids))
 
     async def _identify(self, ledger: NodeLedger, device_ids: Sequence[str]) -> m.Found:
         ref = self.steered.get(frozenset(device_ids))
@@ -302,6 +293,22 @@ class PluginService:
                 async with asyncio.timeout(interval_s):  # not wait_for: it can swallow a cancel
                     await wake.wait()
             wake.clear()
+
+
+async def _waiting(what: str, work: Callable[[], Awaitable[T]]) -> T:
+    """``work()``, tried again after a pause (doubling, up to 1 s) while the ledger cannot be
+    reached (``Unavailable``: NATS restarting, a leader election) or would not take the write
+    (``Conflict``: a lost race, or a stream leader that has lost its quorum and refuses every
+    write to the key while an earlier one is in flight). kubelet gives its calls no deadline and
+    fails the pod for good on an error; the server's ``answer_timeout_s`` bounds the wait."""
+    pause = OUTAGE_PAUSE_S
+    while True:
+        try:
+            return await work()
+        except (Unavailable, Conflict) as err:
+            log.info("%s waits for the ledger: %s", what, err)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
 
 
 def _slot_of(ledger: NodeLedger, ref: GrantRef | None) -> m.Slot | None:

@@ -60,7 +60,7 @@ class PluginSettings:
     ledger_retry_s: float = option(
         RETRY_S,
         "how long one ledger read or write waits out a JetStream outage (a leader election) before the "
-        "call reads again (Allocate keeps trying until answer_timeout_s)",
+        "call reads again (GetPreferredAllocation and Allocate keep trying until answer_timeout_s)",
     )
     placement_timeout_s: float = option(0.2, "how long GetPreferredAllocation waits for placement")
     pod_resources_timeout_s: float = option(1.0, "how long to wait for kubelet's PodResources List")

@@ -1,0 +1,100 @@
+"""The plugin's service waits out a ledger that will not answer or will not take a write for a
+while, since kubelet fails a pod for good on an error and follows whatever hint it is given: a
+fake ledger port, no NATS. The server's deadline (not here) bounds the wait."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, Unavailable
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import AllocState, Grant
+from gpuledger_plugin import service as service_module
+from gpuledger_plugin.answer import AnswerPolicy
+from gpuledger_plugin.placement import LocalPlacement
+from gpuledger_plugin.reconcile import KubeletView
+from gpuledger_plugin.service import PluginService
+
+from .plugin_fixtures import SLOTS, ids_of, ledger_with, pod, share
+
+pytestmark = pytest.mark.timeout(5)
+OUTAGE = Unavailable("cannot read the ledger of n1: JetStream did not take it (no stream leader answered)")
+REFUSED_WRITE = Conflict("the ledger of n1 kept changing; gave up after 12 attempts")
+
+
+class FlakyLedger:
+    """The node's ledger, whose next reads and writes fail with the errors queued for them."""
+
+    def __init__(self, ledger: NodeLedger) -> None:
+        self.ledger = ledger
+        self.reads: list[GpuledgerError] = []
+        self.writes: list[GpuledgerError] = []
+
+    async def read(self) -> NodeLedger | None:
+        if self.reads:
+            raise self.reads.pop(0)
+        return self.ledger
+
+    async def mutate(self, transition: Callable[[NodeLedger | None], NodeLedger | None]) -> NodeLedger | None:
+        if self.writes:
+            raise self.writes.pop(0)
+        new = transition(self.ledger)
+        assert new is not None
+        self.ledger = new
+        return new
+
+    async def watch(self) -> AsyncIterator[NodeLedger | None]:
+        yield self.ledger
+
+
+class NoPods:
+    async def list(self) -> KubeletView:
+        return {}
+
+
+@pytest.fixture(autouse=True)
+def short_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(service_module, "OUTAGE_PAUSE_S", 0.001)
+    monkeypatch.setattr(service_module, "OUTAGE_PAUSE_MAX_S", 0.001)
+
+
+def service_of(ledger: FlakyLedger) -> PluginService:
+    return PluginService("n1", ledger, LocalPlacement(), NoPods(), AnswerPolicy(), SLOTS)
+
+
+def reserved() -> FlakyLedger:
+    """One pod reserved on card 3 (the local ranking would offer card 0)."""
+    return FlakyLedger(ledger_with(pod("p", Grant("main", (share(3),)))))
+
+
+OFFERED = [f"GPU-{card}::{slot}" for card in range(4) for slot in range(SLOTS)]  # every device, as kubelet offers them
+
+
+async def test_preferred_waits_for_the_ledger_rather_than_ranking_cards_without_it() -> None:
+    ledger = reserved()
+    ledger.reads = [OUTAGE] * 5
+    hint = await service_of(ledger).preferred(OFFERED, [], 1)
+    assert hint == list(ids_of(ledger.ledger, "p"))
+    assert not ledger.reads
+
+
+@pytest.mark.parametrize("error", [OUTAGE, REFUSED_WRITE], ids=["unavailable", "conflict"])
+async def test_allocate_tries_again_until_the_write_is_taken(error: GpuledgerError) -> None:
+    ledger = reserved()
+    ledger.writes = [error] * 5  # more than a few immediate retries would cover
+    ids = ids_of(ledger.ledger, "p")
+    outcome = await service_of(ledger).allocate(ids)
+    assert outcome.allocation_id == "a-p"
+    bound = ledger.ledger.get(outcome.allocation_id)
+    assert bound is not None
+    assert bound.state is AllocState.BOUND
+
+
+async def test_allocate_refuses_at_once_what_waiting_does_not_mend() -> None:
+    ledger = reserved()
+    ledger.writes = [OUTAGE]
+    with pytest.raises(FailedPrecondition, match="no container on n1 has a reservation"):
+        await service_of(ledger).allocate(["GPU-0::0", "GPU-1::0"])
+    assert ledger.writes == [OUTAGE]  # nothing was written, nor tried

@@ -62,7 +62,7 @@ async def replicas(cluster: NatsCluster, cluster_nc: Client, fleet: Fleet) -> As
         async def all_nodes() -> bool:
             return len((await stub.get_cluster(pb.GetClusterRequest())).nodes) == len(fleet.nodes)
 
-        await wait_for(all_nodes, what="the fleet in the ledger")
+        await wait_for(all_nodes, 30, "the fleet in the ledger")  # 10 s was short on a loaded machine
         await wait_for(lambda: all_current(cluster_nc), what="every stream replica current")
         yield running
 

@@ -2,7 +2,9 @@
 
 Any number of allocator, placement or plugin processes may write; each write reads the node's
 key, applies a pure transition from ``gpuledger_core.ledger`` and writes back only if the key's
-revision is unchanged. Lost races are retried a bounded number of times and counted.
+revision is unchanged. Lost races are retried a bounded number of times and counted. Changes of
+one node that a process makes while its write to that node is in flight are written together, in
+the order they were asked, by the next compare-and-set (each caller still gets its own answer).
 
 Every read and write rides out a JetStream outage (a leader election, a reconnect) within the
 call's window (``gpuledger_common.outage``). A write whose answer was lost is tried again with
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import logging
 import random
@@ -44,6 +47,7 @@ from gpuledger_common.bus import SUBJECT_PREFIX, encode
 from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
 from gpuledger_common.outage import (
     ATTEMPT_S,
+    MAX_BACKOFF_S,
     MIN_ATTEMPT_S,
     RETRY_S,
     Outage,
@@ -63,6 +67,7 @@ from gpuledger_core.model import Allocation, Node, Owner
 log = logging.getLogger(__name__)
 
 WRITES_REMEMBERED = 8
+PENDING_PAUSE_S = 0.005  # the first pause after a refusal that a write pending at the leader caused
 CATCH_UP_S = 0.05  # after a lost race, how long a followed store waits for its watch to bring the winner
 HOT_S = 1.0  # after losing a race on a key, an unfollowed store starts from a fresh read for this long
 LEDGER_BUCKET = "gpuledger-ledger"
@@ -128,6 +133,19 @@ class _Part:
     fragment: orjson.Fragment | None = None
 
 
+@dataclass(slots=True, eq=False)
+class _Turn:
+    """One caller's change of a node's ledger, queued behind the write to that node in flight."""
+
+    transition: Transition
+    attempts: int
+    done: asyncio.Future[Written]
+    context: contextvars.Context  # the caller's, with its outage window
+    deadline: float  # when that window ends (``time.monotonic``)
+    refused: BaseException | None = None  # what the transition raised on the batch's last value
+    dropped: bool = False  # answered already: out of the batch's later attempts
+
+
 @dataclass(frozen=True, slots=True)
 class OwnerRecord:
     """Which allocation an owner holds, as the owner index says; ``at`` is the writer's clock."""
@@ -159,7 +177,8 @@ class LedgerStore:
     outage: OutageStats = field(default_factory=OutageStats)
     _jetstream: JetStreamContext | None = None
     _publishing: set[asyncio.Future[None]] = field(default_factory=set)  # events on their way out
-    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    _queued: dict[str, list[_Turn]] = field(default_factory=dict)  # changes waiting for the write ahead
+    _batches: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # the write in flight, per node
     _known: dict[str, tuple[NodeLedger | None, int]] = field(default_factory=dict)
     _contended: dict[str, float] = field(default_factory=dict)  # when a write to the key last lost a race
     _written: dict[str, dict[bytes, NodeLedger]] = field(default_factory=dict)  # our last writes, by their bytes
@@ -335,29 +354,116 @@ class LedgerStore:
         """Apply ``transition`` to the node's current ledger with compare-and-set.
 
         The transition sees the ledger after expired leases and old releases are tidied away,
-        and may raise (nothing is written then). Returns what was written, or the unchanged
-        state when the transition changed nothing. Writes to one node from this process take
-        turns, so compare-and-set only ever races with other processes. ``attempts``: how many
-        lost races to take before ``Conflict`` (default ``max_attempts``); a caller that can
-        go elsewhere (a reservation) asks for one.
+        and may raise (nothing is written then; changes written beside it are not affected).
+        Returns what was written, or the unchanged state when nothing changed. Writes to one
+        node from this process take turns, so compare-and-set only ever races with other
+        processes; the changes asked while a write is in flight are applied in order and
+        written together by the next one (``old`` is then the value before all of them).
+        ``attempts``: how many lost races to take before ``Conflict`` (default ``max_attempts``);
+        a caller that can go elsewhere (a reservation) asks for one.
         """
         with within(self.retry_s):  # the read, the write and any retries: one outage window
             return await self._mutate_in_turn(node, transition, attempts or self.max_attempts)
 
     async def _mutate_in_turn(self, node: str, transition: Transition, attempts: int) -> Written:
-        lock = self._locks.setdefault(node, asyncio.Lock())
+        """Queue the change; the next write to the node takes it with every change queued beside it."""
+        done = asyncio.get_running_loop().create_future()
+        turn = _Turn(transition, attempts, done, contextvars.copy_context(), time.monotonic() + time_left(self.retry_s))
+        turn.done.add_done_callback(_retrieved)
+        self._queued.setdefault(node, []).append(turn)
+        self._next_batch(node)
         try:  # the writes ahead may be waiting out an outage: wait for them within this call's window
-            async with asyncio.timeout(time_left(self.retry_s)):
-                await lock.acquire()
+            async with asyncio.timeout(max(time_left(self.retry_s), MIN_ATTEMPT_S)):
+                return await asyncio.shield(turn.done)
+        except TimeoutError:
+            if self._unqueued(node, turn):
+                raise Unavailable(
+                    f"cannot write the ledger of {node}: the writes to it ahead of this one are still waiting "
+                    "out a JetStream outage"
+                ) from None
+        except asyncio.CancelledError:
+            self._unqueued(node, turn)
+            raise
+        # A write has taken the change; it ends within the shortest window of its batch, this
+        # call's or an earlier one, and then answers (a last request may take ATTEMPT_S).
+        try:
+            async with asyncio.timeout(ATTEMPT_S):
+                return await asyncio.shield(turn.done)
         except TimeoutError:
             raise Unavailable(
-                f"cannot write the ledger of {node}: the writes to it ahead of this one are still waiting "
-                "out a JetStream outage"
+                f"cannot write the ledger of {node}: no answer within the call's window (the write may still "
+                "be applied)"
             ) from None
+
+    def _unqueued(self, node: str, turn: _Turn) -> bool:
+        """Take a change no write has taken yet out of the queue; False if one has."""
+        queue = self._queued.get(node, [])
+        if turn not in queue:
+            return False
+        queue.remove(turn)
+        return True
+
+    def _next_batch(self, node: str) -> None:
+        """Start writing the node's queued changes, unless a write to it is in flight. The batch
+        runs in the context of the caller with the least time left, so it rides out an outage
+        for as long as that caller's window lasts (a caller with time left after it is queued
+        again: each call waits out as much as its own window allows)."""
+        if node in self._batches or not self._queued.get(node):
+            return
+        turns = self._queued.pop(node)
+        context = min(turns, key=lambda t: t.deadline).context
+        batch = asyncio.get_running_loop().create_task(self._write_batch(node, turns), context=context)
+        self._batches[node] = batch
+        batch.add_done_callback(lambda _: self._batch_done(node))
+
+    def _batch_done(self, node: str) -> None:
+        self._batches.pop(node, None)
+        self._next_batch(node)
+
+    async def _write_batch(self, node: str, turns: list[_Turn]) -> None:
+        """One compare-and-set with every turn's transition applied in order. A transition that
+        raises leaves the value as it found it and gets its own error; a turn whose attempts
+        are used up by lost races gets ``Conflict`` while the others go on."""
+
+        def combined(ledger: NodeLedger | None) -> NodeLedger | None:
+            value, live = ledger, [t for t in turns if not t.dropped]
+            for turn in live:
+                try:
+                    value, turn.refused = turn.transition(value), None
+                except Exception as err:
+                    turn.refused = err
+            first = next((t.refused for t in live if t.refused is not None), None)
+            if first is not None and all(t.refused is not None for t in live):
+                raise first  # nothing to write: every caller gets its own error
+            return value
+
+        def lost(attempt: int) -> bool:
+            for turn in turns:
+                if not turn.dropped and turn.attempts <= attempt:
+                    turn.dropped = True
+                    _answer(turn, Conflict(f"the ledger of {node} kept changing; gave up after {attempt} attempts"))
+            return any(not t.dropped for t in turns)
+
         try:
-            return await self._mutate(node, transition, attempts)
-        finally:
-            lock.release()
+            written = await self._mutate(node, combined, max(t.attempts for t in turns), lost)
+        except BaseException as err:
+            again = []
+            for turn in turns:
+                if turn.dropped:
+                    continue
+                if isinstance(err, Unavailable) and turn.refused is None and turn.deadline > time.monotonic():
+                    turn.refused = None
+                    again.append(turn)  # the outage outlasted a shorter window than this call's
+                    continue
+                _answer(turn, turn.refused if isinstance(err, Exception) and turn.refused is not None else err)
+            if again:
+                self._queued[node] = again + self._queued.get(node, [])
+            if not isinstance(err, Exception):
+                raise
+            return
+        for turn in turns:
+            if not turn.dropped:
+                _answer(turn, turn.refused or written)
 
     def _hot(self, node: str) -> bool:
         """Another process wrote this key lately: our cached value is likely stale, so read first."""
@@ -372,7 +478,7 @@ class LedgerStore:
         """Nodes this process is writing right now, or lost a race on to another process lately."""
         now = time.monotonic()
         hot = {node for node, at in self._contended.items() if now - at < HOT_S}
-        return hot | {node for node, lock in self._locks.items() if lock.locked()}
+        return hot | set(self._batches)
 
     async def _caught_up(self, node: str, revision: int) -> tuple[NodeLedger | None, int] | None:
         """The node's value once a watch has brought revision ``revision`` (or a newer one), or None
@@ -402,9 +508,14 @@ class LedgerStore:
             return await self._caught_up(node, lost_to) if self._followed and lost_to else None
         return None if self._hot(node) and not self._followed else self._known.get(node)
 
-    async def _mutate(self, node: str, transition: Transition, attempts: int) -> Written:
+    async def _mutate(
+        self, node: str, transition: Transition, attempts: int, lost: Callable[[int], bool] | None = None
+    ) -> Written:
+        """``lost(attempt)`` hears of each lost race and says whether to go on."""
         lost_to = 0  # the revision that beat our last write, as its refusal named it
-        for attempt in range(1, attempts + 1):
+        attempt = pending = 0
+        while attempt < attempts:
+            attempt += 1
             # Only a write can prove a known value current: if the transition refuses it or
             # finds nothing to change, the verdict is taken again on a fresh read.
             known = await self._start_from(node, attempt, lost_to)
@@ -423,12 +534,15 @@ class LedgerStore:
             CAS_ATTEMPTS.inc()
             try:
                 written = await self._write(node, new, revision)
-            except KeyWrongLastSequenceError as lost:
+            except KeyWrongLastSequenceError as refusal:
                 self.stats.conflicts += 1
                 CAS_CONFLICTS.inc()
                 self._contended[node] = time.monotonic()
-                lost_to = _revision_now(lost)
-                if attempt == attempts:
+                lost_to = _revision_now(refusal)
+                if not lost_to and await self._pending_at_leader(node, revision, pending):
+                    attempt, lost_to, pending = attempt - 1, revision, pending + 1  # no race was lost
+                    continue
+                if attempt == attempts or (lost is not None and not lost(attempt)):
                     break
                 # The back-off stays even when the watch brings the winner at once: without it the
                 # process that just won, which knows its own write first, keeps winning (measured:
@@ -446,6 +560,25 @@ class LedgerStore:
             self.stats.gave_up += 1
             CAS_GAVE_UP.inc()
         raise Conflict(f"the ledger of {node} kept changing; gave up after {attempts} attempts")
+
+    async def _pending_at_leader(self, node: str, revision: int, waited: int) -> bool:
+        """After a refusal that names no revision ("wrong last sequence"): True, after a pause, when
+        the key is still at ``revision``. Then no other write won: the stream's leader holds a
+        write to the key that it has not committed yet (another writer's, still being
+        replicated), or cannot commit (a leader that lost its quorum refuses every later
+        conditional write to the key until it steps down). That is waited out within the call's
+        window, as an outage is, and refused as ``Unavailable`` once the window is over."""
+        _, now_at = await self.read(node)
+        if now_at != revision:
+            return False
+        pause = random.uniform(0.5, 1.0) * min(MAX_BACKOFF_S, PENDING_PAUSE_S * 2**waited)
+        if time_left(self.retry_s) <= pause:
+            raise Unavailable(
+                f"cannot write the ledger of {node}: the stream's leader holds an earlier write to it that it "
+                "cannot commit (has the JetStream cluster lost its quorum?)"
+            )
+        await asyncio.sleep(pause)
+        return True
 
     async def _write(self, node: str, new: NodeLedger | None, revision: int) -> int:
         key = node_key(node)
@@ -776,6 +909,23 @@ def _unless_outage(err: Exception, what: str) -> NoReturn:
 
 class _WatchEnded(Exception):
     """A watcher stopped before the snapshot was complete."""
+
+
+def _answer(turn: _Turn, result: Written | BaseException) -> None:
+    if turn.done.done():
+        return
+    if isinstance(result, asyncio.CancelledError):
+        turn.done.cancel()
+    elif isinstance(result, BaseException):
+        turn.done.set_exception(result)
+    else:
+        turn.done.set_result(result)
+
+
+def _retrieved(done: asyncio.Future[Written]) -> None:
+    """An answer nobody waits for any more (the caller's window ended) is not an unhandled error."""
+    if not done.cancelled():
+        done.exception()
 
 
 class _Unproven:

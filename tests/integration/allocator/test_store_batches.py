@@ -1,0 +1,145 @@
+"""Changes of one node queued behind a write in flight go out together in the next compare-and-set,
+against a real nats-server: each caller still gets its own answer, a refusal or a lost race hits
+only its own caller, and a change no write has taken when its caller's window ends is never written."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nats.aio.client import Client
+from nats.js.errors import KeyWrongLastSequenceError
+
+from gpuledger_common.outage import within
+from gpuledger_common.store import LedgerStore
+from gpuledger_core.errors import Conflict, Exhausted, Unavailable
+from gpuledger_core.ids import AllocationId
+from gpuledger_core.ledger import NodeLedger
+
+from .test_store import NODE, ledger, take
+
+
+def held(value: NodeLedger | None) -> set[str]:
+    assert value is not None
+    return {str(a.id) for a in value.live()}
+
+
+async def test_changes_queued_behind_a_write_go_out_in_one_and_each_caller_sees_its_own(nc: Client) -> None:
+    store = await LedgerStore.open(nc)
+    await store.mutate(NODE, lambda _: ledger())
+    writes = store.stats.writes
+
+    answers = await asyncio.gather(*(store.mutate(NODE, take(f"t{i}", 500)) for i in range(8)))
+
+    # the first goes out alone; the seven queued behind it make one write
+    assert store.stats.writes - writes == 2
+    for i, written in enumerate(answers):
+        assert f"t{i}" in held(written.new)
+    final, revision = await store.read(NODE)
+    assert held(final) == {f"t{i}" for i in range(8)}
+    assert answers[-1].revision == revision
+
+
+async def test_a_refusal_in_a_batch_is_its_own_callers_only(nc: Client) -> None:
+    store = await LedgerStore.open(nc)
+    await store.mutate(NODE, lambda _: ledger())  # one card of 7611 MiB
+
+    _, a, b, c = await asyncio.gather(
+        store.mutate(NODE, take("first", 1000)),
+        store.mutate(NODE, take("a", 3000)),
+        store.mutate(NODE, take("b", 7000)),  # after first and a, no room: refused
+        store.mutate(NODE, take("c", 3000)),  # still fits after b's refusal
+        return_exceptions=True,
+    )
+
+    assert isinstance(b, Exhausted)
+    assert not isinstance(a, BaseException) and not isinstance(c, BaseException)
+    assert held(c.new) == {"first", "a", "c"}
+    final, _ = await store.read(NODE)
+    assert held(final) == {"first", "a", "c"}
+
+
+async def test_a_caller_that_takes_one_attempt_moves_on_while_the_others_of_its_batch_retry(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await LedgerStore.open(nc)
+    await store.mutate(NODE, lambda _: ledger())
+    real_write, calls = LedgerStore._write, []
+
+    async def loses_the_second(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
+        calls.append(revision)
+        if len(calls) == 2:  # the batch's first attempt, as if another process had won the race
+            raise KeyWrongLastSequenceError(description=f"wrong last sequence: {revision + 1}")
+        return await real_write(self, node, new, revision)
+
+    monkeypatch.setattr(LedgerStore, "_write", loses_the_second)
+    _, once, patient = await asyncio.gather(
+        store.mutate(NODE, take("first", 1000)),
+        store.mutate(NODE, take("once", 1000), attempts=1),
+        store.mutate(NODE, take("patient", 1000)),
+        return_exceptions=True,
+    )
+
+    assert isinstance(once, Conflict), once
+    assert not isinstance(patient, BaseException) and held(patient.new) == {"first", "patient"}
+    final, _ = await store.read(NODE)
+    assert held(final) == {"first", "patient"}
+    assert len(calls) == 3
+
+
+async def test_a_change_still_queued_when_its_window_ends_is_refused_and_never_written(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await LedgerStore.open(nc)
+    await store.mutate(NODE, lambda _: ledger())
+    real_write, release = LedgerStore._write, asyncio.Event()
+
+    async def stalls(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
+        await release.wait()  # the write ahead waits out an outage
+        return await real_write(self, node, new, revision)
+
+    monkeypatch.setattr(LedgerStore, "_write", stalls)
+    ahead = asyncio.ensure_future(store.mutate(NODE, take("ahead", 1000)))
+    await asyncio.sleep(0.05)
+
+    async def late() -> None:
+        with within(0.3):
+            await store.mutate(NODE, take("late", 1000))
+
+    with pytest.raises(Unavailable, match="ahead of this one are still waiting"):
+        await late()
+    release.set()
+    written = await ahead
+    assert held(written.new) == {"ahead"}
+    await asyncio.sleep(0.1)  # no later write takes the refused change
+    final, _ = await store.read(NODE)
+    assert held(final) == {"ahead"}
+    assert final is not None and final.get(AllocationId("late")) is None
+
+
+async def test_a_refusal_naming_no_revision_while_the_key_stands_still_is_waited_out_not_counted_as_a_race(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream leader with an uncommitted write to a key refuses later conditional writes to it
+    with "wrong last sequence" and no revision (NATS 10164); a leader that lost its quorum keeps
+    doing so. No other write won, so the call waits (within its window) instead of spending its
+    attempts, and says what is wrong when the window ends."""
+    store = await LedgerStore.open(nc)
+    await store.mutate(NODE, lambda _: ledger())
+    real_put, refusals = LedgerStore._put, [5]
+
+    async def pending_at_leader(self: LedgerStore, key: str, data: bytes, revision: int) -> int:
+        if refusals[0] > 0:
+            refusals[0] -= 1
+            raise KeyWrongLastSequenceError(description="wrong last sequence")
+        return await real_put(self, key, data, revision)
+
+    monkeypatch.setattr(LedgerStore, "_put", pending_at_leader)
+    written = await store.mutate(NODE, take("patient", 1000), attempts=1)  # one attempt, five refusals
+    assert held(written.new) == {"patient"}
+
+    refusals[0] = 10**6  # the leader never commits: the window ends
+    with within(0.5), pytest.raises(Unavailable, match=r"cannot commit .*lost its quorum"):
+        await store.mutate(NODE, take("never", 1000))
+    final, _ = await store.read(NODE)
+    assert held(final) == {"patient"}

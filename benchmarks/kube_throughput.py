@@ -33,8 +33,10 @@ import aiohttp
 
 from gpuledger_cli.dev.kubereal import RealCluster
 from gpuledger_cli.dev.stack import Stack, running_stack
+from gpuledger_common import bus
 from gpuledger_common.fleet import load_fleet
 from gpuledger_common.natsserver import free_port
+from gpuledger_common.store import LEDGER_BUCKET
 from gpuledger_testing.benchpods import PLAIN, cpu_seconds, h100_fleet, one_card_pods, stat_fields
 from gpuledger_testing.controlplane.api import STRATEGIC, KubeApi
 from gpuledger_testing.controlplane.cluster import plain_scheduler_config
@@ -95,6 +97,16 @@ async def clear(api: KubeApi, kind: str) -> None:
 
 async def ledger_empty(stack: Stack) -> bool:
     return not any(found.live() for found in (await read_ledger(stack.nats_url, stack.operator)).values())
+
+
+async def ledger_sequence(stack: Stack) -> int:
+    """The ledger stream's last sequence: every write the ledger has taken so far."""
+    nc = await bus.connect(stack.nats_url, "bench-ledger-sequence", credentials=stack.operator)
+    try:
+        info = await nc.jetstream().stream_info(f"KV_{LEDGER_BUCKET}")
+        return int(info.state.last_seq)
+    finally:
+        await nc.close()
 
 
 async def metric(url: str, name: str, labels: str) -> float:
@@ -183,6 +195,7 @@ async def run(args: argparse.Namespace) -> int:
         assert placement is not None
         rows: dict[str, list[float]] = {"plain": [], "gpuledger": []}
         refused: list[float] = []
+        writes: list[int] = []  # ledger writes while a gpuledger burst binds
         cpu_per_pod: list[float] = []
         breakdown: dict[str, dict[str, list[float]]] = {"plain": {}, "gpuledger": {}}
         wholes: dict[str, list[float]] = {"plain": [], "gpuledger": []}
@@ -194,6 +207,7 @@ async def run(args: argparse.Namespace) -> int:
             for kind in ("plain", "gpuledger"):
                 failed_before = await metric(metrics_url, "gpuledger_placement_failures_total", 'verb="bind"')
                 timed_before = {v: await timed(metrics_url, v) for v in mean_ms}
+                sequence_before = await ledger_sequence(stack)
                 cpu_before = cpu_seconds(placement.pid)
                 all_before = cpu_by_process()
                 for kubelet in cluster.kubelets.values():
@@ -202,6 +216,7 @@ async def run(args: argparse.Namespace) -> int:
                     else:
                         kubelet.hold_admissions()
                 seconds = await burst(api, kind, args.pods, round_no)
+                sequence_after = await ledger_sequence(stack)  # before admission writes its commits
                 for kubelet in cluster.kubelets.values():
                     kubelet.resume_admissions()
                 cpu_after = cpu_seconds(placement.pid)
@@ -218,6 +233,7 @@ async def run(args: argparse.Namespace) -> int:
                         await metric(metrics_url, "gpuledger_placement_failures_total", 'verb="bind"') - failed_before
                     )
                     cpu_per_pod.append((cpu_after - cpu_before) / args.pods * 1000)
+                    writes.append(sequence_after - sequence_before)
                     for verb, (seconds_before, calls_before) in timed_before.items():
                         seconds_after, calls_after = await timed(metrics_url, verb)
                         calls = calls_after - calls_before
@@ -237,6 +253,7 @@ async def run(args: argparse.Namespace) -> int:
     print(f"| gpuledger extender (filter + bind) | {ours:.1f} | {', '.join(f'{r:.1f}' for r in rows['gpuledger'])} |")
     print(f"ratio gpuledger / plain: {ours / plain:.2f}")
     print(f"binds refused per {args.pods} pods: {', '.join(f'{r:.0f}' for r in refused)}")
+    print(f"ledger writes while {args.pods} pods were bound: {', '.join(str(w) for w in writes)}")
     print(f"placement CPU per pod (ms, filter + bind + ledger watch): {', '.join(f'{c:.2f}' for c in cpu_per_pod)}")
     for verb, values in mean_ms.items():
         print(f"mean {verb} time inside placement (ms, from its histogram): {', '.join(f'{v:.2f}' for v in values)}")

@@ -274,7 +274,8 @@ async def measure(setups: list[Setup], clients: int, seconds: float, rounds: int
         ops_done = len(m.samples.latencies.get(PAIR_ROW, [])) + len(m.samples.latencies.get(COMMIT_ROW, []))
         note = (
             f"{setup.label}, {clients} client(s): {(a1 - a0) / max(1, m.writes):.3f} CAS attempts per"
-            f" ledger write ({c1 - c0:.0f} conflicts in {m.writes} writes); CPU per NATS allocate+release: "
+            f" ledger change ({c1 - c0:.0f} conflicts in {m.writes} changes; one write may carry several);"
+            " CPU per NATS allocate+release: "
             + ", ".join(f"{name} {cpu / max(1, ops_done) * 1e6:.0f} us" for name, cpu in m.cpu.items())
         )
         results[setup.label] = (m.samples, note)
@@ -466,7 +467,7 @@ async def main(seconds: float, rounds: int, specs: list[SetupSpec], client_count
             value = float(note.split(": ", 1)[1].split()[0])
             verdict = "met" if value <= TARGET_CAS else "NOT met"
             print(
-                f"{label}: CAS attempts per ledger write, 16 clients over {NODES} nodes: {value:.3f}"
+                f"{label}: CAS attempts per ledger change, 16 clients over {NODES} nodes: {value:.3f}"
                 f" (target <= {TARGET_CAS:g}: {verdict})"
             )
 

@@ -452,7 +452,6 @@ class LedgerStore:
                 if turn.dropped:
                     continue
                 if isinstance(err, Unavailable) and turn.refused is None and turn.deadline > time.monotonic():
-                    turn.refused = None
                     again.append(turn)  # the outage outlasted a shorter window than this call's
                     continue
                 _answer(turn, turn.refused if isinstance(err, Exception) and turn.refused is not None else err)

@@ -5,13 +5,15 @@ only its own caller, and a change no write has taken when its caller's window en
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from nats.aio.client import Client
+from nats.errors import NoRespondersError
 from nats.js.errors import KeyWrongLastSequenceError
 
 from gpuledger_common.outage import within
-from gpuledger_common.store import LedgerStore
+from gpuledger_common.store import LedgerStore, Written
 from gpuledger_core.errors import Conflict, Exhausted, Unavailable
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger
@@ -143,3 +145,41 @@ async def test_a_refusal_naming_no_revision_while_the_key_stands_still_is_waited
         await store.mutate(NODE, take("never", 1000))
     final, _ = await store.read(NODE)
     assert held(final) == {"patient"}
+
+
+async def test_a_batch_rides_out_an_outage_for_each_callers_own_window(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch waits out an outage for the shortest window among its callers; the caller whose
+    window ends is refused, and the others are written once JetStream answers again."""
+    store = await LedgerStore.open(nc)
+    await store.mutate(NODE, lambda _: ledger())
+    real_put, release, back_at = LedgerStore._put, asyncio.Event(), [0.0]
+
+    async def out_for_a_while(self: LedgerStore, key: str, data: bytes, revision: int) -> int:
+        if not release.is_set():
+            await release.wait()  # the write ahead, until both callers below are queued behind it
+        elif time.monotonic() < back_at[0]:
+            raise NoRespondersError  # no stream leader
+        return await real_put(self, key, data, revision)
+
+    monkeypatch.setattr(LedgerStore, "_put", out_for_a_while)
+    ahead = asyncio.ensure_future(store.mutate(NODE, take("ahead", 1000)))
+    await asyncio.sleep(0.05)
+
+    async def within_s(seconds: float, name: str) -> object:
+        with within(seconds):
+            return await store.mutate(NODE, take(name, 1000))
+
+    short = asyncio.ensure_future(within_s(0.5, "short"))
+    long = asyncio.ensure_future(within_s(5.0, "long"))
+    await asyncio.sleep(0.05)
+    back_at[0] = time.monotonic() + 1.5  # JetStream answers again after the short window, inside the long
+    release.set()
+    await ahead
+    with pytest.raises(Unavailable):
+        await short
+    written = await long
+    assert isinstance(written, Written) and held(written.new) == {"ahead", "long"}
+    final, _ = await store.read(NODE)
+    assert held(final) == {"ahead", "long"}

@@ -21,9 +21,9 @@ from gpuledger_testing.nats_cluster import NatsCluster, stream_cluster, stream_l
 from gpuledger_testing.stack import RunningAllocator, wait_for
 
 from .burst import DEADLINE_S, LEASE_S, Burst, Probe, verify
-from .conftest import STREAMS, all_current, read_ledger
+from .conftest import NATS_RECONNECT_LEAK, STREAMS, all_current, read_ledger
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), NATS_RECONNECT_LEAK]
 LEDGER = STREAMS[0]
 BEFORE = 20  # allocations granted before the fault
 AFTER = 20  # and after the cluster takes writes again

@@ -25,10 +25,10 @@ from gpuledger_testing.nats_cluster import NatsCluster, stream_leader
 from gpuledger_testing.stack import RunningAllocator, running_placement, wait_for
 
 from ..placement.helpers import args, bind_args, gpu_pod, post
-from .conftest import STREAMS, all_current, read_ledger
+from .conftest import NATS_RECONNECT_LEAK, STREAMS, all_current, read_ledger
 from .test_faults import a_follower, new_leader
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), NATS_RECONNECT_LEAK]
 LEDGER = STREAMS[0]
 NODES = ["h100-0", "h100-1"]
 HTTP_TIMEOUT_S = 10.0  # httpTimeout in deploy/scheduler/scheduler-config.yaml

@@ -48,10 +48,10 @@ from gpuledger_testing.stack import RunningAllocator, wait_for
 from ..placement.helpers import gpu_pod
 from ..plugin.conftest import dirs, pod, settings_for
 from .burst import Probe
-from .conftest import STREAMS, all_current, read_ledger
+from .conftest import NATS_RECONNECT_LEAK, STREAMS, all_current, read_ledger
 from .test_faults import async_, new_leader
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), NATS_RECONNECT_LEAK]
 __all__ = ["dirs"]  # the plugin tests' fixture: a socket directory short enough for unix sockets
 LEDGER = STREAMS[0]
 NODE = "h100-0"  # of the ha fleet: 8 cards

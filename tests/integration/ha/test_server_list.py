@@ -19,9 +19,9 @@ from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.nats_cluster import NatsCluster, stream_leader
 from gpuledger_testing.stack import running_allocator, wait_for
 
-from .conftest import REPLICAS, STREAMS, all_current
+from .conftest import NATS_RECONNECT_LEAK, REPLICAS, STREAMS, all_current
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), NATS_RECONNECT_LEAK]
 
 
 def port_of(nc: Client) -> int:

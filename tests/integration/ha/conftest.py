@@ -15,7 +15,7 @@ from gpuledger_common.fleet import Fleet, parse_fleet
 from gpuledger_common.store import LEDGER_BUCKET, OWNER_BUCKET, LedgerStore
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.nats_cluster import NatsCluster, nats_cluster, replicas_current
+from gpuledger_testing.nats_cluster import Member, NatsCluster, nats_cluster, replicas_current, stream_leader
 from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
 
 REPLICAS = 3
@@ -84,3 +84,18 @@ async def read_ledger(nc: Client) -> dict[str, NodeLedger]:
     """Every node's ledger, read straight from the bucket (through the stream's leader)."""
     store = await LedgerStore.open(nc)
     return {str(node): ledger for node, (ledger, _) in (await store.nodes()).items()}
+
+
+async def first_server_down(cluster: NatsCluster, nc: Client) -> Member:
+    """Kill the first server of the list and wait until the meta group and both streams are led
+    by servers that run (if it led them, those elections are the fault tests' business)."""
+    down = cluster.members[0]
+    await cluster.kill(down.name)
+    await cluster.wait_meta_leader()
+
+    async def led_by_others() -> bool:
+        leaders = [await stream_leader(nc, stream) for stream in STREAMS]
+        return all(leader not in ("", down.name) for leader in leaders)
+
+    await wait_for(led_by_others, 30, "both streams led by a running server")
+    return down

@@ -48,7 +48,7 @@ from gpuledger_testing.stack import RunningAllocator, wait_for
 from ..placement.helpers import gpu_pod
 from ..plugin.conftest import dirs, pod, settings_for
 from .burst import Probe
-from .conftest import NATS_RECONNECT_LEAK, STREAMS, all_current, read_ledger
+from .conftest import NATS_RECONNECT_LEAK, STREAMS, all_current, first_server_down, read_ledger
 from .test_faults import async_, new_leader
 
 pytestmark = [pytest.mark.timeout(120), NATS_RECONNECT_LEAK]
@@ -272,15 +272,7 @@ async def test_the_shim_starts_while_a_server_of_its_list_is_down(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The first server of its list is down: the shim connects to another, says which, and admits."""
-    down = cluster.members[0]
-    await cluster.kill(down.name)
-    await cluster.wait_meta_leader()
-
-    async def led_by_others() -> bool:
-        leaders = [await stream_leader(cluster_nc, stream) for stream in STREAMS]
-        return all(leader not in ("", down.name) for leader in leaders)
-
-    await wait_for(led_by_others, 30, "both streams led by a running server")
+    down = await first_server_down(cluster, cluster_nc)
     caplog.set_level(logging.INFO, logger="gpuledger_common.bus")
     caplog.clear()
     store = await LedgerStore.open(cluster_nc)

@@ -16,10 +16,10 @@ from gpuledger_common import bus
 from gpuledger_common.natsserver import free_port
 from gpuledger_common.store import LedgerStore
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.nats_cluster import NatsCluster, stream_leader
+from gpuledger_testing.nats_cluster import NatsCluster
 from gpuledger_testing.stack import running_allocator, wait_for
 
-from .conftest import NATS_RECONNECT_LEAK, REPLICAS, STREAMS, all_current
+from .conftest import NATS_RECONNECT_LEAK, REPLICAS, all_current, first_server_down
 
 pytestmark = [pytest.mark.timeout(90), NATS_RECONNECT_LEAK]
 
@@ -59,16 +59,7 @@ async def _logged(caplog: pytest.LogCaptureFixture, line: str) -> bool:
 async def test_an_allocator_starts_while_a_server_of_its_list_is_down(cluster: NatsCluster, cluster_nc: Client) -> None:
     await LedgerStore.open(cluster_nc, replicas=REPLICAS)  # the buckets exist, as after an install
     await wait_for(lambda: all_current(cluster_nc), 20, "every stream replica current")
-    down = cluster.members[0]  # the first of the list
-    await cluster.kill(down.name)
-    # If it led the meta group or a stream, those elections are the fault tests' business.
-    await cluster.wait_meta_leader()
-
-    async def led_by_others() -> bool:
-        leaders = [await stream_leader(cluster_nc, stream) for stream in STREAMS]
-        return all(leader not in ("", down.name) for leader in leaders)
-
-    await wait_for(led_by_others, 30, "both streams led by a running server")
+    down = await first_server_down(cluster, cluster_nc)
     async with running_allocator(cluster.url, bucket_replicas=REPLICAS) as allocator:
         assert urlsplit(allocator.settings.nats_url.split(",")[0]).port == down.port
         reply = await allocator.stub().get_cluster(pb.GetClusterRequest())

@@ -22,7 +22,16 @@ from gpuledger_testing.controlplane.api import KubeApi
 from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
 from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_allocator, running_placement
 from gpuledger_testing.waiting import wait_for
-from tests.e2e.dra_helpers import SCHEDULER, DraNode, dra_node, ensure_device_class, namespace, published
+from tests.e2e.dra_helpers import (
+    CLAIMS,
+    SCHEDULER,
+    DraNode,
+    claim_pod,
+    dra_node,
+    ensure_device_class,
+    namespace,
+    published,
+)
 
 COMMITTED, REJECTED = "gpuledger.io/committed", "gpuledger.io/rejected"
 
@@ -85,6 +94,15 @@ class World:
     @property
     def api(self) -> KubeApi:
         return self.node.api
+
+    async def claimed(self, name: str, devices: dict[str, Any]) -> dict[str, Any]:
+        """Claim ``name`` for ``devices`` (a claim's ``spec.devices``) and a pod of that name using it
+        on the node; once the pod is bound, the claim as allocated."""
+        claims = CLAIMS.format(ns=self.ns)
+        await self.api.create(claims, {"metadata": {"name": name}, "spec": {"devices": devices}})
+        await self.api.create(f"/api/v1/namespaces/{self.ns}/pods", claim_pod(name, self.node.name, name))
+        await bound(self.api, self.ns, name)
+        return dict(await self.api.get(f"{claims}/{name}"))
 
 
 @contextlib.asynccontextmanager

@@ -289,25 +289,17 @@ async def test_nvlink_if_possible_else_any_and_shares_on_distinct_cards(
     "4 linked cards, else any 4" gets its second choice; two shares asked to be on distinct cards
     (``distinctAttribute`` on the uuid) get two cards; the ledger holds each as allocated."""
     async with gated_world(control_plane, nats_server, placement_kubeconfig, "dgx1-v100") as world:
-        node, api, ns = world.node, world.api, world.ns
+        node = world.node
         for name, index in (("one", 0), ("two", 4)):  # a card of each quad, chosen by a CEL selector
             selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].index == {index}'}}
             whole = {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "selectors": [selector]}}
-            await api.create(
-                CLAIMS.format(ns=ns), {"metadata": {"name": name}, "spec": {"devices": {"requests": [whole]}}}
-            )
-            await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod(name, node.name, name))
-            await bound(api, ns, name)
+            await world.claimed(name, {"requests": [whole]})
         choices = {"name": "gpu", "firstAvailable": [
             {"name": "linked", "deviceClassName": DRIVER, "count": 4},
             {"name": "any", "deviceClassName": DRIVER, "count": 4},
         ]}  # fmt: skip
         linked = {"requests": ["gpu/linked"], "matchAttribute": f"{DRIVER}/nvlinkGroup4"}
-        spec = {"devices": {"requests": [choices], "constraints": [linked]}}
-        await api.create(CLAIMS.format(ns=ns), {"metadata": {"name": "four"}, "spec": spec})
-        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("four", node.name, "four"))
-        await bound(api, ns, "four")
-        claim = await api.get(f"{CLAIMS.format(ns=ns)}/four")
+        claim = await world.claimed("four", {"requests": [choices], "constraints": [linked]})
         results = claim["status"]["allocation"]["devices"]["results"]
         assert {r["request"] for r in results} == {"gpu/any"}, results
         entry = await claim_entry(nats_server, node.name, claim["metadata"]["uid"])
@@ -318,11 +310,7 @@ async def test_nvlink_if_possible_else_any_and_shares_on_distinct_cards(
         pair = {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "count": 2,
                 "capacity": {"requests": {"memory": "1Gi", "compute": "5"}}}}  # fmt: skip
         distinct = {"requests": ["gpu"], "distinctAttribute": f"{DRIVER}/uuid"}
-        spec = {"devices": {"requests": [pair], "constraints": [distinct]}}
-        await api.create(CLAIMS.format(ns=ns), {"metadata": {"name": "pair"}, "spec": spec})
-        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("pair", node.name, "pair"))
-        await bound(api, ns, "pair")
-        claim = await api.get(f"{CLAIMS.format(ns=ns)}/pair")
+        claim = await world.claimed("pair", {"requests": [pair], "constraints": [distinct]})
         results = claim["status"]["allocation"]["devices"]["results"]
         assert len({r["device"] for r in results}) == 2, results
         entry = await claim_entry(nats_server, node.name, claim["metadata"]["uid"])

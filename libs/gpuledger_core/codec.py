@@ -5,9 +5,12 @@ Decoding is strict: a missing or mistyped field raises ``InvalidArgument`` namin
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, TypeVar
+
+import orjson
 
 from gpuledger_core.errors import FailedPrecondition, InvalidArgument
 from gpuledger_core.events import EventKind, LedgerEvent
@@ -64,36 +67,60 @@ E = TypeVar("E", bound=Enum)
 class Reader:
     """Typed access to a JSON object that names the path of whatever is wrong."""
 
-    def __init__(self, raw: object, path: str = "") -> None:
+    __slots__ = ("_at", "raw")
+
+    def __init__(self, raw: object, path: str | tuple[str, int] = "") -> None:
+        # ``path`` may be (list path, index): spelled out only when an error names it, since a
+        # value of thousands of nodes decodes tens of thousands of list items.
+        self._at = path
         if not isinstance(raw, Mapping):
-            raise InvalidArgument(path or "body", f"must be an object, got {type(raw).__name__}")
+            raise InvalidArgument(self.path or "body", f"must be an object, got {type(raw).__name__}")
         self.raw = raw
-        self.path = path
+
+    @property
+    def path(self) -> str:
+        at = self._at
+        return at if isinstance(at, str) else f"{at[0]}[{at[1]}]"
 
     def _name(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
+        path = self.path
+        return f"{path}.{key}" if path else key
 
     def _get(self, key: str, kind: type[T] | tuple[type, ...], default: Any) -> Any:
-        if key not in self.raw or self.raw[key] is None:
+        value = self.raw.get(key)
+        if value is None:
             if default is _REQUIRED:
                 raise InvalidArgument(self._name(key), "is required")
             return default
-        value = self.raw[key]
+        if type(value) is kind:  # the common case, decided at once (a bool's type is not int)
+            return value
         if isinstance(value, bool) and kind in (int, float, (int, float)):
             raise InvalidArgument(self._name(key), f"must be a number, got {value!r}")
         if not isinstance(value, kind):
             raise InvalidArgument(self._name(key), f"has the wrong type {type(value).__name__}")
         return value
 
+    # text, integer and opt_int answer a value of the exact type at once (most fields, most of
+    # the time), and leave the rest to ``_get``.
+
     def text(self, key: str, default: Any = None) -> Any:
+        value = self.raw.get(key)
+        if type(value) is str:
+            return value
         return self._get(key, str, _REQUIRED if default is None else default)
 
     def integer(self, key: str, default: Any = None) -> Any:
+        value = self.raw.get(key)
+        if type(value) is int:
+            return value
         return self._get(key, int, _REQUIRED if default is None else default)
 
     def opt_int(self, key: str) -> int | None:
-        value: int | None = self._get(key, int, None)
-        return value
+        value = self.raw.get(key)
+        if value is None or type(value) is int:
+            return value
+        checked: int | None = self._get(key, int, None)
+        return checked
 
     def number(self, key: str, default: Any = None) -> Any:
         value = self._get(key, (int, float), _REQUIRED if default is None else default)
@@ -111,6 +138,9 @@ class Reader:
         raw = self._get(key, (str, int), _REQUIRED if default is None else default)
         if isinstance(raw, kind):
             return raw
+        member = kind._value2member_map_.get(raw)
+        if member is not None:
+            return member  # type: ignore[return-value]
         try:
             return kind(raw)
         except ValueError:
@@ -126,7 +156,8 @@ class Reader:
 
     def items(self, key: str, decode: Callable[[Reader], T]) -> tuple[T, ...]:
         values = self._get(key, list, [])
-        return tuple(decode(Reader(v, f"{self._name(key)}[{i}]")) for i, v in enumerate(values))
+        at = self._name(key)
+        return tuple(decode(Reader(v, (at, i))) for i, v in enumerate(values))
 
     def strings(self, key: str) -> tuple[str, ...]:
         values = self._get(key, list, [])
@@ -187,6 +218,31 @@ def link_from(r: Reader) -> Link:
     return Link(r.integer("a"), r.integer("b"), r.integer("nvlinks", 0), r.enum("pcie", PcieLevel, PcieLevel.SYSTEM))
 
 
+_LINKS: dict[bytes, tuple[Link, ...]] = {}  # the links' JSON -> the links decoded from it
+_LINKS_KEPT = 1024
+
+
+def _links_from(r: Reader) -> tuple[Link, ...]:
+    """The node's links. Nodes of one kind list the same links: they are decoded once and the
+    nodes share them (and so the topology made from them, ``placement.state.topology_of``). The
+    key is the list as JSON, which tells ``1`` from ``1.0`` and ``true``, so a value is only taken
+    from the cache when decoding it would give the same links."""
+    raw = r.raw.get("links")
+    key = None
+    if isinstance(raw, list):
+        with contextlib.suppress(orjson.JSONEncodeError):
+            key = orjson.dumps(raw)
+    known = _LINKS.get(key) if key is not None else None
+    if known is not None:
+        return known
+    links = r.items("links", link_from)
+    if key is not None:
+        if len(_LINKS) >= _LINKS_KEPT:
+            _LINKS.clear()
+        _LINKS[key] = links
+    return links
+
+
 def node_to(node: Node) -> Json:
     return {
         "name": node.name,
@@ -203,7 +259,7 @@ def node_from(r: Reader) -> Node:
     return Node(
         name=NodeName(r.text("name")),
         cards=r.items("cards", card_from),
-        links=r.items("links", link_from),
+        links=_links_from(r),
         cpu_milli=r.integer("cpu_milli", 0),
         memory_mib=r.integer("memory_mib", 0),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),

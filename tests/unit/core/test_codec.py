@@ -174,3 +174,27 @@ def test_optional_fields_take_their_defaults() -> None:
     assert not only.grants[0].cards[0].exclusive
     assert decoded.node.cards[0].pci_bus_id == ""
     assert decoded.node.cards[0].numa is None
+
+
+def _node_raw(name: str, links: list[dict[str, Any]]) -> dict[str, Any]:
+    cards = [{"uuid": f"GPU-{name}-{i}", "index": i, "model": "m", "memory_mib": 10} for i in range(2)]
+    return {"name": name, "cards": cards, "links": links}
+
+
+def test_nodes_listing_the_same_links_share_them() -> None:
+    links = [{"a": 0, "b": 1, "nvlinks": 12, "pcie": 10}]
+    first = codec.node_from(codec.Reader(_wire(_node_raw("n1", links))))
+    second = codec.node_from(codec.Reader(_wire(_node_raw("n2", links))))
+    assert second.links is first.links  # decoded once, shared (their topology is made once too)
+    other = codec.node_from(codec.Reader(_wire(_node_raw("n3", [{**links[0], "nvlinks": 4}]))))
+    assert other.links[0].nvlinks == 4
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"), [(1.0, "has the wrong type float"), (True, "must be a number, got True")]
+)
+def test_links_equal_to_decoded_ones_in_value_but_not_type_are_still_refused(value: object, problem: str) -> None:
+    codec.node_from(codec.Reader(_wire(_node_raw("n1", [{"a": 0, "b": 1, "nvlinks": 1}]))))
+    with pytest.raises(InvalidArgument) as caught:
+        codec.node_from(codec.Reader(_node_raw("n2", [{"a": 0, "b": 1, "nvlinks": value}])))
+    assert (caught.value.field, caught.value.problem) == ("links[0].nvlinks", problem)

@@ -538,7 +538,9 @@ class LedgerStore:
                 CAS_CONFLICTS.inc()
                 self._contended[node] = time.monotonic()
                 lost_to = _revision_now(refusal)
-                if not lost_to and await self._pending_at_leader(node, revision, pending):
+                if not lost_to and await self._pending_at_leader(
+                    f"write the ledger of {node}", lambda: self._ledger_revision(node), revision, pending
+                ):
                     attempt, lost_to, pending = attempt - 1, revision, pending + 1  # no race was lost
                     continue
                 if attempt == attempts or (lost is not None and not lost(attempt)):
@@ -560,24 +562,28 @@ class LedgerStore:
             CAS_GAVE_UP.inc()
         raise Conflict(f"the ledger of {node} kept changing; gave up after {attempts} attempts")
 
-    async def _pending_at_leader(self, node: str, revision: int, waited: int) -> bool:
+    async def _pending_at_leader(
+        self, what: str, revision_now: Callable[[], Awaitable[int]], revision: int, waited: int
+    ) -> bool:
         """After a refusal that names no revision ("wrong last sequence"): True, after a pause, when
-        the key is still at ``revision``. Then no other write won: the stream's leader holds a
-        write to the key that it has not committed yet (another writer's, still being
-        replicated), or cannot commit (a leader that lost its quorum refuses every later
-        conditional write to the key until it steps down). That is waited out within the call's
-        window, as an outage is, and refused as ``Unavailable`` once the window is over."""
-        _, now_at = await self.read(node)
-        if now_at != revision:
+        the key is still at ``revision`` (``revision_now()`` reads it). Then no other write won:
+        the stream's leader holds a write to the key that it has not committed yet (another
+        writer's, still being replicated), or cannot commit (a leader that lost its quorum refuses
+        every later conditional write to the key until it steps down). That is waited out within
+        the call's window, as an outage is, and refused as ``Unavailable`` once the window is over."""
+        if await revision_now() != revision:
             return False
         pause = random.uniform(0.5, 1.0) * min(MAX_BACKOFF_S, PENDING_PAUSE_S * 2**waited)
         if time_left(self.retry_s) <= pause:
             raise Unavailable(
-                f"cannot write the ledger of {node}: the stream's leader holds an earlier write to it that it "
+                f"cannot {what}: the stream's leader holds an earlier write to it that it "
                 "cannot commit (has the JetStream cluster lost its quorum?)"
             )
         await asyncio.sleep(pause)
         return True
+
+    async def _ledger_revision(self, node: str) -> int:
+        return (await self.read(node))[1]
 
     async def _write(self, node: str, new: NodeLedger | None, revision: int) -> int:
         key = node_key(node)
@@ -825,6 +831,8 @@ class LedgerStore:
             raise Unavailable(f"cannot write the owner index: {err}") from err
 
     async def _put_owner(self, key: str, data: bytes, revision: int, ttl_s: float | None) -> int:
+        """Write the owner's record on ``revision``. A refusal that names no revision, with the
+        record still at ``revision``, lost no race: it is waited out (``_pending_at_leader``)."""
         subject = f"$KV.{OWNER_BUCKET}.{key}"
         headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
 
@@ -833,11 +841,29 @@ class LedgerStore:
                 ack = await self._js.publish(subject, data, headers=dict(headers), msg_ttl=ttl_s)
             except APIError as err:
                 if err.err_code in (10071, 10164) or "wrong last sequence" in str(err):
-                    raise KeyWrongLastSequenceError() from err
+                    raise KeyWrongLastSequenceError(err.description) from err
                 raise
             return ack.seq
 
-        return await self._cas("write the owner index", OWNER_BUCKET, key, data, revision, put)
+        waited = 0
+        while True:
+            try:
+                return await self._cas("write the owner index", OWNER_BUCKET, key, data, revision, put)
+            except KeyWrongLastSequenceError as refusal:
+                if _revision_now(refusal) or not await self._pending_at_leader(
+                    "write the owner index", lambda: self._owner_revision(key), revision, waited
+                ):
+                    raise
+                waited += 1
+
+    async def _owner_revision(self, key: str) -> int:
+        """The owner record's revision: of its last write, or of the marker that deleted it; 0 if none."""
+        try:
+            entry = await self._ride_out("read the owner index", lambda: self.owners.get(key))
+        except (KeyNotFoundError, KeyDeletedError) as gone:
+            found = getattr(gone, "entry", None)
+            return (found.revision or 0) if found is not None else 0
+        return entry.revision or 0
 
     async def forget_owner_of(self, owner: Owner, allocation_id: AllocationId) -> None:
         """Drop the owner's record if it still names ``allocation_id`` (so the owner may

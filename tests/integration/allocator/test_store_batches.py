@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
-from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.client import JetStreamContext
+from nats.js.errors import APIError, KeyWrongLastSequenceError
 
 from gpuledger_common.outage import within
-from gpuledger_common.store import LedgerStore, Written
+from gpuledger_common.store import OWNER_BUCKET, LedgerStore, Written
 from gpuledger_core.errors import Conflict, Exhausted, Unavailable
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Owner, OwnerKind
 
 from .test_store import NODE, ledger, take
 
@@ -183,3 +186,31 @@ async def test_a_batch_rides_out_an_outage_for_each_callers_own_window(
     assert isinstance(written, Written) and held(written.new) == {"ahead", "long"}
     final, _ = await store.read(NODE)
     assert held(final) == {"ahead", "long"}
+
+
+async def test_an_owner_record_refused_with_no_revision_while_it_stands_still_is_waited_out(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same refusal on the owner index is no other holder's record in the way: the write waits
+    (within its window) and goes in, and when the window ends it says what is wrong."""
+    store = await LedgerStore.open(nc)
+    owner = Owner(OwnerKind.TOOL, "patient")
+    real_publish, refusals = JetStreamContext.publish, [5]
+
+    async def pending_at_leader(self: JetStreamContext, subject: str, *args: Any, **kwargs: Any) -> Any:
+        if subject.startswith(f"$KV.{OWNER_BUCKET}.") and refusals[0] > 0:
+            refusals[0] -= 1
+            raise APIError(code=400, err_code=10164, description="wrong last sequence")
+        return await real_publish(self, subject, *args, **kwargs)
+
+    monkeypatch.setattr(JetStreamContext, "publish", pending_at_leader)
+    revision = await store.claim_owner(owner, AllocationId("a-1"), NODE)
+    assert revision is not None and refusals == [0]  # its own record, not someone else's
+    record = await store.owner_record(owner)
+    assert record is not None and record.allocation == "a-1"
+
+    refusals[0] = 10**6  # the leader never commits: the window ends
+    with within(0.5), pytest.raises(Unavailable, match=r"owner index: .*cannot commit .*lost its quorum"):
+        await store.claim_owner(owner, AllocationId("a-2"), NODE, revision)
+    record = await store.owner_record(owner)
+    assert record is not None and record.allocation == "a-1"

@@ -1,11 +1,14 @@
 """The ledger at scale: thousands of simulated nodes against real allocator and placement processes.
 
 One run, same machine, for each fleet size (default 500, then 5,000 nodes of 8 H100): an embedded
-nats-server with JetStream; a load generator in this process that publishes every node's inventory
-and a heartbeat every 5 s on the subjects the inventory service uses (``gpuledger.v1.inventory.<node>``,
-``gpuledger.v1.heartbeat.<node>``, the bodies of ``gpuledger_common.announce``), not one process per
-node; allocator and placement replicas as their own processes; and a raw nats-py echo (asyncio) as
-the floor of any NATS round trip. It measures:
+nats-server with JetStream; a load generator that publishes every node's inventory (from this
+process) and a heartbeat every 5 s (from a process of its own, as the nodes are other machines: a
+thousand heartbeats a second in this process would delay the requests it times) on the subjects
+the inventory service uses (``gpuledger.v1.inventory.<node>``, ``gpuledger.v1.heartbeat.<node>``,
+the bodies of ``gpuledger_common.announce``), not one process per node; allocator and placement
+replicas as their own processes; and a raw nats-py echo (asyncio) as the floor of any NATS round
+trip. This process freezes its heap as the services do (``gpuledger_common.gcpause``): the fleet
+it holds would otherwise make each of its full collections a pause in the figures. It measures:
 
 - the ledger filling from the inventories (until the allocator counts every card);
 - cold start of a second allocator replica and of three placement replicas: process start until
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import random
 import statistics
 import sys
@@ -41,7 +45,7 @@ from typing import Any
 import aiohttp
 from nats.aio.client import Client
 
-from gpuledger_common import bus
+from gpuledger_common import bus, gcpause
 from gpuledger_common.announce import announce
 from gpuledger_common.fleet import parse_fleet
 from gpuledger_common.natsserver import embedded_nats, free_port
@@ -119,6 +123,12 @@ async def heartbeats(nc: Client, nodes: list[Node]) -> None:
                 )
             await asyncio.sleep(HEARTBEAT_S * 250 / len(nodes) * 0.9)
         await asyncio.sleep(max(0.0, HEARTBEAT_S - (time.monotonic() - started)))
+
+
+async def beat(url: str, count: int) -> None:
+    """The heartbeat process: every node's heartbeat, forever (until terminated)."""
+    nc = await bus.connect(url, "bench-heartbeats")
+    await heartbeats(nc, fleet_of(count))
 
 
 async def spawn(name: str, module: str, args: list[str], http_port: int, grpc_port: int = 0) -> Proc:
@@ -314,7 +324,7 @@ async def run(count: int, seconds: float) -> Figures:
     async with embedded_nats() as server, aiohttp.ClientSession() as http:
         nc = await bus.connect(server.url, "bench")
         echo = await asyncio.create_subprocess_exec(sys.executable, "-c", ECHO, server.url, ECHO_SUBJECT)
-        beating: asyncio.Task[None] | None = None
+        beating: asyncio.subprocess.Process | None = None
         try:
             imports = []
             for module in ("gpuledger_allocator.app", "gpuledger_placement.app"):
@@ -329,7 +339,12 @@ async def run(count: int, seconds: float) -> Figures:
             started = time.monotonic()
             for at in range(0, count, 500):
                 await announce(nc, nodes[at : at + 500])
-            beating = asyncio.create_task(heartbeats(nc, nodes))
+            beating = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--beat", server.url, "--nodes", str(count)
+            )
+            gc.collect()
+            gc.freeze()  # the fleet and what the fill left: out of every later collection's way
+            gcpause.install()
             while True:
                 _, text = await scrape(http, first)
                 if metric_sum(text, "gpuledger_model_cards") >= 8 * count:
@@ -450,7 +465,10 @@ async def run(count: int, seconds: float) -> Figures:
             figures.add("RSS", ", ".join(f"{p.name} {rss_mib(p.process.pid):.0f} MiB" for p in procs))
         finally:
             if beating is not None:
-                beating.cancel()
+                beating.terminate()
+                await beating.wait()
+            gcpause.uninstall()
+            gc.unfreeze()
             for proc in procs:
                 proc.process.terminate()
             echo.terminate()
@@ -481,5 +499,9 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", default="500,5000", help="comma list of fleet sizes")
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--beat", metavar="NATS_URL", help=argparse.SUPPRESS)  # the heartbeat process
     args = parser.parse_args()
-    asyncio.run(main([int(n) for n in args.nodes.split(",")], args.seconds))
+    if args.beat:
+        asyncio.run(beat(args.beat, int(args.nodes)))
+    else:
+        asyncio.run(main([int(n) for n in args.nodes.split(",")], args.seconds))

@@ -38,7 +38,8 @@ class PodCache:
     clock: Callable[[], float] = time.monotonic
     pods: dict[PodUid, PodSeen] = field(default_factory=dict)
     synced: bool = False
-    changed: asyncio.Event = field(default_factory=asyncio.Event)  # a pod ended or went away
+    # A pod ended or went away, or the cache (re)synced: a round is due now, not at the next interval.
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
     failures: int = 0  # in a row, for the log
 
     async def run(self) -> None:
@@ -61,7 +62,11 @@ class PodCache:
         if before - set(self.pods) or any(pod.finished for pod in listed.pods):
             self.changed.set()
         if not self.synced:
+            # The first listing, or the first after a gap: until now the reconciler could decide
+            # nothing (a replica started beside a lost ledger would wait a whole interval to
+            # rebuild it).
             log.info("following %d pod(s) from resourceVersion %s", len(self.pods), listed.resource_version)
+            self.changed.set()
         self.synced, self.failures = True, 0
         version, relist_at = listed.resource_version, self.clock() + self.relist_s
         while self.clock() < relist_at:

@@ -332,3 +332,26 @@ async def test_the_cache_lists_again_after_an_expired_watch(lister: KubePodListe
         assert cache.synced
     finally:
         running.cancel()
+
+
+async def test_a_replica_started_beside_a_lost_ledger_rebuilds_it_at_once_not_an_interval_later(
+    nats_server: NatsServer, store: LedgerStore, apiserver: FakeApiServer, fleet: Fleet, tmp_path: Path
+) -> None:
+    """The first round runs when the pod watch has listed the pods, not ``reconcile_interval_s``
+    after the one the replica tried before it had."""
+    node = next(n.node for n in fleet.nodes if n.node.name == NODE)
+    await store.mutate(NODE, lambda _: NodeLedger(node, ()))  # the inventory is back, the allocations are not
+    card = node.cards[0]
+    spec = {"nodeName": NODE, "schedulerName": "gpuledger-scheduler"}
+    pod = apiserver.add_pod({"metadata": {"name": "orphan"}, "spec": spec, "status": {"phase": "Running"}})
+    owner = Owner(OwnerKind.POD, pod["metadata"]["uid"], "default", "orphan")
+    now = time.time()
+    allocation = Allocation(
+        AllocationId("a-orphan"), owner, NODE, (Grant("main", (CardShare(card.uuid, card.index, 1000, 0),)),),
+        AllocState.BOUND, created_at=now, updated_at=now,
+    )  # fmt: skip
+    pod["metadata"]["annotations"][ALLOCATION_ANNOTATION] = convert.allocation_annotation(allocation)
+    kubeconfig = apiserver.kubeconfig(tmp_path / "kubeconfig")
+    settings = {"kube": "kubeconfig", "kubeconfig": str(kubeconfig), "reconcile_interval_s": 30.0}
+    async with running_allocator(nats_server.url, **settings):
+        await wait_for(lambda: is_live(store, allocation), timeout=10.0, what="the allocation rebuilt")

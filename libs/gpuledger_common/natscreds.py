@@ -2,9 +2,10 @@
 and TLS (the CA that verifies the server, optionally a client certificate and key).
 
 Every service's settings carry the same five fields (``nats_user``, ``nats_password_file``,
-``nats_ca_file``, ``nats_cert_file``, ``nats_key_file``); ``credentials_of`` turns them into one
-validated value. The password is read when connecting, never held in the settings, so it cannot
-reach the start-up log.
+``nats_ca_file``, ``nats_cert_file``, ``nats_key_file``), with ``nats_url``: the settings classes
+built on ``gpuledger_common.settings.option`` take them from ``NatsClientSettings``.
+``credentials_of`` turns them into one validated value. The password is read when connecting,
+never held in the settings, so it cannot reach the start-up log.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from gpuledger_common.settings import SettingsError
+from gpuledger_common.settings import SettingsError, nats_servers, option
 
 FIELDS = ("nats_user", "nats_password_file", "nats_ca_file", "nats_cert_file", "nats_key_file")
 HELP = {
@@ -24,6 +25,25 @@ HELP = {
     "nats_cert_file": "client certificate presented to NATS (with nats_key_file)",
     "nats_key_file": "private key of nats_cert_file",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class NatsClientSettings:
+    """How a service reaches NATS: its servers and its credentials. A service's settings class
+    derives from it and calls ``check_nats`` in its ``__post_init__``."""
+
+    nats_url: str = option(
+        "nats://127.0.0.1:4222", "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)"
+    )
+    nats_user: str = option("", HELP["nats_user"])
+    nats_password_file: str = option("", HELP["nats_password_file"])
+    nats_ca_file: str = option("", HELP["nats_ca_file"])
+    nats_cert_file: str = option("", HELP["nats_cert_file"])
+    nats_key_file: str = option("", HELP["nats_key_file"])
+
+    def check_nats(self) -> None:
+        nats_servers(self.nats_url)
+        credentials_of(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,27 +5,18 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gpuledger_common.natscreds import HELP as NATS_HELP
-from gpuledger_common.natscreds import credentials_of
+from gpuledger_common.natscreds import NatsClientSettings
 from gpuledger_common.outage import RETRY_S
-from gpuledger_common.settings import nats_servers, option, require
+from gpuledger_common.settings import option, require
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 
 KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
 
 
 @dataclass(frozen=True, slots=True)
-class AllocatorSettings:
+class AllocatorSettings(NatsClientSettings):
     """gpuledger-allocator: owns the ledger of cards; NATS and gRPC APIs."""
 
-    nats_url: str = option(
-        "nats://127.0.0.1:4222", "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)"
-    )
-    nats_user: str = option("", NATS_HELP["nats_user"])
-    nats_password_file: str = option("", NATS_HELP["nats_password_file"])
-    nats_ca_file: str = option("", NATS_HELP["nats_ca_file"])
-    nats_cert_file: str = option("", NATS_HELP["nats_cert_file"])
-    nats_key_file: str = option("", NATS_HELP["nats_key_file"])
     grpc_host: str = option("0.0.0.0", "gRPC listen address")
     grpc_port: int = option(50051, "gRPC listen port (0: any free port)")
     grpc_cert_file: str = option("", "the gRPC server's TLS certificate: turns on mutual TLS (with the next two)")
@@ -91,8 +82,7 @@ class AllocatorSettings:
         return frozenset(name.strip() for name in self.grpc_admins.split(",") if name.strip())
 
     def __post_init__(self) -> None:
-        nats_servers(self.nats_url)
-        credentials_of(self)
+        self.check_nats()
         tls = (self.grpc_cert_file, self.grpc_key_file, self.grpc_client_ca_file)
         require(
             all(tls) or not any(tls),

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gpuledger_common.natscreds import HELP as NATS_HELP
-from gpuledger_common.natscreds import credentials_of
-from gpuledger_common.settings import nats_servers, option, require
+from gpuledger_common.natscreds import NatsClientSettings
+from gpuledger_common.settings import option, require
 from gpuledger_core.placement import POLICIES, Guard
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_placement.assumed import DEFAULT_TTL_S
@@ -18,17 +17,9 @@ MAX_ASSUME_TTL_S = 600.0  # kube-scheduler's longest wait before binding (volume
 
 
 @dataclass(frozen=True, slots=True)
-class PlacementSettings:
+class PlacementSettings(NatsClientSettings):
     """gpuledger-placement: chooses nodes and cards; kube-scheduler extender and NATS API."""
 
-    nats_url: str = option(
-        "nats://127.0.0.1:4222", "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)"
-    )
-    nats_user: str = option("", NATS_HELP["nats_user"])
-    nats_password_file: str = option("", NATS_HELP["nats_password_file"])
-    nats_ca_file: str = option("", NATS_HELP["nats_ca_file"])
-    nats_cert_file: str = option("", NATS_HELP["nats_cert_file"])
-    nats_key_file: str = option("", NATS_HELP["nats_key_file"])
     http_host: str = option("0.0.0.0", "address of the extender and of /healthz, /readyz, /metrics")
     http_port: int = option(8080, "port of the extender and the ops endpoints (0: any free port)")
     url_prefix: str = option("/gpuledger", "path the extender verbs hang under (the scheduler's urlPrefix path)")
@@ -100,8 +91,7 @@ class PlacementSettings:
         return _names(self.scheduler_names)
 
     def __post_init__(self) -> None:
-        nats_servers(self.nats_url)
-        credentials_of(self)
+        self.check_nats()
         tls = (self.extender_cert_file, self.extender_key_file, self.extender_client_ca_file)
         require(
             all(tls) or not any(tls),

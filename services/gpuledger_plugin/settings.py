@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuledger_common.natscreds import HELP as NATS_HELP
-from gpuledger_common.natscreds import credentials_of
+from gpuledger_common.natscreds import NatsClientSettings
 from gpuledger_common.outage import RETRY_S
-from gpuledger_common.settings import nats_servers, option, require
+from gpuledger_common.settings import option, require
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_plugin.answer import STRATEGIES
 
@@ -15,18 +14,10 @@ RESOURCE_NAME = "gpuledger.io/gpu"
 
 
 @dataclass(frozen=True, slots=True)
-class PluginSettings:
+class PluginSettings(NatsClientSettings):
     """gpuledger-plugin: the kubelet device plugin that hands containers their ledger cards."""
 
     node: str = option("", "this node's name, as in the ledger (required)")
-    nats_url: str = option(
-        "nats://127.0.0.1:4222", "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)"
-    )
-    nats_user: str = option("", NATS_HELP["nats_user"])
-    nats_password_file: str = option("", NATS_HELP["nats_password_file"])
-    nats_ca_file: str = option("", NATS_HELP["nats_ca_file"])
-    nats_cert_file: str = option("", NATS_HELP["nats_cert_file"])
-    nats_key_file: str = option("", NATS_HELP["nats_key_file"])
     device_plugin_dir: str = option(
         "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory"
     )
@@ -73,8 +64,7 @@ class PluginSettings:
 
     def __post_init__(self) -> None:
         require(bool(self.node), "node", "is required (the Kubernetes node name)")
-        nats_servers(self.nats_url)
-        credentials_of(self)
+        self.check_nats()
         require(
             1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD,
             "slots_per_card",

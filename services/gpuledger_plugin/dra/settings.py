@@ -6,16 +6,15 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuledger_common.natscreds import HELP as NATS_HELP
-from gpuledger_common.natscreds import credentials_of
-from gpuledger_common.settings import nats_servers, option, require
+from gpuledger_common.natscreds import NatsClientSettings
+from gpuledger_common.settings import option, require
 
 DRIVER = "gpu.gpuledger.io"
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 @dataclass(frozen=True, slots=True)
-class DraSettings:
+class DraSettings(NatsClientSettings):
     """gpuledger-plugin --mode dra: the kubelet DRA plugin of driver gpu.gpuledger.io."""
 
     mode: str = option("dra", "dra (classic mode takes the device plugin's settings)")
@@ -28,14 +27,6 @@ class DraSettings:
     ledger_check: bool = option(
         True, "prepare a claim only if the ledger holds it (placement's claims controller wrote it; over NATS)"
     )
-    nats_url: str = option(
-        "nats://127.0.0.1:4222", "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)"
-    )
-    nats_user: str = option("", NATS_HELP["nats_user"])
-    nats_password_file: str = option("", NATS_HELP["nats_password_file"])
-    nats_ca_file: str = option("", NATS_HELP["nats_ca_file"])
-    nats_cert_file: str = option("", NATS_HELP["nats_cert_file"])
-    nats_key_file: str = option("", NATS_HELP["nats_key_file"])
     mps_pipe_dir: str = option("/tmp/nvidia-mps", "CUDA_MPS_PIPE_DIRECTORY inside containers of mps claims")
     mps_host_pipe_dir: str = option("/run/nvidia/mps", "the MPS daemon's pipe directory on the host")
     mps_host_shm_dir: str = option(
@@ -52,8 +43,7 @@ class DraSettings:
     def __post_init__(self) -> None:
         require(self.mode == "dra", "mode", f"must be dra here, got {self.mode!r}")
         require(bool(self.node), "node", "is required (the Kubernetes node name)")
-        nats_servers(self.nats_url)
-        credentials_of(self)
+        self.check_nats()
         require(
             len(self.driver) <= 63 and bool(_DNS_SUBDOMAIN.fullmatch(self.driver)),
             "driver", "must be a DNS subdomain of at most 63 characters",

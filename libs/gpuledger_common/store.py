@@ -371,21 +371,8 @@ class LedgerStore:
         done = asyncio.get_running_loop().create_future()
         turn = _Turn(transition, attempts, done, contextvars.copy_context(), time.monotonic() + time_left(self.retry_s))
         turn.done.add_done_callback(_retrieved)
-        if node not in self._batches and not self._queued.get(node):
-            # Nothing in flight or queued: the caller writes its change itself, handing it to no
-            # task (what a lone caller would pay for batching); changes asked meanwhile queue
-            # behind this write as behind any batch.
-            self._batches[node] = asyncio.current_task()  # type: ignore[assignment]
-            try:
-                await self._write_batch(node, [turn])
-            finally:
-                self._batch_done(node)
-            if turn.done.done():
-                return turn.done.result()
-            # Queued again to wait out an outage beyond a shorter window: waited for below.
-        else:
-            self._queued.setdefault(node, []).append(turn)
-            self._next_batch(node)
+        self._queued.setdefault(node, []).append(turn)
+        self._next_batch(node)
         try:  # the writes ahead may be waiting out an outage: wait for them within this call's window
             async with asyncio.timeout(max(time_left(self.retry_s), MIN_ATTEMPT_S)):
                 return await asyncio.shield(turn.done)

@@ -222,11 +222,8 @@ async def test_admissions_ride_out_the_ledger_leader_killed(
             await cluster.kill(leader)
             elected = await wait_for(lambda: new_leader(cluster_nc, leader), FAULT_S, "a new ledger leader")
             await wait_for(async_(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted again")
-        refused_s = probe.refused_for(killed)
         servers = f"{leader} -> {elected}; the shim on {reached}, its watch on {watch}"
-        report("ledger leader killed", servers, kubelet, killed, refused_s)
-        problems = told(kubelet, reserved, killed, refused_s)
-        assert not problems, "\n".join(problems)
+        judge("ledger leader killed", servers, probe, kubelet, reserved, killed)
         if shims_server:
             now_on = cluster.member(await wait_for(lambda: server_of(cluster, CLIENT), 10, "the shim reconnected"))
             assert f"nats reconnected to {now_on.url}" in caplog.text
@@ -259,11 +256,8 @@ async def test_admissions_wait_out_a_lost_quorum_longer_than_one_ledger_read(
             await wait_for(async_(lambda: kubelet.waiting_for() > RETRY_S + 1), FAULT_S, "an admission waiting")
             await cluster.start(down[0])
             await wait_for(async_(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted again")
-        refused_s = probe.refused_for(killed)
         servers = f"{' and '.join(down)}, {down[0]} back; the shim on {reached}"
-        report("two servers killed", servers, kubelet, killed, refused_s)
-        problems = told(kubelet, reserved, killed, refused_s)
-        assert not problems, "\n".join(problems)
+        judge("two servers killed", servers, probe, kubelet, reserved, killed)
     await consistent(cluster, kubelet)
 
 
@@ -291,6 +285,16 @@ async def test_the_shim_starts_while_a_server_of_its_list_is_down(
 
 
 # --- checks ---
+
+
+def judge(
+    fault: str, servers: str, probe: Probe, kubelet: Kubelet, reserved: dict[str, Allocation], killed: float
+) -> None:
+    """Report how the fault played out, and fail on any pod that was not told its own answer in time."""
+    refused_s = probe.refused_for(killed)
+    report(fault, servers, kubelet, killed, refused_s)
+    problems = told(kubelet, reserved, killed, refused_s)
+    assert not problems, "\n".join(problems)
 
 
 def told(kubelet: Kubelet, reserved: dict[str, Allocation], at: float, refused_s: float) -> list[str]:

@@ -162,7 +162,7 @@ async def run(args: argparse.Namespace) -> int:
                      "--grpc-host", "127.0.0.1", "--grpc-port", str(free_port()), "--kube", "off"],
                 )  # fmt: skip
                 started = time.monotonic()
-                while len(await store.nodes()) < args.nodes:
+                while len(await store.node_names()) < args.nodes:
                     await announce(nc, fleet)
                     await asyncio.sleep(1.0)
                 print(f"ledger of {args.nodes} nodes in {time.monotonic() - started:.0f} s", flush=True)

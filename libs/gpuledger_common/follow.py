@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 
 from nats.aio.client import Client
 
-from gpuledger_common.store import LedgerStore
+from gpuledger_common.store import LedgerStore, node_key
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
@@ -124,23 +124,25 @@ async def follow(
 
 async def node_ledger(store: LedgerStore, node: str, retry_s: float = RETRY_S) -> AsyncIterator[NodeLedger | None]:
     """One node's ledger now and after every change (None: no key); watched again after NATS
-    trouble, each time from a fresh snapshot (``LedgerStore.follow_values``, heartbeats and all)."""
+    trouble, each time from a fresh snapshot."""
 
     async def once() -> AsyncIterator[NodeLedger | None]:
-        values: asyncio.Queue[NodeLedger | None] = asyncio.Queue()
-        following = await store.follow_values(lambda _, ledger, __: values.put_nowait(ledger), _nothing, only=node)
         try:
-            while True:
-                if following.failed is not None:
-                    raise Unavailable(f"ledger watch of {node} failed: {following.failed}")
-                with contextlib.suppress(TimeoutError):
-                    yield await asyncio.wait_for(values.get(), CHECK_S)
+            watcher = await store.kv.watch(node_key(node))
+        except Exception as err:
+            raise Unavailable(f"cannot watch the ledger of {node}: {err}") from err
+        try:
+            async for entry in watcher:
+                if entry is None:
+                    continue
+                yield store.watched_value(node, entry.value, entry.operation)
+        except Exception as err:
+            raise Unavailable(f"ledger watch of {node} failed: {err}") from err
         finally:
-            await following.stop()
+            try:
+                await watcher.stop()  # type: ignore[no-untyped-call]
+            except Exception as err:  # the connection may already be gone
+                log.debug("stopping the ledger watcher: %s", err)
 
     async for ledger in resilient(store.nc, once, retry_s):
         yield ledger
-
-
-def _nothing() -> None:
-    """``caught_up`` for a watch of one key: its first value (if it has one) says as much."""

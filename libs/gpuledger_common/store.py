@@ -67,7 +67,6 @@ from gpuledger_core.model import Allocation, Node, Owner
 log = logging.getLogger(__name__)
 
 WRITES_REMEMBERED = 8
-WATCH_HEARTBEAT_S = 1.0  # the server's heartbeat to a quiet watch (see ``follow_values``)
 PENDING_PAUSE_S = 0.005  # the first pause after a refusal that a write pending at the leader caused
 CATCH_UP_S = 0.05  # after a lost race, how long a followed store waits for its watch to bring the winner
 HOT_S = 1.0  # after losing a race on a key, an unfollowed store starts from a fresh read for this long
@@ -718,9 +717,9 @@ class LedgerStore:
             raise Unavailable(f"cannot list the ledger's nodes: {err}") from err
         return sorted(NodeName(key.removeprefix("node.")) for key in keys)
 
-    async def _keys_now(self, subject: str = f"{KEY_PREFIX}node.>") -> set[str]:
+    async def _keys_now(self) -> set[str]:
         """The node keys the bucket holds now: a snapshot is complete once all have arrived."""
-        info = await self._js.stream_info(f"KV_{LEDGER_BUCKET}", subjects_filter=subject)
+        info = await self._js.stream_info(f"KV_{LEDGER_BUCKET}", subjects_filter=f"{KEY_PREFIX}node.>")
         return {subject.removeprefix(KEY_PREFIX) for subject in (info.state.subjects or {})}
 
     def watched_value(self, node: str, data: bytes | None, operation: str | None) -> NodeLedger | None:
@@ -729,24 +728,15 @@ class LedgerStore:
         return None if operation in ("DEL", "PURGE") or not data else self._decoded(node, data)
 
     async def follow_values(
-        self,
-        apply: Callable[[NodeName, NodeLedger | None, int], None],
-        caught_up: Callable[[], None],
-        only: str | None = None,
+        self, apply: Callable[[NodeName, NodeLedger | None, int], None], caught_up: Callable[[], None]
     ) -> Following:
-        """Call ``apply`` for every node's current value (``only`` that node's), then ``caught_up``
-        (once every key the bucket held has arrived, as ``snapshot`` decides it), then for every
-        change, from the subscription's own callback: no queue and no task between a change and
-        ``apply``. The returned handle says whether it failed, and stops it.
-
-        The server sends the watch a heartbeat every ``WATCH_HEARTBEAT_S`` while nothing else
-        comes; after two missed, nats-py makes the watch again from where it was. A watch whose
-        server died while this client's connection lives elsewhere is noticed that way only
-        (nats-py's own interval, 5 s, took 5-11 s)."""
+        """Call ``apply`` for every node's current value, then ``caught_up`` (once every key the
+        bucket held has arrived, as ``snapshot`` decides it), then for every change, from the
+        subscription's own callback: no queue and no task between a change and ``apply``. The
+        returned handle says whether it failed, and stops it."""
         following = Following()
-        subject = f"{KEY_PREFIX}{node_key(only)}" if only is not None else f"{KEY_PREFIX}node.>"
         try:
-            keys = await self._keys_now(subject)
+            keys = await self._keys_now()
             if not keys:
                 caught_up()
 
@@ -766,18 +756,16 @@ class LedgerStore:
                     following.failed = err
 
             following.sub = await self._js.subscribe(
-                subject,
+                f"{KEY_PREFIX}node.>",
                 stream=f"KV_{LEDGER_BUCKET}",
                 cb=on_msg,
                 ordered_consumer=True,
                 deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
                 inactive_threshold=300.0,
-                idle_heartbeat=WATCH_HEARTBEAT_S,
             )
         except Exception as err:
             raise Unavailable(f"cannot watch the ledger: {err}") from err
-        if only is None:
-            self._followed = True  # from now on the known values are the watch's (see ``_start_from``)
+        self._followed = True  # from now on the known values are the watch's (see ``_start_from``)
         return following
 
     # --- the owner index: one allocation per owner, whichever replica got there first ---

@@ -91,7 +91,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             responders = await serve_nats(nc, service)
             grpc = Server([AllocatorApi(service, tls=settings.grpc_tls, admins=settings.admins)])
             await grpc.start(settings.grpc_host, settings.grpc_port, ssl=_grpc_tls(settings))
-            register_metrics(view)
+            warming = tasks.create_task(register_metrics(view).warm())
             http = await start_http(
                 ops_app(lambda: "" if nc.is_connected else "NATS disconnected", dashboard_app(view)),
                 settings.http_host,
@@ -116,6 +116,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             unregister_metrics(view)
             watching.cancel()
             sweeping.cancel()
+            warming.cancel()
             for task in reconciling:
                 task.cancel()
     finally:

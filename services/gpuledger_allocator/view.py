@@ -143,3 +143,9 @@ class ClusterView:
         """No heartbeat for ``stale_after_s`` (counting from this replica's start if none yet)."""
         last = self.heartbeats.get(node, self.started_at or self.clock())
         return self.clock() - last > self.stale_after_s
+
+    def stale_nodes(self) -> list[NodeName]:
+        """Every node of the ledger that is ``stale``, in one pass."""
+        now = self.clock()
+        since, limit, beats = self.started_at or now, now - self.stale_after_s, self.heartbeats
+        return [name for name in self.ledgers if beats.get(name, since) < limit]

@@ -13,6 +13,7 @@ from gpuledger_common.fleet import parse_fleet
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Grant
+from gpuledger_core.status import Usage
 from tests.unit.core.builders import allocation, whole
 
 NODES = 6
@@ -44,7 +45,9 @@ def test_series_grow_with_nodes_not_cards_and_follow_the_ledger() -> None:
     assert by_model[h100] == 8 * (NODES // 2)
     assert sum(by_model.values()) == cards
     assert found[("gpuledger_model_cards_idle", (h100,))] == 8 * (NODES // 2)
-    assert {labels for (name, labels) in found if name == "gpuledger_node_stale"} == {(f"n{i}",) for i in range(NODES)}
+    assert found[("gpuledger_nodes", ())] == NODES
+    assert found[("gpuledger_nodes_stale", ())] == 0
+    assert not [labels for (name, labels) in found if name == "gpuledger_node_stale"]  # only stale nodes have one
 
     n1 = view.ledgers[NodeName("n1")]
     card = n1.node.cards[0]
@@ -60,3 +63,46 @@ def test_series_grow_with_nodes_not_cards_and_follow_the_ledger() -> None:
     # What a listing shows is what the gauges add up.
     listed = [c for node in cluster(view) for c in node.cards if c.card.model == h100]
     assert sum(c.free_mem_mib for c in listed) == after[("gpuledger_model_memory_free_mib", (h100,))]
+
+
+def test_per_node_series_only_where_something_is_wrong_and_totals_follow_every_change() -> None:
+    fleet = parse_fleet("nodes:\n" + "".join(f"  - name: n{i}\n    profile: h100-sxm-8\n" for i in range(NODES)))
+    now = [1000.0]
+    view = ClusterView(_Store(), stale_after_s=30.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    view.started_at = now[0]
+    for revision, node in enumerate(fleet.nodes, start=1):
+        view.apply(NodeName(node.node.name), NodeLedger(node.node), revision)
+        view.heartbeat(NodeName(node.node.name), now[0])
+    gauges = LedgerMetrics(view)
+    model = fleet.nodes[0].node.cards[0].model
+    assert samples(gauges.families())[("gpuledger_model_cards", (model,))] == 8 * NODES
+
+    now[0] += 31.0
+    for node in fleet.nodes[1:]:
+        view.heartbeat(NodeName(node.node.name), now[0])
+    view.usage[NodeName("n2")] = {fleet.nodes[2].node.cards[0].uuid: Usage(processes=2, used_mib=500)}
+    view.apply(NodeName("n3"), None, 50)
+    found = samples(gauges.families())
+    assert found[("gpuledger_nodes", ())] == NODES - 1
+    assert found[("gpuledger_nodes_stale", ())] == 1
+    assert [labels for (name, labels) in found if name == "gpuledger_node_stale"] == [("n0",)]
+    assert [labels for (name, labels) in found if name == "gpuledger_node_foreign_processes"] == [("n2",)]
+    assert found[("gpuledger_model_cards", (model,))] == 8 * (NODES - 1)
+    assert found[("gpuledger_model_foreign_processes", (model,))] == 2
+
+    for node in fleet.nodes:
+        view.apply(NodeName(node.node.name), None, 100)
+    found = samples(gauges.families())
+    assert found[("gpuledger_nodes", ())] == 0
+    assert not [labels for (name, labels) in found if name == "gpuledger_model_cards"]  # no series of a gone model
+
+
+async def test_warming_counts_every_node_ahead_of_the_first_scrape() -> None:
+    fleet = parse_fleet("nodes:\n" + "".join(f"  - name: n{i}\n    profile: h100-sxm-8\n" for i in range(NODES)))
+    view = ClusterView(_Store(), stale_after_s=3600.0)  # type: ignore[arg-type]
+    for revision, node in enumerate(fleet.nodes, start=1):
+        view.apply(NodeName(node.node.name), NodeLedger(node.node), revision)
+    gauges = LedgerMetrics(view)
+    await gauges.warm(per_turn=2)
+    assert set(gauges._counted) == {node.node.name for node in fleet.nodes}
+    assert samples(gauges.families())[("gpuledger_nodes", ())] == NODES

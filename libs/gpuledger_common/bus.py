@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import nats
@@ -30,6 +31,55 @@ log = logging.getLogger(__name__)
 
 SUBJECT_PREFIX = "gpuledger.v1"
 Handler = Callable[[Any], Awaitable[Any]]
+
+
+class _AfterReply:
+    """What waits for the answer to the request being handled: ``later`` runs once it is sent."""
+
+    __slots__ = ("later", "replied")
+
+    def __init__(self) -> None:
+        self.later: list[Callable[[], None]] = []
+        self.replied = False
+
+
+_ANSWERING: contextvars.ContextVar[_AfterReply | None] = contextvars.ContextVar("answering", default=None)
+
+
+def after_reply(work: Callable[[], None]) -> bool:
+    """Run ``work`` once the request being handled in this context has its answer (True), or
+    say there is none (False: the caller runs it now). Tasks the handler starts share its
+    context; once the answer is out, later work is not held back."""
+    answering = _ANSWERING.get()
+    if answering is None or answering.replied:
+        return False
+    answering.later.append(work)
+    return True
+
+
+@contextlib.contextmanager
+def answering() -> Iterator[Callable[[], None]]:
+    """A request handled in this context: yields the call that runs what waited for its answer
+    (call it once the answer is sent; it also runs on the way out, if not called before)."""
+    answer = _AfterReply()
+    token = _ANSWERING.set(answer)
+
+    def replied() -> None:
+        if answer.replied:
+            return
+        answer.replied = True
+        for work in answer.later:
+            try:
+                work()
+            except Exception:  # one failed follow-up must not keep the others back
+                log.exception("work after a reply failed")
+        answer.later.clear()
+
+    try:
+        yield replied
+    finally:
+        _ANSWERING.reset(token)
+        replied()
 
 
 async def connect(
@@ -229,17 +279,19 @@ class Responder:
         self._slots.release()
 
     async def _answer(self, msg: Msg) -> None:
-        try:
-            result = await self.handler(decode(msg.data))
-            body = {"ok": True, "result": result, "schema": codec.SCHEMA}
-        except GpuledgerError as err:
-            body = error_reply(err)
-        except Exception as err:
-            log.exception("handler for %s failed", self.subject)
-            body = error_reply(err)
-        if msg.reply:
-            with contextlib.suppress(Exception):  # the asker may be gone; nothing to tell
-                await msg.respond(encode(body))
+        with answering() as replied:  # the ledger's events wait until the answer is on its way
+            try:
+                result = await self.handler(decode(msg.data))
+                body = {"ok": True, "result": result, "schema": codec.SCHEMA}
+            except GpuledgerError as err:
+                body = error_reply(err)
+            except Exception as err:
+                log.exception("handler for %s failed", self.subject)
+                body = error_reply(err)
+            if msg.reply:
+                with contextlib.suppress(Exception):  # the asker may be gone; nothing to tell
+                    await msg.respond(encode(body))
+            replied()
 
     async def close(self, timeout: float = 5.0) -> None:
         if self._sub is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import hashlib
 import logging
 import random
@@ -43,7 +44,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from gpuledger_common.bus import SUBJECT_PREFIX, encode
+from gpuledger_common.bus import SUBJECT_PREFIX, after_reply, encode
 from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
 from gpuledger_common.outage import (
     ATTEMPT_S,
@@ -552,10 +553,11 @@ class LedgerStore:
                 continue
             self.stats.writes += 1
             self.remember(node, new, written)
-            # The events go out after the caller has its answer: they are not part of it.
-            publishing = asyncio.ensure_future(self._publish(current, new, written))
-            self._publishing.add(publishing)
-            publishing.add_done_callback(self._publishing.discard)
+            # The events are not part of the caller's answer: a request handler sends its answer
+            # first (``bus.after_reply``); elsewhere they go out as soon as this call returns.
+            publish = functools.partial(self._start_publishing, current, new, written)
+            if not after_reply(publish):
+                publish()
             return Written(current, new, written)
         if attempts >= self.max_attempts:  # a caller that asked for fewer tries moves on: no give-up
             self.stats.gave_up += 1
@@ -646,6 +648,11 @@ class LedgerStore:
         self._parts[name] = now
         parts = [part.fragment for part in now.values()]
         return encode({"schema": codec.SCHEMA, "node": inventory.fragment, "allocations": parts})
+
+    def _start_publishing(self, old: NodeLedger | None, new: NodeLedger | None, revision: int) -> None:
+        publishing = asyncio.ensure_future(self._publish(old, new, revision))
+        self._publishing.add(publishing)
+        publishing.add_done_callback(self._publishing.discard)
 
     async def _publish(self, old: NodeLedger | None, new: NodeLedger | None, revision: int) -> None:
         for event in diff(old, new, revision):

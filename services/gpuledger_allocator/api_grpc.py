@@ -15,6 +15,7 @@ from gpuledger_allocator.callers import ANYONE, Caller
 from gpuledger_allocator.queries import AllocationFilter, cluster_page, list_allocations
 from gpuledger_allocator.service import AllocateCall, AllocatorService
 from gpuledger_common import pbconvert as conv
+from gpuledger_common.bus import answering
 from gpuledger_common.outage import within
 from gpuledger_common.tls import identity_of
 from gpuledger_core import errors
@@ -86,7 +87,8 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
                 raise GRPCError(Status.UNAUTHENTICATED, "a client certificate is required")
             token = callers.current.set(caller)
             try:
-                await func(stream)
+                with answering():  # the ledger's events wait for the answer (sent by ``func``)
+                    await func(stream)
             finally:
                 callers.current.reset(token)
 

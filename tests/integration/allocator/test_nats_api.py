@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from gpuledger_common import bus
 from gpuledger_core.errors import Exhausted, InvalidArgument, NotFound
-from gpuledger_testing.stack import RunningAllocator
+from gpuledger_testing.stack import RunningAllocator, wait_for
 
 SUBJECT = "gpuledger.v1.allocator"
 
@@ -59,3 +62,29 @@ async def test_malformed_json_is_invalid_argument(allocator: RunningAllocator, n
     msg = await nc.request(f"{SUBJECT}.allocate", b"{not json", timeout=5)
     reply = bus.decode(msg.data)
     assert reply["ok"] is False and reply["error"]["code"] == "invalid_argument"
+
+
+async def test_an_allocations_events_follow_its_answer(allocator: RunningAllocator, nc: Client) -> None:
+    """The ledger's events of a change are published once the request that made it is answered:
+    a watcher of both sees the answer first (one connection delivers in the order published)."""
+    seen: list[str] = []
+    inbox = nc.new_inbox()
+
+    async def note(msg: Msg) -> None:
+        if msg.subject == inbox or msg.subject.startswith("gpuledger.v1.events."):
+            seen.append("answer" if msg.subject == inbox else "event")
+
+    sub = await nc.subscribe(">", cb=note)
+    try:
+        await nc.publish(f"{SUBJECT}.allocate", bus.encode(body("ordered", count=1)), reply=inbox)
+        await wait_for(both_in(seen), 10, "the answer and an event")
+    finally:
+        await sub.unsubscribe()
+    assert seen[0] == "answer", seen
+
+
+def both_in(seen: list[str]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return "event" in seen and "answer" in seen
+
+    return check

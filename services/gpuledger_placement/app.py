@@ -38,6 +38,7 @@ from gpuledger_placement.settings import PlacementSettings, parse_guard
 from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
+BUILD_IDLE_S = 0.05  # how often the ranking builder looks for a rebuilt policy to rank under
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,13 @@ def build(
     if store is not None:
         binder = Binder(store, service, pods, settings.lease_s, schedulers=settings.schedulers, hosts=hosts)
     return Parts(view, service, Extender(service, binder, settings.schedulers))
+
+
+async def _build_rankings(service: PlacementService, idle_s: float = BUILD_IDLE_S) -> None:
+    """Build the rankings of a rebuilt policy a slice at a time, the event loop answering
+    requests between slices (from the old rankings until the new ones are done)."""
+    while True:
+        await asyncio.sleep(0 if service.build_rankings() else idle_s)
 
 
 async def _seed_workload(parts: Parts) -> None:
@@ -174,6 +182,8 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
         async with asyncio.TaskGroup() as tasks:
             watching = tasks.create_task(parts.view.run())
             seeding = tasks.create_task(_seed_workload(parts))
+            parts.service.build_step = 0  # rankings under a rebuilt policy are built between requests
+            building = tasks.create_task(_build_rankings(parts.service))
             following = tasks.create_task(follow(pods, hosts)) if isinstance(pods, KubePodApi) and hosts else None
             settling = None
             if settings.dra_claims != "off" and isinstance(pods, KubePodApi):  # the ledger decides DRA allocations
@@ -212,6 +222,7 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
             await parts.view.stop_listening()
             watching.cancel()
             seeding.cancel()
+            building.cancel()
             for task in (following, settling):
                 if task is not None:
                     task.cancel()

@@ -7,8 +7,8 @@ again are skipped when they surface, and the heap is compacted now and then), so
 the best few. Identical nodes (same free cards, CPU, memory, tags, interconnect) are rated once.
 
 When the policy is rebuilt (its workload changed), the ranking under the new policy is built a
-slice at a time (``step``), while requests are answered from the old one: a rebuild never stalls a
-request. Nothing here does I/O.
+slice at a time (``step``: by each request, or between requests with ``Rankings.build``), while
+requests are answered from the old one: a rebuild never stalls a request. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -140,6 +140,21 @@ class Rankings:
             del self._questions[next(iter(self._questions))]
         found.current.step(entries, order)
         return found.current
+
+    def build(self, entries: dict[str, NodeEntry], order: dict[str, int], budget: int) -> bool:
+        """Rate up to ``budget`` nodes of the rankings being built under a rebuilt policy, and put
+        each one that is done in place of the old; True while some are still being built."""
+        for question in self._questions.values():
+            building = question.building
+            if building is None:
+                continue
+            before = len(building.dirty)
+            if building.step(entries, order, budget):
+                question.key, question.current, question.building = question.building_key, building, None
+            budget -= before - len(building.dirty)
+            if budget <= 0:
+                break
+        return any(question.building is not None for question in self._questions.values())
 
     def forget(self) -> None:
         self._questions.clear()

@@ -41,6 +41,7 @@ RANKED = 8  # nodes a ``place`` answer names, best first, for a caller that lose
 SHOWN_REASONS = 5
 KEYS_KEPT = 4096  # distinct questions remembered before starting afresh
 BUILD_STEP = 500  # nodes rated under a rebuilt policy per request, while the old one answers
+BACKGROUND_STEP = 50  # ... per turn of the event loop, between requests (``build_rankings``)
 CONTENT = -1  # a node entry's memo key for the number standing for its content (question keys are >= 0)
 CONTENTS_KEPT = 65_536
 Verdict = tuple[int, str]
@@ -83,6 +84,9 @@ class PlacementService:
         self._known: frozenset[str] = frozenset()
         self._expanded: dict[frozenset[str], frozenset[str]] = {}
         self.rankings = Rankings()
+        # Nodes each request rates under a rebuilt policy; 0 where ``build_rankings`` runs
+        # between requests (the service's own loop): then no request pays for a rebuild.
+        self.build_step = BUILD_STEP
         self._contents: dict[object, int] = {}
         view.watch(self.rankings.changed)
 
@@ -260,6 +264,11 @@ class PlacementService:
                 continue
         raise Exhausted(self._nowhere(pod, exclude))
 
+    def build_rankings(self, budget: int = BACKGROUND_STEP) -> bool:
+        """Rate up to ``budget`` nodes of the rankings being built under a rebuilt policy; True
+        while some are left (see ``Rankings.build``)."""
+        return self.rankings.build(self.view.entries, self.view.order, budget)
+
     def drop_answers(self) -> None:
         """Forget every cached answer (the benchmark's cold runs)."""
         for entry in self.view.entries.values():
@@ -343,7 +352,7 @@ class PlacementService:
             return Ranking(score, self._content if single is not None else _alone)
 
         entries = self.view.entries
-        return self.rankings.ranking(question, key, make, entries, entries, self.view.order, BUILD_STEP)
+        return self.rankings.ranking(question, key, make, entries, entries, self.view.order, self.build_step)
 
     def _verdicts(self, pod: PodAsk, names: Iterable[str]) -> Iterator[tuple[str, Verdict]]:
         single = pod.single()

@@ -99,3 +99,35 @@ def test_a_policy_rebuild_rates_a_slice_of_the_fleet_per_request(monkeypatch: py
         per_request.append(len(rated))
         rated.clear()
     assert per_request == [10, 10, 10, 5, 0, 0]  # the new policy's ranking, a slice at a time
+
+
+def test_a_policy_rebuild_built_between_requests_costs_no_request_a_rating(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placement_service, "_content_of", lambda entry: entry.state.name)  # no two alike
+    rated: list[str] = []
+
+    def counting(state: object, *args: object, **kwargs: object) -> float | None:
+        rated.append(getattr(state, "name", ""))
+        return rate(state, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(placement_service, "rate", counting)
+    built = fleet(35, "default")
+    service = built.service
+    service.build_step = 0  # as the service's own loop runs it: ``build_rankings`` between requests
+    one = Request(1)
+    service.place(pod("first", one))
+    assert service.build_rankings(10) is False  # nothing to build
+    rated.clear()
+
+    service.policies.refresh()
+    service.place(pod("after", one))  # starts the new policy's ranking, answers from the old one
+    assert rated == []
+    slices = []
+    while service.build_rankings(10):
+        slices.append(len(rated))
+        rated.clear()
+    slices.append(len(rated))
+    rated.clear()
+    assert slices == [10, 10, 10, 5]
+    placed = service.place(pod("built", one))
+    assert rated == []  # the new ranking is in place: the request rates nothing
+    assert list(placed.ranked) == fresh_look(built, pod("built", one))

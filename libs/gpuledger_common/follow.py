@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import Generic, TypeVar
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
-from gpuledger_common.store import LedgerStore, node_key
+from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
@@ -124,25 +125,34 @@ async def follow(
 
 async def node_ledger(store: LedgerStore, node: str, retry_s: float = RETRY_S) -> AsyncIterator[NodeLedger | None]:
     """One node's ledger now and after every change (None: no key); watched again after NATS
-    trouble, each time from a fresh snapshot."""
+    trouble or a watch lost with its server (``keywatch``), each time from a fresh snapshot."""
 
     async def once() -> AsyncIterator[NodeLedger | None]:
+        values: asyncio.Queue[NodeLedger | _Lost | None] = asyncio.Queue()
+
+        def deliver(msg: Msg) -> None:
+            operation = msg.headers.get("KV-Operation") if msg.headers else None
+            values.put_nowait(store.watched_value(node, msg.data, operation))
+
         try:
-            watcher = await store.kv.watch(node_key(node))
+            watch = await store.key_watch(node, deliver, lost=lambda: values.put_nowait(LOST)).start()
         except Exception as err:
             raise Unavailable(f"cannot watch the ledger of {node}: {err}") from err
         try:
-            async for entry in watcher:
-                if entry is None:
-                    continue
-                yield store.watched_value(node, entry.value, entry.operation)
-        except Exception as err:
-            raise Unavailable(f"ledger watch of {node} failed: {err}") from err
+            # No timeout around the wait: the watch puts LOST when it fails. (A wait_for in a loop
+            # lost the task's cancellation when it came as the timeout ran out: Python 3.11.)
+            while not isinstance(value := await values.get(), _Lost):
+                yield value
+            raise Unavailable(f"ledger watch of {node} failed: {watch.failed}")
         finally:
-            try:
-                await watcher.stop()  # type: ignore[no-untyped-call]
-            except Exception as err:  # the connection may already be gone
-                log.debug("stopping the ledger watcher: %s", err)
+            await watch.stop()
 
     async for ledger in resilient(store.nc, once, retry_s):
         yield ledger
+
+
+class _Lost:
+    """Put on a node watch's queue when the watch failed."""
+
+
+LOST = _Lost()

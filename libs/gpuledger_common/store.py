@@ -45,6 +45,7 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 
 from gpuledger_common.bus import SUBJECT_PREFIX, after_reply, encode
+from gpuledger_common.keywatch import KeyWatch
 from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
 from gpuledger_common.outage import (
     ATTEMPT_S,
@@ -490,7 +491,8 @@ class LedgerStore:
                 return None
             event = self._advanced.setdefault(node, asyncio.Event())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), left)
+                async with asyncio.timeout(left):
+                    await event.wait()
         return known
 
     async def _start_from(self, node: str, attempt: int, lost_to: int) -> tuple[NodeLedger | None, int] | None:
@@ -707,7 +709,8 @@ class LedgerStore:
         stream that lost its leader mid-snapshot sends nothing more)."""
         wait = max(time_left(self.retry_s), MIN_ATTEMPT_S)
         try:
-            entry: KeyValue.Entry | None = await asyncio.wait_for(anext(watcher), wait)
+            async with asyncio.timeout(wait):
+                entry: KeyValue.Entry | None = await anext(watcher)
         except TimeoutError:
             raise Unavailable("cannot read the ledger: its snapshot stalled (JetStream has no leader?)") from None
         except StopAsyncIteration:  # the watcher was stopped
@@ -733,6 +736,14 @@ class LedgerStore:
         """A key's value as a watch delivers it: None for a deleted (or purged) key. Decoded as
         ``read`` decodes (the node's inventory once per change, unchanged allocations reused)."""
         return None if operation in ("DEL", "PURGE") or not data else self._decoded(node, data)
+
+    def key_watch(
+        self, node: str | None, deliver: Callable[[Msg], None], lost: Callable[[], None] = lambda: None
+    ) -> KeyWatch:
+        """A watch (not started) of the node's key, or of every node's key with None
+        (``keywatch``: it says when its consumer is gone within seconds, calling ``lost``)."""
+        subject = f"{KEY_PREFIX}{node_key(node) if node is not None else 'node.>'}"
+        return KeyWatch(self.nc, self._js, f"KV_{LEDGER_BUCKET}", subject, deliver, lost)
 
     async def follow_values(
         self, apply: Callable[[NodeName, NodeLedger | None, int], None], caught_up: Callable[[], None]

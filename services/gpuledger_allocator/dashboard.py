@@ -34,7 +34,8 @@ def dashboard_app(view: ClusterView) -> web.Application:
             await stream.write(b": following the ledger\n\n")
             while True:
                 try:
-                    event = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                    async with asyncio.timeout(KEEPALIVE_S):
+                        event = await queue.get()
                 except TimeoutError:
                     await stream.write(b": keep-alive\n\n")
                     continue

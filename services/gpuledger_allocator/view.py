@@ -79,7 +79,8 @@ class ClusterView:
     async def changed(self, timeout_s: float) -> None:
         """Wait until the view next changes, or ``timeout_s``."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._changed.wait()
 
     def _publish(self, events: tuple[LedgerEvent, ...]) -> None:
         for event in events:

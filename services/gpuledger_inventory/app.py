@@ -136,11 +136,13 @@ async def _shutdown(
     for responder in responders:
         await responder.close(timeout)
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(inventory.close(), timeout)
+        async with asyncio.timeout(timeout):
+            await inventory.close()
     with contextlib.suppress(Exception):
         await runner.cleanup()  # type: ignore[attr-defined]
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(nc.drain(), timeout)  # type: ignore[attr-defined]
+        async with asyncio.timeout(timeout):
+            await nc.drain()  # type: ignore[attr-defined]
     if node_api is not None:
         with contextlib.suppress(Exception):
             await node_api.close()

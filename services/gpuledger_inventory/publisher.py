@@ -12,7 +12,6 @@ error naming it, counted, and the write is tried again later (an operator must t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -107,7 +106,8 @@ class SlicePublisher:
     async def run(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self._poked.wait(), self.resync_s)
+                async with asyncio.timeout(self.resync_s):
+                    await self._poked.wait()
                 due = False
             except TimeoutError:
                 due = True  # read the API server's slices again, whatever we wrote last
@@ -121,8 +121,7 @@ class SlicePublisher:
                 self.last_error = str(err)
                 metrics.SLICE_ERRORS.inc()
                 log.error("cannot publish the ResourceSlices of %s: %s", self.state.name, err)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.Event().wait(), self.retry_s)
+                await asyncio.sleep(self.retry_s)
                 self._poked.set()
 
     async def sync(self, wanted: Slices) -> Plan:

@@ -265,7 +265,8 @@ class Inventory:
                 else 1.0
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=wait)
+                async with asyncio.timeout(wait):
+                    await self._changed.wait()
             self._changed.clear()
             message = self.state.message(self.clock())
             if same_content(self._last, message) and time.monotonic() - self._last_at < interval:

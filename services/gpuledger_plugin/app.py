@@ -98,7 +98,9 @@ def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> Plugin
     pods = PodResourcesClient(settings.pod_resources_socket, RESOURCE_NAME, settings.pod_resources_timeout_s)
     placement = NatsPlacement(nc, settings.placement_timeout_s)
     ledger = StoreLedger(store, settings.node)
-    return PluginService(settings.node, ledger, placement, pods, policy, settings.slots_per_card)
+    return PluginService(
+        settings.node, ledger, placement, pods, policy, settings.slots_per_card, gone_after_s=settings.gone_after_s
+    )
 
 
 def _registration(settings: PluginSettings) -> Registration:

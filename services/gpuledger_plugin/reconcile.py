@@ -62,6 +62,9 @@ def compare(ledger: NodeLedger, kubelet: KubeletView, now: float) -> Comparison:
     return Comparison(tuple(findings), tuple(confirmed), absent)
 
 
+GONE_AFTER_S = 60.0  # how long a bound allocation's pod must be missing from kubelet's list (default)
+
+
 def gone(allocation: Allocation, now: float) -> Finding:
     pod = (allocation.owner.namespace, allocation.owner.name)
     reason = "kubelet no longer runs the pod"

@@ -26,7 +26,7 @@ from gpuledger_plugin.ledger import NodeLedgerPort
 from gpuledger_plugin.metrics import DEVICES, IDENTITY, RECONCILE_MISMATCHES, RECONCILE_REPAIRS
 from gpuledger_plugin.placement import Placement
 from gpuledger_plugin.podresources import PodResourcesPort
-from gpuledger_plugin.reconcile import Comparison, Finding, compare, gone
+from gpuledger_plugin.reconcile import GONE_AFTER_S, Comparison, Finding, compare, gone
 from gpuledger_plugin.transitions import GrantRef, bind
 
 log = logging.getLogger(__name__)
@@ -84,14 +84,16 @@ class PluginService:
         policy: AnswerPolicy,
         slots_per_card: int,
         clock: Callable[[], float] = time.time,
+        gone_after_s: float = GONE_AFTER_S,
     ) -> None:
         self.node, self.ledger, self.placement, self.pods = node, ledger, placement, pods
         self.policy, self.slots_per_card, self.clock = policy, slots_per_card, clock
+        self.gone_after_s = gone_after_s  # how long a bound allocation's pod must be missing from kubelet
         self.board = DeviceBoard()
         self.inventory: Node | None = None
         self.served: dict[AllocationId, set[int]] = {}
         self.steered: dict[frozenset[str], GrantRef] = {}
-        self._absent: set[AllocationId] = set()
+        self._absent: dict[AllocationId, float] = {}  # bound, its pod not listed by kubelet: since when
         self._lock = asyncio.Lock()
 
     # --- the device list ---
@@ -244,12 +246,20 @@ class PluginService:
             self._confirm(comparison)
             self._forget(ledger)
             findings = list(comparison.findings)
-            absent = {a.id for a in comparison.absent}
-            findings += [gone(a, now) for a in comparison.absent if a.id in self._absent]
-            self._absent = absent
+            findings += [gone(a, now) for a in comparison.absent if self._gone(a.id, now)]
+            self._absent = {a.id: self._absent.get(a.id, now) for a in comparison.absent}
             for finding in findings:
                 await self._repair(finding)
         return tuple(findings)
+
+    def _gone(self, allocation_id: AllocationId, now: float) -> bool:
+        """Missing from kubelet's list in an earlier round too, and for ``gone_after_s``. Two
+        rounds alone were not enough: a round right after a kubelet restart (the plugin registers
+        again and reconciles at once), before the new kubelet had listed its pods, followed one
+        that ran while a pod's devices were being recorded, and a pod still running lost its
+        allocation (the e2e kubelet-restart test, now and then)."""
+        since = self._absent.get(allocation_id)
+        return since is not None and now - since >= self.gone_after_s
 
     async def _repair(self, finding: Finding) -> None:
         RECONCILE_MISMATCHES.labels(finding.kind).inc()

@@ -9,6 +9,7 @@ from gpuledger_common.outage import RETRY_S
 from gpuledger_common.settings import option, require
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_plugin.answer import STRATEGIES
+from gpuledger_plugin.reconcile import GONE_AFTER_S
 
 RESOURCE_NAME = "gpuledger.io/gpu"
 
@@ -56,6 +57,12 @@ class PluginSettings(NatsClientSettings):
     placement_timeout_s: float = option(0.2, "how long GetPreferredAllocation waits for placement")
     pod_resources_timeout_s: float = option(1.0, "how long to wait for kubelet's PodResources List")
     reconcile_interval_s: float = option(30.0, "how often to compare the ledger with kubelet")
+    gone_after_s: float = option(
+        GONE_AFTER_S,
+        "how long kubelet must not list a pod that holds a bound allocation, seen so in two reconcile "
+        "rounds at least this far apart, before the plugin releases the allocation (a restarted "
+        "kubelet lists its pods again within seconds)",
+    )
     kubelet_poll_s: float = option(0.2, "how often to look for a restarted kubelet (one stat of kubelet.sock)")
     http_host: str = option("0.0.0.0", "address for /healthz, /readyz, /metrics")
     http_port: int = option(8083, "port for /healthz, /readyz, /metrics (0: any free port)")
@@ -97,6 +104,7 @@ class PluginSettings(NatsClientSettings):
         for name in ("answer_timeout_s", "placement_timeout_s", "pod_resources_timeout_s"):
             require(getattr(self, name) > 0, name, "must be positive")
         require(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be positive")
+        require(self.gone_after_s >= 0, "gone_after_s", "must not be negative")
         require(0 <= self.ledger_retry_s <= 60, "ledger_retry_s", "must be 0..60 seconds")
         require(self.kubelet_poll_s > 0, "kubelet_poll_s", "must be positive")
         require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")

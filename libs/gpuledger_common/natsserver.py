@@ -18,6 +18,8 @@ from pathlib import Path
 
 from gpuledger_core.errors import Unavailable
 
+START_TRIES = 3  # an embedded server on a port of its own choosing: a port taken meanwhile is chosen again
+
 
 def find_binary() -> str:
     scripts = Path(sysconfig.get_path("scripts")) / "nats-server"
@@ -95,7 +97,14 @@ async def embedded_nats(port: int | None = None, store_dir: str | None = None) -
     """Start a nats-server with JetStream in a temporary directory; stop and clean up after."""
     with tempfile.TemporaryDirectory(prefix="gpuledger-nats-") as tmp:
         server = NatsServer(port or free_port(), store_dir or tmp)
-        await server.start()
+        for tries_left in range(START_TRIES - 1, -1, -1):
+            try:
+                await server.start()
+                break
+            except Unavailable:
+                if port is not None or not tries_left:
+                    raise
+                server = NatsServer(free_port(), store_dir or tmp)  # the port chosen was taken meanwhile
         try:
             yield server
         finally:

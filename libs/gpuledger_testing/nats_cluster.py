@@ -23,6 +23,7 @@ from nats.aio.client import Client
 from nats.js.api import ClusterInfo
 
 from gpuledger_common.natsserver import NatsServer, free_port
+from gpuledger_core.errors import Unavailable
 
 CLUSTER_NAME = "gpuledger-test"
 T = TypeVar("T")
@@ -183,10 +184,25 @@ async def _until(check: Callable[[], Awaitable[T]], timeout: float, what: str) -
 async def nats_cluster(size: int = 3) -> AsyncIterator[NatsCluster]:
     """Start ``size`` routed servers with JetStream and wait for a meta leader; stop them after."""
     with tempfile.TemporaryDirectory(prefix="gpuledger-cluster-") as tmp:
-        cluster = NatsCluster([Member(f"n{i}", Path(tmp)) for i in range(size)])
+        cluster = await _started(Path(tmp), size)
         try:
-            await asyncio.gather(*(cluster.start(m.name) for m in cluster.members))
             await cluster.wait_meta_leader()
             yield cluster
         finally:
             await cluster.stop()
+
+
+async def _started(root: Path, size: int, tries: int = 3) -> NatsCluster:
+    """The servers started, on fresh ports chosen again if one was taken meanwhile (a port is
+    free when chosen, not always still when its server binds it)."""
+    for attempt in range(1, tries + 1):
+        cluster = NatsCluster([Member(f"n{i}", root / f"try{attempt}") for i in range(size)])
+        try:
+            for member in cluster.members:  # one after another: a failed start leaves none half started
+                await cluster.start(member.name)
+            return cluster
+        except Unavailable:
+            await cluster.stop()
+            if attempt == tries:
+                raise
+    raise AssertionError("unreachable")

@@ -133,6 +133,7 @@ def fit_node(
     base = slots_held(ledger.allocations)
     held = Counter(base)
     grants: list[Grant] = []
+    inits = any(ask.init for ask in asks)
     for ask in asks:
         free = frees(ledger, use if not ask.init else ledger.use())
         full = _full(ledger, base if ask.init else held, slots_per_card)
@@ -143,8 +144,10 @@ def fit_node(
             for share in shares:
                 use[share.uuid] = use.get(share.uuid, CardUse()).plus(share, tier.isolation)
                 held[share.uuid] += 1
-    whole = slot_problem(ledger, _planned(ledger, grants), slots_per_card) if slots_per_card else ""
-    if whole:  # init containers alone on a card take a slot each: only the whole request can tell
+    # App containers took their slots one by one above (``full``); init containers alone on a
+    # card take a slot each, which only the whole request can tell.
+    whole = slot_problem(ledger, _planned(ledger, grants), slots_per_card) if slots_per_card and inits else ""
+    if whole:
         raise Exhausted(f"{ledger.node.name}: {whole}")
     return tuple(grants)
 

@@ -65,8 +65,10 @@ def tier_problem(held: frozenset[Isolation], tier: Isolation, mix: bool) -> str:
     the server bound by none of the MPS limits, so the MPS tenants' shares no longer hold. Mixing is
     allowed only where ``mix`` says so.
     """
+    if mix or not held:
+        return ""  # the common case, first: nobody holds the card, or tiers may mix
     others = held - {tier}
-    if mix or not others:
+    if not others:
         return ""
     names = "|".join(sorted(t.value for t in others))
     return f"isolation {tier.value} does not share a card with {names} tenants (mix_isolation is off)"

@@ -133,3 +133,10 @@ def free_of(card: Card, use: CardUse | None) -> CardFree:
     return CardFree(
         max(0, card.memory_mib - use.mem_mib), max(0, CORE_WHOLE - use.core_milli), idle=False, tiers=use.tiers
     )
+
+
+def free_mem(card: Card, use: CardUse | None) -> int:
+    """``free_of(card, use).mem_mib``, without making the rest."""
+    if use is None or use.holders == 0:
+        return card.memory_mib
+    return 0 if use.exclusive else max(0, card.memory_mib - use.mem_mib)

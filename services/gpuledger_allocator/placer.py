@@ -24,7 +24,7 @@ from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD
-from gpuledger_core.usage import free_of
+from gpuledger_core.usage import free_mem
 
 log = logging.getLogger(__name__)
 PLACE_SUBJECT = f"{bus.SUBJECT_PREFIX}.placement.place"
@@ -46,8 +46,11 @@ def _judge(ledger: NodeLedger, asks: Sequence[ContainerAsk], slots_per_card: int
 
 def _free_share(ledger: NodeLedger) -> float:
     use = ledger.use()
-    total = sum(c.memory_mib for c in ledger.node.cards) or 1
-    return sum(free_of(c, use.get(c.uuid)).mem_mib for c in ledger.node.cards) / total
+    total = free = 0
+    for card in ledger.node.cards:
+        total += card.memory_mib
+        free += free_mem(card, use.get(card.uuid))
+    return free / (total or 1)
 
 
 class BuiltinPlacer:
@@ -69,21 +72,23 @@ class BuiltinPlacer:
         judged = self._judged.setdefault(tuple(asks), {})
         crowded = view.store.crowded()
         elsewhere = view.store.won_elsewhere(self.won_elsewhere_s)
+        revisions = view.revisions
         for name, ledger in view.ledgers.items():
             if name in exclude:
                 continue
-            revision = view.revisions.get(name, 0)
+            revision = revisions.get(name, 0)
             seen = judged.get(name)
             if seen is None or seen[0] != revision:
                 seen = judged[name] = (revision, _judge(ledger, asks, self.slots_per_card))
-            if seen[1] is not None:
-                fitting.append((name in crowded, name in elsewhere, seen[1][0], name, seen[1][1]))
+            verdict = seen[1]
+            if verdict is not None:
+                fitting.append((name in crowded, name in elsewhere, verdict[0], name, verdict[1]))
         # Fullest first; a node this process is writing right now, or lost a race on lately, goes
         # after the others, and so, next, does one another replica has just written: concurrent
         # requests (of this replica, and of replicas beside it) spread instead of queueing on one
-        # key (docs/ledger.md, "Several replicas").
-        fitting.sort(key=lambda f: f[:4])
-        return [Candidate(name, cards) for *_, name, cards in fitting]
+        # key (docs/ledger.md, "Several replicas"). Names are unique: the cards never decide.
+        fitting.sort()
+        return [Candidate(f[3], f[4]) for f in fitting]
 
 
 class NatsPlacer:

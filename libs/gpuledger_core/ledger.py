@@ -43,7 +43,7 @@ class NodeLedger:
 
     def _swap(self, allocation: Allocation) -> NodeLedger:
         kept = tuple(a if a.id != allocation.id else allocation for a in self.allocations)
-        return replace(self, allocations=kept)
+        return NodeLedger(self.node, kept)
 
 
 def reserve(ledger: NodeLedger, allocation: Allocation, *, mix_isolation: bool = False) -> NodeLedger:
@@ -61,7 +61,7 @@ def reserve(ledger: NodeLedger, allocation: Allocation, *, mix_isolation: bool =
             problem = f"card {share.index} ({share.uuid}) on {ledger.node.name}: {tier}" if tier else ""
         if problem:
             raise Exhausted(problem)
-    return replace(ledger, allocations=(*ledger.allocations, allocation))
+    return NodeLedger(ledger.node, (*ledger.allocations, allocation))
 
 
 def _merged(allocation: Allocation) -> Iterable[CardShare]:
@@ -137,7 +137,7 @@ def prune(ledger: NodeLedger, now: float, keep_s: float = RELEASED_RETENTION_S) 
     if keep_s > 0:
         recent |= {a.id for a in ledger.allocations if not a.live and a.updated_at >= now}
     kept = tuple(a for a in ledger.allocations if a.live or a.id in recent)
-    return ledger if len(kept) == len(ledger.allocations) else replace(ledger, allocations=kept)
+    return ledger if len(kept) == len(ledger.allocations) else NodeLedger(ledger.node, kept)
 
 
 def tidy(ledger: NodeLedger, now: float) -> NodeLedger:

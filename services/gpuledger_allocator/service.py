@@ -415,9 +415,11 @@ class AllocatorService:
             if current.get(allocation_id) is not None:
                 return current  # an earlier try of this very write was applied, its answer lost
             hinted = _hinted(current, call.asks, hint)
-            if hinted is not None and not slot_problem(current, build(hinted), self.slots_per_card):
-                with contextlib.suppress(Exhausted):
-                    return reserve(current, build(hinted), mix_isolation=self.mix_isolation)
+            if hinted is not None:
+                planned = build(hinted)
+                if not slot_problem(current, planned, self.slots_per_card):
+                    with contextlib.suppress(Exhausted):
+                        return reserve(current, planned, mix_isolation=self.mix_isolation)
             grants = fit_node(current, call.asks, self.slots_per_card, self._tier(call))
             return reserve(current, build(grants), mix_isolation=self.mix_isolation)
 

@@ -14,6 +14,7 @@ from gpuledger_allocator import callers
 from gpuledger_allocator.callers import ANYONE, Caller
 from gpuledger_allocator.queries import AllocationFilter, cluster_page, list_allocations
 from gpuledger_allocator.service import AllocateCall, AllocatorService
+from gpuledger_common import clusterwire
 from gpuledger_common import pbconvert as conv
 from gpuledger_common.bus import answering
 from gpuledger_common.outage import within
@@ -27,6 +28,7 @@ from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+ENCODE_SLICE = 50  # nodes of a cluster page encoded per turn of the event loop (about 2.5 ms, none kept)
 ANSWER_S = 1.0  # of a caller's deadline, kept for answering after the ledger's outage window
 
 STATUS = {
@@ -148,14 +150,14 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
         return pb.ListAllocationsResponse(allocations=[conv.allocation_to(a) for a in found])
 
     async def get_cluster(self, get_cluster_request: pb.GetClusterRequest) -> pb.Cluster:
-        """One page of the cluster (``page_size``, ``page_token``). The page's statuses are taken
-        from the view here; converting and encoding them (about 3 ms a node with betterproto) is
-        done in a worker thread, so Allocates go on meanwhile."""
+        """One page of the cluster (``page_size``, ``page_token``), encoded by ``clusterwire``
+        (betterproto took about 2 ms a node) a slice of nodes per turn of the event loop, so
+        Allocates go on between slices; a node's cards stay encoded while they are unchanged."""
         r = get_cluster_request
         nodes, next_token = cluster_page(self.service.view, r.node, r.model, r.page_size, r.page_token)
         if r.node and not nodes:
             raise GRPCError(Status.NOT_FOUND, f"node {r.node} is not in the ledger")
-        return EncodedCluster(await asyncio.to_thread(_encode_cluster, nodes, next_token))
+        return EncodedCluster(await _encode_cluster(nodes, next_token))
 
     async def watch(self, watch_request: pb.WatchRequest) -> AsyncIterator[pb.LedgerEvent]:
         """Events of the caller's allocations (an admin's: all) and of the nodes."""
@@ -209,6 +211,12 @@ class EncodedCluster(pb.Cluster):  # type: ignore[misc]
         return self._wire
 
 
-def _encode_cluster(nodes: list[NodeStatus], next_token: str) -> bytes:
-    """The page as protobuf bytes (in a worker thread: it reads only frozen statuses)."""
-    return bytes(pb.Cluster(nodes=[conv.node_status_to(n) for n in nodes], next_page_token=next_token))
+async def _encode_cluster(nodes: list[NodeStatus], next_token: str) -> bytes:
+    """The page as a ``Cluster`` message's bytes, ``ENCODE_SLICE`` nodes per turn of the loop."""
+    parts = []
+    for start in range(0, len(nodes), ENCODE_SLICE):
+        if start:
+            await asyncio.sleep(0)
+        parts.append(clusterwire.cluster_bytes(nodes[start : start + ENCODE_SLICE]))
+    parts.append(clusterwire.cluster_bytes((), next_token))
+    return b"".join(parts)

@@ -12,9 +12,11 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from grpclib.exceptions import StreamTerminatedError
 
+from gpuledger_common import clusterwire
 from gpuledger_common.settings import SettingsError
 from gpuledger_common.tls import client_context
 from gpuledger_core import errors
+from gpuledger_core.status import NodeStatus
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 FROM_STATUS: dict[Status, type[errors.GpuledgerError]] = {
@@ -98,16 +100,31 @@ def from_grpc(err: GRPCError) -> errors.GpuledgerError:
     return FROM_STATUS.get(err.status, errors.GpuledgerError)(message)
 
 
+GET_CLUSTER = "/gpuledger.allocator.v1.Allocator/GetCluster"
+
+
+class ClusterPage:
+    """A ``Cluster`` reply read by ``clusterwire`` rather than betterproto (2 ms a node): grpclib
+    hands a reply's bytes to its type's ``FromString``."""
+
+    def __init__(self, nodes: list[NodeStatus], next_page_token: str) -> None:
+        self.nodes, self.next_page_token = nodes, next_page_token
+
+    @classmethod
+    def FromString(cls, data: bytes) -> ClusterPage:  # the protobuf name grpclib calls
+        return cls(*clusterwire.cluster_from(data))
+
+
 async def cluster_nodes(
     api: pb.AllocatorStub, node: str = "", model: str = "", page_size: int = 0
-) -> list[pb.NodeStatus]:
+) -> list[NodeStatus]:
     """Every node of the cluster, a page per call (each call has the stub's deadline), so a
     listing of thousands of nodes needs no deadline of its own."""
-    found: list[pb.NodeStatus] = []
+    found: list[NodeStatus] = []
     token = ""
     while True:
         request = pb.GetClusterRequest(node=node, model=model, page_size=page_size, page_token=token)
-        reply = await api.get_cluster(request)
+        reply = await api._unary_unary(GET_CLUSTER, request, ClusterPage)  # the stub's own call, our reader
         found.extend(reply.nodes)
         token = reply.next_page_token
         if not token:

@@ -123,8 +123,7 @@ async def inspect(args: argparse.Namespace) -> int:
     if not 1 <= args.page_size <= MAX_PAGE_SIZE:
         raise InvalidArgument("--page-size", f"must be 1..{MAX_PAGE_SIZE} nodes, got {args.page_size}")
     async with allocator(args.server, args.timeout, tls_of(args)) as api:
-        listed = await cluster_nodes(api, args.node, args.model, args.page_size)
-    nodes = [conv.node_status_from(n) for n in listed]
+        nodes = await cluster_nodes(api, args.node, args.model, args.page_size)
     if args.json:
         _print_json({"nodes": [codec.node_status_to(n) for n in nodes]})
     else:

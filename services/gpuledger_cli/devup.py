@@ -23,7 +23,6 @@ from gpuledger_cli.dev.processes import ServiceDied
 from gpuledger_cli.dev.scenario import run_scenario
 from gpuledger_cli.dev.scenario_dra import run_dra_scenario
 from gpuledger_cli.dev.stack import KUBERNETES, Stack, running_stack
-from gpuledger_common import pbconvert as conv
 from gpuledger_common.entry import stop_on_signals
 from gpuledger_common.fleet import FleetError, load_fleet
 from gpuledger_common.natsserver import free_port
@@ -92,7 +91,7 @@ async def _run(stack: Stack, once: bool, stop: asyncio.Event) -> int:
     stack.supervisor.check()
     async with allocator(stack.grpc) as api:
         listed = await cluster_nodes(api)
-    print(render.cluster([conv.node_status_from(n) for n in listed]), flush=True)
+    print(render.cluster(listed), flush=True)
     say("scenario " + ("passed" if ok else "FAILED"))
     if once:
         return 0 if ok else 1

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from gpuledger_allocator import wire
 from gpuledger_allocator.ingest import usage_from
+from gpuledger_common import clusterwire
 from gpuledger_common import pbconvert as conv
 from gpuledger_common.bus import decode
 from gpuledger_common.fleet import FleetError, parse_fleet
@@ -29,6 +30,8 @@ from gpuledger_core import codec
 from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.events import EventKind, LedgerEvent
 from gpuledger_core.ids import NodeName
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.status import node_status
 from gpuledger_placement import convert
 from gpuledger_placement.api_nats import place_request_from
 from gpuledger_proto.gpuledger.allocator import v1 as pb
@@ -204,6 +207,27 @@ def test_grpc_allocate_requests_from_bytes(data: bytes) -> None:
         return conv.owner_from(r.owner if r.is_set("owner") else None), conv.asks_from(r.containers)
 
     refuses_or_decodes(converted, request)
+
+
+VALID_CLUSTER = clusterwire.cluster_bytes(
+    [node_status(NodeLedger(ledger(8000, 8000).node, (holding("a1", share(0, 1000, 100), share(1)),)), revision=3)],
+    "n1",
+)
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=96),
+        st.tuples(st.integers(0, len(VALID_CLUSTER) - 1), st.integers(0, 255)).map(
+            lambda at: VALID_CLUSTER[: at[0]] + bytes([at[1]]) + VALID_CLUSTER[at[0] + 1 :]
+        ),
+        st.integers(0, len(VALID_CLUSTER)).map(lambda end: VALID_CLUSTER[:end]),
+    )
+)
+def test_cluster_pages_as_the_cli_reads_them(data: bytes) -> None:
+    """A GetCluster reply's bytes, as ``clusterwire`` reads them for the CLI: any bytes, one
+    byte of a valid page changed, or a valid page cut short."""
+    refuses_or_decodes(clusterwire.cluster_from, data)
 
 
 @given(

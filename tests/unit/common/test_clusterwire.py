@@ -1,0 +1,129 @@
+"""The cluster listing's own protobuf writer and reader against betterproto's, which the proto's
+generated classes use: the same bytes both ways, and clear refusals of bad ones."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuledger_common import clusterwire
+from gpuledger_common import pbconvert as conv
+from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.ids import NodeName
+from gpuledger_core.status import CardStatus, NodeStatus
+from gpuledger_proto.gpuledger.allocator import v1 as pb
+
+from ..core.strategies import cards, holders, mib, names, node_statuses, texts
+
+card_statuses = st.builds(
+    CardStatus,
+    st.builds(replace, cards, health_reason=texts),
+    mib,
+    st.integers(0, 1000),
+    st.lists(holders, max_size=3).map(tuple),
+    st.integers(0, 64),
+    st.integers(0, 64),
+    mib,
+)
+statuses = st.builds(
+    NodeStatus, names, st.lists(card_statuses, max_size=4).map(tuple), st.booleans(), st.integers(0, 2**40)
+)
+pages = st.lists(statuses | node_statuses, max_size=4)
+tokens = st.text(max_size=12)
+
+
+def betterproto_bytes(nodes: list[NodeStatus], token: str) -> bytes:
+    return bytes(pb.Cluster(nodes=[conv.node_status_to(n) for n in nodes], next_page_token=token))
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes=pages, token=tokens)
+def test_it_writes_the_bytes_betterproto_writes(nodes: list[NodeStatus], token: str) -> None:
+    assert clusterwire.cluster_bytes(nodes, token) == betterproto_bytes(nodes, token)
+
+
+@settings(max_examples=300, deadline=None)
+@given(nodes=pages, token=tokens)
+def test_it_reads_what_betterproto_reads(nodes: list[NodeStatus], token: str) -> None:
+    wire = betterproto_bytes(nodes, token)
+    parsed = pb.Cluster().parse(wire)
+    assert clusterwire.cluster_from(wire) == (
+        [conv.node_status_from(n) for n in parsed.nodes],
+        parsed.next_page_token,
+    )
+
+
+def a_node() -> NodeStatus:
+    status = pb.NodeStatus(
+        name="n1",
+        cards=[
+            pb.CardStatus(
+                uuid="GPU-1",
+                index=3,
+                model="H100",
+                memory_mib=81920,
+                free_mem_mib=1000,
+                health="unhealthy",
+                numa=-1,
+                holders=[
+                    pb.Holder(
+                        allocation_id="a1",
+                        owner=pb.Owner(kind="pod", id="uid", namespace="ns", name="p"),
+                        mem_mib=5,
+                        state="bound",
+                        since=12.5,
+                    )
+                ],
+                health_reason="XID 79",
+            )
+        ],
+        stale=True,
+        revision=7,
+    )
+    return conv.node_status_from(status)
+
+
+def test_a_node_reads_back_as_it_was_written() -> None:
+    node = a_node()
+    assert node.cards[0].card.numa is None and node.cards[0].holders[0].since == 12.5
+    assert clusterwire.cluster_from(clusterwire.cluster_bytes([node, node], "n1")) == ([node, node], "n1")
+
+
+def test_a_page_written_in_slices_is_the_page_written_at_once() -> None:
+    nodes = [replace(a_node(), name=NodeName(f"n{i}")) for i in range(5)]
+    sliced = b"".join(clusterwire.cluster_bytes(nodes[i : i + 2]) for i in range(0, 5, 2))
+    assert sliced + clusterwire.cluster_bytes([], "t") == clusterwire.cluster_bytes(nodes, "t")
+
+
+def test_a_nodes_cards_are_encoded_once_while_they_are_the_same_tuple() -> None:
+    node = a_node()
+    first = clusterwire.encoded_cards(node.cards)
+    assert clusterwire.encoded_cards(node.cards) is first
+    changed = (replace(node.cards[0], free_mem_mib=2000),)
+    assert clusterwire.encoded_cards(changed) != first
+
+
+def test_fields_it_does_not_know_are_skipped() -> None:
+    node = clusterwire.node_bytes(a_node())
+    newer = node + b"\x78\x05" + b"\x82\x01\x03abc"  # field 15 (varint) and field 16 (bytes): a newer server's
+    wire = b"\x0a" + clusterwire._varint(len(newer)) + newer
+    assert clusterwire.cluster_from(wire) == ([a_node()], "")
+
+
+@pytest.mark.parametrize(
+    ("wire", "named"),
+    [
+        (b"\x0a\x02\x08\x01", "cluster.nodes[0].name"),  # name sent as a number
+        (b"\x0a\x04\x0a\x03n1", "cluster.nodes[0]"),  # a name cut short
+        (b"\x0a\x05\x0a\x03\xff\xfe\x01", "cluster.nodes[0].name"),  # not UTF-8
+        (b"\x0a\x0a\x12\x08\x3a\x06broken", "cluster.nodes[0].cards[0].health"),  # health of no known kind
+        (b"\x0b", "cluster"),  # wire type 3 (a group): not proto3
+    ],
+)
+def test_bad_bytes_are_refused_naming_the_field(wire: bytes, named: str) -> None:
+    with pytest.raises(InvalidArgument) as refused:
+        clusterwire.cluster_from(wire)
+    assert refused.value.field == named

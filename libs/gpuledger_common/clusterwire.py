@@ -20,13 +20,12 @@ from collections.abc import Callable, Sequence
 
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
-from gpuledger_core.memo import Memo
 from gpuledger_core.model import AllocState, Card, Health, Owner, OwnerKind
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
 
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
 MASK64 = (1 << 64) - 1
-CARDS_KEPT = 20_000  # nodes whose encoded cards the allocator keeps (past that it starts afresh)
+CARDS_KEPT = 50_000  # nodes whose encoded cards the allocator keeps (past that it starts afresh)
 _DOUBLE = struct.Struct("<d")
 _SMALL = [bytes([n]) for n in range(128)]
 
@@ -121,19 +120,27 @@ def _cards_bytes(cards: tuple[CardStatus, ...]) -> bytes:
     return b"".join(out)
 
 
-_CARDS: Memo[tuple[CardStatus, ...], bytes] = Memo(CARDS_KEPT)
+_CARDS: dict[str, tuple[tuple[CardStatus, ...], bytes]] = {}  # node -> its cards, and their bytes
 
 
-def encoded_cards(cards: tuple[CardStatus, ...]) -> bytes:
-    """A node's cards as ``NodeStatus`` field 2, kept while this very tuple is (the view makes a
-    node's statuses again only when its key or its usage changed)."""
-    return _CARDS.get(cards, _cards_bytes)
+def encoded_cards(node: str, cards: tuple[CardStatus, ...]) -> bytes:
+    """A node's cards as ``NodeStatus`` field 2. The last ones written for each node are kept
+    while they are this very tuple (the view makes a node's statuses again only when its key or
+    its usage changed); one entry per node, so what is kept is bounded by the fleet."""
+    known = _CARDS.get(node)
+    if known is not None and known[0] is cards:
+        return known[1]
+    data = _cards_bytes(cards)
+    if len(_CARDS) >= CARDS_KEPT:
+        _CARDS.clear()
+    _CARDS[node] = (cards, data)
+    return data
 
 
 def node_bytes(s: NodeStatus) -> bytes:
     out: list[bytes] = []
     _text(out, 1, s.name)
-    out.append(encoded_cards(s.cards))
+    out.append(encoded_cards(s.name, s.cards))
     _flag(out, 3, s.stale)
     _number(out, 4, s.revision)
     return b"".join(out)

@@ -100,10 +100,11 @@ def test_a_page_written_in_slices_is_the_page_written_at_once() -> None:
 
 def test_a_nodes_cards_are_encoded_once_while_they_are_the_same_tuple() -> None:
     node = a_node()
-    first = clusterwire.encoded_cards(node.cards)
-    assert clusterwire.encoded_cards(node.cards) is first
+    first = clusterwire.encoded_cards(node.name, node.cards)
+    assert clusterwire.encoded_cards(node.name, node.cards) is first
     changed = (replace(node.cards[0], free_mem_mib=2000),)
-    assert clusterwire.encoded_cards(changed) != first
+    assert clusterwire.encoded_cards(node.name, changed) != first
+    assert clusterwire.encoded_cards(node.name, changed) == clusterwire._cards_bytes(changed)
 
 
 def test_fields_it_does_not_know_are_skipped() -> None:

@@ -22,7 +22,7 @@ from gpuledger_common.tls import identity_of
 from gpuledger_core import errors
 from gpuledger_core.events import LedgerEvent
 from gpuledger_core.ids import AllocationId, NodeName
-from gpuledger_core.model import Isolation
+from gpuledger_core.model import Allocation, Isolation
 from gpuledger_core.status import NodeStatus
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
@@ -147,7 +147,7 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
         where = AllocationFilter(r.node, r.owner_kind, r.owner_id, r.namespace, r.include_released)
         caller = callers.current.get()
         found = [a for a in list_allocations(self.service.view, where) if caller.sees(a)]
-        return pb.ListAllocationsResponse(allocations=[conv.allocation_to(a) for a in found])
+        return EncodedAllocations(await _encode_allocations(found))
 
     async def get_cluster(self, get_cluster_request: pb.GetClusterRequest) -> pb.Cluster:
         """One page of the cluster (``page_size``, ``page_token``), encoded by ``clusterwire``
@@ -209,6 +209,29 @@ class EncodedCluster(pb.Cluster):  # type: ignore[misc]
 
     def SerializeToString(self) -> bytes:  # the protobuf name grpclib calls
         return self._wire
+
+
+class EncodedAllocations(pb.ListAllocationsResponse):  # type: ignore[misc]
+    """A ``ListAllocationsResponse`` already encoded: grpclib sends these bytes as they are."""
+
+    def __init__(self, wire: bytes) -> None:
+        super().__init__()
+        self._wire = wire
+
+    def SerializeToString(self) -> bytes:  # the protobuf name grpclib calls
+        return self._wire
+
+
+async def _encode_allocations(allocations: list[Allocation]) -> bytes:
+    """The allocations as a ``ListAllocationsResponse``'s bytes, ``ENCODE_SLICE * 10`` per turn of
+    the loop (betterproto took about 0.45 ms each, all in one turn)."""
+    parts = []
+    step = ENCODE_SLICE * 10
+    for start in range(0, len(allocations), step):
+        if start:
+            await asyncio.sleep(0)
+        parts.append(clusterwire.allocations_bytes(allocations[start : start + step]))
+    return b"".join(parts)
 
 
 async def _encode_cluster(nodes: list[NodeStatus], next_token: str) -> bytes:

@@ -13,10 +13,11 @@ from gpuledger_common import clusterwire
 from gpuledger_common import pbconvert as conv
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import NodeName
+from gpuledger_core.model import Allocation
 from gpuledger_core.status import CardStatus, NodeStatus
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
-from ..core.strategies import cards, holders, mib, names, node_statuses, texts
+from ..core.strategies import allocations, cards, holders, mib, names, node_statuses, texts
 
 card_statuses = st.builds(
     CardStatus,
@@ -54,6 +55,15 @@ def test_it_reads_what_betterproto_reads(nodes: list[NodeStatus], token: str) ->
         [conv.node_status_from(n) for n in parsed.nodes],
         parsed.next_page_token,
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(found=st.lists(allocations, max_size=4))
+def test_it_writes_allocations_as_betterproto_does(found: list[Allocation]) -> None:
+    theirs = bytes(pb.ListAllocationsResponse(allocations=[conv.allocation_to(a) for a in found]))
+    assert clusterwire.allocations_bytes(found) == theirs
+    runs = b"".join(clusterwire.allocations_bytes(found[i : i + 1]) for i in range(len(found)))
+    assert runs == theirs  # runs of allocations joined are one message
 
 
 def a_node() -> NodeStatus:

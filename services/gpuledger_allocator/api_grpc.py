@@ -200,8 +200,8 @@ def _isolation(value: str) -> Isolation:
         raise errors.InvalidArgument("isolation", f"must be none or mps, got {value!r}") from None
 
 
-class EncodedCluster(pb.Cluster):  # type: ignore[misc]
-    """A ``Cluster`` already encoded: grpclib sends these bytes as they are."""
+class Encoded:
+    """A reply message already encoded (``clusterwire``): grpclib sends these bytes as they are."""
 
     def __init__(self, wire: bytes) -> None:
         super().__init__()
@@ -211,15 +211,12 @@ class EncodedCluster(pb.Cluster):  # type: ignore[misc]
         return self._wire
 
 
-class EncodedAllocations(pb.ListAllocationsResponse):  # type: ignore[misc]
-    """A ``ListAllocationsResponse`` already encoded: grpclib sends these bytes as they are."""
+class EncodedCluster(Encoded, pb.Cluster):  # type: ignore[misc]
+    pass
 
-    def __init__(self, wire: bytes) -> None:
-        super().__init__()
-        self._wire = wire
 
-    def SerializeToString(self) -> bytes:  # the protobuf name grpclib calls
-        return self._wire
+class EncodedAllocations(Encoded, pb.ListAllocationsResponse):  # type: ignore[misc]
+    pass
 
 
 async def _encode_allocations(allocations: list[Allocation]) -> bytes:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuledger_common.natsserver import NatsServer
+from gpuledger_core.ledger import NodeLedger, commit
 from gpuledger_core.model import AllocState
 from gpuledger_plugin.metrics import RECONCILE_MISMATCHES
 from gpuledger_testing.fake_kubelet import AdmissionError, FakeContainer
@@ -75,6 +76,29 @@ async def test_bound_allocation_of_a_vanished_pod_is_released_on_a_second_look_a
         released = ledger.get(reserved.id)
         assert released is not None
         assert released.state is AllocState.RELEASED
+
+
+async def test_a_bound_pod_kubelet_has_not_admitted_yet_keeps_its_allocation(
+    dirs: Path, nats_server: NatsServer
+) -> None:
+    """A pod bound to the node but still waiting for kubelet (a burst after a kubelet restart) is
+    not in kubelet's list, however long it waits: it is not gone, and kubelet admits it later."""
+    async with plugin_stack(dirs, nats_server, gone_after_s=0.2) as stack:
+        p = pod("p", FakeContainer("main", gpus=1))
+        reserved = await stack.reserve(p, {"main": (share(0),)})
+
+        def bind(ledger: NodeLedger | None) -> NodeLedger:
+            assert ledger is not None
+            return commit(ledger, reserved.id, time.time())
+
+        await stack.store.mutate(reserved.node, bind)  # as the extender's bind does
+        assert await stack.plugin.service.reconcile() == ()
+        await asyncio.sleep(0.3)
+        assert await stack.plugin.service.reconcile() == ()
+        held = (await stack.ledger()).get(reserved.id)
+        assert held is not None and held.state is AllocState.BOUND
+        admitted = await stack.kubelet.admit(p)
+        assert admitted.env("main")["GPULEDGER_ALLOCATION_ID"] == reserved.id
 
 
 async def test_a_pod_kubelet_did_not_list_for_two_quick_rounds_keeps_its_allocation(stack: Stack) -> None:

@@ -19,8 +19,9 @@ and refuses, naming the field, a value of the wrong wire type or bytes that end 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from gpuledger_common.pbconvert import enum_of
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.model import Allocation, AllocState, Card, CardShare, Grant, Health, Owner, OwnerKind
@@ -311,16 +312,6 @@ def _items(values: dict[str, object], name: str) -> list[bytes]:
     return found
 
 
-def _choice(kind: Callable[[str], object], value: str, field: str, default: object = None) -> object:
-    if not value and default is not None:
-        return default
-    try:
-        return kind(value)
-    except ValueError:
-        choices = "|".join(m.value for m in kind)  # type: ignore[attr-defined]
-        raise InvalidArgument(field, f"must be one of {choices}, got {value!r}") from None
-
-
 OWNER: Spec = {1: ("kind", LENGTH), 2: ("id", LENGTH), 3: ("namespace", LENGTH), 4: ("name", LENGTH)}
 HOLDER: Spec = {
     1: ("allocation_id", LENGTH),
@@ -353,15 +344,13 @@ CLUSTER: Spec = {1: ("nodes[]", LENGTH), 2: ("next_page_token", LENGTH)}
 
 def owner_from(data: bytes, path: str) -> Owner:
     v = _values(data, path, OWNER)
-    kind = _choice(OwnerKind, _string(v, "kind", path), f"{path}.kind")
-    assert isinstance(kind, OwnerKind)
+    kind = enum_of(OwnerKind, _string(v, "kind", path), f"{path}.kind")
     return Owner(kind, _string(v, "id", path), _string(v, "namespace", path), _string(v, "name", path))
 
 
 def holder_from(data: bytes, path: str) -> Holder:
     v = _values(data, path, HOLDER)
-    state = _choice(AllocState, _string(v, "state", path), f"{path}.state")
-    assert isinstance(state, AllocState)
+    state = enum_of(AllocState, _string(v, "state", path), f"{path}.state")
     since = v.get("since")
     return Holder(
         AllocationId(_string(v, "allocation_id", path)),
@@ -378,8 +367,7 @@ def holder_from(data: bytes, path: str) -> Holder:
 def card_from(data: bytes, path: str) -> CardStatus:
     v = _values(data, path, CARD)
     numa = _int32(v, "numa")
-    health = _choice(Health, _string(v, "health", path), f"{path}.health", Health.HEALTHY)
-    assert isinstance(health, Health)
+    health = enum_of(Health, _string(v, "health", path), f"{path}.health", Health.HEALTHY)
     card = Card(
         CardUuid(_string(v, "uuid", path)),
         _uint(v, "index"),

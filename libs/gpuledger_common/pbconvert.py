@@ -26,7 +26,8 @@ from gpuledger_proto.gpuledger.allocator import v1 as pb
 E = TypeVar("E", OwnerKind, Isolation, AllocState, Health)
 
 
-def _enum(kind: type[E], value: str, field: str, default: E | None = None) -> E:
+def enum_of(kind: type[E], value: str, field: str, default: E | None = None) -> E:
+    """The member named ``value``, or a refusal naming ``field`` and the choices."""
     if not value and default is not None:
         return default
     try:
@@ -51,7 +52,7 @@ def owner_from(msg: pb.Owner | None, field: str = "owner") -> Owner:
     for name in ("kind", "id", "namespace", "name"):
         _typed(getattr(msg, name), str, f"{field}.{name}")
     try:
-        return Owner(_enum(OwnerKind, msg.kind, f"{field}.kind"), msg.id, msg.namespace, msg.name)
+        return Owner(enum_of(OwnerKind, msg.kind, f"{field}.kind"), msg.id, msg.namespace, msg.name)
     except InvalidArgument as err:
         raise InvalidArgument(f"{field}.{err.field.removeprefix('owner.')}", err.problem) from err
 
@@ -133,8 +134,8 @@ def allocation_from(m: pb.Allocation) -> Allocation:
         owner=owner_from(m.owner),
         node=NodeName(m.node),
         grants=tuple(Grant(g.container, tuple(share_from(s) for s in g.cards), g.init) for g in m.grants),
-        state=_enum(AllocState, m.state, "state"),
-        isolation=_enum(Isolation, m.isolation, "isolation", Isolation.NONE),
+        state=enum_of(AllocState, m.state, "state"),
+        isolation=enum_of(Isolation, m.isolation, "isolation", Isolation.NONE),
         created_at=m.created_at,
         updated_at=m.updated_at,
         lease_expires_at=m.lease_expires_at or None,
@@ -163,7 +164,7 @@ def holder_from(m: pb.Holder) -> Holder:
         m.mem_mib,
         m.core_permille,
         m.exclusive,
-        _enum(AllocState, m.state, "state"),
+        enum_of(AllocState, m.state, "state"),
         m.since,
     )
 
@@ -199,7 +200,7 @@ def node_status_from(m: pb.NodeStatus) -> NodeStatus:
                 c.model,
                 c.memory_mib,
                 None if c.numa < 0 else c.numa,
-                _enum(Health, c.health, "health", Health.HEALTHY),
+                enum_of(Health, c.health, "health", Health.HEALTHY),
                 health_reason=c.health_reason,
             ),
             c.free_mem_mib,

@@ -23,7 +23,10 @@ it holds would otherwise make each of its full collections a pause in the figure
   lists the whole cluster over and over; then the echo at 50/s;
 - a burst of 200 one-card Allocates sent at once: how many were refused;
 - ``/metrics`` and GetCluster: time and size, each alone;
-- RSS of every replica at the end.
+- RSS of every replica at the end;
+- Allocate at 50/s again with one allocator replica (as the issue measured it): with placement's
+  answers asked ahead (the default), then with a replica that asks placement during each request
+  (``--placement-ahead-s 0``), and where each request's nodes came from; the echo again.
 
     python benchmarks/ledger_scale.py [--nodes 500,5000] [--seconds 30]
 """
@@ -142,10 +145,11 @@ async def spawn(name: str, module: str, args: list[str], http_port: int, grpc_po
     return Proc(name, process, http_port, grpc_port)
 
 
-async def start_allocator(url: str, name: str) -> Proc:
+async def start_allocator(url: str, name: str, *extra: str) -> Proc:
     grpc_port, http_port = free_port(), free_port()
     args = ["--nats-url", url, "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port)]
     args += ["--http-host", "127.0.0.1", "--http-port", str(http_port), "--stale-after-s", "3600", "--kube", "off"]
+    args += extra
     return await spawn(name, "gpuledger_allocator", args, http_port, grpc_port)
 
 
@@ -179,7 +183,27 @@ async def scrape(http: aiohttp.ClientSession, proc: Proc) -> tuple[float, str]:
 
 
 def metric_sum(text: str, name: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+    """The sum of a metric's series (``name``: the name with ``{`` and, if wanted, a first label)."""
+    prefix = name if "{" in name else name + "{"
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+ANSWER_SOURCES = ("asked", "ahead", "builtin")
+
+
+async def answer_sources(http: aiohttp.ClientSession, allocators: list[Proc]) -> dict[str, float]:
+    """How many of the allocators' requests took their nodes from placement asked during the
+    request, from placement's answer asked ahead, or from the built-in fit (counters so far)."""
+    counts = dict.fromkeys(ANSWER_SOURCES, 0.0)
+    for proc in allocators:
+        _, text = await scrape(http, proc)
+        for source in ANSWER_SOURCES:
+            counts[source] += metric_sum(text, f'gpuledger_allocator_placement_answers_total{{source="{source}"')
+    return counts
+
+
+def sources_between(before: dict[str, float], after: dict[str, float]) -> str:
+    return ", ".join(f"{source} {after[source] - before[source]:.0f}" for source in ANSWER_SOURCES)
 
 
 async def open_loop(rate: float, seconds: float, op: Callable[[int], Coroutine[Any, Any, None]]) -> float:
@@ -390,10 +414,15 @@ async def run(count: int, seconds: float) -> Figures:
 
             for _ in range(100):
                 await nc.request(ECHO_SUBJECT, b"{}", timeout=5)
+            sources = await answer_sources(http, [first, second])
             lat, failed, rate = await allocate_at(nc, ALLOCATE_RATE, seconds, "steady")
             figures.add(
                 f"Allocate (NATS) at {ALLOCATE_RATE:g}/s, placement's policy rebuilt every 5 s",
                 f"{p50_p99(lat)}, {failed} failed, {rate:.0f}/s achieved",
+            )
+            figures.add(
+                "  where its nodes came from (placement asked during the request, asked ahead, built-in fit)",
+                sources_between(sources, await answer_sources(http, [first, second])),
             )
             echo_lat = await echo_at(nc, ALLOCATE_RATE, min(seconds, 10))
             figures.add(f"raw nats-py echo at {ALLOCATE_RATE:g}/s", p50_p99(echo_lat))
@@ -467,6 +496,34 @@ async def run(count: int, seconds: float) -> Figures:
                 f"{p50_p99(lat3)}, {failed3} failed; {listings} whole listings done",
             )
             figures.add("RSS", ", ".join(f"{p.name} {rss_mib(p.process.pid):.0f} MiB" for p in procs))
+
+            # One allocator replica answering, as the issue measured it, with placement's answers
+            # asked ahead (the default) and then without (a replica started with them off).
+            for proc in (second, first):
+                proc.process.terminate()
+                await proc.process.wait()
+                procs.remove(proc)
+            for label, extra in (
+                ("answers asked ahead", ()),
+                ("placement asked during each", ("--placement-ahead-s", "0")),
+            ):
+                alone = await start_allocator(server.url, f"allocator-{label}", *extra)
+                procs.append(alone)
+                await until_ready(http, alone, time.monotonic())
+                for _ in range(100):
+                    await bus.request(nc, ALLOCATE, one_card(f"warm-{label}-{_}"), timeout=30)
+                sources = await answer_sources(http, [alone])
+                lat4, failed4, _ = await allocate_at(nc, ALLOCATE_RATE, seconds, label.split()[0])
+                figures.add(
+                    f"Allocate at {ALLOCATE_RATE:g}/s, one allocator replica, {label}",
+                    f"{p50_p99(lat4)}, {failed4} failed; nodes from: "
+                    f"{sources_between(sources, await answer_sources(http, [alone]))}",
+                )
+                alone.process.terminate()
+                await alone.process.wait()
+                procs.remove(alone)
+            echo_lat = await echo_at(nc, ALLOCATE_RATE, min(seconds, 10))
+            figures.add(f"raw nats-py echo at {ALLOCATE_RATE:g}/s, again", p50_p99(echo_lat))
         finally:
             if beating is not None:
                 beating.terminate()

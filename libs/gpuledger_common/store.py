@@ -176,6 +176,7 @@ class LedgerStore:
     retry_s: float = RETRY_S  # how long a call waits out a JetStream outage (``outage.within`` narrows it)
     catch_up_s: float = CATCH_UP_S  # after a lost race, how long a followed store waits for its watch
     stats: CasStats = field(default_factory=CasStats)
+    written_up_to: int = 0  # the bucket's sequence at this process's latest ledger write (or below it)
     outage: OutageStats = field(default_factory=OutageStats)
     _jetstream: JetStreamContext | None = None
     _publishing: set[asyncio.Future[None]] = field(default_factory=set)  # events on their way out
@@ -554,6 +555,7 @@ class LedgerStore:
                 await asyncio.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
                 continue
             self.stats.writes += 1
+            self.written_up_to = max(self.written_up_to, written)
             self.remember(node, new, written)
             # The events are not part of the caller's answer: a request handler sends its answer
             # first (``bus.after_reply``); elsewhere they go out as soon as this call returns.

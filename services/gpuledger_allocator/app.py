@@ -64,7 +64,9 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
         )
         view = ClusterView(store, settings.stale_after_s)
         fallback = BuiltinPlacer(settings.slots_per_card)
-        placer = NatsPlacer(nc, settings.placement_timeout_s, settings.placement_retry_s, fallback)
+        placer = NatsPlacer(
+            nc, settings.placement_timeout_s, settings.placement_retry_s, fallback, settings.placement_ahead_s
+        )
         service = AllocatorService(
             store,
             view,
@@ -112,6 +114,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             grpc.close()
             await grpc.wait_closed()
             await service.settle()
+            await placer.stop()
             await http.cleanup()
             unregister_metrics(view)
             watching.cancel()

@@ -220,3 +220,12 @@ POD_READS = Counter(
     "gpuledger_allocator_reconcile_pod_reads_total",
     "Pods read one by one: the ledger holds cards for them and the watch does not show them",
 )
+
+# --- the placement service's answers ---
+
+PLACEMENT_ANSWERS = Counter(
+    "gpuledger_allocator_placement_answers_total",
+    "Where a request's nodes came from: placement asked during it (asked), placement's answer asked "
+    "ahead of it (ahead), or the built-in fit while placement does not answer (builtin)",
+    ["source"],
+)

@@ -49,6 +49,11 @@ class AllocatorSettings(NatsClientSettings):
     bucket_replicas: int = option(1, "JetStream replicas for the ledger buckets")
     placement_timeout_s: float = option(0.5, "how long to wait for the placement service before fitting alone")
     placement_retry_s: float = option(2.0, "after placement did not answer, how long to fit alone before asking again")
+    placement_ahead_s: float = option(
+        1.0,
+        "placement's next answer for a shape of request is asked once a request of that shape is answered; "
+        "the next one takes it if its node is unchanged and it is at most this old (0: ask during each request)",
+    )
     kube: str = option(
         "auto",
         "Kubernetes access for reconciliation: auto (in-cluster with a service-account token, "
@@ -100,6 +105,7 @@ class AllocatorSettings(NatsClientSettings):
         require(self.stale_after_s > 0, "stale_after_s", "must be positive")
         require(self.sweep_interval_s > 0, "sweep_interval_s", "must be positive")
         require(self.placement_retry_s >= 0, "placement_retry_s", "must not be negative")
+        require(0 <= self.placement_ahead_s <= 60, "placement_ahead_s", "must be 0..60 seconds")
         require(
             1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}"
         )

@@ -35,6 +35,8 @@ class ClusterView:
     usage: dict[NodeName, dict[str, Usage]] = field(default_factory=dict)  # from the inventory
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = 0.0
+    applied: int = 0  # changes applied so far (a mark to tell whether anything changed since)
+    latest: int = 0  # the highest revision applied: the watch brings the bucket's changes in order
     _where: dict[AllocationId, NodeName] = field(default_factory=dict)
     _subscribers: set[asyncio.Queue[LedgerEvent | None]] = field(default_factory=set)
     _owners: dict[str, AllocationId] = field(default_factory=dict)  # owner key -> live allocation
@@ -73,6 +75,8 @@ class ClusterView:
                     del self._owners[allocation.owner.key]
         if self._subscribers:
             self._publish(diff(old, ledger, revision))
+        self.applied += 1
+        self.latest = max(self.latest, revision)
         self._changed.set()
         self._changed = asyncio.Event()
 

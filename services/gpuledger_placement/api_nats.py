@@ -58,6 +58,7 @@ def placed_to(placed: Placed) -> dict[str, Any]:
             {"container": g.container, "init": g.init, "cards": [s.index for s in g.cards]} for g in placed.grants
         ],
         "ranked": list(placed.ranked),
+        "revision": placed.revision,
     }
 
 

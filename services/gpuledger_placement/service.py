@@ -60,6 +60,7 @@ class Placed:
     node: str
     grants: tuple[Grant, ...]
     ranked: tuple[str, ...]
+    revision: int = 0  # the node's ledger revision judged; 0 when pods the scheduler assumed there count too
 
 
 class PlacementService:
@@ -259,7 +260,8 @@ class PlacementService:
             entry = self._entry(name)
             assert entry is not None
             try:
-                return Placed(name, self._plan(entry, pod, policy), tuple(ranked))
+                revision = 0 if name in self.assumed.nodes else entry.revision
+                return Placed(name, self._plan(entry, pod, policy), tuple(ranked), revision)
             except Exhausted:
                 continue
         raise Exhausted(self._nowhere(pod, exclude))

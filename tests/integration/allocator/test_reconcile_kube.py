@@ -164,7 +164,11 @@ async def test_a_lost_ledger_is_rebuilt_from_the_annotations(
     restored = await wait_for(back, what="the allocation rebuilt from the annotation")
     assert restored.grants == allocation.grants and restored.owner == allocation.owner
     assert restored.lease_expires_at is None
-    assert metric("gpuledger_allocator_reconcile_rebuilt_total") >= rebuilt + 1
+
+    async def counted() -> bool:  # counted once the write is answered, which may come after we read it
+        return metric("gpuledger_allocator_reconcile_rebuilt_total") >= rebuilt + 1
+
+    await wait_for(counted, what="the rebuild counted")
     await rounds()  # later rounds leave it be
     assert await state_of(store, allocation.id) == restored
 

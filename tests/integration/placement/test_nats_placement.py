@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from prometheus_client import REGISTRY
 
+from gpuledger_allocator.placer import BuiltinPlacer, NatsPlacer
+from gpuledger_allocator.service import Candidate
+from gpuledger_allocator.view import ClusterView
 from gpuledger_common import bus
 from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Exhausted, InvalidArgument
-from gpuledger_core.model import Node
+from gpuledger_core.fit import ContainerAsk
+from gpuledger_core.ledger import NodeLedger, release
+from gpuledger_core.model import Node, Request
 from gpuledger_core.slots import device_id
 from gpuledger_testing.stack import RunningAllocator, running_placement, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+ONE_CARD = (ContainerAsk("", Request(count=1)),)
 
 
 def containers(count: int, **request: Any) -> list[dict[str, Any]]:
@@ -76,6 +85,7 @@ async def test_the_allocator_uses_placement_when_it_is_up_and_fits_alone_when_no
         placed = await allocate(nc, "with-placement", 1)
         assert placed["node"] == "rtx-0"  # binpack sends a single card to the one-card node
 
+    await asyncio.sleep(1.1)  # placement's last answer, asked ahead, is too old to take (placement_ahead_s)
     after = await allocate(nc, "after", 1)
     assert after["node"] == "h100-0"
 
@@ -96,3 +106,88 @@ async def test_a_restarted_placement_counts_the_ledger_as_its_workload(
 
         message = await wait_for(seeded, what="the workload seeded")
         assert message == "workload seeded from the ledger: 2 live allocation(s)"
+
+
+async def _candidates(placer: NatsPlacer, view: ClusterView) -> list[Candidate]:
+    """The placer's candidates, as the allocator asks while it answers a request."""
+    with bus.answering() as replied:
+        found = await placer.candidates(view, ONE_CARD)
+        replied()
+    return found
+
+
+async def test_an_answer_asked_ahead_is_taken_only_while_the_ledger_is_unchanged_and_it_is_young(
+    nats_server: NatsServer, nc: Client, allocator: RunningAllocator
+) -> None:
+    view = ClusterView(await LedgerStore.open(nc))
+    watching = asyncio.create_task(view.run())
+    await view.ready.wait()
+    placer = NatsPlacer(nc, timeout_s=5.0, retry_s=0.0, fallback=BuiltinPlacer())
+    try:
+        async with running_placement(nats_server.url, policy="binpack"):
+            await _candidates(placer, view)  # asked during the request; the next answer is asked after it
+            await placer.settle()
+            assert (placer.answered, placer.taken_ahead) == (1, 0)
+            direct = await bus.request(nc, "gpuledger.v1.placement.place", {"containers": containers(1)})
+            assert direct["revision"] == view.revisions[direct["node"]]  # the revision placement judged
+
+            taken = await _candidates(placer, view)  # nothing changed: no hop to placement
+            assert (placer.answered, placer.taken_ahead) == (1, 1)
+            assert taken[0] == Candidate(direct["node"], tuple(tuple(c["cards"]) for c in direct["containers"]))
+            assert [c.node for c in taken] == direct["ranked"]
+
+            # A change anywhere in the ledger (here on another node than the one named) voids it.
+            await placer.settle()
+            applied = view.applied
+            other = await allocate(nc, "elsewhere", 2)
+            assert other["node"] != direct["node"]
+
+            async def seen() -> bool:
+                return view.applied > applied
+
+            await wait_for(seen, what="the change in the view")
+            await _candidates(placer, view)
+            assert (placer.answered, placer.taken_ahead) == (2, 1)
+
+            # So does a write of this process, even before its view hears of it.
+            await placer.settle()
+
+            def released(ledger: NodeLedger | None) -> NodeLedger:
+                assert ledger is not None
+                return release(ledger, other["id"], time.time())
+
+            await view.store.mutate(other["node"], released)
+            await _candidates(placer, view)
+            assert (placer.answered, placer.taken_ahead) == (3, 1)
+
+            # An answer older than ahead_s is not taken either.
+            await placer.settle()
+            placer.ahead_s = 0.05
+            await asyncio.sleep(0.1)
+            await _candidates(placer, view)
+            assert (placer.answered, placer.taken_ahead) == (4, 1)
+            placer.ahead_s = 0.0  # and with 0 nothing is asked ahead: every request asks placement
+            await placer.settle()
+            for asked in (5, 6):
+                await _candidates(placer, view)
+                assert (placer.answered, placer.taken_ahead) == (asked, 1)
+    finally:
+        await placer.stop()
+        watching.cancel()
+
+
+async def test_the_allocator_takes_answers_asked_ahead_between_requests(
+    nats_server: NatsServer, nc: Client, allocator: RunningAllocator
+) -> None:
+    def counted(source: str) -> float:
+        return REGISTRY.get_sample_value("gpuledger_allocator_placement_answers_total", {"source": source}) or 0.0
+
+    before = {source: counted(source) for source in ("asked", "ahead")}
+    async with running_placement(nats_server.url, policy="binpack"):
+        for n in range(4):
+            best = await bus.request(nc, "gpuledger.v1.placement.place", {"containers": containers(1)})
+            assert (await allocate(nc, f"in-turn-{n}", 1))["node"] == best["node"]  # wherever the answer came from
+            await asyncio.sleep(0.3)  # time for the next answer to come
+    assert counted("asked") - before["asked"] >= 1  # the first at least
+    assert counted("ahead") - before["ahead"] >= 1
+    assert counted("asked") + counted("ahead") - sum(before.values()) == 4

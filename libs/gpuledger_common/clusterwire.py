@@ -2,7 +2,8 @@
 
 These are the messages ``Cluster``, ``NodeStatus``, ``CardStatus``, ``Holder`` and ``Owner`` of
 ``proto/gpuledger/allocator/v1/allocator.proto``, made from and into the core's ``NodeStatus``
-directly; and the allocations of a ``ListAllocationsResponse`` (written only: the CLI does not
+directly; and ``Allocation``, ``AllocateResponse`` and the allocations of a
+``ListAllocationsResponse`` (written only: the allocator answers with them, and the CLI does not
 list them). betterproto took about 2 ms per node of 8 cards each way (1 KB on the wire), so one
 listing of 5,000 nodes cost the allocator some 10 s of CPU, and the CLI as much again to read
 it; and about 0.45 ms per allocation, 18 s of the allocator's event loop for the 40,000
@@ -193,6 +194,14 @@ def allocation_bytes(a: Allocation) -> bytes:
     _double(out, 8, a.updated_at)
     _double(out, 9, a.lease_expires_at or 0.0)
     _text(out, 10, a.reason)
+    return b"".join(out)
+
+
+def allocate_response_bytes(allocation: Allocation, existing: bool) -> bytes:
+    """An ``AllocateResponse``."""
+    out: list[bytes] = []
+    _message(out, 1, allocation_bytes(allocation))
+    _flag(out, 2, existing)
     return b"".join(out)
 
 

@@ -115,7 +115,7 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
             )
             callers.current.get().check(call.owner, "allocate")
             allocation, existing = await self.service.allocate(call)
-            return pb.AllocateResponse(allocation=conv.allocation_to(allocation), existing=existing)
+            return EncodedAllocateResponse(clusterwire.allocate_response_bytes(allocation, existing))
 
         return await _call(work)
 
@@ -124,13 +124,13 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
 
     async def _commit(self, allocation_id: str) -> pb.Allocation:
         await self._owned(_id(allocation_id), "commit")
-        return conv.allocation_to(await self.service.commit(_id(allocation_id)))
+        return _encoded(await self.service.commit(_id(allocation_id)))
 
     async def release(self, release_request: pb.ReleaseRequest) -> pb.Allocation:
         async def work() -> pb.Allocation:
             reason = release_request.reason or "released"
             await self._owned(_id(release_request.allocation_id), "release")
-            return conv.allocation_to(await self.service.release(_id(release_request.allocation_id), reason))
+            return _encoded(await self.service.release(_id(release_request.allocation_id), reason))
 
         return await _call(work)
 
@@ -138,7 +138,7 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
         async def work() -> pb.Allocation:
             allocation = await self.service.get(_id(get_allocation_request.allocation_id))
             callers.current.get().check(allocation.owner, "read")
-            return conv.allocation_to(allocation)
+            return _encoded(allocation)
 
         return await _call(work)
 
@@ -217,6 +217,19 @@ class EncodedCluster(Encoded, pb.Cluster):  # type: ignore[misc]
 
 class EncodedAllocations(Encoded, pb.ListAllocationsResponse):  # type: ignore[misc]
     pass
+
+
+class EncodedAllocation(Encoded, pb.Allocation):  # type: ignore[misc]
+    pass
+
+
+class EncodedAllocateResponse(Encoded, pb.AllocateResponse):  # type: ignore[misc]
+    pass
+
+
+def _encoded(allocation: Allocation) -> EncodedAllocation:
+    """One allocation's reply (betterproto took about 0.45 ms to convert and encode one)."""
+    return EncodedAllocation(clusterwire.allocation_bytes(allocation))
 
 
 async def _in_slices(items: Sequence[T], size: int, write: Callable[[Sequence[T]], bytes]) -> bytes:

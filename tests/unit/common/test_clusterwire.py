@@ -66,6 +66,17 @@ def test_it_writes_allocations_as_betterproto_does(found: list[Allocation]) -> N
     assert runs == theirs  # runs of allocations joined are one message
 
 
+@settings(max_examples=300, deadline=None)
+@given(allocation=allocations, existing=st.booleans())
+def test_it_writes_one_allocation_and_an_allocate_response_as_betterproto_does(
+    allocation: Allocation, existing: bool
+) -> None:
+    message = conv.allocation_to(allocation)
+    assert clusterwire.allocation_bytes(allocation) == bytes(message)
+    theirs = bytes(pb.AllocateResponse(allocation=message, existing=existing))
+    assert clusterwire.allocate_response_bytes(allocation, existing) == theirs
+
+
 def a_node() -> NodeStatus:
     status = pb.NodeStatus(
         name="n1",

@@ -201,11 +201,14 @@ def _isolation(value: str) -> Isolation:
 
 
 class Encoded:
-    """A reply message already encoded (``clusterwire``): grpclib sends these bytes as they are."""
+    """A reply message already encoded (``clusterwire``): grpclib sends these bytes as they are.
+    It is an instance of the reply's class for grpclib's type check, and nothing of betterproto's
+    runs for it: betterproto's set-up of a subclass reads the field types in this module, where
+    the proto's names are not (or are the core's), and failed for ``Allocation`` in a process
+    that had not used the proto's own class first."""
 
     def __init__(self, wire: bytes) -> None:
-        super().__init__()
-        self._wire = wire
+        object.__setattr__(self, "_wire", wire)
 
     def SerializeToString(self) -> bytes:  # the protobuf name grpclib calls
         return self._wire

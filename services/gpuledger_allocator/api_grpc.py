@@ -207,6 +207,8 @@ class Encoded:
     the proto's names are not (or are the core's), and failed for ``Allocation`` in a process
     that had not used the proto's own class first."""
 
+    _wire: bytes
+
     def __init__(self, wire: bytes) -> None:
         object.__setattr__(self, "_wire", wire)
 

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpuledger_common.pbconvert import enum_of
 from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
-from gpuledger_core.model import Allocation, AllocState, Card, CardShare, Grant, Health, Owner, OwnerKind
+from gpuledger_core.model import Allocation, AllocState, Card, CardShare, Grant, Health, Owner, OwnerKind, Request
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
 
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
@@ -409,3 +411,88 @@ def cluster_from(data: bytes) -> tuple[list[NodeStatus], str]:
     v = _values(data, "cluster", CLUSTER)
     nodes = [node_from(n, f"cluster.nodes[{i}]") for i, n in enumerate(_items(v, "nodes[]"))]
     return nodes, _string(v, "next_page_token", "cluster")
+
+
+# --- the Allocate request (read only: what the allocator is asked) ---
+
+RESOURCE_REQUEST: Spec = {
+    1: ("gpu", VARINT),
+    2: ("gpu_mem_mib", VARINT),
+    3: ("gpu_core_permille", VARINT),
+    4: ("models[]", LENGTH),
+}
+CONTAINER_REQUEST: Spec = {1: ("container", LENGTH), 2: ("request", LENGTH), 3: ("init", VARINT)}
+ALLOCATE_REQUEST: Spec = {
+    1: ("owner", LENGTH),
+    2: ("containers[]", LENGTH),
+    3: ("isolation", LENGTH),
+    4: ("lease_seconds", VARINT),
+    5: ("commit", VARINT),
+    6: ("node", LENGTH),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateAsked:
+    """An ``AllocateRequest``'s fields as the allocator takes them."""
+
+    owner: Owner
+    asks: tuple[ContainerAsk, ...]
+    isolation: str
+    lease_seconds: int
+    commit: bool
+    node: str
+
+
+def allocate_request_from(data: bytes) -> AllocateAsked:
+    """An ``AllocateRequest``, refused as ``pbconvert`` refuses the message betterproto reads from
+    the same bytes: a missing owner, and each bad value, by its field."""
+    v = _values(data, "allocate request", ALLOCATE_REQUEST)
+    raw_owner = v.get("owner")
+    if not isinstance(raw_owner, bytes):
+        raise InvalidArgument("owner", "is required")
+    try:
+        owner = owner_from(raw_owner, "owner")
+    except InvalidArgument as err:  # the owner's own checks name its field alone
+        raise InvalidArgument(f"owner.{err.field.removeprefix('owner.')}", err.problem) from err
+    containers = _items(v, "containers[]")
+    asks = tuple(_container_from(c, f"containers[{i}]") for i, c in enumerate(containers))
+    return AllocateAsked(
+        owner,
+        asks,
+        _string(v, "isolation", "allocate request"),
+        _uint(v, "lease_seconds") & 0xFFFFFFFF,
+        bool(_uint(v, "commit")),
+        _string(v, "node", "allocate request"),
+    )
+
+
+def _container_from(data: bytes, path: str) -> ContainerAsk:
+    v = _values(data, path, CONTAINER_REQUEST)
+    request = v.get("request", b"")  # absent: an empty request, refused for its 0 cards
+    assert isinstance(request, bytes)
+    return ContainerAsk(
+        _string(v, "container", path), _request_from(request, f"{path}.request"), bool(_uint(v, "init"))
+    )
+
+
+def _request_from(data: bytes, path: str) -> Request:
+    v = _values(data, path, RESOURCE_REQUEST)
+    models = [_text_of(m, f"{path}.models[{i}]") for i, m in enumerate(_items(v, "models[]"))]
+    mem, core = v.get("gpu_mem_mib"), v.get("gpu_core_permille")
+    try:
+        return Request(
+            count=_uint(v, "gpu") & 0xFFFFFFFF,
+            mem_mib=mem & MASK64 if isinstance(mem, int) else None,
+            core_milli=core & 0xFFFFFFFF if isinstance(core, int) else None,
+            models=frozenset(m for m in models if m),
+        )
+    except InvalidArgument as err:
+        raise InvalidArgument(f"{path}.{err.field}", err.problem) from err
+
+
+def _text_of(raw: bytes, path: str) -> str:
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as err:
+        raise InvalidArgument(path, f"is not UTF-8: {err}") from None

@@ -71,10 +71,13 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
         until ``ANSWER_S`` before the caller's deadline, so the caller hears why rather than
         DEADLINE_EXCEEDED."""
         mapping: dict[str, Handler] = super().__mapping__()
-        return {
+        wrapped = {
             path: handler._replace(func=self._as_caller(_before_deadline(handler.func)))
             for path, handler in mapping.items()
         }
+        allocate = wrapped[ALLOCATE_PATH]
+        wrapped[ALLOCATE_PATH] = allocate._replace(request_type=RawAllocateRequest)
+        return wrapped
 
     def caller_of(self, peercert: dict[str, Any] | None) -> Caller:
         if not self.tls:
@@ -102,12 +105,18 @@ class AllocatorApi(pb.AllocatorBase):  # type: ignore[misc]
         if not caller.admin:
             caller.check((await self.service.get(allocation_id)).owner, action)
 
-    async def allocate(self, allocate_request: pb.AllocateRequest) -> pb.AllocateResponse:
+    async def allocate(self, allocate_request: pb.AllocateRequest | RawAllocateRequest) -> pb.AllocateResponse:
+        """Served with the request's bytes read by ``clusterwire`` (``RawAllocateRequest``;
+        betterproto took about 0.23 ms to read one); a message given in-process is read the same way."""
+
         async def work() -> pb.AllocateResponse:
-            r = allocate_request
+            wire = (
+                allocate_request.wire if isinstance(allocate_request, RawAllocateRequest) else bytes(allocate_request)
+            )
+            r = clusterwire.allocate_request_from(wire)
             call = AllocateCall(
-                owner=conv.owner_from(r.owner if r.is_set("owner") else None),
-                asks=conv.asks_from(r.containers),
+                owner=r.owner,
+                asks=r.asks,
                 isolation=_isolation(r.isolation),
                 lease_s=float(r.lease_seconds) or None,
                 commit=r.commit,
@@ -198,6 +207,23 @@ def _isolation(value: str) -> Isolation:
         return Isolation(value or "none")
     except ValueError:
         raise errors.InvalidArgument("isolation", f"must be none or mps, got {value!r}") from None
+
+
+ALLOCATE_PATH = "/gpuledger.allocator.v1.Allocator/Allocate"
+
+
+class RawAllocateRequest:
+    """An ``AllocateRequest`` as it came: grpclib's codec makes it with ``FromString``, and
+    ``allocate`` reads it (a bad one is then refused as INVALID_ARGUMENT naming the field)."""
+
+    __slots__ = ("wire",)
+
+    def __init__(self, wire: bytes) -> None:
+        self.wire = wire
+
+    @classmethod
+    def FromString(cls, data: bytes) -> RawAllocateRequest:  # the protobuf name grpclib calls
+        return cls(bytes(data))
 
 
 class Encoded:

@@ -3,6 +3,7 @@ generated classes use: the same bytes both ways, and clear refusals of bad ones.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -75,6 +76,59 @@ def test_it_writes_one_allocation_and_an_allocate_response_as_betterproto_does(
     assert clusterwire.allocation_bytes(allocation) == bytes(message)
     theirs = bytes(pb.AllocateResponse(allocation=message, existing=existing))
     assert clusterwire.allocate_response_bytes(allocation, existing) == theirs
+
+
+owners = st.builds(pb.Owner, kind=st.sampled_from(["tool", "pod", "", "x"]), id=texts, name=st.text(max_size=4))
+resource_requests = st.builds(
+    pb.ResourceRequest,
+    gpu=st.integers(0, 20) | st.integers(0, 2**32 - 1),
+    gpu_mem_mib=st.none() | st.integers(0, 2**20) | st.integers(0, 2**64 - 1),
+    gpu_core_permille=st.none() | st.integers(0, 1200),
+    models=st.lists(st.sampled_from(["", "A100", "H100", "ü"]), max_size=2),
+)
+allocate_requests = st.builds(
+    pb.AllocateRequest,
+    owner=st.none() | owners,
+    containers=st.lists(
+        st.builds(
+            pb.ContainerRequest,
+            container=st.text(max_size=4),
+            request=st.none() | resource_requests,
+            init=st.booleans(),
+        ),
+        max_size=3,
+    ),
+    isolation=st.sampled_from(["", "none", "mps", "x"]),
+    lease_seconds=st.integers(0, 2**32 - 1),
+    commit=st.booleans(),
+    node=st.text(max_size=4),
+)
+
+
+def as_betterproto_reads(wire: bytes) -> object:
+    """The request as the API read it before: betterproto's message, then ``pbconvert``."""
+    r = pb.AllocateRequest().parse(wire)
+    owner = conv.owner_from(r.owner if r.is_set("owner") else None)
+    return (owner, conv.asks_from(r.containers), r.isolation, r.lease_seconds, r.commit, r.node)
+
+
+def outcome(read: Callable[[bytes], object], wire: bytes) -> object:
+    try:
+        return read(wire)
+    except InvalidArgument as err:
+        return ("refused", err.field, err.problem)
+
+
+@settings(max_examples=500, deadline=None)
+@given(request=allocate_requests)
+def test_it_reads_an_allocate_request_as_betterproto_and_pbconvert_do(request: pb.AllocateRequest) -> None:
+    wire = bytes(request)
+
+    def ours(data: bytes) -> object:
+        r = clusterwire.allocate_request_from(data)
+        return (r.owner, r.asks, r.isolation, r.lease_seconds, r.commit, r.node)
+
+    assert outcome(ours, wire) == outcome(as_betterproto_reads, wire)
 
 
 def a_node() -> NodeStatus:

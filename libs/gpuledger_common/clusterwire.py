@@ -2,15 +2,15 @@
 
 These are the messages ``Cluster``, ``NodeStatus``, ``CardStatus``, ``Holder`` and ``Owner`` of
 ``proto/gpuledger/allocator/v1/allocator.proto``, made from and into the core's ``NodeStatus``
-directly; and ``Allocation``, ``AllocateResponse`` and the allocations of a
-``ListAllocationsResponse`` (written only: the allocator answers with them, and the CLI does not
-list them). betterproto took about 2 ms per node of 8 cards each way (1 KB on the wire), so one
-listing of 5,000 nodes cost the allocator some 10 s of CPU, and the CLI as much again to read
-it; and about 0.45 ms per allocation, 18 s of the allocator's event loop for the 40,000
-allocations of such a cluster. Here a node takes tens of microseconds, an allocation a few, and
-the allocator keeps each node's encoded cards while they are unchanged (``encoded_cards``). The
-bytes are the proto's: betterproto's classes read what this writes and the other way round, byte
-for byte (tests/unit/common/test_clusterwire.py).
+directly; ``Allocation``, ``AllocateResponse`` and ``ListAllocationsResponse`` (written only: the
+allocator answers with them, and the CLI does not list allocations); and ``AllocateRequest`` (read
+only: what the allocator is asked). betterproto took about 2 ms per node of 8 cards each way (1 KB
+on the wire), so one listing of 5,000 nodes cost the allocator some 10 s of CPU, and the CLI as
+much again to read it; about 0.45 ms per allocation, 18 s of the allocator's event loop for the
+40,000 allocations of such a cluster; and 0.23 ms to read an AllocateRequest. Here a node takes
+tens of microseconds, an allocation a few, and the allocator keeps each node's encoded cards while
+they are unchanged (``encoded_cards``). The bytes are the proto's: betterproto's classes read what
+this writes and the other way round, byte for byte (tests/unit/common/test_clusterwire.py).
 
 Fields are written in the proto's order and fields at their default value are left out, as
 proto3 and betterproto do. Reading skips fields it does not know (a newer server may send more)
@@ -207,11 +207,13 @@ def allocate_response_bytes(allocation: Allocation, existing: bool) -> bytes:
     return b"".join(out)
 
 
-def allocations_bytes(allocations: Sequence[Allocation]) -> bytes:
-    """A ``ListAllocationsResponse`` (or a run of its allocations: runs joined make one message)."""
+def allocations_bytes(allocations: Sequence[Allocation], next_page_token: str = "") -> bytes:
+    """A ``ListAllocationsResponse`` (or a run of its allocations: runs joined make one message,
+    the one with the token last)."""
     out: list[bytes] = []
     for allocation in allocations:
         _message(out, 1, allocation_bytes(allocation))
+    _text(out, 2, next_page_token)
     return b"".join(out)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from gpuledger_allocator import wire
-from gpuledger_allocator.queries import AllocationFilter, cluster_page, list_allocations
+from gpuledger_allocator.queries import AllocationFilter, allocations_page, cluster_page
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_common.bus import SUBJECT_PREFIX, Handler, Responder
 from gpuledger_core import codec
@@ -43,7 +43,8 @@ def handlers(service: AllocatorService) -> dict[str, Handler]:
             r.text("namespace", ""),
             r.flag("include_released"),
         )
-        return {"allocations": [codec.allocation_to(a) for a in list_allocations(service.view, where)]}
+        found, next_token = allocations_page(service.view, where, r.integer("page_size", 0), r.text("page_token", ""))
+        return {"allocations": [codec.allocation_to(a) for a in found], "next_page_token": next_token}
 
     async def cluster_status(body: Any) -> Any:
         r = Reader(body)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import orjson
+
 from gpuledger_allocator.view import ClusterView
+from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import NodeName
 from gpuledger_core.model import Allocation
 from gpuledger_core.status import NodeStatus
@@ -28,9 +34,59 @@ class AllocationFilter:
         )
 
 
-def list_allocations(view: ClusterView, where: AllocationFilter) -> list[Allocation]:
-    found = [a for ledger in view.ledgers.values() for a in ledger.allocations if where.matches(a)]
-    return sorted(found, key=lambda a: (a.created_at, a.id))
+DEFAULT_ALLOCATIONS_PAGE = 1000  # allocations per ListAllocations answer unless the caller asks otherwise
+MAX_ALLOCATIONS_PAGE = 10_000
+
+
+def allocations_page(
+    view: ClusterView,
+    where: AllocationFilter,
+    page_size: int = 0,
+    page_token: str = "",
+    shown: Callable[[Allocation], bool] = lambda _: True,
+) -> tuple[list[Allocation], str]:
+    """One page of the allocations ``where`` matches (and ``shown`` lets the caller see): up to
+    ``page_size`` (0: ``DEFAULT_ALLOCATIONS_PAGE``; at most ``MAX_ALLOCATIONS_PAGE``) by node and
+    allocation ID after the position ``page_token`` names, and the next page's token ("" on the
+    last). A page reads only the nodes it reaches, whatever the fleet's size."""
+    if page_size < 0:
+        raise InvalidArgument("page_size", f"must not be negative, got {page_size}")
+    size = min(page_size or DEFAULT_ALLOCATIONS_PAGE, MAX_ALLOCATIONS_PAGE)
+    after = _position(page_token)
+    if where.node:
+        names = [NodeName(where.node)] if where.node in view.ledgers and where.node >= after[0] else []
+    else:
+        names = sorted(name for name in view.ledgers if name >= after[0])
+    page: list[Allocation] = []
+    for name in names:
+        ledger = view.ledgers.get(name)
+        if ledger is None:
+            continue
+        found = sorted((a for a in ledger.allocations if where.matches(a) and shown(a)), key=lambda a: a.id)
+        for allocation in found:
+            if (name, allocation.id) <= after:
+                continue
+            if len(page) == size:  # one more exists: the next page starts after the last one here
+                return page, _token(page[-1])
+            page.append(allocation)
+    return page, ""
+
+
+def _token(last: Allocation) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([last.node, last.id])).decode()
+
+
+def _position(token: str) -> tuple[str, str]:
+    """Where the page ``token`` names starts (after this node and allocation ID); ("", "") for none."""
+    if not token:
+        return "", ""
+    try:
+        node, allocation_id = orjson.loads(base64.urlsafe_b64decode(token.encode()))
+    except (binascii.Error, orjson.JSONDecodeError, ValueError, TypeError, UnicodeEncodeError):
+        raise InvalidArgument("page_token", "is not a token a previous page gave") from None
+    if not isinstance(node, str) or not isinstance(allocation_id, str):
+        raise InvalidArgument("page_token", "is not a token a previous page gave")
+    return node, allocation_id
 
 
 def cluster(view: ClusterView, node: str = "", model: str = "") -> list[NodeStatus]:

@@ -185,3 +185,23 @@ async def test_model_selectors_match_whole_words_as_placement_does(
     api = allocator.stub()
     reply = await api.allocate(tool(f"m-{node}", pb.ResourceRequest(gpu=1, gpu_mem_mib=100, models=models)))
     assert reply.allocation.node == node
+
+
+async def test_allocations_are_listed_in_pages(allocator: RunningAllocator) -> None:
+    api = allocator.stub()
+    made = [(await api.allocate(tool(f"paged-{n}", pb.ResourceRequest(gpu=1)))).allocation for n in range(5)]
+    pages, token = [], ""
+    while True:
+        reply = await api.list_allocations(pb.ListAllocationsRequest(page_size=2, page_token=token))
+        pages.append([a.id for a in reply.allocations])
+        token = reply.next_page_token
+        if not token:
+            break
+    assert [len(p) for p in pages] == [2, 2, 1]
+    listed = [i for p in pages for i in p]
+    by_place = sorted(made, key=lambda a: (a.node, a.id))
+    assert listed == [a.id for a in by_place]  # each once, by node and ID
+    with pytest.raises(GRPCError) as caught:
+        await api.list_allocations(pb.ListAllocationsRequest(page_token="not-a-token"))
+    assert caught.value.status is Status.INVALID_ARGUMENT
+    assert "page_token" in (caught.value.message or "")

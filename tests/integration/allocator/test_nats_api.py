@@ -31,6 +31,14 @@ async def test_allocate_and_release_over_nats(allocator: RunningAllocator, nc: C
     assert got["allocation"]["id"] == allocation["id"]
     listed = await bus.request(nc, f"{SUBJECT}.list", {"node": "p4-0"})
     assert [a["id"] for a in listed["allocations"]] == [allocation["id"]]
+    assert listed["next_page_token"] == ""
+    other = (await bus.request(nc, f"{SUBJECT}.allocate", body("n2", count=1)))["allocation"]
+    first = await bus.request(nc, f"{SUBJECT}.list", {"page_size": 1})
+    rest = await bus.request(nc, f"{SUBJECT}.list", {"page_size": 1, "page_token": first["next_page_token"]})
+    in_order = sorted([allocation, other], key=lambda a: (a["node"], a["id"]))
+    assert [a["id"] for a in first["allocations"] + rest["allocations"]] == [a["id"] for a in in_order]
+    assert rest["next_page_token"] == ""
+    await bus.request(nc, f"{SUBJECT}.release", {"allocation_id": other["id"]})
     released = await bus.request(nc, f"{SUBJECT}.release", {"allocation_id": allocation["id"]})
     assert released["allocation"]["state"] == "released"
     cluster = await bus.request(nc, f"{SUBJECT}.cluster", {"node": "p4-0"})
@@ -48,6 +56,7 @@ async def test_allocate_and_release_over_nats(allocator: RunningAllocator, nc: C
         ("get", {"allocation_id": "a-nope"}, NotFound, "a-nope"),
         ("get", {}, InvalidArgument, "allocation_id"),
         ("cluster", {"node": "nope"}, NotFound, "node nope is not in the ledger"),
+        ("list", {"page_token": "nope"}, InvalidArgument, "page_token"),
     ],
 )
 async def test_errors_come_back_typed(

@@ -59,12 +59,14 @@ def test_it_reads_what_betterproto_reads(nodes: list[NodeStatus], token: str) ->
 
 
 @settings(max_examples=300, deadline=None)
-@given(found=st.lists(allocations, max_size=4))
-def test_it_writes_allocations_as_betterproto_does(found: list[Allocation]) -> None:
-    theirs = bytes(pb.ListAllocationsResponse(allocations=[conv.allocation_to(a) for a in found]))
-    assert clusterwire.allocations_bytes(found) == theirs
+@given(found=st.lists(allocations, max_size=4), token=tokens)
+def test_it_writes_allocations_as_betterproto_does(found: list[Allocation], token: str) -> None:
+    theirs = bytes(
+        pb.ListAllocationsResponse(allocations=[conv.allocation_to(a) for a in found], next_page_token=token)
+    )
+    assert clusterwire.allocations_bytes(found, token) == theirs
     runs = b"".join(clusterwire.allocations_bytes(found[i : i + 1]) for i in range(len(found)))
-    assert runs == theirs  # runs of allocations joined are one message
+    assert runs + clusterwire.allocations_bytes((), token) == theirs  # runs joined, the token last
 
 
 @settings(max_examples=300, deadline=None)

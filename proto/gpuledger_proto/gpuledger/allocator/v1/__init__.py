@@ -114,11 +114,14 @@ class ListAllocationsRequest(betterproto.Message):
     owner_id: str = betterproto.string_field(3)
     namespace: str = betterproto.string_field(4)
     include_released: bool = betterproto.bool_field(5)
+    page_size: int = betterproto.uint32_field(6)
+    page_token: str = betterproto.string_field(7)
 
 
 @dataclass(eq=False, repr=False)
 class ListAllocationsResponse(betterproto.Message):
     allocations: List["Allocation"] = betterproto.message_field(1)
+    next_page_token: str = betterproto.string_field(2)
 
 
 @dataclass(eq=False, repr=False)

@@ -510,8 +510,8 @@ async def run(count: int, seconds: float) -> Figures:
                 alone = await start_allocator(server.url, f"allocator-{label}", *extra)
                 procs.append(alone)
                 await until_ready(http, alone, time.monotonic())
-                for _ in range(100):
-                    await bus.request(nc, ALLOCATE, one_card(f"warm-{label}-{_}"), timeout=30)
+                for i in range(100):
+                    await bus.request(nc, ALLOCATE, one_card(f"warm-{label}-{i}"), timeout=30)
                 sources = await answer_sources(http, [alone])
                 lat4, failed4, _ = await allocate_at(nc, ALLOCATE_RATE, seconds, label.split()[0])
                 figures.add(

@@ -302,10 +302,14 @@ def _values(data: bytes, path: str, spec: Spec) -> dict[str, object]:
 def _string(values: dict[str, object], name: str, path: str) -> str:
     raw = values.get(name, b"")
     assert isinstance(raw, bytes)
+    return _text_of(raw, f"{path}.{name}")
+
+
+def _text_of(raw: bytes, path: str) -> str:
     try:
         return raw.decode()
     except UnicodeDecodeError as err:
-        raise InvalidArgument(f"{path}.{name}", f"is not UTF-8: {err}") from None
+        raise InvalidArgument(path, f"is not UTF-8: {err}") from None
 
 
 def _uint(values: dict[str, object], name: str) -> int:
@@ -314,8 +318,12 @@ def _uint(values: dict[str, object], name: str) -> int:
     return raw
 
 
+def _uint32(values: dict[str, object], name: str) -> int:
+    return _uint(values, name) & 0xFFFFFFFF  # protobuf keeps a 32-bit field's low 32 bits
+
+
 def _int32(values: dict[str, object], name: str) -> int:
-    raw = _uint(values, name) & 0xFFFFFFFF  # protobuf keeps an int32's low 32 bits
+    raw = _uint32(values, name)
     return raw - (1 << 32) if raw >= 1 << 31 else raw
 
 
@@ -463,7 +471,7 @@ def allocate_request_from(data: bytes) -> AllocateAsked:
         owner,
         asks,
         _string(v, "isolation", "allocate request"),
-        _uint(v, "lease_seconds") & 0xFFFFFFFF,
+        _uint32(v, "lease_seconds"),
         bool(_uint(v, "commit")),
         _string(v, "node", "allocate request"),
     )
@@ -481,20 +489,12 @@ def _container_from(data: bytes, path: str) -> ContainerAsk:
 def _request_from(data: bytes, path: str) -> Request:
     v = _values(data, path, RESOURCE_REQUEST)
     models = [_text_of(m, f"{path}.models[{i}]") for i, m in enumerate(_items(v, "models[]"))]
-    mem, core = v.get("gpu_mem_mib"), v.get("gpu_core_permille")
     try:
         return Request(
-            count=_uint(v, "gpu") & 0xFFFFFFFF,
-            mem_mib=mem & MASK64 if isinstance(mem, int) else None,
-            core_milli=core & 0xFFFFFFFF if isinstance(core, int) else None,
+            count=_uint32(v, "gpu"),
+            mem_mib=_uint(v, "gpu_mem_mib") & MASK64 if "gpu_mem_mib" in v else None,  # optional: absent is None
+            core_milli=_uint32(v, "gpu_core_permille") if "gpu_core_permille" in v else None,
             models=frozenset(m for m in models if m),
         )
     except InvalidArgument as err:
         raise InvalidArgument(f"{path}.{err.field}", err.problem) from err
-
-
-def _text_of(raw: bytes, path: str) -> str:
-    try:
-        return raw.decode()
-    except UnicodeDecodeError as err:
-        raise InvalidArgument(path, f"is not UTF-8: {err}") from None

@@ -59,10 +59,8 @@ def allocations_page(
         names = sorted(name for name in view.ledgers if name >= after[0])
     page: list[Allocation] = []
     for name in names:
-        ledger = view.ledgers.get(name)
-        if ledger is None:
-            continue
-        found = sorted((a for a in ledger.allocations if where.matches(a) and shown(a)), key=lambda a: a.id)
+        allocations = view.ledgers[name].allocations
+        found = sorted((a for a in allocations if where.matches(a) and shown(a)), key=lambda a: a.id)
         for allocation in found:
             if (name, allocation.id) <= after:
                 continue

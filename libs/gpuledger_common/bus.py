@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 SUBJECT_PREFIX = "gpuledger.v1"
 Handler = Callable[[Any], Awaitable[Any]]
+DRAIN_S = 5  # a stopping service's last messages: bounded well inside a pod's grace period (30 s)
+SUBSCRIBED_S = 5  # how long a service waits for the server to confirm its subscriptions
 
 
 class _AfterReply:
@@ -134,6 +136,7 @@ async def connect(
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             allow_reconnect=True,
+            drain_timeout=DRAIN_S,
             error_cb=on_error,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
@@ -187,6 +190,18 @@ async def _unless_stopped(
             raise Refused()
         raise Unavailable(f"stopped before any NATS server of {shown} answered")
     return attempt.result()
+
+
+async def subscribed(nc: Client) -> None:
+    """Wait until the server has every subscription this client made so far (a PING answered
+    after them), so that a service reports itself ready only once messages reach it. While NATS is
+    away nothing is waited for: the client subscribes again when it reconnects."""
+    if not nc.is_connected:
+        return
+    try:
+        await nc.flush(timeout=SUBSCRIBED_S)
+    except Exception as err:  # lost meanwhile: the reconnect subscribes again
+        log.info("NATS did not confirm the subscriptions (%s); they are made again on reconnect", err)
 
 
 def server_of(nc: Client) -> str:
@@ -261,6 +276,7 @@ class Responder:
 
     async def start(self) -> Responder:
         self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._on_msg)
+        await subscribed(self.nc)
         return self
 
     async def _on_msg(self, msg: Msg) -> None:

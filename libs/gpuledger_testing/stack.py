@@ -21,6 +21,35 @@ from gpuledger_placement.settings import PlacementSettings
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.waiting import wait_for as wait_for  # the tests' one way to wait, re-exported here
 
+STOP_S = 15.0  # how long a service in this process may take to stop
+
+
+async def stopped(task: asyncio.Task[None], what: str) -> None:
+    """Wait for a service's task to end; if it does not within ``STOP_S``, fail naming where every
+    task of the process was waiting (a shutdown that hangs is a defect to find, not to wait out)."""
+    done, _ = await asyncio.wait({task}, timeout=STOP_S)
+    if task in done:
+        return task.result()
+    waiting = "\n".join(_where(t) for t in asyncio.all_tasks() if not t.done() and t is not asyncio.current_task())
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise TimeoutError(f"{what} did not stop within {STOP_S:g}s; the tasks were waiting at:\n{waiting}")
+
+
+def _where(task: asyncio.Task[Any]) -> str:
+    """The task's chain of awaits, outermost first, down to what it waits on."""
+    steps: list[str] = []
+    awaited: Any = task.get_coro()
+    while awaited is not None and len(steps) < 40:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is None:
+            steps.append(type(awaited).__name__)
+            break
+        steps.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno})")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return f"  {task.get_name()}: {' -> '.join(steps)}"
+
 
 async def answers(stub: pb.AllocatorStub) -> bool:
     """Whether the allocator answers GetCluster (an empty cluster is an answer too)."""
@@ -53,7 +82,7 @@ class RunningAllocator:
         for channel in self.channels:
             channel.close()
         self.stop.set()
-        await asyncio.wait_for(self.task, 15)
+        await stopped(self.task, "the allocator")
 
 
 @contextlib.asynccontextmanager
@@ -103,7 +132,7 @@ class RunningPlacement:
 
     async def close(self) -> None:
         self.stop.set()
-        await asyncio.wait_for(self.task, 15)
+        await stopped(self.task, "placement")
 
 
 @contextlib.asynccontextmanager

@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from gpuledger_allocator.view import ClusterView
-from gpuledger_common.bus import SUBJECT_PREFIX, decode
+from gpuledger_common.bus import SUBJECT_PREFIX, decode, subscribed
 from gpuledger_common.store import LedgerStore
 from gpuledger_core import codec
 from gpuledger_core.codec import Reader
@@ -37,6 +37,7 @@ class Ingest:
         # A queue group: one replica writes each inventory; every replica sees every heartbeat.
         self._subs.append(await self.nc.subscribe(INVENTORY, queue="allocator-inventory", cb=self._inventory))
         self._subs.append(await self.nc.subscribe(HEARTBEAT, cb=self._heartbeat))
+        await subscribed(self.nc)  # inventories published once this returns reach this replica
 
     async def stop(self) -> None:
         for sub in self._subs:

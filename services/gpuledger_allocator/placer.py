@@ -32,6 +32,7 @@ from gpuledger_core.errors import Exhausted, GpuledgerError, Unavailable
 from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Grant, Isolation, Node
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD
 from gpuledger_core.usage import free_mem
 
@@ -40,6 +41,7 @@ PLACE_SUBJECT = f"{bus.SUBJECT_PREFIX}.placement.place"
 ABSENT_RETRY_S = 2.0  # default: how long the allocator fits alone after placement did not answer
 Cards = tuple[tuple[int, ...], ...]  # card indexes per container
 Judged = tuple[float, Cards]
+Holds = tuple[Node, tuple[tuple[tuple[Grant, ...], Isolation], ...]]  # what a verdict reads (``_holds``)
 JUDGED_KEPT = 5_000  # distinct requests remembered
 WON_ELSEWHERE_S = 0.02  # a node another replica wrote this lately goes after the others
 AHEAD_S = 1.0  # default: the oldest answer asked ahead that a request takes
@@ -57,6 +59,17 @@ def _judge(ledger: NodeLedger, asks: Sequence[ContainerAsk], slots_per_card: int
     return _free_share(ledger), tuple(tuple(share.index for share in grant.cards) for grant in grants)
 
 
+def _holds(ledger: NodeLedger) -> Holds:
+    """What ``_judge`` reads of a ledger: the node, and each live allocation's grants and isolation
+    tier. A node whose value changed without changing these (a commit, a reservation and its
+    release) keeps its verdict."""
+    return ledger.node, tuple((a.grants, a.isolation) for a in ledger.allocations if a.live)
+
+
+def _same_holds(before: Holds, now: Holds) -> bool:
+    return (before[0] is now[0] or before[0] == now[0]) and before[1] == now[1]
+
+
 def _free_share(ledger: NodeLedger) -> float:
     use = ledger.use()
     total = free = 0
@@ -70,9 +83,10 @@ class BuiltinPlacer:
     def __init__(self, slots_per_card: int = DEFAULT_SLOTS_PER_CARD, won_elsewhere_s: float = WON_ELSEWHERE_S) -> None:
         self.slots_per_card = slots_per_card
         self.won_elsewhere_s = won_elsewhere_s  # how recent another replica's write must be to rank a node later
-        # asks -> node -> (revision, free share if the asks fit, else None): a node is judged
-        # again only when its ledger changed or the request is new.
-        self._judged: dict[tuple[ContainerAsk, ...], dict[NodeName, tuple[int, Judged | None]]] = {}
+        # asks -> node -> (revision, free share and cards if the asks fit, else None, what the
+        # verdict read): a node is judged again only when what it holds changed or the request is new.
+        self._judged: dict[tuple[ContainerAsk, ...], dict[NodeName, tuple[int, Judged | None, Holds]]] = {}
+        self.judgements = 0  # verdicts worked out (the rest were the ones before, still true)
 
     async def candidates(
         self, view: ClusterView, asks: Sequence[ContainerAsk], exclude: Collection[NodeName] = ()
@@ -92,7 +106,12 @@ class BuiltinPlacer:
             revision = revisions.get(name, 0)
             seen = judged.get(name)
             if seen is None or seen[0] != revision:
-                seen = judged[name] = (revision, _judge(ledger, asks, self.slots_per_card))
+                holds = _holds(ledger)
+                if seen is not None and _same_holds(seen[2], holds):
+                    seen = judged[name] = (revision, seen[1], holds)
+                else:
+                    self.judgements += 1
+                    seen = judged[name] = (revision, _judge(ledger, asks, self.slots_per_card), holds)
             verdict = seen[1]
             if verdict is not None:
                 fitting.append((name in crowded, name in elsewhere, verdict[0], name, verdict[1]))

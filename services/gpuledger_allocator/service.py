@@ -18,9 +18,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from gpuledger_allocator.view import ClusterView
-from gpuledger_common.outage import within
+from gpuledger_common.outage import time_left, within
 from gpuledger_common.store import LedgerStore, OwnerRecord
-from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
+from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound, Unavailable
 from gpuledger_core.fit import ContainerAsk, Tier, fit_node, share_for
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, commit, release, reserve
@@ -37,6 +37,7 @@ OWNER_TTL_S = 600.0  # an Allocate's owner record lives this long; later retries
 ABSENT_GRACE_S = 30.0  # a record naming an allocation not in the ledger is trusted this long
 OWNER_POLL_S = 0.02
 FIRST_PASS_ATTEMPTS = 1  # a node whose race this request lost is left for the end: others are tried first
+MAY_BE_WRITTEN = "the allocation may still be written: Allocate asked again for the same owner answers with it if so"
 DUPLICATE_WAITS = 5  # tries of a reservation that duplicates of the request may be crowding out
 
 
@@ -96,9 +97,15 @@ class AllocatorService:
     async def allocate(self, call: AllocateCall) -> tuple[Allocation, bool]:
         """Reserve (and with ``commit``, commit) cards for the owner; the owner's existing
         allocation if it has one. The reservation and the owner's record are written at once.
-        Its ledger writes share one outage window (``store.retry_s``), as do every call's."""
-        with within(self.store.retry_s):
-            return await self._allocate(call)
+        Its ledger writes share one outage window (``store.retry_s``), as do every call's. When
+        the window ends, ``Unavailable`` says that the allocation may still be written (a write
+        sent before a leader was lost can be applied once a quorum is back), and that asking
+        again for the same owner answers with it if so."""
+        try:
+            with within(self.store.retry_s):
+                return await self._allocate(call)
+        except Unavailable as err:  # a write whose answer was lost may still land (docs/ledger.md)
+            raise Unavailable(f"{err}; {MAY_BE_WRITTEN}") from err
 
     async def _allocate(self, call: AllocateCall) -> tuple[Allocation, bool]:
         lease = self._lease(call.lease_s)
@@ -210,6 +217,11 @@ class AllocatorService:
                 return found if found.live else None
             if self.clock() - record.at > self.absent_grace_s:
                 return None
+            if time_left(self.store.retry_s) <= OWNER_POLL_S:  # the caller hears why before its deadline
+                raise Unavailable(
+                    f"{owner.describe()}: an earlier request of this owner is still being written "
+                    f"({record.allocation} on {record.node})"
+                )
             await asyncio.sleep(OWNER_POLL_S)
             record = await self.store.owner_record(owner)
         return None

@@ -87,6 +87,8 @@ async def allocator(
             f"the allocator at {server} closed the connection: {err} (does it want a client certificate "
             "from --cert-file/--key-file, or TLS with --ca-file?)"
         ) from err
+    except TimeoutError as err:  # grpclib's deadline (an OSError too: first)
+        raise errors.Unavailable(f"the allocator at {server} did not answer within {timeout_s:g}s (--timeout)") from err
     except (ConnectionError, OSError) as err:
         raise errors.Unavailable(f"cannot reach the allocator at {server}: {err}") from err
     finally:

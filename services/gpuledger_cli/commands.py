@@ -12,7 +12,7 @@ from gpuledger_cli.client import DEFAULT_TIMEOUT_S, ClientTls, allocator, cluste
 from gpuledger_common import pbconvert as conv
 from gpuledger_common.settings import env_default
 from gpuledger_core import codec
-from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.errors import InvalidArgument, Unavailable
 from gpuledger_core.model import CORE_WHOLE
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
@@ -98,8 +98,14 @@ async def alloc(args: argparse.Namespace) -> int:
         commit=not args.reserve_only,
         node=args.node,
     )
-    async with allocator(args.server, args.timeout, tls_of(args)) as api:
-        reply = await api.allocate(request)
+    try:
+        async with allocator(args.server, args.timeout, tls_of(args)) as api:
+            reply = await api.allocate(request)
+    except Unavailable as err:
+        if args.owner:
+            raise
+        # The allocation may have been written: only the same owner, asked again, can find it.
+        raise Unavailable(f"{err} (this request's owner was {owner}: run again with --owner {owner})") from err
     allocation = conv.allocation_from(reply.allocation)
     if args.json:
         _print_json({"allocation": codec.allocation_to(allocation), "existing": reply.existing})

@@ -65,6 +65,7 @@ async def test_the_allocator_recovers_after_nats_comes_back(server: NatsServer) 
                 await asyncio.wait_for(api.allocate(request("during")), RETRY_S + 2)
             assert caught.value.status is Status.UNAVAILABLE
             assert "NATS is disconnected" in (caught.value.message or "")
+            assert "Allocate asked again for the same owner answers with it if so" in (caught.value.message or "")
             assert RETRY_S - 0.5 <= time.monotonic() - started < RETRY_S + 2
             await server.start()  # the same port and store: the ledger survives
 

@@ -17,6 +17,7 @@ from gpuledger_common import bus
 from gpuledger_common.fleet import parse_fleet
 from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
+from gpuledger_core.errors import Unavailable
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger
@@ -107,6 +108,20 @@ async def test_a_record_whose_allocation_is_on_its_way_is_waited_for(service: Al
     allocation, existing = await asyncio.wait_for(answer, 10)
     assert existing and allocation.id == theirs
     assert await live_of(service, owner) == [theirs]  # the waiting request's own reservation was rolled back
+
+
+async def test_waiting_for_an_earlier_request_ends_with_the_call_window(service: AllocatorService) -> None:
+    """A record whose reservation is still on its way is waited for only while the call's window
+    lasts (a gRPC caller's deadline): the caller is told UNAVAILABLE in time, not cut off."""
+    service.store.retry_s = 1.0
+    owner = Owner(OwnerKind.TOOL, "slow-first")
+    assert await service.store.claim_owner(owner, AllocationId("a-on-its-way"), "n1", ttl_s=60) is not None
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(Unavailable, match="an earlier request of this owner is still being written") as caught:
+        await asyncio.wait_for(service.allocate(call(owner)), 10)
+    assert asyncio.get_running_loop().time() - started < 2.0  # absent_grace_s is 30 s
+    assert "Allocate asked again for the same owner answers with it if so" in str(caught.value)
+    assert await live_of(service, owner) == []  # its own reservation rolled back
 
 
 async def test_a_record_naming_nothing_for_too_long_is_replaced(service: AllocatorService) -> None:

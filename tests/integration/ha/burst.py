@@ -33,6 +33,10 @@ LEASE_S = 16  # longer than an Allocate's outage window: a reservation waiting f
 SLOTS_PER_CARD = 8
 MAX_HELD = 3  # per client: 8 clients hold at most 32 of the fleet's 64 shares, so no refusal is for want of room
 CLEAR = {Status.UNAVAILABLE, Status.RESOURCE_EXHAUSTED, Status.ABORTED, Status.NOT_FOUND}
+# Answers after which an Allocate may still be written (a write sent before the stream lost its
+# leader can be applied once a quorum is back): the client asks again for the same owner.
+UNSETTLED = {Status.UNAVAILABLE, Status.ABORTED}
+SETTLE_TRIES = 2  # after the burst, each client's last open owner is asked again this often
 
 
 @dataclass
@@ -86,7 +90,7 @@ class Burst:
             yield self
         finally:
             self.stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S * 2)
+            await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S * (2 + SETTLE_TRIES))
 
     async def _client(self, seed: int) -> None:
         rng = random.Random(seed)
@@ -95,18 +99,28 @@ class Burst:
             stub.timeout = DEADLINE_S
         held: list[str] = []
         i = 0
+        unsettled = ""  # an owner whose Allocate ended with an error that leaves its outcome open
         while not self.stop.is_set():
             i += 1
             stub = stubs[(seed + i) % len(stubs)]
-            allocation = await self._allocate(stub, f"c{seed}-{i}")
+            owner = unsettled or f"c{seed}-{i}"
+            asked = await self._allocate(stub, owner)
+            unsettled = owner if asked.status in UNSETTLED else ""
+            allocation = asked.allocation
             if allocation is not None:
                 held.append(allocation.id)
             if held and (len(held) > MAX_HELD or rng.random() < 0.3):
                 allocation_id = held.pop(rng.randrange(len(held)))
                 if not await self._release(stubs[(seed + i + 1) % len(stubs)], allocation_id):
                     held.append(allocation_id)  # not known to be gone: released again later
+        # As the API asks of a caller told UNAVAILABLE: the same owner again, until it hears how it ended.
+        for attempt in range(SETTLE_TRIES):
+            if not unsettled:
+                break
+            asked = await self._allocate(stubs[(seed + attempt) % len(stubs)], unsettled)
+            unsettled = unsettled if asked.status in UNSETTLED else ""
 
-    async def _allocate(self, stub: pb.AllocatorStub, owner: str) -> pb.Allocation | None:
+    async def _allocate(self, stub: pb.AllocatorStub, owner: str) -> Asked:
         request = pb.AllocateRequest(
             owner=pb.Owner(kind="tool", id=owner),
             containers=[pb.ContainerRequest(request=pb.ResourceRequest(gpu=1, gpu_mem_mib=20000))],
@@ -115,7 +129,7 @@ class Burst:
         )
         asked = self._ask("allocate", owner)
         await self._answer(asked, lambda: stub.allocate(request))
-        return asked.allocation
+        return asked
 
     async def _release(self, stub: pb.AllocatorStub, allocation_id: str) -> bool:
         """Whether the allocation is gone (released now, or not found)."""

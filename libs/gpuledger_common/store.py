@@ -767,7 +767,7 @@ class LedgerStore:
                     key = msg.subject.removeprefix(KEY_PREFIX)
                     node = NodeName(key.removeprefix("node."))
                     operation = msg.header.get("KV-Operation") if msg.header else None
-                    apply(node, self.watched_value(node, msg.data, operation), msg.metadata.sequence.stream)
+                    apply(node, self.watched_value(node, msg.data, operation), stream_sequence(msg))
                     if keys:
                         keys.discard(key)
                         if not keys:
@@ -991,6 +991,19 @@ def _try(
     except GpuledgerError:
         return UNPROVEN
     return UNPROVEN if new == current else new
+
+
+def stream_sequence(msg: Msg) -> int:
+    """A delivered JetStream message's stream sequence (a key's revision), read from its reply
+    subject as ``msg.metadata`` reads it, without building the rest of the metadata: the watch of
+    the ledger reads one per change. ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>...``
+    (9 tokens), or with the domain and account hash after ``ACK`` (12 or more)."""
+    tokens = (msg.reply or "").split(".")
+    if len(tokens) == 9:
+        return int(tokens[5])
+    if len(tokens) >= 12:
+        return int(tokens[7])
+    return msg.metadata.sequence.stream  # not a JetStream delivery: nats-py says what is wrong
 
 
 def _revision_now(lost: KeyWrongLastSequenceError) -> int:

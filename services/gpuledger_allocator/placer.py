@@ -62,12 +62,9 @@ def _judge(ledger: NodeLedger, asks: Sequence[ContainerAsk], slots_per_card: int
 def _holds(ledger: NodeLedger) -> Holds:
     """What ``_judge`` reads of a ledger: the node, and each live allocation's grants and isolation
     tier. A node whose value changed without changing these (a commit, a reservation and its
-    release) keeps its verdict."""
+    release) keeps its verdict. The store reuses unchanged parts when it decodes a value, so two
+    of these are mostly compared by identity."""
     return ledger.node, tuple((a.grants, a.isolation) for a in ledger.allocations if a.live)
-
-
-def _same_holds(before: Holds, now: Holds) -> bool:
-    return (before[0] is now[0] or before[0] == now[0]) and before[1] == now[1]
 
 
 def _free_share(ledger: NodeLedger) -> float:
@@ -107,7 +104,7 @@ class BuiltinPlacer:
             seen = judged.get(name)
             if seen is None or seen[0] != revision:
                 holds = _holds(ledger)
-                if seen is not None and _same_holds(seen[2], holds):
+                if seen is not None and seen[2] == holds:  # tuples compare parts that are the same object at once
                     seen = judged[name] = (revision, seen[1], holds)
                 else:
                     self.judgements += 1

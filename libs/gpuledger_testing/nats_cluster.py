@@ -13,19 +13,21 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 from nats.aio.client import Client
-from nats.js.api import ClusterInfo
+from nats.js.api import ClusterInfo, PeerInfo
 
 from gpuledger_common.natsserver import NatsServer, free_port
 from gpuledger_core.errors import Unavailable
 
 CLUSTER_NAME = "gpuledger-test"
+LOG_LINES = 15  # of each server's log in a failure message
 T = TypeVar("T")
 
 
@@ -39,6 +41,7 @@ class Member:
     cluster_port: int = field(default_factory=free_port)
     monitor_port: int = field(default_factory=free_port)
     server: NatsServer | None = None
+    started_at: float = 0.0  # time.monotonic() when its server last started
 
     @property
     def url(self) -> str:
@@ -94,6 +97,7 @@ class NatsCluster:
         member = self.member(name)
         member.store_dir.mkdir(parents=True, exist_ok=True)
         member.server = NatsServer(member.port, str(member.store_dir), member.args(self.routes))
+        member.started_at = time.monotonic()
         await member.server.start()
 
     async def kill(self, name: str) -> None:
@@ -119,6 +123,14 @@ class NatsCluster:
         for member in self.members:
             if member.server is not None:
                 await member.server.stop()
+
+    def diagnosis(self, streams: dict[str, str]) -> str:
+        """What each stream last reported, which servers run, and the end of each server's log."""
+        lines = [f"  {stream}: {state}" for stream, state in streams.items()]
+        for member in self.members:
+            lines.append(f"  {member.name} ({'running' if member.running else 'stopped'}), end of its log:")
+            lines += [f"    {line}" for line in _tail(member.log_file, LOG_LINES)]
+        return "\n".join(lines)
 
     async def meta_leader(self, session: aiohttp.ClientSession) -> str:
         """The JetStream meta leader, once every running server names the same one and the
@@ -155,9 +167,69 @@ async def stream_leader(nc: Client, stream: str) -> str:
 
 async def replicas_current(nc: Client, stream: str, size: int) -> bool:
     """Whether the stream has a leader and ``size - 1`` followers, every one current."""
-    cluster = await stream_cluster(nc, stream)
+    return _all_current(await stream_cluster(nc, stream), size)
+
+
+def _all_current(cluster: ClusterInfo, size: int, started: dict[str, float] | None = None) -> bool:
+    """Whether the stream has a leader and ``size - 1`` current followers. A follower in
+    ``started`` (name: ``time.monotonic()`` of its start) must also have been heard from since
+    then: a leader keeps calling a killed follower current for seconds after it died, and that
+    stale word would pass for a restarted server's catch-up."""
     followers = cluster.replicas or []
-    return bool(cluster.leader) and len(followers) == size - 1 and all(p.current and not p.offline for p in followers)
+    return (
+        bool(cluster.leader)
+        and len(followers) == size - 1
+        and all(p.current and not p.offline and _heard_since(p, started or {}) for p in followers)
+    )
+
+
+def _heard_since(peer: PeerInfo, started: dict[str, float]) -> bool:
+    """Whether the leader heard from the peer since its server started (if that is known)."""
+    since = started.get(peer.name or "")
+    return since is None or (peer.active is not None and time.monotonic() - peer.active / 1e9 > since)
+
+
+def describe_replicas(cluster: ClusterInfo) -> str:
+    """A stream's replicas as its leader sees them, for a failure message."""
+    peers = [
+        f"{p.name} {'current' if p.current else 'NOT current'}{', offline' if p.offline else ''} "
+        f"(lag {p.lag or 0}, last heard {(p.active or 0) / 1e9:.1f}s ago)"  # nats-py leaves it in ns
+        for p in cluster.replicas or []
+    ]
+    return f"leader {cluster.leader or 'none'}; " + ("; ".join(peers) or "no followers")
+
+
+async def wait_current(cluster: NatsCluster, nc: Client, streams: Sequence[str], size: int, timeout: float) -> None:
+    """Wait until every stream has a leader and ``size - 1`` current followers. If that takes
+    longer than ``timeout``, the error says what each stream's leader last reported, which
+    servers run, and the end of each server's log: a catch-up that does not end is otherwise
+    a bare timeout."""
+    seen: dict[str, str] = {}
+
+    async def current() -> bool:
+        done = True
+        for stream in streams:
+            try:
+                info = await stream_cluster(nc, stream)
+            except Exception as err:  # no leader to answer, or the client reconnecting
+                seen[stream] = f"no answer ({type(err).__name__}: {err})"
+                done = False
+                continue
+            seen[stream] = describe_replicas(info)
+            done = _all_current(info, size, {m.name: m.started_at for m in cluster.members}) and done
+        return done
+
+    try:
+        await _until(current, timeout, "every stream replica current")
+    except TimeoutError as err:
+        raise TimeoutError(f"{err}\n{cluster.diagnosis(seen)}") from None
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError as err:
+        return [f"(no log: {err})"]
 
 
 async def _get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:

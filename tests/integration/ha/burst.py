@@ -88,9 +88,16 @@ class Burst:
         tasks = [asyncio.create_task(self._client(i)) for i in range(self.clients)]
         try:
             yield self
-        finally:
+        except BaseException:
+            # The test failed: its error is the news. Settling the clients could take up to
+            # a minute more and end in the test's timeout instead.
             self.stop.set()
-            await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S * (2 + SETTLE_TRIES))
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        self.stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S * (2 + SETTLE_TRIES))
 
     async def _client(self, seed: int) -> None:
         rng = random.Random(seed)

@@ -15,7 +15,7 @@ from gpuledger_common.fleet import Fleet, parse_fleet
 from gpuledger_common.store import LEDGER_BUCKET, OWNER_BUCKET, LedgerStore
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.nats_cluster import Member, NatsCluster, nats_cluster, replicas_current, stream_leader
+from gpuledger_testing.nats_cluster import Member, NatsCluster, nats_cluster, stream_leader, wait_current
 from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
 
 REPLICAS = 3
@@ -69,15 +69,14 @@ async def replicas(cluster: NatsCluster, cluster_nc: Client, fleet: Fleet) -> As
             return len((await stub.get_cluster(pb.GetClusterRequest())).nodes) == len(fleet.nodes)
 
         await wait_for(all_nodes, 30, "the fleet in the ledger")  # 10 s was short on a loaded machine
-        await wait_for(lambda: all_current(cluster_nc), what="every stream replica current")
+        await all_current(cluster, cluster_nc, 10)
         yield running
 
 
-async def all_current(nc: Client) -> bool:
-    for stream in STREAMS:
-        if not await replicas_current(nc, stream, REPLICAS):
-            return False
-    return True
+async def all_current(cluster: NatsCluster, nc: Client, timeout: float) -> None:
+    """Both buckets' streams led, with every follower current; if not within ``timeout``, the
+    error says what the leaders reported and ends with each server's log."""
+    await wait_current(cluster, nc, STREAMS, REPLICAS, timeout)
 
 
 async def read_ledger(nc: Client) -> dict[str, NodeLedger]:

@@ -126,7 +126,7 @@ async def test_a_server_whose_store_is_wiped_rejoins_and_catches_up(
         await cluster.kill(victim)
         await cluster.wipe(victim)
         await cluster.start(victim)
-        await wait_for(lambda: all_current(cluster_nc), SETTLE_S, f"{victim}'s replicas current again")
+        await all_current(cluster, cluster_nc, SETTLE_S)
         caught_up = time.monotonic()
         await granted(burst, AFTER, since=caught_up)
     report("store wiped", probe.refused_for(killed), burst, killed, victim)
@@ -191,7 +191,7 @@ async def consistent(burst: Burst, cluster: NatsCluster) -> None:
     The check is an observer of its own: a fresh connection to the cluster's server list."""
     nc = await bus.connect(cluster.url, "ha-check")
     try:
-        await wait_for(lambda: all_current(nc), SETTLE_S, "every stream replica current")
+        await all_current(cluster, nc, SETTLE_S)
         problems = verify(burst, await read_ledger(nc), unreported_left=True)
         assert not problems, "\n".join(problems)
 

@@ -177,7 +177,7 @@ async def test_binds_through_placement_ride_out_a_server_loss(
             )
             for server in down:
                 await cluster.start(server)
-            await wait_for(lambda: all_current(cluster_nc), 60.0, "every stream replica current again")
+            await all_current(cluster, cluster_nc, 60.0)
 
             ledgers = await read_ledger(cluster_nc)
             report = check(ledgers.values(), apiserver.pods.values(), 8, time.time())

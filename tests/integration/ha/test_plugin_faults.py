@@ -183,7 +183,7 @@ async def watched_on(nc: Client) -> str:
     return next((c.cluster.leader or "" for c in consumers if c.config.filter_subject == subject and c.cluster), "")
 
 
-async def lead(nc: Client, name: str) -> None:
+async def lead(cluster: NatsCluster, nc: Client, name: str) -> None:
     """Have ``name`` lead the ledger stream (a clean hand-over), unless it does already; then
     every replica current."""
     if await stream_leader(nc, LEDGER) != name:
@@ -194,7 +194,7 @@ async def lead(nc: Client, name: str) -> None:
             return await stream_leader(nc, LEDGER) == name
 
         await wait_for(leads, 20, f"{name} leading the ledger stream")
-    await wait_for(lambda: all_current(nc), 20, "every stream replica current")
+    await all_current(cluster, nc, 20)
 
 
 @pytest.mark.parametrize("shims_server", [False, True], ids=["leader-elsewhere", "leader-is-the-shims-server"])
@@ -216,7 +216,7 @@ async def test_admissions_ride_out_the_ledger_leader_killed(
         watch = await wait_for(lambda: watched_on(cluster_nc), 10, "the shim's watch")
         others = sorted((m.name != watch, m.name) for m in cluster.members if m.name != reached)
         leader = reached if shims_server else others[0][1]
-        await lead(cluster_nc, leader)
+        await lead(cluster, cluster_nc, leader)
         async with Probe(cluster_nc).running() as probe, Kubelet(fake).admitting(pods) as kubelet:
             await wait_for(async_(lambda: kubelet.admitted() >= BEFORE), FAULT_S, "pods admitted")
             killed = time.monotonic()
@@ -248,7 +248,7 @@ async def test_admissions_wait_out_a_lost_quorum_longer_than_one_ledger_read(
     async with shim(cluster.url, dirs) as fake:
         reached = await wait_for(lambda: server_of(cluster, CLIENT), 10, "the shim's server")
         down = [m.name for m in cluster.members if m.name != reached]
-        await lead(cluster_nc, reached)
+        await lead(cluster, cluster_nc, reached)
         async with Probe(cluster_nc).running() as probe, Kubelet(fake).admitting(pods) as kubelet:
             await wait_for(async_(lambda: kubelet.admitted() >= BEFORE), FAULT_S, "pods admitted")
             killed = time.monotonic()

@@ -58,7 +58,7 @@ async def _logged(caplog: pytest.LogCaptureFixture, line: str) -> bool:
 
 async def test_an_allocator_starts_while_a_server_of_its_list_is_down(cluster: NatsCluster, cluster_nc: Client) -> None:
     await LedgerStore.open(cluster_nc, replicas=REPLICAS)  # the buckets exist, as after an install
-    await wait_for(lambda: all_current(cluster_nc), 20, "every stream replica current")
+    await all_current(cluster, cluster_nc, 20)
     down = await first_server_down(cluster, cluster_nc)
     async with running_allocator(cluster.url, bucket_replicas=REPLICAS) as allocator:
         assert urlsplit(allocator.settings.nats_url.split(",")[0]).port == down.port

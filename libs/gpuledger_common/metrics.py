@@ -11,6 +11,12 @@ CAS_CONFLICTS = Counter(
 CAS_GAVE_UP = Counter(
     "gpuledger_ledger_cas_gave_up_total", "Ledger changes abandoned after the bounded number of retries"
 )
+LEDGER_YIELDS = Counter(
+    "gpuledger_ledger_yields_total",
+    "Pauses on a node's key: asked of the other writers after lost races in a row (way=asked), or taken "
+    "because another writer asked (way=taken)",
+    ["way"],
+)
 OUTAGE_RETRIES = Counter(
     "gpuledger_ledger_outage_retries_total",
     "Ledger reads and writes tried again because JetStream had no leader or NATS was reconnecting",

@@ -27,6 +27,7 @@ INVENTORY = f"{SUBJECT_PREFIX}.inventory"
 HEARTBEAT = f"{SUBJECT_PREFIX}.heartbeat"
 ALLOCATOR = f"{SUBJECT_PREFIX}.allocator"
 PLACEMENT = f"{SUBJECT_PREFIX}.placement"
+LEDGER_YIELD = f"{SUBJECT_PREFIX}.ledger.yield"  # the ledger's writers ask one another to yield a hot key
 
 # A node name as Kubernetes allows it (a DNS subdomain): nothing a subject would read as a wildcard.
 _NODE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
@@ -112,8 +113,16 @@ def permissions(role: Role, node: str = "") -> Permissions:
     inbox = f"{inbox_prefix(user)}.>"
     if role is Role.ALLOCATOR:  # the ledger's owner: makes and tunes the buckets
         return Permissions(
-            (f"{API}.>", f"$KV.{LEDGER}.>", f"$KV.{OWNERS}.>", "$JS.FC.>", f"{EVENTS}.>", f"{PLACEMENT}.place"),
-            (f"{ALLOCATOR}.>", f"{INVENTORY}.*", f"{HEARTBEAT}.*", inbox),
+            (
+                f"{API}.>",
+                f"$KV.{LEDGER}.>",
+                f"$KV.{OWNERS}.>",
+                "$JS.FC.>",
+                f"{EVENTS}.>",
+                f"{PLACEMENT}.place",
+                LEDGER_YIELD,
+            ),
+            (f"{ALLOCATOR}.>", f"{INVENTORY}.*", f"{HEARTBEAT}.*", LEDGER_YIELD, inbox),
             allow_responses=True,
         )
     if role is Role.PLACEMENT:  # binds pods: reserves on any node, claims owners
@@ -125,8 +134,9 @@ def permissions(role: Role, node: str = "") -> Permissions:
                 f"$KV.{LEDGER}.node.>",  # a node name may hold dots (a DNS subdomain)
                 f"$KV.{OWNERS}.>",
                 f"{EVENTS}.>",
+                LEDGER_YIELD,
             ),
-            (f"{PLACEMENT}.>", f"{INVENTORY}.*", f"{HEARTBEAT}.*", inbox),
+            (f"{PLACEMENT}.>", f"{INVENTORY}.*", f"{HEARTBEAT}.*", LEDGER_YIELD, inbox),
             allow_responses=True,
         )
     if role is Role.INVENTORY:  # DRA mode: it reads (never writes) its node's ledger, for the slices' taints

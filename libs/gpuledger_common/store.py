@@ -23,6 +23,7 @@ import hashlib
 import logging
 import random
 import re
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -46,7 +47,8 @@ from nats.js.kv import KeyValue
 
 from gpuledger_common.bus import SUBJECT_PREFIX, after_reply, encode
 from gpuledger_common.keywatch import KeyWatch
-from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
+from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP, LEDGER_YIELDS
+from gpuledger_common.natsauth import LEDGER_YIELD
 from gpuledger_common.outage import (
     ATTEMPT_S,
     MAX_BACKOFF_S,
@@ -72,6 +74,13 @@ WRITES_REMEMBERED = 8
 PENDING_PAUSE_S = 0.005  # the first pause after a refusal that a write pending at the leader caused
 CATCH_UP_S = 0.05  # after a lost race, how long a followed store waits for its watch to bring the winner
 HOT_S = 1.0  # after losing a race on a key, an unfollowed store starts from a fresh read for this long
+# Yielding a hot key (docs/ledger.md, "Several replicas"): a followed store that lost this many
+# races in a row on a node asks the other writers (core NATS, YIELD_SUBJECT, "<writer> <node>")
+# to hold their next write to it for YIELD_S, and tries again after a short back-off.
+YIELD_SUBJECT = LEDGER_YIELD
+YIELD_AFTER = 2
+YIELD_S = 0.003
+YIELD_BACKOFF_S = 0.001  # the first back-off after asking; it doubles with each further loss, as before
 LEDGER_BUCKET = "gpuledger-ledger"
 OWNER_BUCKET = "gpuledger-owners"
 KEY_PREFIX = f"$KV.{LEDGER_BUCKET}."  # the subject of a ledger key, less the key
@@ -191,6 +200,12 @@ class LedgerStore:
     _foreign: dict[str, float] = field(default_factory=dict)  # when another process's write of the key last arrived
     _advanced: dict[str, asyncio.Event] = field(default_factory=dict)  # set when a newer value of the key is known
     _followed: bool = False  # a watch feeds ``remember`` (``follow_values``): the known values are current
+    yield_s: float = YIELD_S  # how long a write to a node is held when another writer asks
+    _writer: bytes = field(default_factory=lambda: secrets.token_hex(8).encode())  # names this store in yields
+    _yield_until: dict[str, float] = field(default_factory=dict)  # a pause asked by another writer, per node
+    _yield_again: dict[str, float] = field(default_factory=dict)  # no new pause before: at most every other window
+    _yielding: set[str] = field(default_factory=set)  # nodes whose next write waits out a pause now
+    _yield_sub: Subscription | None = None
 
     @classmethod
     async def open(
@@ -411,13 +426,41 @@ class LedgerStore:
         runs in the context of the caller with the least time left, so it rides out an outage
         for as long as that caller's window lasts (a caller with time left after it is queued
         again: each call waits out as much as its own window allows)."""
-        if node in self._batches or not self._queued.get(node):
+        if node in self._batches or node in self._yielding or not self._queued.get(node):
+            return
+        pause = self._yield_until.pop(node, 0.0) - time.monotonic()
+        if pause > 0:  # another writer keeps losing races on the node: let it write first
+            self._yielding.add(node)
+            asyncio.get_running_loop().call_later(pause, self._resume, node)
             return
         turns = self._queued.pop(node)
         context = min(turns, key=lambda t: t.deadline).context
         batch = asyncio.get_running_loop().create_task(self._write_batch(node, turns), context=context)
         self._batches[node] = batch
         batch.add_done_callback(lambda _: self._batch_done(node))
+
+    def _resume(self, node: str) -> None:
+        self._yielding.discard(node)
+        self._next_batch(node)
+
+    async def _asked_to_yield(self, msg: Msg) -> None:
+        """Another writer lost races on a node in a row: hold the next write to it for ``yield_s``.
+        Only for a node this store knows, not asked by itself, and not again until as long again
+        has passed after the pause: a writer that asks and asks cannot hold this one up for more
+        than half the time."""
+        writer, _, raw = msg.data.partition(b" ")
+        node = raw.decode(errors="replace")
+        now = time.monotonic()
+        if writer == self._writer or node not in self._known or now < self._yield_again.get(node, 0.0):
+            return
+        self._yield_until[node] = now + self.yield_s
+        self._yield_again[node] = now + 2 * self.yield_s
+        LEDGER_YIELDS.labels("taken").inc()
+
+    async def _ask_to_yield(self, node: str) -> None:
+        LEDGER_YIELDS.labels("asked").inc()
+        with contextlib.suppress(Exception):  # a hint: a write never depends on it
+            await self.nc.publish(YIELD_SUBJECT, self._writer + b" " + node.encode())
 
     def _batch_done(self, node: str) -> None:
         self._batches.pop(node, None)
@@ -551,8 +594,14 @@ class LedgerStore:
                     break
                 # The back-off stays even when the watch brings the winner at once: without it the
                 # process that just won, which knows its own write first, keeps winning (measured:
-                # a release gave up after 12 attempts with two replicas and 16 clients).
-                await asyncio.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
+                # a release gave up after 12 attempts with two replicas and 16 clients). A followed
+                # store that keeps losing asks the others to hold their next write to the node, and
+                # so may try again sooner.
+                if self._followed and attempt >= YIELD_AFTER:
+                    await self._ask_to_yield(node)
+                    await asyncio.sleep(random.uniform(0, min(0.2, YIELD_BACKOFF_S * 2 ** (attempt - YIELD_AFTER))))
+                else:
+                    await asyncio.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
                 continue
             self.stats.writes += 1
             self.written_up_to = max(self.written_up_to, written)
@@ -756,6 +805,8 @@ class LedgerStore:
         returned handle says whether it failed, and stops it."""
         following = Following()
         try:
+            if self._yield_sub is None:  # once per store: a follower that starts again keeps it
+                self._yield_sub = await self.nc.subscribe(YIELD_SUBJECT, cb=self._asked_to_yield)
             keys = await self._keys_now()
             if not keys:
                 caught_up()

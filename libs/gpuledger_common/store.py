@@ -76,10 +76,11 @@ CATCH_UP_S = 0.05  # after a lost race, how long a followed store waits for its 
 HOT_S = 1.0  # after losing a race on a key, an unfollowed store starts from a fresh read for this long
 # Yielding a hot key (docs/ledger.md, "Several replicas"): a followed store that lost this many
 # races in a row on a node asks the other writers (core NATS, YIELD_SUBJECT, "<writer> <node>")
-# to hold their next write to it for YIELD_S, and tries again after a short back-off.
+# to hold their next write to it until its write arrives (YIELD_S at most), and tries again after
+# a short back-off.
 YIELD_SUBJECT = LEDGER_YIELD
 YIELD_AFTER = 2
-YIELD_S = 0.003
+YIELD_S = 0.005  # at most: the pause ends when the other writer's write arrives
 YIELD_BACKOFF_S = 0.001  # the first back-off after asking; it doubles with each further loss, as before
 LEDGER_BUCKET = "gpuledger-ledger"
 OWNER_BUCKET = "gpuledger-owners"
@@ -364,6 +365,8 @@ class LedgerStore:
                 self._foreign.pop(node, None)  # one of our writes (they decode to themselves)
             elif ledger is not None:
                 self._foreign[node] = time.monotonic()
+                if node in self._yielding:  # the writer that asked got in: the pause has done its work
+                    self._resume(node)
             event = self._advanced.pop(node, None)
             if event is not None:
                 event.set()
@@ -444,7 +447,8 @@ class LedgerStore:
         self._next_batch(node)
 
     async def _asked_to_yield(self, msg: Msg) -> None:
-        """Another writer lost races on a node in a row: hold the next write to it for ``yield_s``.
+        """Another writer lost races on a node in a row: hold the next write to it until a write of
+        another process arrives from the watch, or for ``yield_s`` at most.
         Only for a node this store knows, not asked by itself, and not again until as long again
         has passed after the pause: a writer that asks and asks cannot hold this one up for more
         than half the time."""

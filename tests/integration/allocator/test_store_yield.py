@@ -23,6 +23,7 @@ from .test_store import NODE, ledger, take
 from .test_store_batches import held
 
 PAUSE_S = 0.5  # long beside a write on loopback, so the order below does not race
+LONG_PAUSE_S = 6.0  # a pause that only the other writer's write arriving can end in time
 
 
 def taken() -> float:
@@ -54,16 +55,18 @@ async def ask(nc: Client, payload: bytes) -> None:
 
 
 async def test_a_store_asked_to_yield_lets_the_other_writer_in_first(nc: Client, followed: LedgerStore) -> None:
+    """The pause ends as soon as the other writer's write arrives, well before ``yield_s``."""
+    followed.yield_s = LONG_PAUSE_S
     other = await LedgerStore.open(nc)
     before = taken()
     await ask(nc, b"another-writer " + NODE.encode())
     await wait_for(async_(lambda: taken() > before), 5, "the request to yield taken")
 
     held_back = asyncio.create_task(followed.mutate(NODE, take("held", 1000)))
-    await asyncio.sleep(PAUSE_S / 5)
+    await asyncio.sleep(0.1)
     assert not held_back.done(), "the write went out although another writer asked to go first"
     first = await other.mutate(NODE, take("first", 1000))
-    second = await held_back
+    second = await asyncio.wait_for(held_back, LONG_PAUSE_S / 2)  # not held for the whole pause
 
     assert first.revision < second.revision
     final, _ = await other.read(NODE)

@@ -438,7 +438,7 @@ def verdicts(results: list[Result]) -> list[str]:
                 ratio = statistics.median(samples.latencies[row]) / echo
                 verdict = "met" if ratio <= TARGET_RATIO else "NOT met"
                 lines.append(
-                    f"{label}, 1 client: {row} median = {ratio:.2f}x the raw echo"
+                    f"{label}, 1 client: {row} median = {ratio:.3f}x the raw echo"
                     f" (target <= {TARGET_RATIO:g}x: {verdict})"
                 )
         one = baseline(results, clients)
@@ -446,7 +446,7 @@ def verdicts(results: list[Result]) -> list[str]:
             scale = rate(samples, COMMIT_ROW) / rate(one, COMMIT_ROW)
             verdict = "met" if scale >= TARGET_SCALE else "NOT met"
             lines.append(
-                f"{label}, 16 clients: {COMMIT_ROW} = {scale:.2f}x one replica's ops/s in this run"
+                f"{label}, 16 clients: {COMMIT_ROW} = {scale:.3f}x one replica's ops/s in this run"
                 f" (target >= {TARGET_SCALE:g}x: {verdict})"
             )
     return lines

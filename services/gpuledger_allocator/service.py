@@ -193,7 +193,12 @@ class AllocatorService:
             if found is not None and found.live:
                 await self._undo(reserved)
                 return found, True
-            young = record is not None and found is None and self.clock() - record.at <= self.absent_grace_s
+            young = (
+                record is not None
+                and found is None
+                and not self.view.left_its_node(record.allocation)  # written, released, pruned: stale
+                and self.clock() - record.at <= self.absent_grace_s
+            )
             if young:  # its writer is at work: hold nothing meanwhile (it may need the room)
                 await self._undo(reserved)
                 holder = await self._holder(owner, record)
@@ -210,12 +215,13 @@ class AllocatorService:
     async def _holder(self, owner: Owner, record: OwnerRecord | None) -> Allocation | None:
         """The live allocation the owner's record names, or None if the record is stale. An
         allocation not in the ledger yet may be on its way (its record and reservation are written
-        at once): it is waited for, up to ``absent_grace_s`` after the record was written."""
+        at once): it is waited for, up to ``absent_grace_s`` after the record was written, unless
+        this view saw it leave its node's key (released and pruned: written, and gone for good)."""
         while record is not None:
             found = await self._find_anywhere(record.allocation, record.node)
             if found is not None:
                 return found if found.live else None
-            if self.clock() - record.at > self.absent_grace_s:
+            if self.view.left_its_node(record.allocation) or self.clock() - record.at > self.absent_grace_s:
                 return None
             if time_left(self.store.retry_s) <= OWNER_POLL_S:  # the caller hears why before its deadline
                 raise Unavailable(

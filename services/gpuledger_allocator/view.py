@@ -23,6 +23,10 @@ from gpuledger_core.status import NodeStatus, Usage, node_status
 
 log = logging.getLogger(__name__)
 
+# Allocations seen to leave their node's key (released and pruned, or the node removed), newest
+# kept: an owner record naming one is stale, not a write still on its way (service._contest).
+GONE_KEPT = 65_536
+
 
 @dataclass(slots=True)
 class ClusterView:
@@ -42,6 +46,7 @@ class ClusterView:
     _owners: dict[str, AllocationId] = field(default_factory=dict)  # owner key -> live allocation
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _statuses: dict[NodeName, tuple[int, object, NodeStatus]] = field(default_factory=dict)
+    _gone: dict[AllocationId, None] = field(default_factory=dict)  # left their node's key, oldest first
 
     async def run(self) -> None:
         """Follow the bucket forever; after a lost watch, start again from a fresh snapshot."""
@@ -73,6 +78,9 @@ class ClusterView:
                 del self._where[allocation.id]
                 if self._owners.get(allocation.owner.key) == allocation.id:
                     del self._owners[allocation.owner.key]
+            self._gone[allocation.id] = None
+            if len(self._gone) > GONE_KEPT:
+                del self._gone[next(iter(self._gone))]
         if self._subscribers:
             self._publish(diff(old, ledger, revision))
         self.applied += 1
@@ -117,6 +125,13 @@ class ClusterView:
     def owned_by(self, owner: Owner) -> AllocationId | None:
         """The owner's live allocation, as far as this view has seen."""
         return self._owners.get(owner.key)
+
+    def left_its_node(self, allocation_id: AllocationId) -> bool:
+        """Whether this view saw the allocation in its node's key and then leave it (released
+        and pruned, or the node removed): it was written, and is gone for good. Of the newest
+        ``GONE_KEPT`` such allocations; False for one this view never saw (say, from before
+        its replica started)."""
+        return allocation_id in self._gone
 
     def node_of(self, allocation_id: AllocationId) -> NodeName | None:
         return self._where.get(allocation_id)

@@ -20,7 +20,7 @@ from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId
-from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.ledger import RELEASED_KEPT, NodeLedger
 from gpuledger_core.model import AllocState, Owner, OwnerKind, Request
 from gpuledger_testing.stack import wait_for
 
@@ -87,6 +87,37 @@ async def test_a_released_allocation_is_not_handed_out_again(service: AllocatorS
     assert not existing and second.id != first.id and second.state is AllocState.RESERVED
     record = await service.store.owner_record(owner)
     assert record is not None and record.allocation == second.id
+    assert await live_of(service, owner) == [second.id]
+
+
+async def test_an_owner_allocates_again_after_its_released_allocation_left_the_nodes_key(
+    service: AllocatorService,
+) -> None:
+    """A node's key keeps only its newest released allocations (``RELEASED_KEPT``). Once the
+    owner's released one is gone from it, its record names nothing the ledger holds; the view saw
+    that allocation written, so it is not one still on its way: a new Allocate for the owner gets
+    a new allocation at once, not a wait for the call's window and UNAVAILABLE."""
+    service.store.retry_s = 3.0
+    owner = Owner(OwnerKind.TOOL, "again-and-again")
+    first, _ = await service.allocate(call(owner, cards=8))  # all of one node: the others go to the other
+    await service.release(first.id)
+    for i in range(RELEASED_KEPT + 1):  # push it out of the node's key
+        asked = AllocateCall(Owner(OwnerKind.TOOL, f"other-{i}"), call(owner).asks, node=first.node)
+        other, _ = await service.allocate(asked)
+        await service.release(other.id)
+
+    async def pruned() -> bool:
+        ledger, _ = await service.store.read(first.node)
+        return ledger is not None and ledger.get(first.id) is None and service.view.node_of(first.id) is None
+
+    await wait_for(pruned, 10, "the released allocation gone from its node's key and the view")
+    record = await service.store.owner_record(owner)
+    assert record is not None and record.allocation == first.id  # the record is still there (its TTL runs)
+
+    started = asyncio.get_running_loop().time()
+    second, existing = await asyncio.wait_for(service.allocate(call(owner)), 10)
+    assert not existing and second.id != first.id
+    assert asyncio.get_running_loop().time() - started < 2.0
     assert await live_of(service, owner) == [second.id]
 
 

@@ -75,10 +75,9 @@ PENDING_PAUSE_S = 0.005  # the first pause after a refusal that a write pending 
 CATCH_UP_S = 0.05  # after a lost race, how long a followed store waits for its watch to bring the winner
 HOT_S = 1.0  # after losing a race on a key, an unfollowed store starts from a fresh read for this long
 # Yielding a hot key (docs/ledger.md, "Several replicas"): a followed store that lost this many
-# races in a row on a node asks the other writers (core NATS, YIELD_SUBJECT, "<writer> <node>")
+# races in a row on a node asks the other writers (core NATS, LEDGER_YIELD, "<writer> <node>")
 # to hold their next write to it until its write arrives (YIELD_S at most), and tries again after
 # a short back-off.
-YIELD_SUBJECT = LEDGER_YIELD
 YIELD_AFTER = 2
 YIELD_S = 0.005  # at most: the pause ends when the other writer's write arrives
 YIELD_BACKOFF_S = 0.001  # the first back-off after asking; it doubles with each further loss, as before
@@ -464,7 +463,7 @@ class LedgerStore:
     async def _ask_to_yield(self, node: str) -> None:
         LEDGER_YIELDS.labels("asked").inc()
         with contextlib.suppress(Exception):  # a hint: a write never depends on it
-            await self.nc.publish(YIELD_SUBJECT, self._writer + b" " + node.encode())
+            await self.nc.publish(LEDGER_YIELD, self._writer + b" " + node.encode())
 
     def _batch_done(self, node: str) -> None:
         self._batches.pop(node, None)
@@ -810,7 +809,7 @@ class LedgerStore:
         following = Following()
         try:
             if self._yield_sub is None:  # once per store: a follower that starts again keeps it
-                self._yield_sub = await self.nc.subscribe(YIELD_SUBJECT, cb=self._asked_to_yield)
+                self._yield_sub = await self.nc.subscribe(LEDGER_YIELD, cb=self._asked_to_yield)
             keys = await self._keys_now()
             if not keys:
                 caught_up()

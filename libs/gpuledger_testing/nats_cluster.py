@@ -165,11 +165,6 @@ async def stream_leader(nc: Client, stream: str) -> str:
     return (await stream_cluster(nc, stream)).leader or ""
 
 
-async def replicas_current(nc: Client, stream: str, size: int) -> bool:
-    """Whether the stream has a leader and ``size - 1`` followers, every one current."""
-    return _all_current(await stream_cluster(nc, stream), size)
-
-
 def _all_current(cluster: ClusterInfo, size: int, started: dict[str, float] | None = None) -> bool:
     """Whether the stream has a leader and ``size - 1`` current followers. A follower in
     ``started`` (name: ``time.monotonic()`` of its start) must also have been heard from since

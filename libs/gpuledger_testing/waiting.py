@@ -29,3 +29,12 @@ async def wait_for(
             last = TimeoutError("a check was still running at the deadline") if limit.expired() else err
         await asyncio.sleep(interval)
     raise TimeoutError(f"{what} not reached within {timeout:g}s (last error: {last})")
+
+
+def polled(check: Callable[[], object]) -> Callable[[], Awaitable[bool]]:
+    """A plain condition (a flag, a counter, a list) as the awaitable check ``wait_for`` polls."""
+
+    async def checked() -> bool:
+        return bool(check())
+
+    return checked

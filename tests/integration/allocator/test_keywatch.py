@@ -19,8 +19,7 @@ from gpuledger_core.ids import CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Card, Node
 from gpuledger_testing.stack import wait_for
-
-from ..ha.test_faults import async_
+from gpuledger_testing.waiting import polled
 
 pytestmark = pytest.mark.timeout(60)
 STREAM = f"KV_{LEDGER_BUCKET}"
@@ -44,11 +43,11 @@ async def test_the_last_value_of_each_key_then_every_change_in_order(nc: Client)
     watch = store.key_watch(None, lambda msg: seen.append((msg.subject.rsplit(".", 1)[1], len(msg.data))))
     await watch.start()
     try:
-        await wait_for(async_(lambda: len(seen) == 2), 10, "each key's last value")
+        await wait_for(polled(lambda: len(seen) == 2), 10, "each key's last value")
         assert [key for key, _ in seen] == ["a", "b"]  # the last of each key, not a's history
         await store.mutate("a", lambda _: ledger("a", 9000))
         await store.mutate("b", lambda _: None)  # a deleted key arrives too (its marker)
-        await wait_for(async_(lambda: len(seen) == 4), 10, "both changes")
+        await wait_for(polled(lambda: len(seen) == 4), 10, "both changes")
         assert [key for key, _ in seen[2:]] == ["a", "b"]
         await asyncio.sleep(1.5 * watch.heartbeat_s)  # quiet: only heartbeats come, and nothing is lost
         assert watch.failed is None
@@ -68,7 +67,7 @@ async def test_a_watch_whose_consumer_is_gone_fails_within_seconds(nc: Client) -
         assert watch.failed is None
         gone = time.monotonic()
         await nc.jetstream().delete_consumer(STREAM, watch._consumer)
-        await wait_for(async_(lambda: watch.failed is not None), 10, "the watch saying it is lost")
+        await wait_for(polled(lambda: watch.failed is not None), 10, "the watch saying it is lost")
         took = time.monotonic() - gone
     finally:
         await watch.stop()

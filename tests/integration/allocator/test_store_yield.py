@@ -7,7 +7,7 @@ knows, and not twice in a row."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from nats.aio.client import Client
@@ -15,9 +15,10 @@ from nats.aio.msg import Msg
 from nats.js.errors import KeyWrongLastSequenceError
 from prometheus_client import REGISTRY
 
-from gpuledger_common.store import YIELD_SUBJECT, LedgerStore
+from gpuledger_common.natsauth import LEDGER_YIELD
+from gpuledger_common.store import LedgerStore
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_testing.waiting import wait_for
+from gpuledger_testing.waiting import polled, wait_for
 
 from .test_store import NODE, ledger, take
 from .test_store_batches import held
@@ -37,20 +38,41 @@ async def followed(nc: Client) -> AsyncIterator[LedgerStore]:
     store.yield_s = PAUSE_S
     await store.mutate(NODE, lambda _: ledger())
     following = await store.follow_values(store.remember, lambda: None)
-    await wait_for(async_(lambda: NODE in store._known), 5, "the node known from the watch")
+    await wait_for(polled(lambda: NODE in store._known), 5, "the node known from the watch")
     yield store
     await following.stop()
 
 
-def async_(check: Callable[[], object]) -> Callable[[], Awaitable[bool]]:
-    async def checked() -> bool:
-        return bool(check())
+@pytest.fixture
+async def asked(nc: Client) -> AsyncIterator[list[bytes]]:
+    """Every request to yield published, as it arrives."""
+    heard: list[bytes] = []
 
-    return checked
+    async def hear(msg: Msg) -> None:
+        heard.append(msg.data)
+
+    sub = await nc.subscribe(LEDGER_YIELD, cb=hear)
+    await nc.flush()
+    yield heard
+    await sub.unsubscribe()
+
+
+def lose_two_races(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every store's first two writes from now on refused as lost races; the revisions written on."""
+    real_write, calls = LedgerStore._write, []
+
+    async def loses_twice(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
+        calls.append(revision)
+        if len(calls) <= 2:  # as if another process had won the race, twice
+            raise KeyWrongLastSequenceError(description=f"wrong last sequence: {revision}")
+        return await real_write(self, node, new, revision)
+
+    monkeypatch.setattr(LedgerStore, "_write", loses_twice)
+    return calls
 
 
 async def ask(nc: Client, payload: bytes) -> None:
-    await nc.publish(YIELD_SUBJECT, payload)
+    await nc.publish(LEDGER_YIELD, payload)
     await nc.flush()
 
 
@@ -60,7 +82,7 @@ async def test_a_store_asked_to_yield_lets_the_other_writer_in_first(nc: Client,
     other = await LedgerStore.open(nc)
     before = taken()
     await ask(nc, b"another-writer " + NODE.encode())
-    await wait_for(async_(lambda: taken() > before), 5, "the request to yield taken")
+    await wait_for(polled(lambda: taken() > before), 5, "the request to yield taken")
 
     held_back = asyncio.create_task(followed.mutate(NODE, take("held", 1000)))
     await asyncio.sleep(0.1)
@@ -82,65 +104,36 @@ async def test_a_request_to_yield_is_not_taken_from_itself_for_an_unknown_node_o
     await ask(nc, b"nonsense")
     await ask(nc, b"another-writer " + NODE.encode())  # taken
     await ask(nc, b"another-writer " + NODE.encode())  # too soon after: not taken
-    await wait_for(async_(lambda: taken() > before), 5, "the request to yield taken")
+    await wait_for(polled(lambda: taken() > before), 5, "the request to yield taken")
     await nc.flush()
     await asyncio.sleep(0.05)  # the later requests delivered too
     assert taken() == before + 1
 
     await asyncio.sleep(2 * PAUSE_S + 0.1)
     await ask(nc, b"another-writer " + NODE.encode())  # as long again after the pause: taken
-    await wait_for(async_(lambda: taken() == before + 2), 5, "the next request to yield taken")
+    await wait_for(polled(lambda: taken() == before + 2), 5, "the next request to yield taken")
 
 
 async def test_a_followed_store_asks_the_others_to_yield_after_two_lost_races_in_a_row(
-    nc: Client, followed: LedgerStore, monkeypatch: pytest.MonkeyPatch
+    followed: LedgerStore, asked: list[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    asked: list[bytes] = []
-
-    async def heard(msg: Msg) -> None:
-        asked.append(msg.data)
-
-    sub = await nc.subscribe(YIELD_SUBJECT, cb=heard)
-    await nc.flush()
-    real_write, calls = LedgerStore._write, []
-
-    async def loses_twice(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
-        calls.append(revision)
-        if len(calls) <= 2:  # as if another process had won the race, twice
-            raise KeyWrongLastSequenceError(description=f"wrong last sequence: {revision}")
-        return await real_write(self, node, new, revision)
-
-    monkeypatch.setattr(LedgerStore, "_write", loses_twice)
+    calls = lose_two_races(monkeypatch)
     written = await followed.mutate(NODE, take("patient", 1000))
 
     assert held(written.new) == {"patient"}
     assert len(calls) == 3
-    await wait_for(async_(lambda: asked), 5, "a request to yield")
+    await wait_for(polled(lambda: asked), 5, "a request to yield")
     assert asked == [followed._writer + b" " + NODE.encode()]  # after the second loss only
-    await sub.unsubscribe()
 
 
-async def test_a_store_without_a_watch_never_asks(nc: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_store_without_a_watch_never_asks(
+    nc: Client, asked: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = await LedgerStore.open(nc)  # as the plugin's: it reads before it writes
     await store.mutate(NODE, lambda _: ledger())
-    asked: list[bytes] = []
-
-    async def heard(msg: Msg) -> None:
-        asked.append(msg.data)
-
-    sub = await nc.subscribe(YIELD_SUBJECT, cb=heard)
-    real_write, calls = LedgerStore._write, []
-
-    async def loses_twice(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
-        calls.append(revision)
-        if len(calls) <= 2:
-            raise KeyWrongLastSequenceError(description=f"wrong last sequence: {revision}")
-        return await real_write(self, node, new, revision)
-
-    monkeypatch.setattr(LedgerStore, "_write", loses_twice)
+    calls = lose_two_races(monkeypatch)
     await store.mutate(NODE, take("patient", 1000))
     await nc.flush()
     await asyncio.sleep(0.05)
 
     assert len(calls) == 3 and not asked
-    await sub.unsubscribe()

@@ -8,7 +8,6 @@ and the ledger is what the clients were told. How long the stream refused writes
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 
 import orjson
 import pytest
@@ -19,6 +18,7 @@ from gpuledger_common import bus
 from gpuledger_common.outage import RETRY_S
 from gpuledger_testing.nats_cluster import NatsCluster, stream_cluster, stream_leader
 from gpuledger_testing.stack import RunningAllocator, wait_for
+from gpuledger_testing.waiting import polled
 
 from .burst import DEADLINE_S, LEASE_S, Burst, Probe, verify
 from .conftest import NATS_RECONNECT_LEAK, STREAMS, all_current, read_ledger
@@ -40,7 +40,7 @@ async def test_the_ledger_leader_is_killed_mid_burst(
         killed = time.monotonic()
         await cluster.kill(leader)
         elected = await wait_for(lambda: new_leader(cluster_nc, leader), FAULT_S, "a new ledger leader")
-        await wait_for(async_(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted again")
+        await wait_for(polled(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted again")
         await granted(burst, AFTER, since=probe.accepted[-1])
     refused = probe.refused_for(killed)
     report("leader killed", refused, burst, killed, f"{leader} -> {elected}")
@@ -77,7 +77,7 @@ async def test_a_follower_is_killed_mid_burst(
         killed = time.monotonic()
         await cluster.kill(follower)
         await granted(burst, AFTER, since=killed)
-        await wait_for(async_(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted")
+        await wait_for(polled(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted")
     refused = probe.refused_for(killed)
     report("follower killed", refused, burst, killed, roles)
     ridden_out(burst, killed, refused)
@@ -95,18 +95,18 @@ async def test_two_servers_killed_one_after_the_other_stop_writes_until_a_quorum
         killed = time.monotonic()
         await cluster.kill(first)
         second = await wait_for(lambda: new_leader(cluster_nc, first), FAULT_S, "a new ledger leader")
-        await wait_for(async_(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted again")
+        await wait_for(polled(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted again")
         elected = probe.accepted[-1]
         await cluster.kill(second)
         lost = time.monotonic()
         # One server of three: no leader can be elected. Clients are told so within their deadline.
-        await wait_for(async_(lambda: burst.refusals_since(lost) >= 4), FAULT_S, "clients told UNAVAILABLE")
+        await wait_for(polled(lambda: burst.refusals_since(lost) >= 4), FAULT_S, "clients told UNAVAILABLE")
         assert not probe.accepted_since(lost + 1.0), "the stream took a write without a quorum"
         refusals = [a for a in burst.since(lost) if a.status is not None]
         assert all("JetStream" in a.message or "NATS" in a.message for a in refusals), refusals[:3]
         back = time.monotonic()
         await cluster.start(first)
-        await wait_for(async_(lambda: probe.accepted_since(back)), FAULT_S, "writes accepted with a quorum")
+        await wait_for(polled(lambda: probe.accepted_since(back)), FAULT_S, "writes accepted with a quorum")
         resumed = probe.accepted[-1]
         await granted(burst, AFTER, since=resumed)
     report("first of two servers killed", elected - killed, burst, killed, first, until=lost)
@@ -151,7 +151,7 @@ def ridden_out(burst: Burst, at: float, refused_s: float) -> None:
 
 async def granted(burst: Burst, count: int, since: float) -> None:
     what = f"{count} allocations granted"
-    await wait_for(async_(lambda: burst.successes_since(since) >= count), FAULT_S, what)
+    await wait_for(polled(lambda: burst.successes_since(since) >= count), FAULT_S, what)
 
 
 async def new_leader(nc: Client, old: str) -> str:
@@ -176,13 +176,6 @@ async def roles_of(cluster: NatsCluster, nc: Client, name: str) -> str:
     leads = [what for what, leader in (("owner stream", await stream_leader(nc, STREAMS[1])),) if leader == name]
     leads += ["JetStream meta group"] if await cluster.wait_meta_leader() == name else []
     return f"{name}, leading {' and '.join(leads) or 'nothing'}"
-
-
-def async_(check: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
-    async def checked() -> bool:
-        return check()
-
-    return checked
 
 
 async def consistent(burst: Burst, cluster: NatsCluster) -> None:

@@ -44,12 +44,13 @@ from gpuledger_testing.fake_kubelet import AdmissionError, Admitted, FakeContain
 from gpuledger_testing.ledger_check import check
 from gpuledger_testing.nats_cluster import NatsCluster, stream_leader
 from gpuledger_testing.stack import RunningAllocator, wait_for
+from gpuledger_testing.waiting import polled
 
 from ..placement.helpers import gpu_pod
 from ..plugin.conftest import dirs, pod, settings_for
 from .burst import Probe
 from .conftest import NATS_RECONNECT_LEAK, STREAMS, all_current, first_server_down, read_ledger
-from .test_faults import async_, new_leader
+from .test_faults import new_leader
 
 pytestmark = [pytest.mark.timeout(120), NATS_RECONNECT_LEAK]
 __all__ = ["dirs"]  # the plugin tests' fixture: a socket directory short enough for unix sockets
@@ -218,11 +219,11 @@ async def test_admissions_ride_out_the_ledger_leader_killed(
         leader = reached if shims_server else others[0][1]
         await lead(cluster, cluster_nc, leader)
         async with Probe(cluster_nc).running() as probe, Kubelet(fake).admitting(pods) as kubelet:
-            await wait_for(async_(lambda: kubelet.admitted() >= BEFORE), FAULT_S, "pods admitted")
+            await wait_for(polled(lambda: kubelet.admitted() >= BEFORE), FAULT_S, "pods admitted")
             killed = time.monotonic()
             await cluster.kill(leader)
             elected = await wait_for(lambda: new_leader(cluster_nc, leader), FAULT_S, "a new ledger leader")
-            await wait_for(async_(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted again")
+            await wait_for(polled(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted again")
         servers = f"{leader} -> {elected}; the shim on {reached}, its watch on {watch}"
         judge("ledger leader killed", servers, probe, kubelet, reserved, killed)
         if shims_server:
@@ -250,13 +251,13 @@ async def test_admissions_wait_out_a_lost_quorum_longer_than_one_ledger_read(
         down = [m.name for m in cluster.members if m.name != reached]
         await lead(cluster, cluster_nc, reached)
         async with Probe(cluster_nc).running() as probe, Kubelet(fake).admitting(pods) as kubelet:
-            await wait_for(async_(lambda: kubelet.admitted() >= BEFORE), FAULT_S, "pods admitted")
+            await wait_for(polled(lambda: kubelet.admitted() >= BEFORE), FAULT_S, "pods admitted")
             killed = time.monotonic()
             for name in down:
                 await cluster.kill(name)
-            await wait_for(async_(lambda: kubelet.waiting_for() > RETRY_S + 1), FAULT_S, "an admission waiting")
+            await wait_for(polled(lambda: kubelet.waiting_for() > RETRY_S + 1), FAULT_S, "an admission waiting")
             await cluster.start(down[0])
-            await wait_for(async_(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted again")
+            await wait_for(polled(lambda: probe.accepted_since(killed)), FAULT_S, "writes accepted again")
         servers = f"{' and '.join(down)}, {down[0]} back; the shim on {reached}"
         judge("two servers killed", servers, probe, kubelet, reserved, killed)
     await consistent(cluster, kubelet)

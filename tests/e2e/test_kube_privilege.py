@@ -8,6 +8,7 @@ deploy/kubernetes/base/admission.yaml); and the central workloads pass Pod Secur
 from __future__ import annotations
 
 import contextlib
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -119,9 +120,11 @@ async def test_every_service_account_may_do_what_the_table_grants_and_nothing_se
 @contextlib.asynccontextmanager
 async def inventory_of(cluster: RealCluster, node: str, bound: bool = True) -> AsyncIterator[KubeApi]:
     """The API as the inventory of ``node`` sees it: a token of its service account bound to a pod
-    of that account on ``node`` (as the projected token in the node DaemonSet's inventory container)."""
+    of that account on ``node`` (as the projected token in the node DaemonSet's inventory container).
+    Each probe pod has a name of its own: the API server checks a bound token against the pod its
+    caches hold, and a pod of the same name deleted a moment before must not stand in for this one."""
     assert cluster.api is not None
-    name = f"inventory-probe-{node}"
+    name = f"inventory-probe-{node}-{secrets.token_hex(3)}"
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -172,7 +175,9 @@ async def policy_in_force(cluster: RealCluster, api: KubeApi) -> None:
         try:
             await label(api, OWN, {"e2e-policy-probe": "x"})
         except ApiError as err:
-            return err.status in (403, 422)
+            if err.status in (403, 422):
+                return True
+            raise  # another refusal (a token not yet valid, say): named if it lasts
         await label(admin, OWN, {"e2e-policy-probe": None})
         return False
 

@@ -85,6 +85,21 @@ async def running(api: KubeApi, namespace: str, name: str, timeout: float = 60) 
     return dict(await wait_for(check, timeout, f"pod {namespace}/{name} Running", POLL_S))
 
 
+async def gone(api: KubeApi, namespace: str, name: str, timeout: float = 30) -> None:
+    """Wait until the pod is no longer in the API (a StatefulSet makes its successor only then)."""
+
+    async def check() -> bool:
+        try:
+            await get_pod(api, namespace, name)
+        except ApiError as err:
+            if err.status == 404:
+                return True
+            raise
+        return False
+
+    await wait_for(check, timeout, f"pod {namespace}/{name} gone", POLL_S)
+
+
 async def ledger(stack: Stack) -> dict[str, NodeLedger]:
     """The ledger straight from JetStream, as the stack's operator user (TLS, its own password)."""
     return await read_ledger(stack.nats_url, stack.operator)

@@ -7,7 +7,7 @@ import pytest
 
 from gpuledger_cli.dev.stack import Stack
 from gpuledger_testing.controlplane.api import KubeApi
-from tests.e2e.helpers import get_pod, live_allocations_of, namespace, pod, released, running, share
+from tests.e2e.helpers import get_pod, gone, live_allocations_of, namespace, pod, released, running, share
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -55,6 +55,7 @@ async def test_a_pod_recreated_under_the_same_name_gets_its_own_allocation(stack
         await running(api, ns, "web-0")
         [before] = await live_allocations_of(stack, first["metadata"]["uid"])
         await api.delete(f"/api/v1/namespaces/{ns}/pods/web-0", grace_s=0)
+        await gone(api, ns, "web-0")  # the API server answers a pod on a node with its deletion begun
         second = await api.create(f"/api/v1/namespaces/{ns}/pods", pod("web-0", ns, share(30000), node=NODE))
         assert second["metadata"]["uid"] != first["metadata"]["uid"]
         await running(api, ns, "web-0")

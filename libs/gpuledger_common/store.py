@@ -46,6 +46,7 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 
 from gpuledger_common.bus import SUBJECT_PREFIX, after_reply, encode
+from gpuledger_common.jsacks import Acks
 from gpuledger_common.keywatch import KeyWatch
 from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP, LEDGER_YIELDS
 from gpuledger_common.natsauth import LEDGER_YIELD
@@ -206,6 +207,7 @@ class LedgerStore:
     _yield_again: dict[str, float] = field(default_factory=dict)  # no new pause before: at most every other window
     _yielding: set[str] = field(default_factory=set)  # nodes whose next write waits out a pause now
     _yield_sub: Subscription | None = None
+    _acks: Acks | None = None
 
     @classmethod
     async def open(
@@ -248,6 +250,12 @@ class LedgerStore:
         if self._jetstream is None:
             self._jetstream = self.nc.jetstream(timeout=ATTEMPT_S)
         return self._jetstream
+
+    async def _stored(self, subject: str, data: bytes, headers: dict[str, str]) -> int:
+        """Publish to a bucket's stream; the sequence its ack names (``jsacks``)."""
+        if self._acks is None:
+            self._acks = Acks(self.nc)
+        return await self._acks.publish(subject, data, headers, ATTEMPT_S)
 
     async def _ride_out(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()``, tried again through a JetStream outage until this call's window ends."""
@@ -665,12 +673,13 @@ class LedgerStore:
         try:
             if revision == 0:
                 return await self.kv.create(key, data)
-            return await self.kv.update(key, data, last=revision)
+            headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
+            return await self._stored(f"{KEY_PREFIX}{key}", data, headers)
         except KeyWrongLastSequenceError:
             raise
         except APIError as err:
-            if "wrong last sequence" in str(err) or "key exists" in str(err):
-                raise KeyWrongLastSequenceError() from err
+            if err.err_code in (10071, 10164) or "wrong last sequence" in str(err) or "key exists" in str(err):
+                raise KeyWrongLastSequenceError(description=err.description) from err
             raise
 
     async def _delete(self, key: str, revision: int) -> int:
@@ -912,12 +921,11 @@ class LedgerStore:
 
         async def put() -> int:
             try:
-                ack = await self._js.publish(subject, data, headers=dict(headers), msg_ttl=ttl_s)
+                return await self._stored(subject, data, {**headers, **_ttl(ttl_s)})
             except APIError as err:
                 if err.err_code in (10071, 10164) or "wrong last sequence" in str(err):
                     raise KeyWrongLastSequenceError(err.description) from err
                 raise
-            return ack.seq
 
         waited = 0
         while True:
@@ -1058,6 +1066,11 @@ def stream_sequence(msg: Msg) -> int:
     if len(tokens) >= 12:
         return int(tokens[7])
     return msg.metadata.sequence.stream  # not a JetStream delivery: nats-py says what is wrong
+
+
+def _ttl(ttl_s: float | None) -> dict[str, str]:
+    """The header that gives a message its own TTL, in whole seconds (as nats-py writes it)."""
+    return {} if ttl_s is None else {"Nats-TTL": str(int(ttl_s))}
 
 
 def _revision_now(lost: KeyWrongLastSequenceError) -> int:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
-from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
+from gpuledger_common.jsacks import Acks
 from gpuledger_common.outage import within
 from gpuledger_common.store import OWNER_BUCKET, LedgerStore, Written
 from gpuledger_core.errors import Conflict, Exhausted, Unavailable
@@ -195,15 +195,15 @@ async def test_an_owner_record_refused_with_no_revision_while_it_stands_still_is
     (within its window) and goes in, and when the window ends it says what is wrong."""
     store = await LedgerStore.open(nc)
     owner = Owner(OwnerKind.TOOL, "patient")
-    real_publish, refusals = JetStreamContext.publish, [5]
+    real_publish, refusals = Acks.publish, [5]
 
-    async def pending_at_leader(self: JetStreamContext, subject: str, *args: Any, **kwargs: Any) -> Any:
+    async def pending_at_leader(self: Acks, subject: str, *args: Any, **kwargs: Any) -> Any:
         if subject.startswith(f"$KV.{OWNER_BUCKET}.") and refusals[0] > 0:
             refusals[0] -= 1
             raise APIError(code=400, err_code=10164, description="wrong last sequence")
         return await real_publish(self, subject, *args, **kwargs)
 
-    monkeypatch.setattr(JetStreamContext, "publish", pending_at_leader)
+    monkeypatch.setattr(Acks, "publish", pending_at_leader)
     revision = await store.claim_owner(owner, AllocationId("a-1"), NODE)
     assert revision is not None and refusals == [0]  # its own record, not someone else's
     record = await store.owner_record(owner)

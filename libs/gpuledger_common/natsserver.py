@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import shutil
 import socket
 import sysconfig
@@ -31,11 +32,31 @@ def find_binary() -> str:
     return found
 
 
+EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")  # the ports the kernel gives outgoing connections
+LOWEST_PORT = 10000
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nothing holds now, for a server started a moment later. It is taken below
+    the kernel's range for outgoing connections: a port from that range, released here and bound
+    later, can meanwhile become the local end of some connection ("address already in use")."""
+    try:
+        below = int(EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        below = 0
+    if below > LOWEST_PORT + 1000:
+        for _ in range(200):
+            port = random.randrange(LOWEST_PORT, below)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+    with socket.socket() as s:  # no such range known here: any port the kernel offers
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        found: int = s.getsockname()[1]
+        return found
 
 
 @dataclass(slots=True)

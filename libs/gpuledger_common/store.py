@@ -252,10 +252,17 @@ class LedgerStore:
         return self._jetstream
 
     async def _stored(self, subject: str, data: bytes, headers: dict[str, str]) -> int:
-        """Publish to a bucket's stream; the sequence its ack names (``jsacks``)."""
+        """Publish to a bucket's stream; the sequence its ack names (``jsacks``). A conditional
+        write the stream refuses is a lost race (``KeyWrongLastSequenceError``, with the
+        refusal's words, which may name the revision now)."""
         if self._acks is None:
             self._acks = Acks(self.nc)
-        return await self._acks.publish(subject, data, headers, ATTEMPT_S)
+        try:
+            return await self._acks.publish(subject, data, headers, ATTEMPT_S)
+        except APIError as err:
+            if err.err_code in (10071, 10164) or "wrong last sequence" in str(err):
+                raise KeyWrongLastSequenceError(description=err.description) from err
+            raise
 
     async def _ride_out(self, what: str, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()``, tried again through a JetStream outage until this call's window ends."""
@@ -678,7 +685,7 @@ class LedgerStore:
         except KeyWrongLastSequenceError:
             raise
         except APIError as err:
-            if err.err_code in (10071, 10164) or "wrong last sequence" in str(err) or "key exists" in str(err):
+            if "wrong last sequence" in str(err) or "key exists" in str(err):  # ``create``'s refusals
                 raise KeyWrongLastSequenceError(description=err.description) from err
             raise
 
@@ -920,12 +927,7 @@ class LedgerStore:
         headers = {"Nats-Expected-Last-Subject-Sequence": str(revision)}
 
         async def put() -> int:
-            try:
-                return await self._stored(subject, data, {**headers, **_ttl(ttl_s)})
-            except APIError as err:
-                if err.err_code in (10071, 10164) or "wrong last sequence" in str(err):
-                    raise KeyWrongLastSequenceError(err.description) from err
-                raise
+            return await self._stored(subject, data, {**headers, **_ttl(ttl_s)})
 
         waited = 0
         while True:

@@ -121,8 +121,8 @@ async def test_every_service_account_may_do_what_the_table_grants_and_nothing_se
 async def inventory_of(cluster: RealCluster, node: str, bound: bool = True) -> AsyncIterator[KubeApi]:
     """The API as the inventory of ``node`` sees it: a token of its service account bound to a pod
     of that account on ``node`` (as the projected token in the node DaemonSet's inventory container).
-    Each probe pod has a name of its own: the API server checks a bound token against the pod its
-    caches hold, and a pod of the same name deleted a moment before must not stand in for this one."""
+    Each probe pod has a name of its own: kwok deletes pods by name alone, and a delete left over
+    for an earlier probe of the same name removed this one (its token was then refused)."""
     assert cluster.api is not None
     name = f"inventory-probe-{node}-{secrets.token_hex(3)}"
     pod = {

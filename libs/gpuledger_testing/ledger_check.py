@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats.aio.client import Client
+
 from gpuledger_common import bus
 from gpuledger_common.natscreds import NONE, NatsCredentials
 from gpuledger_common.store import LedgerStore
@@ -144,12 +146,22 @@ async def read_ledger(nats_url: str, credentials: NatsCredentials = NONE) -> dic
     the user of ``credentials`` (a reader's are enough)."""
     nc = await bus.connect(nats_url, "ledger-check", credentials=credentials)
     try:
-        store = await LedgerStore.open(nc)
-        found: dict[str, NodeLedger] = {}
-        for node in await store.node_names():  # key by key: a reader may not make a watch consumer
-            ledger, _ = await store.read(node)
-            if ledger is not None:
-                found[str(node)] = ledger
-        return found
+        return await ledger_through_leader(nc)
     finally:
         await nc.close()
+
+
+async def ledger_through_leader(nc: Client) -> dict[str, NodeLedger]:
+    """Every node's ledger, key by key, each read answered by the stream's leader. Not from a
+    watch: a reader may not make a consumer, and a consumer may be placed on any replica of the
+    stream (seen: a watch's consumers spread over all three servers), where it reads what that
+    server has applied. A replica its leader calls current has stored every committed write in its
+    log (raft's ``Peers``), not necessarily applied it: right after a server's restart a check
+    through a watch could see an older value than the clients were told."""
+    store = await LedgerStore.open(nc)
+    found: dict[str, NodeLedger] = {}
+    for node in await store.node_names():
+        ledger, _ = await store.read(node)
+        if ledger is not None:
+            found[str(node)] = ledger
+    return found

@@ -3,18 +3,24 @@ replicas on its server list, and a fleet of two 8-card nodes announced to them."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
+from nats.js.errors import NotFoundError
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
 from gpuledger_common.fleet import Fleet, parse_fleet
 from gpuledger_common.store import LEDGER_BUCKET, OWNER_BUCKET, LedgerStore
+from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_proto.gpuledger.allocator import v1 as pb
+from gpuledger_testing.ledger_check import ledger_through_leader
 from gpuledger_testing.nats_cluster import Member, NatsCluster, nats_cluster, stream_leader, wait_current
 from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
 
@@ -33,6 +39,41 @@ nodes:
   - name: h100-1
     profile: h100-sxm-8
 """
+
+
+TASKS_SHOWN_BEFORE_S = 10.0  # before a test's timeout: where each of its tasks waits
+
+
+@pytest.fixture(autouse=True)
+async def tasks_shown_before_timeout(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """A test that runs into its timeout is stopped in the event loop's poll, which says nothing
+    of what it waited for: shortly before, print where each task waits (shown with the failure)."""
+    marker = request.node.get_closest_marker("timeout")
+    if marker is None or not marker.args:
+        yield
+        return
+    handle = asyncio.get_running_loop().call_later(float(marker.args[0]) - TASKS_SHOWN_BEFORE_S, _show_tasks)
+    yield
+    handle.cancel()
+
+
+def _show_tasks() -> None:
+    print(f"--- {TASKS_SHOWN_BEFORE_S:g}s before the timeout, the tasks wait here:", file=sys.stderr)
+    for task in asyncio.all_tasks():
+        print(f"  {task.get_name()}: {' -> '.join(_awaiting(task.get_coro()))}", file=sys.stderr)
+
+
+def _awaiting(coro: object) -> list[str]:
+    """Each coroutine in the chain of awaits, outermost first, with the line it waits on."""
+    chain: list[str] = []
+    while coro is not None and len(chain) < 30:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
+        if frame is None:
+            chain.append(type(coro).__name__)
+            break
+        chain.append(f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
+    return chain
 
 
 @pytest.fixture
@@ -80,9 +121,9 @@ async def all_current(cluster: NatsCluster, nc: Client, timeout: float) -> None:
 
 
 async def read_ledger(nc: Client) -> dict[str, NodeLedger]:
-    """Every node's ledger, read straight from the bucket (through the stream's leader)."""
-    store = await LedgerStore.open(nc)
-    return {str(node): ledger for node, (ledger, _) in (await store.nodes()).items()}
+    """Every node's ledger, read through the stream's leader (``ledger_through_leader``): right
+    after a server's restart, a watch placed on it may show what it has not applied yet."""
+    return await ledger_through_leader(nc)
 
 
 async def first_server_down(cluster: NatsCluster, nc: Client) -> Member:
@@ -98,3 +139,31 @@ async def first_server_down(cluster: NatsCluster, nc: Client) -> Member:
 
     await wait_for(led_by_others, 30, "both streams led by a running server")
     return down
+
+
+async def allocation_history(nc: Client, allocation_id: str) -> list[str]:
+    """For a failure message: the allocation's state in each revision of its node's key the
+    stream still keeps (``history``), read message by message through the stream's leader, and
+    its state as a watch shows it now (a watch may be served by any replica)."""
+    stream, subjects = STREAMS[0], f"$KV.{LEDGER_BUCKET}.node."
+    store = await LedgerStore.open(nc)
+    lines = []
+    for node in await store.node_names():
+        seq, seen = 1, []
+        while True:
+            try:
+                msg = await nc.jetstream(timeout=2.0).get_msg(stream, seq=seq, subject=f"{subjects}{node}", next=True)
+            except NotFoundError:
+                break
+            ledger = store.watched_value(node, msg.data, (msg.headers or {}).get("KV-Operation"))
+            found = ledger.get(AllocationId(allocation_id)) if ledger is not None else None
+            seen.append(f"{msg.seq}: {found.state.value if found else 'absent'}")
+            seq = (msg.seq or seq) + 1
+        if any(not line.endswith("absent") for line in seen):
+            watched = (await store.nodes()).get(node)
+            now = watched[0].get(AllocationId(allocation_id)) if watched else None
+            lines.append(
+                f"{allocation_id} on {node}, by revision through the leader: {', '.join(seen)}; "
+                f"through a watch: {now.state.value if now else 'absent'} (revision {watched[1] if watched else 0})"
+            )
+    return lines or [f"{allocation_id}: in no revision the stream keeps"]

@@ -7,6 +7,7 @@ and the ledger is what the clients were told. How long the stream refused writes
 
 from __future__ import annotations
 
+import re
 import time
 
 import orjson
@@ -21,7 +22,7 @@ from gpuledger_testing.stack import RunningAllocator, wait_for
 from gpuledger_testing.waiting import polled
 
 from .burst import DEADLINE_S, LEASE_S, Burst, Probe, verify
-from .conftest import NATS_RECONNECT_LEAK, STREAMS, all_current, read_ledger
+from .conftest import NATS_RECONNECT_LEAK, STREAMS, all_current, allocation_history, read_ledger
 
 pytestmark = [pytest.mark.timeout(180), NATS_RECONNECT_LEAK]
 LEDGER = STREAMS[0]
@@ -29,6 +30,7 @@ BEFORE = 20  # allocations granted before the fault
 AFTER = 20  # and after the cluster takes writes again
 FAULT_S = 40.0  # the longest a fault may take to play out
 SETTLE_S = 60.0  # the longest a restarted server may take to be current again
+EXPLAINED = 5  # allocations a failed check gives the history of
 
 
 async def test_the_ledger_leader_is_killed_mid_burst(
@@ -186,6 +188,10 @@ async def consistent(burst: Burst, cluster: NatsCluster) -> None:
     try:
         await all_current(cluster, nc, SETTLE_S)
         problems = verify(burst, await read_ledger(nc), unreported_left=True)
+        if problems:
+            named = dict.fromkeys(re.findall(r"\ba-[0-9a-f]{16}\b", "\n".join(problems)))
+            for allocation_id in list(named)[:EXPLAINED]:
+                problems += await allocation_history(nc, allocation_id)
         assert not problems, "\n".join(problems)
 
         async def settled() -> bool:

@@ -53,6 +53,11 @@ class FailedPrecondition(GpuledgerError):
     code = "failed_precondition"
 
 
+class Released(FailedPrecondition):
+    """The allocation was released (by a caller, or its reservation's lease ran out) before this
+    operation reached it."""
+
+
 class PermissionDenied(GpuledgerError):
     """The caller is who it says, and may not do this (another's allocation, a pod's); don't retry."""
 

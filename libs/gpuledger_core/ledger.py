@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument, NotFound
+from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument, NotFound, Released
 from gpuledger_core.ids import AllocationId, CardUuid
 from gpuledger_core.model import Allocation, AllocState, CardShare, Node
 from gpuledger_core.usage import CardUse, allocation_use, free_of, node_use, tier_problem
@@ -98,7 +98,7 @@ def commit(ledger: NodeLedger, allocation_id: AllocationId, now: float) -> NodeL
     if found.state is AllocState.BOUND:
         return ledger
     if found.state is AllocState.RELEASED:
-        raise FailedPrecondition(f"allocation {allocation_id} was released ({found.reason})")
+        raise Released(f"allocation {allocation_id} was released ({found.reason})")
     bound = replace(found, state=AllocState.BOUND, updated_at=now, lease_expires_at=None)
     return ledger._swap(bound)
 

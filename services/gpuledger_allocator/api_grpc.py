@@ -43,7 +43,8 @@ STATUS = {
 
 
 def to_grpc(err: errors.GpuledgerError) -> GRPCError:
-    return GRPCError(STATUS.get(type(err), Status.INTERNAL), str(err))
+    status = next((STATUS[kind] for kind in type(err).__mro__ if kind in STATUS), Status.INTERNAL)
+    return GRPCError(status, str(err))
 
 
 async def _call(work: Callable[[], Awaitable[T]]) -> T:

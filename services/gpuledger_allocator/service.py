@@ -20,7 +20,15 @@ from typing import Any, Protocol, TypeVar
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common.outage import time_left, within
 from gpuledger_common.store import LedgerStore, OwnerRecord
-from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound, Unavailable
+from gpuledger_core.errors import (
+    Conflict,
+    Exhausted,
+    GpuledgerError,
+    InvalidArgument,
+    NotFound,
+    Released,
+    Unavailable,
+)
 from gpuledger_core.fit import ContainerAsk, Tier, fit_node, share_for
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, commit, release, reserve
@@ -112,7 +120,8 @@ class AllocatorService:
         call = self._with_known_models(call)
         held = await self._held(call.owner)
         if held is not None:
-            return (await self._finish(held, call.commit)), True
+            with contextlib.suppress(Released):  # released before its commit: allocate anew
+                return (await self._finish(held, call.commit)), True
         for _ in range(MAX_OWNER_ROUNDS):
             nodes = await self._nodes_for(call)
             allocation_id = new_allocation_id()
@@ -128,7 +137,10 @@ class AllocatorService:
                 reserved = await self._reserve_again(call, allocation_id, lease, reserved)
             outcome = await self._settle(call.owner, claimed, reserved, first, started)
             if outcome is not None:
-                return (await self._finish(outcome[0], call.commit)), outcome[1]
+                # Released before its commit (its lease ran out while the ledger was out of reach,
+                # or the owner released it meanwhile): the owner asked for cards, so it gets new ones.
+                with contextlib.suppress(Released):
+                    return (await self._finish(outcome[0], call.commit)), outcome[1]
         raise Conflict(f"{call.owner.describe()}: the owner index kept changing; retry")
 
     async def _reserve_again(
@@ -153,7 +165,7 @@ class AllocatorService:
             return None
         ledger, _ = await self.store.read(node)
         found = ledger.get(allocation_id) if ledger else None
-        return found if found is not None and found.live else None
+        return found if found is not None and found.held_at(self.clock()) else None
 
     async def _settle(
         self,
@@ -190,7 +202,7 @@ class AllocatorService:
         for _ in range(MAX_OWNER_ROUNDS):
             record = await self.store.owner_record(owner)
             found = await self._find_anywhere(record.allocation, record.node) if record is not None else None
-            if found is not None and found.live:
+            if found is not None and found.held_at(self.clock()):
                 await self._undo(reserved)
                 return found, True
             young = (
@@ -220,7 +232,7 @@ class AllocatorService:
         while record is not None:
             found = await self._find_anywhere(record.allocation, record.node)
             if found is not None:
-                return found if found.live else None
+                return found if found.held_at(self.clock()) else None
             if self.view.left_its_node(record.allocation) or self.clock() - record.at > self.absent_grace_s:
                 return None
             if time_left(self.store.retry_s) <= OWNER_POLL_S:  # the caller hears why before its deadline

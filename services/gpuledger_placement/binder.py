@@ -207,9 +207,10 @@ class Binder:
         allocation_id, where, revision = record
         ledger, _ = await self.store.read(where)
         found = ledger.get(allocation_id) if ledger else None
-        if found is not None and found.live and where == node:
+        held = found is not None and found.held_at(self.clock())  # a lapsed reservation is the next write's to release
+        if found is not None and held and where == node:
             return found
-        if found is not None and found.live:
+        if found is not None and held:
             await self._release(found, f"the scheduler bound the pod to {node} instead")
         await self.store.forget_owner(owner, revision)
         return None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 from nats.aio.client import Client
@@ -21,7 +22,7 @@ from gpuledger_core.errors import Unavailable
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import RELEASED_KEPT, NodeLedger
-from gpuledger_core.model import AllocState, Owner, OwnerKind, Request
+from gpuledger_core.model import Allocation, AllocState, Owner, OwnerKind, Request
 from gpuledger_testing.stack import wait_for
 
 FLEET = "nodes:\n  - name: n0\n    profile: a100-sxm-8\n  - name: n1\n    profile: a100-sxm-8\n"
@@ -87,6 +88,44 @@ async def test_a_released_allocation_is_not_handed_out_again(service: AllocatorS
     assert not existing and second.id != first.id and second.state is AllocState.RESERVED
     record = await service.store.owner_record(owner)
     assert record is not None and record.allocation == second.id
+    assert await live_of(service, owner) == [second.id]
+
+
+@pytest.mark.parametrize("commit", [False, True])
+async def test_an_owner_asking_again_after_its_reservations_lease_ran_out_gets_new_cards(
+    service: AllocatorService, commit: bool
+) -> None:
+    """A reservation whose lease ran out is released by the next write to its node: a retry of
+    the owner (after its first answer was lost, say, while the ledger was out of reach for longer
+    than the lease) is answered with a new allocation, not the lapsed one, nor ``Released``."""
+    now = [1_000_000.0]
+    service.clock = service.store.clock = lambda: now[0]
+    owner = Owner(OwnerKind.TOOL, "lapsed")
+    first, _ = await service.allocate(replace(call(owner), lease_s=5))
+    now[0] += 10
+    second, existing = await service.allocate(replace(call(owner), lease_s=5, commit=commit))
+    assert not existing and second.id != first.id
+    assert second.state is (AllocState.BOUND if commit else AllocState.RESERVED)
+    record = await service.store.owner_record(owner)
+    assert record is not None and record.allocation == second.id
+    assert await live_of(service, owner) == [second.id]
+
+
+async def test_an_allocation_released_before_the_allocates_commit_gives_way_to_a_new_one(
+    service: AllocatorService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The owner's reservation, seen held, is released before this Allocate commits it: the
+    commit finds it released, and the Allocate reserves and commits new cards instead."""
+    owner = Owner(OwnerKind.TOOL, "overtaken")
+    first, _ = await service.allocate(call(owner))
+    await service.release(first.id)
+
+    async def stale(_: AllocatorService, __: Owner) -> Allocation:
+        return first  # as a view a moment behind the release would have it
+
+    monkeypatch.setattr(AllocatorService, "_held", stale)
+    second, existing = await service.allocate(replace(call(owner), commit=True))
+    assert not existing and second.id != first.id and second.state is AllocState.BOUND
     assert await live_of(service, owner) == [second.id]
 
 

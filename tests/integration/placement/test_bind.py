@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +12,8 @@ import aiohttp
 import pytest
 from nats.aio.client import Client
 
+from gpuledger_common.announce import announce
+from gpuledger_common.fleet import Fleet
 from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core import codec
@@ -19,7 +22,13 @@ from gpuledger_core.model import Allocation, AllocState, Owner, OwnerKind
 from gpuledger_core.slots import card_of
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_placement, wait_for
+from gpuledger_testing.stack import (
+    RunningAllocator,
+    RunningPlacement,
+    running_allocator,
+    running_placement,
+    wait_for,
+)
 
 from .helpers import args, bind_args, gpu_pod, post
 
@@ -144,6 +153,48 @@ async def test_an_unanswered_binding_keeps_the_reservation_for_the_retry(
 
     assert await post(http, f"{placement.url}/bind", bind_args("slow", "h100-0")) == (200, {"Error": ""})
     assert [a.id for a in await live_of(store, "h100-0", "uid-slow")] == [kept.id]
+
+
+async def test_a_retry_after_the_kept_reservations_lease_ran_out_reserves_anew(
+    nats_server: NatsServer,
+    nc: Client,
+    fleet: Fleet,
+    apiserver: FakeApiServer,
+    store: LedgerStore,
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
+) -> None:
+    # The reservation kept for the retry lapses before the retry comes, and no write to its node
+    # has released it yet (the allocator's sweep is far off): the retry does not bind the pod with
+    # it (kubelet would find it released), it reserves anew.
+    config = apiserver.kubeconfig(tmp_path / "kubeconfig")
+    async with contextlib.AsyncExitStack() as stack:
+        allocator = await stack.enter_async_context(running_allocator(nats_server.url, sweep_interval_s=3600.0))
+        await announce(nc, [n.node for n in fleet.nodes])
+
+        async def all_nodes() -> bool:
+            return len((await allocator.stub().get_cluster(pb.GetClusterRequest())).nodes) == len(fleet.nodes)
+
+        await wait_for(all_nodes, what="fleet in the ledger")
+        short = await stack.enter_async_context(
+            running_placement(nats_server.url, kube="kubeconfig", kubeconfig=str(config), lease_s=1.0)
+        )
+        apiserver.add_pod(gpu_pod("late", gpu=1))
+        apiserver.fail_bindings.append((503, "etcdserver: request timed out"))
+        _, body = await post(http, f"{short.url}/bind", bind_args("late", "h100-0"))
+        assert "timed out" in body["Error"]
+        [lapsed] = await live_of(store, "h100-0", "uid-late")
+        await asyncio.sleep(1.2)
+        assert [a.id for a in await live_of(store, "h100-0", "uid-late")] == [lapsed.id]  # not released yet
+
+        assert await post(http, f"{short.url}/bind", bind_args("late", "h100-0")) == (200, {"Error": ""})
+        [now] = await live_of(store, "h100-0", "uid-late")
+        assert now.id != lapsed.id
+        ledger, _ = await store.read("h100-0")
+        gone = ledger.get(lapsed.id) if ledger is not None else None
+        assert gone is not None and gone.reason == "lease expired"
+        annotation = apiserver.pod("default", "late")["metadata"]["annotations"]["gpuledger.io/allocation"]
+        assert json.loads(annotation)["id"] == now.id
 
 
 async def test_a_refiltered_retry_keeps_the_reservation_it_already_holds(

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument, NotFound
+from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument, NotFound, Released
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import (
     RELEASED_KEPT,
@@ -121,8 +121,18 @@ def test_commit_of_a_bound_allocation_changes_nothing() -> None:
 
 def test_commit_of_a_released_allocation_is_a_failed_precondition() -> None:
     gone = release(reserve(ledger(8000), holding("a", share(0, 1))), A, now=1.0, reason="pod deleted")
-    with pytest.raises(FailedPrecondition, match=r"allocation a was released \(pod deleted\)"):
+    with pytest.raises(Released, match=r"allocation a was released \(pod deleted\)") as raised:
         commit(gone, A, now=2.0)
+    assert isinstance(raised.value, FailedPrecondition)
+
+
+def test_a_reservation_is_held_until_its_lease_runs_out_and_a_binding_for_good() -> None:
+    held = reserve(ledger(8000), holding("a", share(0, 1), lease=30.0)).get(A)
+    assert held is not None and held.held_at(29.9) and not held.held_at(30.0)
+    bound = commit(reserve(ledger(8000), holding("a", share(0, 1), lease=30.0)), A, now=10.0).get(A)
+    assert bound is not None and bound.held_at(1e12)
+    gone = release(reserve(ledger(8000), holding("a", share(0, 1))), A, now=1.0).get(A)
+    assert gone is not None and not gone.held_at(0.0)
 
 
 @pytest.mark.parametrize("operation", [commit, release])

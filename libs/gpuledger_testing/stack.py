@@ -30,14 +30,15 @@ async def stopped(task: asyncio.Task[None], what: str) -> None:
     done, _ = await asyncio.wait({task}, timeout=STOP_S)
     if task in done:
         return task.result()
-    waiting = "\n".join(_where(t) for t in asyncio.all_tasks() if not t.done() and t is not asyncio.current_task())
+    others = [t for t in asyncio.all_tasks() if not t.done() and t is not asyncio.current_task()]
+    waiting = "\n".join(where_it_waits(t) for t in others)
     task.cancel()
     with contextlib.suppress(BaseException):
         await task
     raise TimeoutError(f"{what} did not stop within {STOP_S:g}s; the tasks were waiting at:\n{waiting}")
 
 
-def _where(task: asyncio.Task[Any]) -> str:
+def where_it_waits(task: asyncio.Task[Any]) -> str:
     """The task's chain of awaits, outermost first, down to what it waits on."""
     steps: list[str] = []
     awaited: Any = task.get_coro()

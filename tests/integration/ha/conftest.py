@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
@@ -22,7 +21,7 @@ from gpuledger_core.ledger import NodeLedger
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.ledger_check import ledger_through_leader
 from gpuledger_testing.nats_cluster import Member, NatsCluster, nats_cluster, stream_leader, wait_current
-from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
+from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for, where_it_waits
 
 REPLICAS = 3
 # nats-py drops the stream of a reconnect attempt that a restarting server cut off before its INFO
@@ -60,20 +59,7 @@ async def tasks_shown_before_timeout(request: pytest.FixtureRequest) -> AsyncIte
 def _show_tasks() -> None:
     print(f"--- {TASKS_SHOWN_BEFORE_S:g}s before the timeout, the tasks wait here:", file=sys.stderr)
     for task in asyncio.all_tasks():
-        print(f"  {task.get_name()}: {' -> '.join(_awaiting(task.get_coro()))}", file=sys.stderr)
-
-
-def _awaiting(coro: object) -> list[str]:
-    """Each coroutine in the chain of awaits, outermost first, with the line it waits on."""
-    chain: list[str] = []
-    while coro is not None and len(chain) < 30:
-        frame = getattr(coro, "cr_frame", None) or getattr(coro, "ag_frame", None)
-        if frame is None:
-            chain.append(type(coro).__name__)
-            break
-        chain.append(f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})")
-        coro = getattr(coro, "cr_await", None) or getattr(coro, "ag_await", None)
-    return chain
+        print(where_it_waits(task), file=sys.stderr)
 
 
 @pytest.fixture

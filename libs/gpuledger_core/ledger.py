@@ -119,8 +119,7 @@ def release(
 def expire(ledger: NodeLedger, now: float) -> NodeLedger:
     """Release every reservation whose lease has run out."""
     for allocation in ledger.allocations:
-        lease = allocation.lease_expires_at
-        if allocation.state is AllocState.RESERVED and lease is not None and lease <= now:
+        if allocation.lapsed_at(now):
             ledger = release(ledger, allocation.id, now, reason="lease expired")
     return ledger
 

@@ -192,10 +192,14 @@ class Allocation:
     def live(self) -> bool:
         return self.state is not AllocState.RELEASED
 
-    def held_at(self, now: float) -> bool:
-        """Live, and not a reservation whose lease has run out (the next write releases it)."""
+    def lapsed_at(self, now: float) -> bool:
+        """A reservation whose lease has run out (the next write to its node releases it)."""
         lease = self.lease_expires_at
-        return self.live and not (self.state is AllocState.RESERVED and lease is not None and lease <= now)
+        return self.state is AllocState.RESERVED and lease is not None and lease <= now
+
+    def held_at(self, now: float) -> bool:
+        """Live, and not a reservation whose lease has run out."""
+        return self.live and not self.lapsed_at(now)
 
     def shares(self) -> tuple[CardShare, ...]:
         return tuple(share for grant in self.grants for share in grant.cards)

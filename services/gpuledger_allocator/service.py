@@ -312,9 +312,7 @@ class AllocatorService:
         now = self.clock()
         tidied = 0
         for name, ledger in list(self.view.ledgers.items()):
-            if any(
-                a.state is AllocState.RESERVED and (a.lease_expires_at or now + 1) <= now for a in ledger.allocations
-            ):
+            if any(a.lapsed_at(now) for a in ledger.allocations):
                 await self.store.mutate(name, lambda current: current)  # mutate tidies first
                 tidied += 1
         return tidied

@@ -207,10 +207,11 @@ class Binder:
         allocation_id, where, revision = record
         ledger, _ = await self.store.read(where)
         found = ledger.get(allocation_id) if ledger else None
-        held = found is not None and found.held_at(self.clock())  # a lapsed reservation is the next write's to release
-        if found is not None and held and where == node:
+        if found is not None and not found.held_at(self.clock()):
+            found = None  # released, or a lapsed reservation (the next write to its node releases it)
+        if found is not None and where == node:
             return found
-        if found is not None and held:
+        if found is not None:
             await self._release(found, f"the scheduler bound the pod to {node} instead")
         await self.store.forget_owner(owner, revision)
         return None

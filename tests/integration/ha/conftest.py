@@ -16,7 +16,7 @@ from gpuledger_common import bus
 from gpuledger_common.announce import announce
 from gpuledger_common.fleet import Fleet, parse_fleet
 from gpuledger_common.store import LEDGER_BUCKET, OWNER_BUCKET, LedgerStore
-from gpuledger_core.ids import AllocationId
+from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.ledger_check import ledger_through_leader
@@ -132,13 +132,14 @@ async def allocation_history(nc: Client, allocation_id: str) -> list[str]:
     stream still keeps (``history``), read message by message through the stream's leader, and
     its state as a watch shows it now (a watch may be served by any replica)."""
     stream, subjects = STREAMS[0], f"$KV.{LEDGER_BUCKET}.node."
-    store = await LedgerStore.open(nc)
+    store, js = await LedgerStore.open(nc), nc.jetstream(timeout=2.0)
+    watched: dict[NodeName, tuple[NodeLedger, int]] | None = None  # read once, if needed
     lines = []
     for node in await store.node_names():
         seq, seen = 1, []
         while True:
             try:
-                msg = await nc.jetstream(timeout=2.0).get_msg(stream, seq=seq, subject=f"{subjects}{node}", next=True)
+                msg = await js.get_msg(stream, seq=seq, subject=f"{subjects}{node}", next=True)
             except NotFoundError:
                 break
             ledger = store.watched_value(node, msg.data, (msg.headers or {}).get("KV-Operation"))
@@ -146,10 +147,11 @@ async def allocation_history(nc: Client, allocation_id: str) -> list[str]:
             seen.append(f"{msg.seq}: {found.state.value if found else 'absent'}")
             seq = (msg.seq or seq) + 1
         if any(not line.endswith("absent") for line in seen):
-            watched = (await store.nodes()).get(node)
-            now = watched[0].get(AllocationId(allocation_id)) if watched else None
+            watched = watched if watched is not None else await store.nodes()
+            ledger_now, revision = watched.get(node, (None, 0))
+            now = ledger_now.get(AllocationId(allocation_id)) if ledger_now is not None else None
             lines.append(
                 f"{allocation_id} on {node}, by revision through the leader: {', '.join(seen)}; "
-                f"through a watch: {now.state.value if now else 'absent'} (revision {watched[1] if watched else 0})"
+                f"through a watch: {now.state.value if now else 'absent'} (revision {revision})"
             )
     return lines or [f"{allocation_id}: in no revision the stream keeps"]

@@ -88,6 +88,7 @@ KEY_PREFIX = f"$KV.{LEDGER_BUCKET}."  # the subject of a ledger key, less the ke
 EVENTS_SUBJECT = f"{SUBJECT_PREFIX}.events"
 Transition = Callable[[NodeLedger | None], NodeLedger | None]
 T = TypeVar("T")
+_OPEN, _COMMA = ord("["), ord(",")
 
 
 def node_key(node: str) -> str:
@@ -138,11 +139,18 @@ class _Inventory:
 
 @dataclass(slots=True)
 class _Part:
-    """One allocation of a node's value, with its JSON as decoded or encoded here."""
+    """One allocation of a node's value, with its JSON as decoded or encoded here; ``json`` is
+    ``raw`` as ``encode`` spells it (made when first needed)."""
 
     allocation: Allocation
     raw: object
     fragment: orjson.Fragment | None = None
+    json: bytes | None = None
+
+    def encoded(self) -> bytes:
+        if self.json is None:
+            self.json = encode(self.raw)
+        return self.json
 
 
 @dataclass(slots=True, eq=False)
@@ -197,6 +205,7 @@ class LedgerStore:
     _written: dict[str, dict[bytes, NodeLedger]] = field(default_factory=dict)  # our last writes, by their bytes
     _inventory: dict[str, _Inventory] = field(default_factory=dict)  # each node's inventory, with its JSON
     _parts: dict[str, dict[object, _Part]] = field(default_factory=dict)  # each node's allocations, with their JSON
+    _order: dict[str, list[_Part]] = field(default_factory=dict)  # the same, in the order of the value they came in
     _newer: dict[str, int] = field(default_factory=dict)  # nodes whose value is of a newer schema: read, not written
     _foreign: dict[str, float] = field(default_factory=dict)  # when another process's write of the key last arrived
     _advanced: dict[str, asyncio.Event] = field(default_factory=dict)  # set when a newer value of the key is known
@@ -327,6 +336,9 @@ class LedgerStore:
         inventory = self._inventory.get(node)
         if inventory is not None and data.startswith(inventory.prefix) and data.endswith(b"}"):
             self._newer.pop(node, None)  # the prefix holds our schema
+            spliced = self._spliced(node, data, len(inventory.prefix))
+            if spliced is not None:
+                return NodeLedger(inventory.node, self._allocations_from(node, *spliced))
             try:
                 items = orjson.loads(data[len(inventory.prefix) : -1])
             except orjson.JSONDecodeError:  # more follows the allocations: read the whole value
@@ -348,24 +360,74 @@ class LedgerStore:
             inventory = self._inventory[node] = _Inventory(codec.node_from(codec.Reader(raw).obj("node")), json)
         return NodeLedger(inventory.node, self._allocations_from(node, raw.get("allocations")))
 
-    def _allocations_from(self, node: str, items: object) -> tuple[Allocation, ...]:
-        """Decoded allocations. Those of the node's last value, decoded or written here, are reused
-        when their JSON is equal: another writer's change touches one or two of them."""
+    def _spliced(
+        self, node: str, data: bytes, at: int
+    ) -> tuple[list[object], list[_Part], list[_Part], list[bytes]] | None:
+        """A value's allocations (its array starts at ``data[at]``): the items parsed, the node's
+        last parts unchanged before them and after them, and the items' JSON. Another writer's
+        change adds, changes or drops one or two allocations: the last value's parts whose
+        bytes follow one another from the front of the array, or from its back, are kept (those
+        not found there were dropped or changed), and only the bytes between them are parsed.
+        None when they do not line up: the whole array is read."""
+        last = self._order.get(node)
+        if not last or data[at] != _OPEN or not data.endswith(b"]}"):
+            return None
+        content = data[at + 1 : -2]  # the items between the array's brackets, comma separated
+        size, head, start, after = len(content), [], 0, 0
+        for i, part in enumerate(last):  # from the front
+            json = part.encoded()
+            end = start + len(json)
+            if content.startswith(json, start) and (end == size or (end < size and content[end] == _COMMA)):
+                head.append(part)
+                start, after = end + 1, i + 1
+        tail, end = [], size
+        for part in reversed(last[after:]):  # from the back, among those after the front's
+            json = part.encoded()
+            begin = end - len(json)
+            if begin >= start and content.endswith(json, begin, end) and (begin == 0 or content[begin - 1] == _COMMA):
+                tail.append(part)
+                end = begin - 1
+        tail.reverse()
+        if end == start - 1:  # nothing between: allocations were only dropped
+            return [], head, tail, []
+        middle = content[start:end] if end > start else b""
+        try:
+            items = orjson.loads(b"[" + middle + b"]")
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(items, list) or not items:  # "[]": two commas with nothing between
+            return None
+        return items, head, tail, [encode(item) for item in items]
+
+    def _allocations_from(
+        self,
+        node: str,
+        items: object,
+        head: list[_Part] | None = None,
+        tail: list[_Part] | None = None,
+        jsons: list[bytes] | None = None,
+    ) -> tuple[Allocation, ...]:
+        """Decoded allocations: ``head``, then ``items`` (with their JSON, if known), then
+        ``tail``. Those of the node's last value, decoded or written here, are reused when their
+        JSON is equal: another writer's change touches one or two of them."""
         if items is None:
             items = []
         if not isinstance(items, list):
             raise InvalidArgument("allocations", f"must be a list, got {type(items).__name__}")
         before = self._parts.get(node, {})
         now: dict[object, _Part] = {}
-        allocations = []
+        order = list(head or ())
         for i, item in enumerate(items):
             part = before.get(item.get("id")) if isinstance(item, dict) else None
             if part is None or part.raw != item:
-                part = _Part(codec.allocation_from(codec.Reader(item, f"allocations[{i}]")), item)
+                where = f"allocations[{len(order)}]"
+                part = _Part(codec.allocation_from(codec.Reader(item, where)), item, json=jsons[i] if jsons else None)
+            order.append(part)
+        order.extend(tail or ())
+        for part in order:
             now[part.allocation.id] = part
-            allocations.append(part.allocation)
-        self._parts[node] = now
-        return tuple(allocations)
+        self._parts[node], self._order[node] = now, order
+        return tuple(part.allocation for part in order)
 
     def remember(self, node: str, ledger: NodeLedger | None, revision: int) -> None:
         """Note a value of the node's key seen elsewhere (a watch), if it is newer than ours.
@@ -715,9 +777,9 @@ class LedgerStore:
             if part is None or part.allocation is not a:
                 part = _Part(a, codec.allocation_to(a))
             if part.fragment is None:
-                part.fragment = orjson.Fragment(encode(part.raw))
+                part.fragment = orjson.Fragment(part.encoded())
             now[a.id] = part
-        self._parts[name] = now
+        self._parts[name], self._order[name] = now, list(now.values())
         parts = [part.fragment for part in now.values()]
         return encode({"schema": codec.SCHEMA, "node": inventory.fragment, "allocations": parts})
 

@@ -156,7 +156,7 @@ def test_a_value_that_changes_one_allocation_reuses_the_others() -> None:
     store = LedgerStore(None, None, None)  # type: ignore[arg-type]
     raws = [codec.allocation_to(allocation(f"a{i}", Grant("main", (share(i % 2, 1000, 100),)))) for i in range(5)]
     first = store._decoded(NODE, spelled(raws, "orjson"))
-    changed = [*raws[:2], {**raws[2], "state": "bound"}, *raws[3:]]  # type: ignore[dict-item]
+    changed = [*raws[:2], {**raws[2], "state": "bound"}, *raws[3:]]
     second = store._decoded(NODE, spelled(changed, "orjson"))
     assert second == codec.ledger_from(orjson.loads(spelled(changed, "orjson")))
     assert [a is b for a, b in zip(first.allocations, second.allocations, strict=True)] == [

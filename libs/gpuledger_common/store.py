@@ -89,6 +89,7 @@ EVENTS_SUBJECT = f"{SUBJECT_PREFIX}.events"
 Transition = Callable[[NodeLedger | None], NodeLedger | None]
 T = TypeVar("T")
 _OPEN, _COMMA = ord("["), ord(",")
+SPLICE_FROM = 4  # the fewest allocations a node's last value must hold for its next to be read in pieces
 
 
 def node_key(node: str) -> str:
@@ -360,17 +361,16 @@ class LedgerStore:
             inventory = self._inventory[node] = _Inventory(codec.node_from(codec.Reader(raw).obj("node")), json)
         return NodeLedger(inventory.node, self._allocations_from(node, raw.get("allocations")))
 
-    def _spliced(
-        self, node: str, data: bytes, at: int
-    ) -> tuple[list[object], list[_Part], list[_Part], list[bytes]] | None:
-        """A value's allocations (its array starts at ``data[at]``): the items parsed, the node's
-        last parts unchanged before them and after them, and the items' JSON. Another writer's
+    def _spliced(self, node: str, data: bytes, at: int) -> tuple[list[object], list[_Part], list[_Part]] | None:
+        """A value's allocations (its array starts at ``data[at]``): the items parsed, and the
+        node's last parts unchanged before them and after them. Another writer's
         change adds, changes or drops one or two allocations: the last value's parts whose
         bytes follow one another from the front of the array, or from its back, are kept (those
         not found there were dropped or changed), and only the bytes between them are parsed.
-        None when they do not line up: the whole array is read."""
+        None when they do not line up, or when the last value held fewer than ``SPLICE_FROM``
+        (parsing a short array whole costs less): the whole array is read."""
         last = self._order.get(node)
-        if not last or data[at] != _OPEN or not data.endswith(b"]}"):
+        if last is None or len(last) < SPLICE_FROM or data[at] != _OPEN or not data.endswith(b"]}"):
             return None
         content = data[at + 1 : -2]  # the items between the array's brackets, comma separated
         size, head, start, after = len(content), [], 0, 0
@@ -389,7 +389,7 @@ class LedgerStore:
                 end = begin - 1
         tail.reverse()
         if end == start - 1:  # nothing between: allocations were only dropped
-            return [], head, tail, []
+            return [], head, tail
         middle = content[start:end] if end > start else b""
         try:
             items = orjson.loads(b"[" + middle + b"]")
@@ -397,7 +397,7 @@ class LedgerStore:
             return None
         if not isinstance(items, list) or not items:  # "[]": two commas with nothing between
             return None
-        return items, head, tail, [encode(item) for item in items]
+        return items, head, tail
 
     def _allocations_from(
         self,
@@ -405,11 +405,10 @@ class LedgerStore:
         items: object,
         head: list[_Part] | None = None,
         tail: list[_Part] | None = None,
-        jsons: list[bytes] | None = None,
     ) -> tuple[Allocation, ...]:
-        """Decoded allocations: ``head``, then ``items`` (with their JSON, if known), then
-        ``tail``. Those of the node's last value, decoded or written here, are reused when their
-        JSON is equal: another writer's change touches one or two of them."""
+        """Decoded allocations: ``head``, then ``items``, then ``tail``. Those of the node's last
+        value, decoded or written here, are reused when their JSON is equal: another writer's
+        change touches one or two of them."""
         if items is None:
             items = []
         if not isinstance(items, list):
@@ -417,11 +416,10 @@ class LedgerStore:
         before = self._parts.get(node, {})
         now: dict[object, _Part] = {}
         order = list(head or ())
-        for i, item in enumerate(items):
+        for item in items:
             part = before.get(item.get("id")) if isinstance(item, dict) else None
             if part is None or part.raw != item:
-                where = f"allocations[{len(order)}]"
-                part = _Part(codec.allocation_from(codec.Reader(item, where)), item, json=jsons[i] if jsons else None)
+                part = _Part(codec.allocation_from(codec.Reader(item, f"allocations[{len(order)}]")), item)
             order.append(part)
         order.extend(tail or ())
         for part in order:

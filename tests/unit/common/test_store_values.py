@@ -40,7 +40,7 @@ def allocations(draw: st.DrawFn) -> dict[str, Any]:
     return raw
 
 
-A, B, M = (codec.allocation_to(allocation(f"a{i}", Grant("main", (share(0, 1000, 100),)))) for i in range(3))
+A, B, C, D, M = (codec.allocation_to(allocation(f"a{i}", Grant("main", (share(0, 1000, 100),)))) for i in range(5))
 items = st.one_of(allocations(), allocations(), allocations(), st.sampled_from([1, None, [], {}, "a", {"id": "a1"}]))
 # Bytes a writer gone wrong might leave (a node may write any bytes to its key), at or beside a
 # boundary between items, where a value read in pieces could go wrong.
@@ -52,7 +52,7 @@ damage = st.one_of(
 # Each step changes the last value's allocations as writers do (one added, changed or dropped;
 # sometimes all new), and reads or writes the result.
 edits = st.tuples(
-    st.sampled_from(["add", "change", "drop", "drop", "anew"]), st.integers(0, 6), st.lists(items, max_size=6)
+    st.sampled_from(["add", "change", "drop", "drop", "anew"]), st.integers(0, 8), st.lists(items, max_size=8)
 )
 steps = st.lists(
     st.tuples(
@@ -133,11 +133,11 @@ def as_store_reads(store: LedgerStore, data: bytes) -> NodeLedger | type[Gpuledg
 @settings(max_examples=400)
 @given(steps)
 @example([("read", [("anew", 0, [])], "orjson", None), ("read", [("add", 0, [{"id": "a1"}])], "orjson", None)])
-# [A, B] read, then [A, M, B] with a byte that is not a comma after M, or after A: no items
-@example([("read", [("anew", 0, [A, B])], "orjson", None), ("read", [("add", 1, [M])], "orjson", (2, 0, b"x"))])
-@example([("read", [("anew", 0, [A, B])], "orjson", None), ("read", [("add", 1, [M])], "orjson", (1, 0, b"x"))])
-# [A, B] read, then "A,,B": nothing between the two items kept, and not no items either
-@example([("read", [("anew", 0, [A, B])], "orjson", None), ("read", [("add", 0, [])], "orjson", (1, 0, b",,"))])
+# [A, B, C, D] read, then [A, B, M, C, D] with a byte that is not a comma after M, or before it: no items
+@example([("read", [("anew", 0, [A, B, C, D])], "orjson", None), ("read", [("add", 2, [M])], "orjson", (3, 0, b"x"))])
+@example([("read", [("anew", 0, [A, B, C, D])], "orjson", None), ("read", [("add", 2, [M])], "orjson", (2, 0, b"x"))])
+# [A, B, C, D] read, then "A,B,,C,D": nothing between the items kept, and not no items either
+@example([("read", [("anew", 0, [A, B, C, D])], "orjson", None), ("read", [("add", 0, [])], "orjson", (2, 0, b",,"))])
 def test_each_value_reads_as_it_would_afresh(history: list[tuple[str, list[Any], str, Any]]) -> None:
     store = LedgerStore(None, None, None)  # type: ignore[arg-type]  # decoding and encoding only: no I/O
     allocs: list[Any] = []

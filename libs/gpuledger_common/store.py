@@ -363,12 +363,13 @@ class LedgerStore:
 
     def _spliced(self, node: str, data: bytes, at: int) -> tuple[list[object], list[_Part], list[_Part]] | None:
         """A value's allocations (its array starts at ``data[at]``): the items parsed, and the
-        node's last parts unchanged before them and after them. Another writer's
-        change adds, changes or drops one or two allocations: the last value's parts whose
-        bytes follow one another from the front of the array, or from its back, are kept (those
-        not found there were dropped or changed), and only the bytes between them are parsed.
-        None when they do not line up, or when the last value held fewer than ``SPLICE_FROM``
-        (parsing a short array whole costs less): the whole array is read."""
+        node's last parts unchanged before them and after them.
+
+        Another writer's change adds, changes or drops one or two allocations: the last value's
+        parts whose bytes follow one another from the front of the array, or from its back, are
+        kept (those not found there were dropped or changed), and only the bytes between them
+        are parsed. None when they do not line up, or when the last value held fewer than
+        ``SPLICE_FROM`` (parsing a short array whole costs less): the whole array is read."""
         last = self._order.get(node)
         if last is None or len(last) < SPLICE_FROM or data[at] != _OPEN or not data.endswith(b"]}"):
             return None

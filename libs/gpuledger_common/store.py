@@ -206,7 +206,6 @@ class LedgerStore:
     _written: dict[str, dict[bytes, NodeLedger]] = field(default_factory=dict)  # our last writes, by their bytes
     _inventory: dict[str, _Inventory] = field(default_factory=dict)  # each node's inventory, with its JSON
     _parts: dict[str, dict[object, _Part]] = field(default_factory=dict)  # each node's allocations, with their JSON
-    _order: dict[str, list[_Part]] = field(default_factory=dict)  # the same, in the order of the value they came in
     _newer: dict[str, int] = field(default_factory=dict)  # nodes whose value is of a newer schema: read, not written
     _foreign: dict[str, float] = field(default_factory=dict)  # when another process's write of the key last arrived
     _advanced: dict[str, asyncio.Event] = field(default_factory=dict)  # set when a newer value of the key is known
@@ -370,9 +369,10 @@ class LedgerStore:
         kept (those not found there were dropped or changed), and only the bytes between them
         are parsed. None when they do not line up, or when the last value held fewer than
         ``SPLICE_FROM`` (parsing a short array whole costs less): the whole array is read."""
-        last = self._order.get(node)
-        if last is None or len(last) < SPLICE_FROM or data[at] != _OPEN or not data.endswith(b"]}"):
+        parts = self._parts.get(node)
+        if parts is None or len(parts) < SPLICE_FROM or data[at] != _OPEN or not data.endswith(b"]}"):
             return None
+        last = list(parts.values())  # in the order of the value they came in
         content = data[at + 1 : -2]  # the items between the array's brackets, comma separated
         size, head, start, after = len(content), [], 0, 0
         for i, part in enumerate(last):  # from the front
@@ -425,7 +425,7 @@ class LedgerStore:
         order.extend(tail or ())
         for part in order:
             now[part.allocation.id] = part
-        self._parts[node], self._order[node] = now, order
+        self._parts[node] = now
         return tuple(part.allocation for part in order)
 
     def remember(self, node: str, ledger: NodeLedger | None, revision: int) -> None:
@@ -778,7 +778,7 @@ class LedgerStore:
             if part.fragment is None:
                 part.fragment = orjson.Fragment(part.encoded())
             now[a.id] = part
-        self._parts[name], self._order[name] = now, list(now.values())
+        self._parts[name] = now
         parts = [part.fragment for part in now.values()]
         return encode({"schema": codec.SCHEMA, "node": inventory.fragment, "allocations": parts})
 

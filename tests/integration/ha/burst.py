@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from grpclib import GRPCError
@@ -27,6 +27,7 @@ from gpuledger_core.model import AllocState
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.ledger_check import check
 from gpuledger_testing.stack import RunningAllocator
+from gpuledger_testing.waiting import cancelled
 
 DEADLINE_S = DEFAULT_TIMEOUT_S  # each client's gRPC deadline, as the CLI's
 LEASE_S = 16  # longer than an Allocate's outage window: a reservation waiting for its commit lives on
@@ -93,8 +94,8 @@ class Burst:
             # a minute more and end in the test's timeout instead.
             self.stop.set()
             for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+                with contextlib.suppress(Exception):
+                    await cancelled(task, "a burst client")
             raise
         self.stop.set()
         await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S * (2 + SETTLE_TRIES))
@@ -178,20 +179,21 @@ class Probe:
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[Probe]:
         kv = await self.nc.jetstream(timeout=self.timeout_s).key_value(LEDGER_BUCKET)
-        task = asyncio.create_task(self._write(kv.put))
+        stop = asyncio.Event()
+        task = asyncio.create_task(self._write(kv.put, stop))
         try:
             yield self
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            stop.set()  # a write in flight ends the loop too, should its cancel be lost
+            await cancelled(task, "the probe's writer")
 
-    async def _write(self, put: Callable[[str, bytes], object]) -> None:
+    async def _write(self, put: Callable[[str, bytes], Awaitable[object]], stop: asyncio.Event) -> None:
         i = 0
-        while True:
+        while not stop.is_set():
             i += 1
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(put("probe.writes", str(i).encode()), self.timeout_s)  # type: ignore[arg-type]
+                async with asyncio.timeout(self.timeout_s):
+                    await put("probe.writes", str(i).encode())
                 self.accepted.append(time.monotonic())
             await asyncio.sleep(self.every_s)
 

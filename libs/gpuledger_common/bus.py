@@ -24,6 +24,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from gpuledger_common.natscreds import NONE, NatsCredentials
 from gpuledger_common.settings import SettingsError, nats_servers, redact_url
+from gpuledger_common.tasks import cancelled
 from gpuledger_core import codec
 from gpuledger_core.errors import FailedPrecondition, GpuledgerError, InvalidArgument, Unavailable, from_code
 
@@ -181,9 +182,7 @@ async def _unless_stopped(
     for wait in waits:
         wait.cancel()
     if not attempt.done():
-        while not attempt.done():  # nats-py's connect loop can lose a cancellation (inside wait_for)
-            attempt.cancel()
-            await asyncio.wait({attempt}, timeout=0.5)
+        await cancelled(attempt)  # nats-py's connect loop can lose one cancellation
         if not attempt.cancelled() and attempt.exception() is None:
             await attempt.result().close()  # it connected just as it was told to stop
         if refusing.is_set():

@@ -4,7 +4,6 @@ reconnected (a JetStream watch can stall silently across a server restart)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Generic, TypeVar
@@ -13,6 +12,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from gpuledger_common.store import LedgerStore
+from gpuledger_common.tasks import cancelled
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
@@ -64,10 +64,7 @@ class _Pump(Generic[T]):
 
     async def close(self) -> None:
         for task in self.tasks:
-            task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+            await cancelled(task)  # a watch starting (NATS requests) can lose one cancellation
 
 
 async def resilient(

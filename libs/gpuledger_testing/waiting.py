@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from gpuledger_common import tasks
+
 T = TypeVar("T")
 
 
@@ -40,18 +42,12 @@ def polled(check: Callable[[], object]) -> Callable[[], Awaitable[bool]]:
     return checked
 
 
-async def cancelled(task: asyncio.Task[object], what: str, within: float = 10.0, again_s: float = 0.1) -> None:
-    """Cancel ``task`` and wait until it has ended, cancelling it again every ``again_s``: on
-    Python 3.11 ``asyncio.wait_for`` (which nats-py awaits every request with) returns its
-    result instead of raising when the cancel arrives in the turn that result came in, so one
-    cancel can be lost and a loop go on. A task still running after ``within`` fails the test."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not task.done():
-        if loop.time() >= deadline:
-            raise TimeoutError(f"{what} still ran {within:g}s after it was cancelled")
-        task.cancel()
-        await asyncio.wait({task}, timeout=again_s)
+
+async def cancelled(task: asyncio.Task[object], what: str, within: float = 10.0) -> None:
+    """Cancel ``task`` until it has ended (``gpuledger_common.tasks``: one cancel can be lost) and
+    raise its error if it failed; a task still running after ``within`` seconds fails the test."""
+    if not await tasks.cancelled(task, within):
+        raise TimeoutError(f"{what} still ran {within:g}s after it was cancelled")
     error = None if task.cancelled() else task.exception()
     if error is not None:
         raise error

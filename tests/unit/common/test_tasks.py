@@ -1,14 +1,18 @@
-"""A background task is stopped even when one cancel is lost, as ``asyncio.wait_for`` loses it
-on Python 3.11 when the awaited future finished in the same turn."""
+"""A task is ended even when one cancel is lost, as ``asyncio.wait_for`` loses it on Python 3.11
+when the awaited future finished in the same turn (``gpuledger_common.tasks``); the tests' wrapper
+names a task that does not end and raises the error of one that failed."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import sys
+from collections.abc import AsyncIterator
 
 import pytest
 
+from gpuledger_common import tasks
+from gpuledger_common.follow import _Pump
 from gpuledger_testing.waiting import cancelled
 
 
@@ -42,10 +46,20 @@ async def test_one_cancel_is_lost_by_wait_for() -> None:
         await task
 
 
-async def test_the_writer_is_stopped_although_a_cancel_was_lost() -> None:
+async def test_the_writer_is_ended_although_a_cancel_was_lost() -> None:
     task, _ = await _answer_and_cancel_in_one_turn()
-    await cancelled(task, "the writer", within=2.0)
+    assert await tasks.cancelled(task, within=2.0)
     assert task.cancelled()
+
+
+async def test_a_task_that_ends_on_its_own_error_keeps_it_unread() -> None:
+    async def failing() -> None:
+        raise ValueError("broken")
+
+    task = asyncio.create_task(failing())
+    await asyncio.sleep(0)
+    assert await tasks.cancelled(task)
+    assert isinstance(task.exception(), ValueError)
 
 
 async def test_a_task_that_never_ends_is_named() -> None:
@@ -58,6 +72,7 @@ async def test_a_task_that_never_ends_is_named() -> None:
 
     task = asyncio.create_task(stubborn())
     await asyncio.sleep(0)
+    assert not await tasks.cancelled(task, within=0.3)
     with pytest.raises(TimeoutError, match=r"the stubborn loop still ran 0\.3s after it was cancelled"):
         await cancelled(task, "the stubborn loop", within=0.3)
     released.set()
@@ -73,3 +88,33 @@ async def test_a_task_that_failed_raises_its_error() -> None:
     await asyncio.sleep(0)
     with pytest.raises(ValueError, match="broken"):
         await cancelled(task, "the failing task")
+
+
+class _Connection:
+    """What a pump reads of its NATS connection: the count of reconnects."""
+
+    stats = {"reconnects": 0}
+
+
+async def test_a_watch_that_loses_its_cancel_while_starting_is_still_closed() -> None:
+    """A follower's watch is closed on every NATS reconnect; one that lost the cancel in its
+    first request would otherwise run on beside the next, and the follower wait on it for ever."""
+    answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    asked = asyncio.Event()
+
+    async def watch() -> AsyncIterator[int]:
+        asked.set()
+        yield await asyncio.wait_for(answer, 5)  # as the watch's first request to the server
+        while True:
+            await asyncio.sleep(0.01)
+            yield 1
+
+    pump = _Pump(_Connection(), watch, check_s=10.0)  # type: ignore[arg-type]
+    await asked.wait()
+    answer.set_result(0)
+    closing = asyncio.ensure_future(pump.close())  # its cancel reaches the watch in the answer's turn
+    done, _ = await asyncio.wait({closing}, timeout=2)  # not cancelled itself at the end of it
+    ended = [task.done() for task in pump.tasks]
+    if not done:
+        await cancelled(closing, "the pump's close")
+    assert closing in done and all(ended), ended

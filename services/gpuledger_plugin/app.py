@@ -17,6 +17,7 @@ from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
+from gpuledger_common.tasks import cancelled
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.model import Isolation
 from gpuledger_plugin.answer import AnswerPolicy
@@ -76,8 +77,8 @@ async def running(settings: PluginSettings, stop: asyncio.Event | None = None) -
                 yield Running(service, link, bound_port(http))
             finally:
                 log.info("gpuledger-plugin stopping")
-                for child in children:
-                    child.cancel()
+                for child in children:  # one cancel can be lost in a NATS request (gpuledger_common.tasks)
+                    await cancelled(child)
                 await http.cleanup()
     finally:
         with contextlib.suppress(Exception):

@@ -64,8 +64,8 @@ class KubeletLink:
             finally:
                 self.registered.clear()
                 server.close()
+                _remove(self.registration.plugin_socket)  # before any wait: gone even if that is cut short
                 await server.wait_closed()
-                _remove(self.registration.plugin_socket)
 
     async def _serve(self) -> Server:
         path = self.registration.plugin_socket

@@ -181,6 +181,7 @@ class Measured:
     samples: Samples = field(default_factory=Samples)
     cpu: dict[str, float] = field(default_factory=dict)
     writes: int = 0
+    busy_s: float = 0.0  # how long the rows whose CPU is counted ran
 
 
 def ops_of(setup: Setup, clients: int, samples: Samples) -> list[tuple[str, Op]]:
@@ -246,7 +247,13 @@ def ops_of(setup: Setup, clients: int, samples: Samples) -> list[tuple[str, Op]]
 
 
 def pids_of(setup: Setup) -> dict[str, list[int]]:
-    return {"allocator": [p.process.pid for p in setup.replicas], "nats-server": [server_pid(setup.server)]}
+    """The processes whose CPU is counted: the replicas, the server, and this one, which runs
+    every client (the load generator shares the machine with what it measures)."""
+    return {
+        "allocator": [p.process.pid for p in setup.replicas],
+        "nats-server": [server_pid(setup.server)],
+        "load generator": [os.getpid()],
+    }
 
 
 async def measure(setups: list[Setup], clients: int, seconds: float, rounds: int) -> dict[str, tuple[Samples, str]]:
@@ -260,11 +267,14 @@ async def measure(setups: list[Setup], clients: int, seconds: float, rounds: int
             for row, op in ops[setup.label]:
                 before = {name: sum(cpu_s(p) for p in ps) for name, ps in pids.items()}
                 count = len(m.samples.latencies.get(row, []))
+                started = time.monotonic()
                 done = await drive(clients, seconds / rounds, op)
+                ran = time.monotonic() - started
                 m.samples.elapsed[row] = m.samples.elapsed.get(row, 0.0) + seconds / rounds
                 m.samples.done[row] = m.samples.done.get(row, 0) + done
                 m.writes += (len(m.samples.latencies.get(row, [])) - count) * WRITES_PER_OP.get(row, 0)
                 if row in (PAIR_ROW, COMMIT_ROW):
+                    m.busy_s += ran
                     for name, ps in pids.items():
                         m.cpu[name] = m.cpu.get(name, 0.0) + sum(cpu_s(p) for p in ps) - before[name]
     results = {}
@@ -277,6 +287,7 @@ async def measure(setups: list[Setup], clients: int, seconds: float, rounds: int
             f" ledger change ({c1 - c0:.0f} conflicts in {m.writes} changes; one write may carry several);"
             " CPU per NATS allocate+release: "
             + ", ".join(f"{name} {cpu / max(1, ops_done) * 1e6:.0f} us" for name, cpu in m.cpu.items())
+            + f"; {sum(m.cpu.values()) / max(m.busy_s, 1e-9):.2f} of the machine's {os.cpu_count()} cores busy"
         )
         results[setup.label] = (m.samples, note)
     return results

@@ -45,6 +45,53 @@ async def test_changes_queued_behind_a_write_go_out_in_one_and_each_caller_sees_
     assert answers[-1].revision == revision
 
 
+async def test_a_lone_change_is_written_from_its_callers_own_task(nc: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = await LedgerStore.open(nc)
+    await store.mutate(NODE, lambda _: ledger())
+    real_write, writers = LedgerStore._write, []
+
+    async def noted(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
+        writers.append(asyncio.current_task())
+        return await real_write(self, node, new, revision)
+
+    monkeypatch.setattr(LedgerStore, "_write", noted)
+    caller = asyncio.ensure_future(store.mutate(NODE, take("alone", 1000)))
+    written = await caller
+
+    assert writers == [caller]
+    assert held(written.new) == {"alone"}
+    assert not store.crowded()  # nothing left in flight
+
+
+async def test_a_caller_cancelled_during_its_own_write_leaves_the_node_to_the_changes_behind_it(
+    nc: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await LedgerStore.open(nc)
+    await store.mutate(NODE, lambda _: ledger())
+    real_write, release = LedgerStore._write, asyncio.Event()
+
+    async def stalls_the_first(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
+        if new is not None and new.get(AllocationId("gone")) is not None:
+            await release.wait()
+        return await real_write(self, node, new, revision)
+
+    monkeypatch.setattr(LedgerStore, "_write", stalls_the_first)
+    gone = asyncio.ensure_future(store.mutate(NODE, take("gone", 1000)))
+    await asyncio.sleep(0.05)
+    behind = asyncio.ensure_future(store.mutate(NODE, take("behind", 1000)))
+    await asyncio.sleep(0.05)
+    assert not behind.done()  # queued behind the write in flight
+
+    gone.cancel()
+    written = await asyncio.wait_for(behind, 5)
+
+    assert gone.cancelled()
+    assert held(written.new) == {"behind"}
+    final, _ = await store.read(NODE)
+    assert held(final) == {"behind"}
+    assert not store.crowded()
+
+
 async def test_a_refusal_in_a_batch_is_its_own_callers_only(nc: Client) -> None:
     store = await LedgerStore.open(nc)
     await store.mutate(NODE, lambda _: ledger())  # one card of 7611 MiB

@@ -61,7 +61,7 @@ def make_wheelhouse(checkout: Checkout) -> Path:
     """Every wheel the dev target installs, and setuptools and wheel to build gpuledger's own."""
     checkout.wheelhouse.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--constraint", "constraints.txt"]
-    cmd += ["--wheel-dir", str(checkout.wheelhouse), ".[dev]", "setuptools>=68", "wheel"]
+    cmd += ["--wheel-dir", str(checkout.wheelhouse), ".[dev]", "setuptools>=77", "wheel"]
     _run(cmd, "wheels of the pinned dependencies", checkout.root)
     for own in checkout.wheelhouse.glob("gpuledger-*.whl"):
         own.unlink()  # the image builds gpuledger from the sources it is given

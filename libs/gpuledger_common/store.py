@@ -465,7 +465,7 @@ class LedgerStore:
         """Queue the change; the next write to the node takes it with every change queued beside it.
         With no write to the node in flight, none queued and no pause asked, the change is a batch of
         one, written from the caller's own task (``_mutate_now``)."""
-        if not (node in self._batches or node in self._yielding or node in self._yield_until or self._queued.get(node)):
+        if not (self._held_up(node) or node in self._yield_until or self._queued.get(node)):
             return await self._mutate_now(node, transition, attempts)
         done = asyncio.get_running_loop().create_future()
         turn = _Turn(transition, attempts, done, contextvars.copy_context(), time.monotonic() + time_left(self.retry_s))
@@ -507,9 +507,7 @@ class LedgerStore:
         try:
             return await self._mutate(node, transition, attempts)
         finally:
-            if self._batches.get(node) is task:
-                del self._batches[node]
-            self._next_batch(node)
+            self._batch_done(node)
 
     def _unqueued(self, node: str, turn: _Turn) -> bool:
         """Take a change no write has taken yet out of the queue; False if one has."""
@@ -524,7 +522,7 @@ class LedgerStore:
         runs in the context of the caller with the least time left, so it rides out an outage
         for as long as that caller's window lasts (a caller with time left after it is queued
         again: each call waits out as much as its own window allows)."""
-        if node in self._batches or node in self._yielding or not self._queued.get(node):
+        if self._held_up(node) or not self._queued.get(node):
             return
         pause = self._yield_until.pop(node, 0.0) - time.monotonic()
         if pause > 0:  # another writer keeps losing races on the node: let it write first
@@ -536,6 +534,10 @@ class LedgerStore:
         batch = asyncio.get_running_loop().create_task(self._write_batch(node, turns), context=context)
         self._batches[node] = batch
         batch.add_done_callback(lambda _: self._batch_done(node))
+
+    def _held_up(self, node: str) -> bool:
+        """A write to the node is in flight, or its next one waits out a pause another writer asked."""
+        return node in self._batches or node in self._yielding
 
     def _resume(self, node: str) -> None:
         self._yielding.discard(node)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,6 +28,21 @@ from .test_store import NODE, ledger, take
 def held(value: NodeLedger | None) -> set[str]:
     assert value is not None
     return {str(a.id) for a in value.live()}
+
+
+def stalled_writes(
+    monkeypatch: pytest.MonkeyPatch, stalls: Callable[[NodeLedger | None], bool] = lambda _: True
+) -> asyncio.Event:
+    """Hold each of the store's writes whose new value ``stalls`` picks until the event returned is set."""
+    real_write, release = LedgerStore._write, asyncio.Event()
+
+    async def stalled(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
+        if stalls(new):
+            await release.wait()
+        return await real_write(self, node, new, revision)
+
+    monkeypatch.setattr(LedgerStore, "_write", stalled)
+    return release
 
 
 async def test_changes_queued_behind_a_write_go_out_in_one_and_each_caller_sees_its_own(nc: Client) -> None:
@@ -68,14 +84,7 @@ async def test_a_caller_cancelled_during_its_own_write_leaves_the_node_to_the_ch
 ) -> None:
     store = await LedgerStore.open(nc)
     await store.mutate(NODE, lambda _: ledger())
-    real_write, release = LedgerStore._write, asyncio.Event()
-
-    async def stalls_the_first(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
-        if new is not None and new.get(AllocationId("gone")) is not None:
-            await release.wait()
-        return await real_write(self, node, new, revision)
-
-    monkeypatch.setattr(LedgerStore, "_write", stalls_the_first)
+    stalled_writes(monkeypatch, lambda new: new is not None and new.get(AllocationId("gone")) is not None)
     gone = asyncio.ensure_future(store.mutate(NODE, take("gone", 1000)))
     await asyncio.sleep(0.05)
     behind = asyncio.ensure_future(store.mutate(NODE, take("behind", 1000)))
@@ -144,13 +153,7 @@ async def test_a_change_still_queued_when_its_window_ends_is_refused_and_never_w
 ) -> None:
     store = await LedgerStore.open(nc)
     await store.mutate(NODE, lambda _: ledger())
-    real_write, release = LedgerStore._write, asyncio.Event()
-
-    async def stalls(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
-        await release.wait()  # the write ahead waits out an outage
-        return await real_write(self, node, new, revision)
-
-    monkeypatch.setattr(LedgerStore, "_write", stalls)
+    release = stalled_writes(monkeypatch)  # the write ahead waits out an outage
     ahead = asyncio.ensure_future(store.mutate(NODE, take("ahead", 1000)))
     await asyncio.sleep(0.05)
 

@@ -1,12 +1,12 @@
 """A rolling upgrade, with two versions of the codec side by side on one real nats-server: the
-codec as it was before values recorded their schema (read from git at ``BEFORE``), this one, and
-a value of a newer schema than this one knows, as a later release would write it."""
+codec as it was before values recorded their schema (its source as commit 67708c1 had it, kept
+under ``data/`` so the test needs no git history), this one, and a value of a newer schema than
+this one knows, as a later release would write it."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -22,16 +22,14 @@ from gpuledger_core import codec
 from gpuledger_core.errors import FailedPrecondition
 from gpuledger_core.ledger import NodeLedger, with_node
 
-BEFORE = "67708c1"  # the last commit whose codec wrote no schema
-ROOT = Path(__file__).resolve().parents[3]
+# libs/gpuledger_core/codec.py of 67708c1, the last commit whose codec wrote no schema
+OLD_CODEC = Path(__file__).with_name("data") / "codec_before_schemas.py.txt"
 
 
 @pytest.fixture(scope="module")
 def old_codec(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    source = subprocess.run(
-        ["git", "show", f"{BEFORE}:libs/gpuledger_core/codec.py"], cwd=ROOT, capture_output=True, check=True, text=True
-    ).stdout
-    assert "schema" not in source
+    source = OLD_CODEC.read_text()
+    assert "def ledger_to" in source and "schema" not in source
     path = tmp_path_factory.mktemp("codec") / "codec_before_schemas.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("codec_before_schemas", path)

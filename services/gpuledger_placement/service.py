@@ -45,6 +45,7 @@ BACKGROUND_STEP = 50  # ... per turn of the event loop, between requests (``buil
 CONTENT = -1  # a node entry's memo key for the number standing for its content (question keys are >= 0)
 CONTENTS_KEPT = 65_536
 Verdict = tuple[int, str]
+STALE = "node inventory is stale (no heartbeat): nothing new is placed here until it reports"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,29 +146,33 @@ class PlacementService:
         return Filtered((chosen,), judged.failed, judged.unresolvable, others)
 
     def _guarded(self, pod: PodAsk, names: Sequence[str]) -> Filtered:
-        """A pod that takes no card: every node that is not a GPU node, and each GPU node where it
-        leaves the CPU and memory the guard keeps for the node's free cards."""
-        if self.guard is None or self.hosts is None:
-            return Filtered(tuple(names), {}, {})
+        """A pod that takes no card: every node that is not a GPU node, and each GPU node that
+        is not stale and where it leaves the CPU and memory the guard keeps for the node's free cards."""
         ask = Ask(None, pod.cpu_milli, pod.memory_mib, pod.owner.describe())
+        now = self.view.clock()
         fits: list[str] = []
         failed: dict[str, str] = {}
         for name in names:
-            entry = self.view.entries.get(name)
-            if entry is None:  # no cards here to strand
-                fits.append(name)
-                continue
-            free = self.hosts.free(name)
-            if free is None:
-                failed[name] = "guard: gpuledger does not know this GPU node's CPU and memory yet"
-                continue
-            state = replace(entry.state, cpu_free=free[0], mem_free=free[1])
-            why = self.guard.problem(state, ask)
+            why = self._cpu_only_problem(name, ask, now)
             if why:
                 failed[name] = why
             else:
                 fits.append(name)
         return Filtered(tuple(fits), failed, {})
+
+    def _cpu_only_problem(self, name: str, ask: Ask, now: float) -> str:
+        """Why a pod that takes no card may not go to node ``name`` ("" where it may)."""
+        entry = self.view.entries.get(name)
+        if entry is None:  # no cards here to strand
+            return ""
+        if self.view.stale_after_s and self.view.stale(name, now):
+            return STALE
+        if self.guard is None or self.hosts is None:
+            return ""
+        free = self.hosts.free(name)
+        if free is None:
+            return "guard: gpuledger does not know this GPU node's CPU and memory yet"
+        return self.guard.problem(replace(entry.state, cpu_free=free[0], mem_free=free[1]), ask)
 
     def _holding(self, pod: PodAsk, names: Sequence[str]) -> str | None:
         """The node among ``names`` where the pod already holds a live allocation of what it asks
@@ -374,10 +379,7 @@ class PlacementService:
             if entry is None:
                 yield name, (FAILED, "not in the gpuledger ledger: no inventory from this node yet")
             elif stale is not None and stale(name, now):
-                yield (
-                    name,
-                    (FAILED, "node inventory is stale (no heartbeat): nothing new is placed here until it reports"),
-                )
+                yield name, (FAILED, STALE)
             else:
                 found = entry.memo.get(key)
                 if found is None:

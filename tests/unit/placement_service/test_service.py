@@ -70,6 +70,20 @@ def test_a_stale_node_fails_but_may_come_back() -> None:
     assert "stale" in found.failed["a100-0"]
 
 
+def test_a_stale_node_gets_no_pod_that_takes_no_card_either_and_says_why_as_for_one_that_does() -> None:
+    built = parts(stale_after_s=5.0)
+    built.view.clock = lambda: 1000.0
+    built.view.started_at = 900.0  # no word from a100-0 since then
+    built.view.heartbeat("h100-0", 999.0)
+    cpu_only = PodAsk(OWNER, (), cpu_milli=1000, memory_mib=1024)
+    found = built.service.filter(cpu_only, ["h100-0", "a100-0", "cpu-0"])
+    assert found.fits == ("h100-0", "cpu-0")  # cpu-0 has no cards, so no inventory to go stale
+    assert found.failed == {"a100-0": built.service.filter(pod(Request(1)), ["a100-0"]).failed["a100-0"]}
+    assert "stale" in found.failed["a100-0"]
+    built.view.heartbeat("a100-0", 999.5)  # it reports again
+    assert built.service.filter(cpu_only, ["a100-0"]).fits == ("a100-0",)
+
+
 def test_answers_are_recomputed_when_the_node_changes() -> None:
     built = parts()
     ask = pod(Request(2))

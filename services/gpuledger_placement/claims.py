@@ -25,7 +25,6 @@ Claims are handled one at a time per uid (the latest version wins), several uids
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 import time
@@ -42,7 +41,7 @@ from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.model import Allocation, Isolation, OwnerKind
 from gpuledger_core.slots import slot_problem
-from gpuledger_placement.metrics import CLAIM_COMMIT_SECONDS, CLAIMS
+from gpuledger_placement.metrics import CLAIM_COMMIT_SECONDS, CLAIMS, ORPHAN_RELEASE_FAILURES
 from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
@@ -295,9 +294,23 @@ class ClaimsController:
                     continue
                 if allocation.created_at > listed_at - GRACE_S or owner.id in self._busy:
                     continue
-                ref = ClaimRef(owner.namespace, owner.name, owner.id)
-                with contextlib.suppress(GpuledgerError):
-                    await self._release_on(NodeName(node), ref, "no ResourceClaim holds it")
+                await self._release_orphan(NodeName(node), ClaimRef(owner.namespace, owner.name, owner.id), allocation)
+
+    async def _release_orphan(self, node: NodeName, ref: ClaimRef, allocation: Allocation) -> None:
+        """Release an entry no claim holds; a failure is logged and counted, and the entry is
+        looked at again after the next listing."""
+        try:
+            await self._release_on(node, ref, "no ResourceClaim holds it")
+        except GpuledgerError as err:
+            ORPHAN_RELEASE_FAILURES.labels(err.code).inc()
+            log.warning(
+                "claims: ledger allocation %s of %s on %s, which no ResourceClaim holds, was not released (%s); "
+                "it is tried again after the next listing",
+                allocation.id,
+                ref.describe(),
+                node,
+                err,
+            )
 
 
 def _decided(raw: Mapping[str, Any], driver: str, devices: tuple[AllocatedDevice, ...]) -> str | None:

@@ -38,6 +38,12 @@ CLAIMS = Counter(
     "conflict: allocated by the scheduler without waiting and refused by the ledger, error: tried again)",
     ["outcome"],
 )
+ORPHAN_RELEASE_FAILURES = Counter(
+    "gpuledger_placement_claim_orphan_release_failures_total",
+    "Ledger entries of claims that no ResourceClaim holds whose release failed, by error code (tried again after "
+    "the next listing of the claims)",
+    ["code"],
+)
 CLAIM_COMMIT_SECONDS = Histogram(
     "gpuledger_placement_claim_commit_seconds",
     "From a claim's allocationTimestamp to its gpuledger.io/committed condition written",

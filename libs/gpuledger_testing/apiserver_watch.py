@@ -1,5 +1,5 @@
-"""The fake API server's pod field selectors and watches, as kube-apiserver serves them (checked by
-tests/e2e/test_fake_contract.py).
+"""The fake API server's pod field selectors and watches (of pods, and of Nodes with no selector), as
+kube-apiserver serves them (checked by tests/e2e/test_fake_contract.py).
 
 Field selectors: ``field=value``, ``field==value`` and ``field!=value`` joined by commas (all must
 hold), over the fields the real server indexes for pods; any other field is 400 ``field label not
@@ -88,7 +88,7 @@ class Watches:
         self.compacted = 0  # a watch from an older version is too old
         self._seen: dict[int, dict[str, Object]] = {}
 
-    def listed(self, version: int, pods: Mapping[tuple[str, str], Object]) -> None:
+    def listed(self, version: int, pods: Mapping[Any, Object]) -> None:
         if version not in self._seen:
             self._seen[version] = _by_uid(pods.values())
             while len(self._seen) > self.kept:
@@ -98,7 +98,7 @@ class Watches:
         """Every snapshot is gone: a watch from a listed version is now too old (410)."""
         self._seen.clear()
 
-    def start(self, wanted: str, version: int, pods: Mapping[tuple[str, str], Object]) -> dict[str, Object] | None:
+    def start(self, wanted: str, version: int, pods: Mapping[Any, Object]) -> dict[str, Object] | None:
         """What the watch is taken to have sent already; None if ``wanted`` is too old."""
         if wanted in ("", "0"):
             return {}
@@ -122,13 +122,15 @@ async def serve_watch(
     selector: Selector,
     namespace: str,
     sent: dict[str, Object] | None,
-    pods: Callable[[], Mapping[tuple[str, str], Object]],
+    pods: Callable[[], Mapping[Any, Object]],
     final: Mapping[str, Object],
     version: Callable[[], int],
     oldest: int,
     stopping: asyncio.Event,
     bookmark_s: float = BOOKMARK_S,
+    object_kind: str = "Pod",
 ) -> web.StreamResponse:
+    """Stream the changes of the objects ``pods()`` gives (pods, or Nodes with ``object_kind``)."""
     reply = web.StreamResponse(headers={"Content-Type": "application/json"})
     await reply.prepare(request)
     wanted = request.query.get("resourceVersion", "")
@@ -169,7 +171,7 @@ async def serve_watch(
                 await _send(reply, kind, obj)
             if bookmarks and time.monotonic() >= bookmark_at:
                 bookmark_at = time.monotonic() + bookmark_s
-                mark = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": str(version())}}
+                mark = {"kind": object_kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(version())}}
                 await _send(reply, "BOOKMARK", mark)
             await asyncio.sleep(POLL_S)
     return reply

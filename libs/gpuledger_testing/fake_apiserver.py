@@ -5,7 +5,8 @@ Pods (``/api/v1/namespaces/{ns}/pods``): create, get, list (also ``/api/v1/pods`
 JSON merge patch and strategic merge patch (taken as a merge patch: the same for maps such as
 annotations and labels, where ``null`` deletes a key), PUT, the ``status`` subresource (a write of
 the pod leaves ``status`` alone, a write of ``/status`` leaves ``spec`` alone), delete, and
-``/binding`` (with the UID as a precondition). Nodes (``/api/v1/nodes``): create, get, patch, delete.
+``/binding`` (with the UID as a precondition). Nodes (``/api/v1/nodes``): create, get, patch, delete,
+list (whole, no selectors or pages) and watch.
 
 As the real server does: a created pod is defaulted and its resources written in canonical form
 (``4000`` reads back as ``4k``; see ``apiserver_rules`` and ``quantity``), and refused with 422
@@ -63,7 +64,7 @@ from gpuledger_testing.apiserver_status import (
     not_found,
     status,
 )
-from gpuledger_testing.apiserver_watch import BOOKMARK_S, TRUE, Watches, selector_from, serve_watch
+from gpuledger_testing.apiserver_watch import BOOKMARK_S, TRUE, Selector, Watches, selector_from, serve_watch
 
 PODS = "/api/v1/namespaces/{namespace}/pods"
 POD_PATH = PODS + "/{name}"
@@ -84,6 +85,7 @@ class FakeApiServer:
         self.fail_lists: list[tuple[int, str] | None] = []  # None: answer that one normally
         self._snapshots: dict[tuple[int, str], list[Object]] = {}  # (resourceVersion, namespace) -> pods
         self._watches = Watches()
+        self._node_watches = Watches()
         self._final: dict[str, Object] = {}  # uid -> a pod's last state, written just before it went
         self._stopping = asyncio.Event()  # set while closing: open watches end
         self.bookmark_s = BOOKMARK_S  # how often open watches get a bookmark
@@ -125,16 +127,21 @@ class FakeApiServer:
     def expire_continues(self) -> None:
         self._snapshots.clear()
         self._watches.forget()
+        self._node_watches.forget()
 
     def compact(self) -> None:
         """As etcd's compaction: every version so far is too old to watch from (410); open
         watches go on."""
         self.expire_continues()
         self._version += 1
-        self._watches.compacted = self._version
+        self._watches.compacted = self._node_watches.compacted = self._version
 
-    def add_node(self, name: str) -> None:
-        self.nodes[name] = self._created({"metadata": {"name": name}}, "Node")
+    def add_node(self, name: str, allocatable: Mapping[str, str] | None = None) -> None:
+        """A Node, with ``status.allocatable`` (and capacity) where given, as its kubelet registers it."""
+        node: Object = {"metadata": {"name": name}}
+        if allocatable is not None:
+            node["status"] = {"capacity": dict(allocatable), "allocatable": dict(allocatable)}
+        self.nodes[name] = self._created(node, "Node")
 
     def _created(self, obj: Object, kind: str) -> Object:
         obj.update(kind=kind, apiVersion="v1")
@@ -165,6 +172,7 @@ class FakeApiServer:
         app.router.add_delete(POD_PATH, self._delete_pod)
         app.router.add_post(POD_PATH + "/binding", self._bind)
         app.router.add_post("/api/v1/nodes", self._create_node)
+        app.router.add_get("/api/v1/nodes", self._list_nodes)
         app.router.add_get(NODE_PATH, self._get_node)
         app.router.add_patch(NODE_PATH, self._write_node)
         app.router.add_delete(NODE_PATH, self._delete_node)
@@ -396,6 +404,26 @@ class FakeApiServer:
         body["metadata"].pop("uid", None)
         self.nodes[name] = self._created(body, "Node")
         return web.json_response(body, status=201)
+
+    async def _list_nodes(self, request: web.Request) -> web.StreamResponse:
+        """Every Node in name order, or a watch of them; no selectors or pages here."""
+        unsupported = [key for key in ("labelSelector", "fieldSelector", "limit", "continue") if request.query.get(key)]
+        if unsupported:
+            return bad_request(f"the fake API server cannot list nodes by {', '.join(unsupported)}")
+        if request.query.get("watch") in TRUE:
+            sent = self._node_watches.start(request.query.get("resourceVersion", ""), self._version, self.nodes)
+            oldest = self._node_watches.oldest(self._version)
+            nodes, version = (lambda: self.nodes), (lambda: self._version)
+            return await serve_watch(
+                request, Selector(), "", sent, nodes, {}, version, oldest, self._stopping, self.bookmark_s, "Node"
+            )
+        self._node_watches.listed(self._version, self.nodes)
+        items = [copy.deepcopy(self.nodes[name]) for name in sorted(self.nodes)]
+        for item in items:
+            item.pop("kind", None)
+            item.pop("apiVersion", None)
+        meta = {"resourceVersion": str(self._version)}
+        return web.json_response({"kind": "NodeList", "apiVersion": "v1", "metadata": meta, "items": items})
 
     def _find_node(self, request: web.Request) -> Object | web.Response:
         name = request.match_info["name"]

@@ -173,11 +173,7 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
     pods = await _pod_api(settings)
     try:
         store = await open_ledger(nc, stop, retry_s=settings.ledger_retry_s)
-        hosts = HostUsage() if settings.guard != "off" and isinstance(pods, KubePodApi) else None
-        if settings.guard != "off" and hosts is None:
-            log.warning(
-                "guard %s set, but without Kubernetes access it cannot know nodes' CPU and memory", settings.guard
-            )
+        hosts = _hosts(settings, pods)
         parts = build(settings, store, pods, nc, hosts)
         async with asyncio.TaskGroup() as tasks:
             watching = tasks.create_task(parts.view.run())
@@ -235,6 +231,16 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
         with contextlib.suppress(Exception):
             await nc.drain()
     log.info("gpuledger-placement stopped")
+
+
+def _hosts(settings: PlacementSettings, pods: PodApi) -> HostUsage | None:
+    """Each node's CPU and memory, followed wherever Kubernetes is reached: fit, the balance term of
+    ``default`` and the guard use them. None without Kubernetes access (untracked)."""
+    if isinstance(pods, KubePodApi):
+        return HostUsage()
+    if settings.guard != "off":
+        log.warning("guard %s set, but without Kubernetes access it cannot know nodes' CPU and memory", settings.guard)
+    return None
 
 
 def _ready(view: FleetView, nc: Client | None, settings: PlacementSettings) -> Callable[[], str]:

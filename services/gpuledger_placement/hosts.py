@@ -1,10 +1,13 @@
-"""What Kubernetes knows of each node's CPU and memory, for the dominant-resource guard: every
-Node's allocatable, less the requests of the pods bound to it that have not ended.
+"""What Kubernetes knows of each node's CPU and memory: every Node's allocatable, less the requests
+of the pods bound to it that have not ended.
 
-The guard keeps a GPU node's free CPU and memory in proportion to its free cards, so that pods
+Placement follows them wherever it reaches Kubernetes, guard or none: each node's free CPU and
+memory are part of its state in the view (``FleetView.host_changed``), so a pod with cards is
+checked against them as kube-scheduler checks it, and ``default``'s balance term sees how much of
+a node's free GPU its CPU and memory can still serve. The dominant-resource guard, where set, uses
+them too: it keeps a GPU node's free CPU and memory in proportion to its free cards, so that pods
 that take no card (they reach the extender too: see docs/placement.md, "The guard in
-Kubernetes") cannot strand its cards. kube-scheduler checks that a pod fits a node's CPU and
-memory; the guard asks more of a pod that takes no card on a node with free cards.
+Kubernetes") cannot strand its cards.
 
 ``follow`` lists Nodes and the pods bound to a node, then watches both from the list's version,
 and lists again when a watch cannot go on. Pods bound by this placement service are counted at
@@ -76,7 +79,7 @@ class HostUsage:
             cpu = int(convert.quantity(allocatable.get("cpu", 0), "allocatable.cpu") * 1000)
             mem = int(convert.quantity(allocatable.get("memory", 0), "allocatable.memory") / convert.MIB)
         except InvalidArgument as err:
-            log.warning("node %s: allocatable not understood (%s); the guard leaves it alone", name, err)
+            log.warning("node %s: allocatable not understood (%s); its CPU and memory stay untracked", name, err)
             self.allocatable.pop(name, None)
             return
         if name and self.allocatable.get(name) != (cpu, mem):
@@ -145,12 +148,12 @@ async def follow(api: Watchable, usage: HostUsage) -> None:
             nodes = await api.list_objects(NODES, {})
             pods = await api.list_objects(PODS, {"fieldSelector": BOUND})
             usage.replace(nodes["items"], pods["items"])
-            log.info("guard: %d node(s), %d bound pod(s) followed", len(usage.allocatable), len(usage.pods))
+            log.info("hosts: %d node(s), %d bound pod(s) followed", len(usage.allocatable), len(usage.pods))
             async with asyncio.TaskGroup() as watches:
                 watches.create_task(_watch(api, NODES, {}, nodes, usage, _node_event))
                 watches.create_task(_watch(api, PODS, {"fieldSelector": BOUND}, pods, usage, _pod_event))
         except* GpuledgerError as group:
-            log.warning("guard: following nodes and pods failed (%s); listing again", group.exceptions[0])
+            log.warning("hosts: following nodes and pods failed (%s); listing again", group.exceptions[0])
         await asyncio.sleep(RETRY_S)
 
 

@@ -7,7 +7,8 @@ allocator and the inventory) and what its tests lean on the fake for: pods read,
 (merge and strategic, ``null`` deleting a key), put, bound (UID precondition; 201, 409, 404),
 listed in pages from one snapshot, and deleted (gracefully when bound to a node); the status
 subresource; resourceVersion conflicts; canonical quantities; node labels read and patched; and
-the ``Status`` bodies of every refusal. The last tests run the adapters themselves against both.
+the ``Status`` bodies of every refusal; Nodes listed and watched. The last tests run the adapters
+themselves against both.
 
 The real server's pods are bound to a node name with no Node object, so kwok leaves them alone.
 """
@@ -15,6 +16,7 @@ The real server's pods are bound to a node name with no Node object, so kwok lea
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import ssl
@@ -30,10 +32,11 @@ import pytest_asyncio
 from gpuledger_allocator.kube import KubePodLister
 from gpuledger_core.errors import Conflict, NotFound, Unavailable
 from gpuledger_inventory.kube import KubeNodeApi
+from gpuledger_placement.hosts import HostUsage, follow
 from gpuledger_placement.kube import KubePodApi
 from gpuledger_testing.controlplane.cluster import ControlPlane
 from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.waiting import wait_for
+from gpuledger_testing.waiting import polled, wait_for
 
 # 120 s: the first real test also starts the control plane.
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(120)]
@@ -641,6 +644,42 @@ async def test_the_allocator_watch_brings_the_changes_after_its_listing_in_order
 
 async def _has(events: list[tuple[str, str]], wanted: tuple[str, str]) -> bool:
     return wanted in events
+
+
+async def test_placement_follows_nodes_allocatable_and_the_pods_bound_to_them(server: Server) -> None:
+    """hosts.follow: Nodes and bound pods listed, then watched from the listing's version."""
+    first, second = server.node, f"{server.node}-2"
+
+    def node(name: str, cpu: str, memory: str) -> dict[str, Any]:
+        allocatable = {"cpu": cpu, "memory": memory, "pods": "110"}
+        return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+                "status": {"capacity": allocatable, "allocatable": allocatable}}  # fmt: skip
+
+    assert (await server.http.call("POST", "/api/v1/nodes", node(first, "8", "16Gi"))).status == 201
+    usage = HostUsage()
+    pods = await KubePodApi.connect("kubeconfig", str(server.kubeconfig), 10.0)
+    following = asyncio.create_task(follow(pods, usage))
+
+    async def free(name: str, wanted: tuple[int, int] | None) -> None:
+        await wait_for(polled(lambda: usage.synced.is_set() and usage.free(name) == wanted), 20, f"{name}: {wanted}")
+
+    try:
+        await free(first, (8000, 16384))  # listed
+        assert (await server.http.call("POST", "/api/v1/nodes", node(second, "4", "8Gi"))).status == 201
+        await free(second, (4000, 8192))  # watched
+        requests = {"requests": {"cpu": "1500m", "memory": "1Gi"}}
+        await server.create("bound", nodeName=first, containers=[{"name": "app", "image": "x", "resources": requests}])
+        await free(first, (6500, 15360))
+        assert (await server.delete("bound", grace_s=0)).status == 200
+        await free(first, (8000, 16384))
+        assert (await server.http.call("DELETE", f"/api/v1/nodes/{second}")).status == 200
+        await free(second, None)
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+        await pods.close()
+        await server.http.call("DELETE", f"/api/v1/nodes/{second}")
 
 
 async def test_the_inventory_adapter_reads_and_patches_node_labels(server: Server) -> None:

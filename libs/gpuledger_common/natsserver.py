@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuledger_common.children import exec_child
 from gpuledger_core.errors import Unavailable
 
 START_TRIES = 3  # an embedded server on a port of its own choosing: a port taken meanwhile is chosen again
@@ -74,7 +75,7 @@ class NatsServer:
         return f"nats://127.0.0.1:{self.port}"
 
     async def start(self, timeout: float = 10.0) -> None:
-        self.process = await asyncio.create_subprocess_exec(
+        self.process = await exec_child(  # it dies with this process, however that ends
             find_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.store_dir, *self.args,
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,

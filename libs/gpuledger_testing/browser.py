@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from gpuledger_common.children import exec_child
 from gpuledger_common.natsserver import free_port
 
 FLAGS = (
@@ -92,7 +93,7 @@ async def chromium(width: int = 1280, height: int = 900) -> AsyncIterator[Page]:
     port = free_port()
     # Chromium's helper processes may still be writing the profile as the main one exits.
     with tempfile.TemporaryDirectory(prefix="gpuledger-chromium-", ignore_cleanup_errors=True) as profile:
-        process = await asyncio.create_subprocess_exec(
+        process = await exec_child(
             chromium_binary(),
             *FLAGS,
             f"--user-data-dir={profile}",

@@ -25,6 +25,7 @@ from typing import IO, Any
 
 import yaml
 
+from gpuledger_common import children
 from gpuledger_common.natsserver import free_port
 from gpuledger_testing.controlplane.build import Binaries, ensure_built
 from gpuledger_testing.controlplane.pki import Pki, make_pki
@@ -71,7 +72,8 @@ class Process:
 
     def start(self) -> None:
         self._log = self.log_path.open("ab")
-        self.popen = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        # Its own process group (a kill reaches whatever it starts), and it dies with this process.
+        self.popen = children.popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuledger_common import children
 from gpuledger_testing.controlplane.build import cache_root
 from gpuledger_testing.engine.apt import require_root
 from gpuledger_testing.engine.errors import EngineError
@@ -82,7 +83,8 @@ def _start() -> tuple[subprocess.Popen[bytes], Path]:
     log.parent.mkdir(parents=True, exist_ok=True)
     say(f"starting {dockerd} (log: {log})")
     with log.open("ab") as out:
-        proc = subprocess.Popen([dockerd], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # SIGTERM when this process ends, however it ends: dockerd then stops its containers and containerd.
+        proc = children.popen([dockerd], signal.SIGTERM, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     return proc, log
 
 

@@ -9,6 +9,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuledger_common.children import exec_child
+
 TAIL_LINES = 15
 
 
@@ -31,7 +33,7 @@ class ServiceProcess:
 
     async def start(self) -> None:
         with self.log.open("ab") as out:
-            self.process = await asyncio.create_subprocess_exec(
+            self.process = await exec_child(  # it dies with the stack's process, however that ends
                 sys.executable,
                 "-m",
                 self.module,

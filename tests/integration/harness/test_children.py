@@ -1,0 +1,128 @@
+"""What the fixtures start dies with the run, however the run ends (gpuledger_common.children): a
+pytest run whose fixture started a nats-server, a control-plane process (from a worker thread, as
+``RealCluster`` starts its control plane) and a service of the local stack is killed with SIGKILL,
+SIGTERM or SIGINT, and afterwards none of those processes is left."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpuledger_common import children
+from gpuledger_testing.waiting import polled, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+INNER = '''
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuledger_cli.dev.processes import Supervisor
+from gpuledger_common.natsserver import embedded_nats
+from gpuledger_testing.controlplane.cluster import Process
+
+
+@pytest.fixture
+async def started(tmp_path):
+    async with embedded_nats() as nats:
+        control = Process("sleeper", ["sleep", "600"], tmp_path / "sleeper.log")
+        await asyncio.to_thread(control.start)
+        supervisor = Supervisor(tmp_path)
+        service = await supervisor.start("web", "http.server", ["0", "--bind", "127.0.0.1"])
+        try:
+            yield [nats.process.pid, control.popen.pid, service.process.pid]
+        finally:
+            await supervisor.stop()
+            await asyncio.to_thread(control.stop)
+
+
+async def test_waits_until_the_run_is_ended(started):
+    Path(os.environ["CHILD_PIDS"]).write_text(" ".join(map(str, started)))
+    await asyncio.Event().wait()
+'''
+INI = "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+
+
+def started_at(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat), None if it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return None if fields[0] in ("Z", "X") else fields[19]
+
+
+def left(seen: dict[int, str]) -> list[int]:
+    """The processes of ``seen`` still running (the same pid started at the same time)."""
+    return [pid for pid, start in seen.items() if started_at(pid) == start]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+async def test_no_child_of_a_run_outlives_it(tmp_path: Path, sig: signal.Signals) -> None:
+    (tmp_path / "test_inner.py").write_text(INNER)
+    (tmp_path / "pytest.ini").write_text(INI)
+    pids = tmp_path / "pids"
+    env = {**os.environ, "CHILD_PIDS": str(pids)}
+    with (tmp_path / "inner.log").open("wb") as out:
+        run = await children.exec_child(
+            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path / "test_inner.py"),
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    seen: dict[int, str] = {}
+    try:
+        await wait_for(polled(lambda: _listed(pids)), 60, "the inner run's children started", 0.05)
+        listed = _listed(pids)
+        seen = {pid: start for pid in listed if (start := started_at(pid)) is not None}
+        assert len(seen) == 3, f"{listed} not all running: {(tmp_path / 'inner.log').read_text()}"
+        run.send_signal(sig)
+        async with asyncio.timeout(30):
+            await run.wait()
+
+        async def none_left() -> bool:
+            return not left(seen)
+
+        try:
+            await wait_for(none_left, 10, "every child of the run gone", 0.05)
+        except TimeoutError:
+            pytest.fail(f"after {sig.name} of the run, {left(seen)} of {sorted(seen)} still run")
+    finally:
+        for pid in left(seen):
+            os.kill(pid, signal.SIGKILL)
+        if run.returncode is None:
+            run.kill()
+            await run.wait()
+
+
+def _listed(path: Path) -> list[int]:
+    return [int(pid) for pid in path.read_text().split()] if path.exists() else []
+
+
+def test_a_child_started_from_a_worker_thread_outlives_the_thread() -> None:
+    """The parent-death signal follows the thread that forked: ``popen`` forks from a thread that
+    lasts, so a thread that asked and ended takes no child with it."""
+    made: list[subprocess.Popen[bytes]] = []
+    worker = threading.Thread(target=lambda: made.append(children.popen(["sleep", "600"])))
+    worker.start()
+    worker.join()
+    [child] = made
+    try:
+        assert worker.native_id is not None
+        task = Path(f"/proc/self/task/{worker.native_id}")
+        while task.exists():  # the thread has left Python; wait until the kernel has ended it too
+            threading.Event().wait(0.01)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=1.0)  # a child forked by the ended thread is killed within microseconds
+    finally:
+        child.kill()
+        child.wait()

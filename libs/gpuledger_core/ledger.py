@@ -6,13 +6,13 @@ by the caller with compare-and-set on the key's revision.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument, NotFound, Released
-from gpuledger_core.ids import AllocationId, CardUuid
-from gpuledger_core.model import Allocation, AllocState, CardShare, Node
+from gpuledger_core.ids import AllocationId, CardUuid, NodeName
+from gpuledger_core.model import Allocation, AllocState, CardShare, Grant, Isolation, Node, Owner, Request
 from gpuledger_core.usage import CardUse, allocation_use, free_of, node_use, tier_problem
 
 RELEASED_RETENTION_S = 600.0
@@ -44,6 +44,33 @@ class NodeLedger:
     def _swap(self, allocation: Allocation) -> NodeLedger:
         kept = tuple(a if a.id != allocation.id else allocation for a in self.allocations)
         return NodeLedger(self.node, kept)
+
+
+def reservation(
+    allocation_id: AllocationId,
+    owner: Owner,
+    node: NodeName,
+    grants: tuple[Grant, ...],
+    requests: Sequence[Request],
+    *,
+    isolation: Isolation,
+    now: float,
+    lease_s: float,
+) -> Allocation:
+    """The allocation a writer reserves for ``grants`` (the cards its fit or placement chose), held
+    until ``now + lease_s`` unless committed: what the allocator and placement's binder both write."""
+    return Allocation(
+        id=allocation_id,
+        owner=owner,
+        node=node,
+        grants=grants,
+        state=AllocState.RESERVED,
+        isolation=isolation,
+        created_at=now,
+        updated_at=now,
+        lease_expires_at=now + lease_s,
+        requests=tuple(requests),
+    )
 
 
 def reserve(ledger: NodeLedger, allocation: Allocation, *, mix_isolation: bool = False) -> NodeLedger:

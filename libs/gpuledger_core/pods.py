@@ -8,6 +8,7 @@ ledger transition that reserves them with their kubelet device IDs.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -15,8 +16,8 @@ from dataclasses import dataclass, replace
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.fit import ContainerAsk, share_for
 from gpuledger_core.ids import AllocationId
-from gpuledger_core.ledger import NodeLedger, reserve
-from gpuledger_core.model import Allocation, AllocState, Grant, Isolation, Owner
+from gpuledger_core.ledger import NodeLedger, reservation, reserve
+from gpuledger_core.model import Allocation, Grant, Isolation, Owner
 from gpuledger_core.placement import Ask, Decision, NodeState, Policy, from_ledger, place, shares
 from gpuledger_core.slots import assign_device_ids, slot_problem
 
@@ -154,15 +155,13 @@ def reserve_pod(
     otherwise (or if the hint does not match the pod) the cards are chosen again."""
     hinted = hinted_grants(ledger, pod, hint) if hint is not None else None
     if hinted is not None:
-        try:
-            return _reserve(ledger, pod, allocation_id, hinted, now, lease_s, slots_per_card, mix_isolation)
-        except Exhausted:
-            pass
+        with contextlib.suppress(Exhausted):
+            return reserve_grants(ledger, pod, allocation_id, hinted, now, lease_s, slots_per_card, mix_isolation)
     grants = plan(ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
-    return _reserve(ledger, pod, allocation_id, grants, now, lease_s, slots_per_card, mix_isolation)
+    return reserve_grants(ledger, pod, allocation_id, grants, now, lease_s, slots_per_card, mix_isolation)
 
 
-def _reserve(
+def reserve_grants(
     ledger: NodeLedger,
     pod: PodAsk,
     allocation_id: AllocationId,
@@ -170,19 +169,13 @@ def _reserve(
     now: float,
     lease_s: float,
     slots_per_card: int,
-    mix_isolation: bool,
+    mix_isolation: bool = False,
 ) -> NodeLedger:
-    allocation = Allocation(
-        id=allocation_id,
-        owner=pod.owner,
-        node=ledger.node.name,
-        grants=grants,
-        state=AllocState.RESERVED,
-        isolation=pod.isolation,
-        created_at=now,
-        updated_at=now,
-        lease_expires_at=now + lease_s,
-        requests=tuple(c.request for c in pod.containers),
+    """The ledger with ``pod`` reserved on ``grants`` (the cards chosen for it), with its device IDs;
+    ``Exhausted`` when the ledger refuses them."""
+    requests = tuple(c.request for c in pod.containers)
+    allocation = reservation(
+        allocation_id, pod.owner, ledger.node.name, grants, requests, isolation=pod.isolation, now=now, lease_s=lease_s
     )
     return reserve(ledger, assign_device_ids(ledger, allocation, slots_per_card), mix_isolation=mix_isolation)
 

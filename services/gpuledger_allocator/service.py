@@ -31,7 +31,7 @@ from gpuledger_core.errors import (
 )
 from gpuledger_core.fit import ContainerAsk, Tier, fit_node, share_for
 from gpuledger_core.ids import AllocationId, NodeName
-from gpuledger_core.ledger import NodeLedger, commit, release, reserve
+from gpuledger_core.ledger import NodeLedger, commit, release, reservation, reserve
 from gpuledger_core.model import Allocation, AllocState, Card, Grant, Isolation, Owner, OwnerKind
 from gpuledger_core.pods import expand_models
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, slot_problem
@@ -424,18 +424,10 @@ class AllocatorService:
         """Reserve on ``node``: the hinted cards if they still fit, else the built-in fit."""
 
         def build(grants: tuple[Grant, ...]) -> Allocation:
+            requests = [a.request for a in call.asks]
             now = self.clock()
-            return Allocation(
-                id=allocation_id,
-                owner=call.owner,
-                node=node,
-                grants=grants,
-                state=AllocState.RESERVED,
-                isolation=call.isolation,
-                created_at=now,
-                updated_at=now,
-                lease_expires_at=now + lease_s,
-                requests=tuple(a.request for a in call.asks),
+            return reservation(
+                allocation_id, call.owner, node, grants, requests, isolation=call.isolation, now=now, lease_s=lease_s
             )
 
         def transition(ledger: NodeLedger | None) -> NodeLedger:

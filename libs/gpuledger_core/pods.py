@@ -19,6 +19,7 @@ from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, reservation, reserve
 from gpuledger_core.model import Allocation, Grant, Isolation, Owner
 from gpuledger_core.placement import Ask, Decision, NodeState, Policy, from_ledger, place, shares
+from gpuledger_core.placement.state import UNTRACKED
 from gpuledger_core.slots import assign_device_ids, slot_problem
 
 Hint = tuple[tuple[int, ...], ...]  # card indexes per container, in the pod's container order
@@ -94,7 +95,7 @@ def impossible(node: NodeState, ask: Ask) -> str:
         return f"no card of model {'|'.join(sorted(ask.models))} (has {models})"
     if len(wanted) < ask.count:
         return f"has {len(wanted)} card(s) that qualify, the pod needs {ask.count}"
-    big = [c for c in wanted if c.mem_total <= 0 or c.mem_total >= ask.mem]
+    big = [c for c in wanted if c.mem_total == UNTRACKED or c.mem_total >= ask.mem]
     if len(big) < ask.count:
         largest = max(c.mem_total for c in wanted)
         return f"its largest card has {largest} MiB, the pod needs {ask.mem} MiB on each of {ask.count}"

@@ -56,7 +56,7 @@ def card_takes(card: CardState, ask: Ask, mix_isolation: bool = False) -> bool:
         return card.idle
     if card.core_free < ask.core or tier_problem(card.tiers, ask.isolation, mix_isolation):
         return False
-    return card.mem_total <= 0 or card.mem_free >= ask.mem
+    return card.mem_total == UNTRACKED or card.mem_free >= ask.mem
 
 
 def fitting(node: NodeState, ask: Ask) -> tuple[int, ...]:
@@ -123,7 +123,7 @@ def _card_problem(node: NodeState, ask: Ask) -> str:
 
 def _share_problem(healthy: list[CardState], ask: Ask, mix_isolation: bool) -> str:
     if ask.mem:
-        tracked = [c for c in healthy if c.mem_total > 0]
+        tracked = [c for c in healthy if c.mem_total != UNTRACKED]
         best = max(tracked, key=lambda c: c.mem_free, default=None)
         if best is not None and best.mem_free < ask.mem:
             return (

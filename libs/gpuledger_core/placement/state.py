@@ -17,17 +17,18 @@ from gpuledger_core.model import CORE_WHOLE, Isolation, Link, Node, PcieLevel
 from gpuledger_core.slots import slots_free, slots_held
 from gpuledger_core.usage import free_of
 
-UNTRACKED = -1  # node CPU or memory (or card slots) that nobody counts: never a reason to refuse
+UNTRACKED = -1  # node CPU or memory (or card memory or slots) that nobody counts: never a reason to refuse
 
 
 @dataclass(frozen=True, slots=True)
 class CardState:
-    """One card as placement sees it. ``mem_total`` 0 means memory is not accounted (the trace)."""
+    """One card as placement sees it. ``mem_total`` ``UNTRACKED``: memory is not accounted (the
+    trace); a live card always has its figure, 0 MiB where the inventory could not read its size."""
 
     index: int
     model: str
     core_free: int = CORE_WHOLE
-    mem_total: int = 0
+    mem_total: int = UNTRACKED
     mem_free: int = 0
     idle: bool = True
     healthy: bool = True
@@ -226,7 +227,7 @@ def take(
             cards[pos] = replace(
                 card,
                 core_free=card.core_free - core,
-                mem_free=card.mem_free - mem if card.mem_total > 0 else card.mem_free,
+                mem_free=card.mem_free - mem if card.mem_total != UNTRACKED else card.mem_free,
                 idle=False,
                 slots_free=slots,
                 tiers=tiers,

@@ -134,6 +134,15 @@ def test_what_never_fits(ask: Ask, reason: str) -> None:
     assert found.startswith(reason) if reason else found == ""
 
 
+def test_a_card_of_unknown_size_never_holds_a_memory_share() -> None:
+    unknown = from_ledger(ledger(0))  # the inventory could not read the card's memory size
+    assert impossible(unknown, Ask(Request(1, mem_mib=500))) == (
+        "its largest card has 0 MiB, the pod needs 500 MiB on each of 1"
+    )
+    assert impossible(unknown, Ask(Request(1, core_milli=100))) == ""
+    assert impossible(unknown, Ask(Request(1))) == ""
+
+
 def test_a_pod_without_card_containers() -> None:
     empty = PodAsk(OWNER)
     assert not empty.wants_cards and empty.single() is None and empty.main() is None

@@ -82,6 +82,14 @@ CASES = [
         "card 1 has 100 MiB free, 900 MiB short of 1000 MiB; 1 other card(s) have every kubelet slot held",
     ),
     ("slots not counted", node(used(0, 900, 40000)), gpu_ask(1, core_milli=10), ""),
+    (
+        "a card of unknown memory size",
+        node(CardState(0, "A100", 1000, 0, 0)),
+        gpu_ask(1, mem_mib=500),
+        "card 0 has 0 MiB free, 500 MiB short of 500 MiB",
+    ),
+    ("a card of unknown size, compute only", node(CardState(0, "A100", 1000, 0, 0)), gpu_ask(1, core_milli=10), ""),
+    ("card memory not counted (the trace)", node(CardState(0, "A100")), gpu_ask(1, mem_mib=500), ""),
 ]
 
 

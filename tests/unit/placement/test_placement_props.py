@@ -33,8 +33,8 @@ def clusters(draw: st.DrawFn) -> list[NodeState]:
     for n in range(draw(st.integers(1, 5))):
         model = draw(st.sampled_from(MODELS))
         size = draw(st.sampled_from([1, 2, 4, 8]))
-        mem = draw(st.sampled_from([0, 16384]))  # 0: card memory not accounted (the trace)
-        cards = tuple(CardState(i, model, 1000, mem, mem) for i in range(size))
+        mem = draw(st.sampled_from([UNTRACKED, 16384]))  # UNTRACKED: card memory not accounted (the trace)
+        cards = tuple(CardState(i, model, 1000, mem, max(mem, 0)) for i in range(size))
         cpu = draw(st.sampled_from([UNTRACKED, 8000, 32000]))
         nodes.append(NodeState(f"n{n}", cards, None, cpu, 65536, cpu, 65536))
     return nodes
@@ -61,7 +61,7 @@ def commit(node: NodeState, ask: Ask, cards: tuple[int, ...]) -> NodeState:
 
 def within_capacity(node: NodeState) -> bool:
     host = (node.cpu_free == UNTRACKED or node.cpu_free >= 0) and node.mem_free >= 0
-    cards = all(c.core_free >= 0 and (c.mem_total == 0 or c.mem_free >= 0) for c in node.cards)
+    cards = all(c.core_free >= 0 and (c.mem_total == UNTRACKED or c.mem_free >= 0) for c in node.cards)
     return host and cards
 
 

@@ -13,7 +13,8 @@ from types import MappingProxyType
 from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument, NotFound, Released
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.model import Allocation, AllocState, CardShare, Grant, Isolation, Node, Owner, Request
-from gpuledger_core.usage import CardUse, allocation_use, free_of, node_use, tier_problem
+from gpuledger_core.room import Refusal, Want, card_state, refusal
+from gpuledger_core.usage import CardUse, allocation_use, node_use, tier_problem
 
 RELEASED_RETENTION_S = 600.0
 RELEASED_KEPT = 8  # the most released allocations a node's key remembers
@@ -74,18 +75,16 @@ def reservation(
 
 
 def reserve(ledger: NodeLedger, allocation: Allocation, *, mix_isolation: bool = False) -> NodeLedger:
-    """Add a new allocation, or raise ``Exhausted`` naming the card that lacks room, or whose
-    holders are of another isolation tier (unless ``mix_isolation``: ``usage.tier_problem``)."""
+    """Add a new allocation, or raise ``Exhausted`` naming the card that does not take the
+    allocation's hold on it (``share_problem``); whose holders are of another isolation tier counts
+    unless ``mix_isolation``. The allocation's slots are its writer's to count, in the same write."""
     if allocation.node != ledger.node.name:
         raise InvalidArgument("node", f"allocation is for {allocation.node}, not {ledger.node.name}")
     if ledger.get(allocation.id) is not None:
         raise FailedPrecondition(f"allocation {allocation.id} already exists")
     use = ledger.use()
     for share in _merged(allocation):
-        problem = share_problem(ledger.node, use.get(share.uuid), share)
-        if not problem and (held := use.get(share.uuid)) is not None and held.holders:
-            tier = tier_problem(held.tiers, allocation.isolation, mix_isolation)
-            problem = f"card {share.index} ({share.uuid}) on {ledger.node.name}: {tier}" if tier else ""
+        problem = share_problem(ledger.node, use.get(share.uuid), share, allocation.isolation, mix_isolation)
         if problem:
             raise Exhausted(problem)
     return NodeLedger(ledger.node, (*ledger.allocations, allocation))
@@ -98,25 +97,30 @@ def _merged(allocation: Allocation) -> Iterable[CardShare]:
         yield CardShare(uuid, index, use.mem_mib, use.core_milli, use.exclusive)
 
 
-def share_problem(node: Node, use: CardUse | None, share: CardShare) -> str:
-    """Why ``share`` does not fit on its card now; empty when it fits."""
+def share_problem(
+    node: Node, use: CardUse | None, share: CardShare, isolation: Isolation = Isolation.NONE, mix: bool = False
+) -> str:
+    """Why ``share``, held by a tenant of ``isolation``, does not fit on its card now (the per-card
+    rule, ``room.refusal``: any model, slots not counted here); empty when it fits."""
     card = node.card(share.uuid)
     if card is None:
         return f"card {share.uuid} is not on node {node.name}"
+    state = card_state(card, use)
+    want = Want(share.exclusive, share.core_milli, share.mem_mib, isolation=isolation)
+    found = refusal(state, want, mix)
+    if found is None:
+        return ""
     label = f"card {card.index} ({card.uuid}) on {node.name}"
-    if not card.healthy:
+    if found is Refusal.UNHEALTHY:
         return f"{label} is unhealthy"
-    free = free_of(card, use)
-    if share.exclusive:
-        return "" if free.idle else f"{label} is held by {use.holders if use else 0} other(s)"
-    if share.mem_mib > free.mem_mib:
-        return f"{label} has {free.mem_mib} MiB free, needs {share.mem_mib} MiB"
-    if share.core_milli > free.core_milli:
-        return (
-            f"{label} has {free.core_milli / 10:g}% compute free, "
-            f"needs {share.core_milli / 10:g}%"
-        )
-    return ""
+    if found is Refusal.HELD:
+        return f"{label} is held by {use.holders if use else 0} other(s)"
+    if found is Refusal.MEMORY:
+        return f"{label} has {state.mem_free} MiB free, needs {share.mem_mib} MiB"
+    if found is Refusal.COMPUTE:
+        return f"{label} has {state.core_free / 10:g}% compute free, needs {share.core_milli / 10:g}%"
+    assert found is Refusal.TIER, found  # no model is wanted, no slot counted
+    return f"{label}: {tier_problem(state.tiers, isolation, mix)}"
 
 
 def commit(ledger: NodeLedger, allocation_id: AllocationId, now: float) -> NodeLedger:

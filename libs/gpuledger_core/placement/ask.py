@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.model import CORE_WHOLE, Isolation, Request
+from gpuledger_core.room import Want
+
+NO_CARD = Want(False, 0, 0)  # the want of an ask for no card (never asked of a card)
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,6 +18,7 @@ class Ask:
     ``request`` is ``None`` for a pod that wants no card. ``cpu_milli`` and ``memory_mib`` are for
     the pod as a whole (the node must have them free, as kube-scheduler checks); 0: not asked.
     ``isolation`` is the pod's tier: a shared card held by another tier does not take it.
+    ``want`` is what it asks of each of its cards, as ``room.refusal`` reads it.
     """
 
     request: Request | None = None
@@ -22,12 +26,15 @@ class Ask:
     memory_mib: int = 0
     name: str = ""
     isolation: Isolation = Isolation.NONE
+    want: Want = field(default=NO_CARD, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.cpu_milli < 0:
             raise InvalidArgument("cpu", f"must not be negative, got {self.cpu_milli}m")
         if self.memory_mib < 0:
             raise InvalidArgument("memory", f"must not be negative, got {self.memory_mib} MiB")
+        if self.request is not None:
+            object.__setattr__(self, "want", Want.of(self.request, self.isolation))
 
     @property
     def count(self) -> int:
@@ -35,31 +42,25 @@ class Ask:
 
     @property
     def exclusive(self) -> bool:
-        return self.request is not None and self.request.exclusive
+        return self.want.exclusive
 
     @property
     def shared(self) -> bool:
-        return self.request is not None and not self.request.exclusive
+        return self.request is not None and not self.want.exclusive
 
     @property
     def core(self) -> int:
-        """Compute wanted on each card, per-mille."""
-        if self.request is None:
-            return 0
-        if self.request.exclusive:
-            return CORE_WHOLE
-        return self.request.core_milli or 0
+        """Compute wanted on each card, per-mille (the whole card for exclusive)."""
+        return self.want.core
 
     @property
     def mem(self) -> int:
         """Memory wanted on each card, MiB (0 for exclusive: the whole card is taken)."""
-        if self.request is None or self.request.exclusive:
-            return 0
-        return self.request.mem_mib or 0
+        return self.want.mem
 
     @property
     def models(self) -> frozenset[str]:
-        return frozenset() if self.request is None else self.request.models
+        return self.want.models
 
     def size_on(self, mem_total: int) -> int:
         """The share of one card of ``mem_total`` MiB this ask takes, per-mille (at least 1)."""

@@ -1,6 +1,8 @@
 """Whether an ask fits a node, and if not, a sentence a person understands saying why.
 
-Isolation tiers go by ``usage.tier_problem``, the rule the allocator's fit and the ledger use too.
+Whether a card takes one card's worth of the ask is the one per-card rule, ``room.refusal``
+(health, model, slots, idle, memory, compute, isolation tier), which the ledger's ``reserve`` and
+the allocator's fit ask too; ``room.why_not`` words it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from dataclasses import dataclass
 from gpuledger_core.model import CORE_WHOLE
 from gpuledger_core.placement.ask import Ask
 from gpuledger_core.placement.state import UNTRACKED, CardState, NodeState
-from gpuledger_core.usage import tier_problem
+from gpuledger_core.room import fitting as cards_fitting
+from gpuledger_core.room import refusal, why_not
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,21 +51,13 @@ class Guard:
 
 
 def card_takes(card: CardState, ask: Ask, mix_isolation: bool = False) -> bool:
-    """Whether ``card`` has room for one card's worth of ``ask`` (and a free slot for it), and
-    holds no tenant of another isolation tier (unless ``mix_isolation``)."""
-    if not card.open or (ask.models and card.model not in ask.models):
-        return False
-    if ask.exclusive:
-        return card.idle
-    if card.core_free < ask.core or tier_problem(card.tiers, ask.isolation, mix_isolation):
-        return False
-    return card.mem_total == UNTRACKED or card.mem_free >= ask.mem
+    """Whether ``card`` takes one card's worth of ``ask`` (``room.refusal``)."""
+    return refusal(card, ask.want, mix_isolation) is None
 
 
 def fitting(node: NodeState, ask: Ask) -> tuple[int, ...]:
     """Positions of the cards of ``node`` that could each hold one card of ``ask``."""
-    mix = node.mix_isolation
-    return tuple(pos for pos, card in enumerate(node.cards) if card_takes(card, ask, mix))
+    return cards_fitting(node.cards, ask.want, node.mix_isolation)
 
 
 def problem(node: NodeState, ask: Ask, guard: Guard | None = None) -> str:
@@ -76,7 +71,7 @@ def problem(node: NodeState, ask: Ask, guard: Guard | None = None) -> str:
         return guard.problem(node, ask) if guard else ""
     if len(fitting(node, ask)) >= ask.count:
         return ""
-    return _card_problem(node, ask)
+    return why_not(node.cards, ask.want, ask.count, node.mix_isolation)
 
 
 def _host_problem(node: NodeState, ask: Ask) -> str:
@@ -88,53 +83,3 @@ def _host_problem(node: NodeState, ask: Ask) -> str:
         short = ask.memory_mib - node.mem_free
         return f"{node.mem_free} MiB memory free, {short} MiB short of {ask.memory_mib} MiB"
     return ""
-
-
-def _card_problem(node: NodeState, ask: Ask) -> str:
-    wanted = [c for c in node.cards if not ask.models or c.model in ask.models]
-    if not wanted:
-        models = ", ".join(sorted(node.models)) or "no cards"
-        return f"no card of model {'|'.join(sorted(ask.models))} (has {models})"
-    healthy = [c for c in wanted if c.healthy]
-    if len(healthy) < ask.count:
-        return f"{len(healthy)} healthy card(s) of the {ask.count} needed"
-    if ask.exclusive:
-        idle = sum(1 for c in healthy if c.idle)
-        return f"{idle} free whole card(s) of the {ask.count} needed"
-    slotted = [c for c in healthy if c.open]
-    full = len(healthy) - len(slotted)
-    if len(slotted) < ask.count:
-        return (
-            f"slots used up: {full} card(s) have every kubelet slot held, "
-            f"{len(slotted)} card(s) with a free slot of the {ask.count} needed"
-        )
-    tiered = [c for c in slotted if not tier_problem(c.tiers, ask.isolation, node.mix_isolation)]
-    if len(tiered) < ask.count:
-        clash = next(tier_problem(c.tiers, ask.isolation, node.mix_isolation) for c in slotted if c not in tiered)
-        return (
-            f"{len(slotted) - len(tiered)} card(s) held by another isolation tier ({clash}), "
-            f"{len(tiered)} card(s) of the {ask.count} needed"
-        )
-    problem = _share_problem(tiered, ask, node.mix_isolation)
-    if full:  # the cards that are slot-full are part of why, though another card is named
-        problem += f"; {full} other card(s) have every kubelet slot held (slots used up)"
-    return problem
-
-
-def _share_problem(healthy: list[CardState], ask: Ask, mix_isolation: bool) -> str:
-    if ask.mem:
-        tracked = [c for c in healthy if c.mem_total != UNTRACKED]
-        best = max(tracked, key=lambda c: c.mem_free, default=None)
-        if best is not None and best.mem_free < ask.mem:
-            return (
-                f"card {best.index} has {best.mem_free} MiB free, "
-                f"{ask.mem - best.mem_free} MiB short of {ask.mem} MiB"
-            )
-    most = max(healthy, key=lambda c: c.core_free)
-    if most.core_free < ask.core:
-        return (
-            f"card {most.index} has {most.core_free / 10:g}% compute free, "
-            f"{(ask.core - most.core_free) / 10:g}% short of {ask.core / 10:g}%"
-        )
-    room = sum(1 for c in healthy if card_takes(c, ask, mix_isolation))
-    return f"{room} card(s) with room of the {ask.count} needed"

@@ -3,7 +3,8 @@
 A ``NodeState`` says what is *free* now: per card the compute (per-mille) and memory (MiB) left,
 whether nobody holds it and, where slots are counted, how many kubelet slots are free (a card with
 none is full for new holders); for the node as a whole the CPU and memory left when they are known.
-It carries the interconnect as a ``Topology`` so that multi-card choice can look at it.
+It carries the interconnect as a ``Topology`` so that multi-card choice can look at it. Its cards
+are ``room.CardState`` values, which every fit reads (``room.refusal``).
 """
 
 from __future__ import annotations
@@ -13,44 +14,11 @@ from dataclasses import dataclass, replace
 
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import CORE_WHOLE, Isolation, Link, Node, PcieLevel
+from gpuledger_core.model import Isolation, Link, Node, PcieLevel
+from gpuledger_core.room import UNTRACKED as UNTRACKED
+from gpuledger_core.room import CardState as CardState
+from gpuledger_core.room import card_state
 from gpuledger_core.slots import slots_free, slots_held
-from gpuledger_core.usage import free_of
-
-UNTRACKED = -1  # node CPU or memory (or card memory or slots) that nobody counts: never a reason to refuse
-
-
-@dataclass(frozen=True, slots=True)
-class CardState:
-    """One card as placement sees it. ``mem_total`` ``UNTRACKED``: memory is not accounted (the
-    trace); a live card always has its figure, 0 MiB where the inventory could not read its size."""
-
-    index: int
-    model: str
-    core_free: int = CORE_WHOLE
-    mem_total: int = UNTRACKED
-    mem_free: int = 0
-    idle: bool = True
-    healthy: bool = True
-    numa: int | None = None
-    slots_free: int = UNTRACKED  # kubelet slots no holder takes (UNTRACKED: not counted, the trace)
-    tiers: frozenset[Isolation] = frozenset()  # the isolation tiers of its holders
-
-    @property
-    def open(self) -> bool:
-        """Whether a new holder could come: healthy, with a free slot where slots are counted."""
-        return self.healthy and self.slots_free != 0
-
-    @property
-    def room(self) -> int:
-        """What a new sharer could still get, per-mille of the card (compute and memory alike)."""
-        if not self.open:
-            return 0
-        if self.idle:
-            return CORE_WHOLE
-        if self.mem_total <= 0:
-            return self.core_free
-        return min(self.core_free, self.mem_free * CORE_WHOLE // self.mem_total)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,23 +144,7 @@ def from_ledger(
     def free_slots(uuid: CardUuid) -> int:
         return UNTRACKED if slots_per_card is None else slots_free(held, uuid, slots_per_card)
 
-    cards = []
-    for card in node.cards:
-        free = free_of(card, use.get(card.uuid))
-        cards.append(
-            CardState(
-                card.index,
-                card.model,
-                free.core_milli,
-                card.memory_mib,
-                free.mem_mib,
-                free.idle,
-                card.healthy,
-                card.numa,
-                free_slots(card.uuid),
-                free.tiers,
-            )
-        )
+    cards = [card_state(card, use.get(card.uuid), free_slots(card.uuid)) for card in node.cards]
     return NodeState(
         node.name,
         tuple(cards),

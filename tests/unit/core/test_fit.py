@@ -93,12 +93,12 @@ def test_unhealthy_cards_are_never_chosen() -> None:
         (
             _with_holds((4000, 3000), {0: (3037, 0), 1: (2500, 0)}),
             Request(mem_mib=2560),
-            "card 0 has the most free memory, 963 MiB, 1597 MiB short of 2560 MiB",
+            "card 0 has 963 MiB free, 1597 MiB short of 2560 MiB",
         ),
         (
             _with_holds((8000, 8000), {0: (0, 700), 1: (0, 800)}),
             Request(core_milli=400),
-            "card 0 has 30% compute free, needs 40%",
+            "card 0 has 30% compute free, 10% short of 40%",
         ),
         (
             _with_holds((8000, 8000, 8000), {0: (7000, 0), 1: (7000, 0)}),
@@ -117,7 +117,7 @@ def test_app_containers_of_one_owner_accumulate() -> None:
     state = ledger(8000, 8000)
     asks = [ContainerAsk(name, Request(mem_mib=5000)) for name in ("x", "y")]
     assert _indexes(fit_node(state, asks)) == [[0], [1]]
-    with pytest.raises(Exhausted, match="card 0 has the most free memory, 3000 MiB"):
+    with pytest.raises(Exhausted, match="card 0 has 3000 MiB free, 2000 MiB short of 5000 MiB"):
         fit_node(state, [*asks, ContainerAsk("z", Request(mem_mib=5000))])
 
 

@@ -12,23 +12,12 @@ from dataclasses import dataclass, field
 from random import Random
 
 from gpuledger_core.placement.ask import Ask
-from gpuledger_core.placement.fit import Guard
+from gpuledger_core.placement.fit import Guard, host_fits
 from gpuledger_core.placement.policy import Option, Policy
-from gpuledger_core.placement.state import UNTRACKED, NodeState
+from gpuledger_core.placement.state import NodeState
 
 NONE = float("-inf")
 MEMO_LIMIT = 200_000  # options remembered by node content before the memo starts afresh
-
-
-def host_fits(node: NodeState, ask: Ask, guard: Guard | None) -> bool:
-    """The node-wide part of fit (staleness, CPU, memory, guard), without building a sentence."""
-    if node.stale:
-        return False
-    if node.cpu_free != UNTRACKED and node.cpu_free < ask.cpu_milli:
-        return False
-    if node.mem_free != UNTRACKED and node.mem_free < ask.memory_mib:
-        return False
-    return guard is None or ask.count > 0 or not guard.problem(node, ask)
 
 
 def option_for(node: NodeState, ask: Ask, policy: Policy, guard: Guard | None) -> Option | None:

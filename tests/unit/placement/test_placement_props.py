@@ -1,5 +1,6 @@
-"""Properties over random clusters and asks: never over capacity, and the incremental placer
-chooses exactly what a fresh look at every node chooses."""
+"""Properties over random clusters and asks: never over capacity, the incremental placer chooses
+exactly what a fresh look at every node chooses, and the policies' fast path refuses exactly the
+nodes the filter's reasons name."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ from gpuledger_core.placement import (
     POLICIES,
     Ask,
     CardState,
+    Decision,
+    Guard,
     NodeState,
     Placer,
     TypicalPod,
     gpu_ask,
     make_policy,
+    place,
 )
 from gpuledger_core.placement.engine import choose_node
+from gpuledger_core.placement.fit import problem
 from gpuledger_core.placement.state import UNTRACKED, charge, take
 
 pytestmark = pytest.mark.timeout(30)
@@ -103,3 +108,34 @@ def test_a_node_with_nothing_left_is_never_chosen(nodes: list[NodeState], ask: A
     needs_something = ask.count or ask.cpu_milli or ask.memory_mib
     found = choose_node(drained, ask, make_policy("default", TYPICAL))
     assert (found is None) == bool(needs_something)
+
+
+@st.composite
+def varied_nodes(draw: st.DrawFn) -> NodeState:
+    """A node with some cards busy, its CPU and memory tight or untracked, perhaps stale."""
+    (node,) = draw(clusters().map(lambda nodes: nodes[:1]))
+    cards = tuple(
+        CardState(c.index, c.model, 0, c.mem_total, 0, idle=False) if draw(st.integers(0, 3)) == 0 else c
+        for c in node.cards
+    )
+    cpu = draw(st.sampled_from([UNTRACKED, 0, 1000, 8000, 64000]))
+    mem = draw(st.sampled_from([UNTRACKED, 0, 4096, 65536, 1 << 20]))
+    return NodeState(node.name, cards, None, cpu, mem, cpu, mem, draw(st.booleans()))
+
+
+guards = st.none() | st.builds(Guard, st.sampled_from([0, 1000, 4000]), st.sampled_from([0, 4096, 32768]))
+cpu_only = st.builds(Ask, st.none(), st.sampled_from([0, 1000, 4000, 16000]), st.sampled_from([0, 4096, 65536]))
+
+
+@settings(max_examples=400, deadline=None)
+@given(varied_nodes(), asks() | cpu_only, guards, st.sampled_from(POLICIES))
+def test_the_policies_refuse_exactly_the_nodes_the_filter_names(
+    node: NodeState, ask: Ask, guard: Guard | None, policy_name: str
+) -> None:
+    """One host rule and one card rule: ``place`` (the fast path, no sentence) decides on a node
+    exactly when ``problem`` (the filter's reasons) has none, and otherwise gives its reason."""
+    found = place([node], ask, make_policy(policy_name, TYPICAL), guard=guard, rng=Random(7))
+    why = problem(node, ask, guard)
+    assert isinstance(found, Decision) == (why == ""), (found, why)
+    if not isinstance(found, Decision):
+        assert found.reasons == ((node.name, why),)

@@ -17,7 +17,7 @@ from gpuledger_core.errors import Exhausted
 from gpuledger_core.ids import AllocationId, CardUuid
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import CORE_WHOLE, Allocation, Card, CardShare, Grant, Isolation, Owner, OwnerKind, Request
-from gpuledger_core.room import UNTRACKED, CardState, Want, card_state, fitting, why_not
+from gpuledger_core.room import CardState, Want, card_state, fitting, why_not
 from gpuledger_core.slots import slot_problem, slots_free, slots_held
 from gpuledger_core.usage import CardUse
 
@@ -48,11 +48,11 @@ def card_states(
 ) -> tuple[CardState, ...]:
     """The node's cards, in its order, as the holders' ``use`` leaves them, with the slots ``held``
     leaves free of ``slots_per_card`` (None: slots not counted)."""
-
-    def free(uuid: CardUuid) -> int:
-        return UNTRACKED if slots_per_card is None else slots_free(held, uuid, slots_per_card)
-
-    return tuple(card_state(card, use.get(card.uuid), free(card.uuid)) for card in ledger.node.cards)
+    if slots_per_card is None:
+        return tuple(card_state(card, use.get(card.uuid)) for card in ledger.node.cards)
+    return tuple(
+        card_state(card, use.get(card.uuid), slots_free(held, card.uuid, slots_per_card)) for card in ledger.node.cards
+    )
 
 
 def choose_cards(ledger: NodeLedger, request: Request, cards: Sequence[CardState], tier: Tier = Tier()) -> list[Card]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from gpuledger_core.model import CORE_WHOLE, Card, Isolation, Request
-from gpuledger_core.usage import CardUse, free_of, tier_problem
+from gpuledger_core.usage import CardUse, free_parts, tier_problem
 
 UNTRACKED = -1  # node CPU or memory, card memory or slots that nobody counts: never a reason to refuse
 
@@ -70,19 +70,9 @@ class CardState:
 
 def card_state(card: Card, use: CardUse | None, slots_free: int = UNTRACKED) -> CardState:
     """A live card as its holders (``use``) leave it, with ``slots_free`` kubelet slots."""
-    free = free_of(card, use)
-    return CardState(
-        card.index,
-        card.model,
-        free.core_milli,
-        card.memory_mib,
-        free.mem_mib,
-        free.idle,
-        card.healthy,
-        card.numa,
-        slots_free,
-        free.tiers,
-    )
+    mem, core, idle, tiers = free_parts(card, use)
+    healthy, memory = card.healthy, card.memory_mib
+    return CardState(card.index, card.model, core, memory, mem, idle, healthy, card.numa, slots_free, tiers)
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,13 +126,17 @@ def node_use(allocations: Iterable[Allocation]) -> dict[CardUuid, CardUse]:
 
 
 def free_of(card: Card, use: CardUse | None) -> CardFree:
+    return CardFree(*free_parts(card, use))
+
+
+def free_parts(card: Card, use: CardUse | None) -> tuple[int, int, bool, frozenset[Isolation]]:
+    """``free_of``'s fields (free MiB, free per-mille of compute, idle, the holders' tiers), without
+    making a ``CardFree``: ``room.card_state`` makes one card state of them, for every card a fit sees."""
     if use is None or use.holders == 0:
-        return CardFree(card.memory_mib, CORE_WHOLE, idle=True)
+        return card.memory_mib, CORE_WHOLE, True, frozenset()
     if use.exclusive:
-        return CardFree(0, 0, idle=False, tiers=use.tiers)
-    return CardFree(
-        max(0, card.memory_mib - use.mem_mib), max(0, CORE_WHOLE - use.core_milli), idle=False, tiers=use.tiers
-    )
+        return 0, 0, False, use.tiers
+    return max(0, card.memory_mib - use.mem_mib), max(0, CORE_WHOLE - use.core_milli), False, use.tiers
 
 
 def free_mem(card: Card, use: CardUse | None) -> int:

@@ -28,6 +28,7 @@ policies' preferences choose among the cards that fit; none of the claims is abo
 
 from __future__ import annotations
 
+import contextlib
 from itertools import combinations
 from random import Random
 
@@ -58,7 +59,7 @@ from gpuledger_core.model import (
 from gpuledger_core.placement import POLICIES, Decision, TypicalPod, from_ledger, make_policy, place, shares
 from gpuledger_core.placement.fit import problem
 from gpuledger_core.pods import PodAsk, plan, reserve_grants
-from gpuledger_core.slots import slot_problem
+from gpuledger_core.slots import assign_device_ids, slot_problem
 
 from .builders import NODE, uuid_of
 
@@ -112,22 +113,27 @@ def held_shares(draw: st.DrawFn, node: Node) -> tuple[CardShare, ...]:
 
 @st.composite
 def held(draw: st.DrawFn, node: Node) -> tuple[Allocation, ...]:
-    out = []
+    """Allocations already on the node: a pod's hold its kubelet device IDs (while 8 slots a card
+    have room for them), a tool's none; not all of them fitting what is there now."""
+    out: list[Allocation] = []
     for n in range(draw(st.integers(0, 5))):
         grants = tuple(
             Grant(f"c{g}", draw(held_shares(node)), init=draw(st.booleans()) and g == 0)
             for g in range(draw(st.integers(1, 2)))
         )
-        out.append(
-            Allocation(
-                AllocationId(f"held-{n}"),
-                Owner(OwnerKind.TOOL, f"t{n}"),
-                NODE,
-                grants,
-                state=draw(st.sampled_from([AllocState.RESERVED, AllocState.BOUND, AllocState.RELEASED])),
-                isolation=draw(st.sampled_from(Isolation)),
-            )
+        pod = draw(st.booleans())
+        allocation = Allocation(
+            AllocationId(f"held-{n}"),
+            Owner(OwnerKind.POD if pod else OwnerKind.TOOL, f"h{n}"),
+            NODE,
+            grants,
+            state=draw(st.sampled_from([AllocState.RESERVED, AllocState.BOUND, AllocState.RELEASED])),
+            isolation=draw(st.sampled_from(Isolation)),
         )
+        if pod:
+            with contextlib.suppress(Exhausted):
+                allocation = assign_device_ids(NodeLedger(node, tuple(out)), allocation, 8)
+        out.append(allocation)
     return tuple(out)
 
 

@@ -75,9 +75,9 @@ def reservation(
 
 
 def reserve(ledger: NodeLedger, allocation: Allocation, *, mix_isolation: bool = False) -> NodeLedger:
-    """Add a new allocation, or raise ``Exhausted`` naming the card that does not take the
-    allocation's hold on it (``share_problem``); whose holders are of another isolation tier counts
-    unless ``mix_isolation``. The allocation's slots are its writer's to count, in the same write."""
+    """Add a new allocation, or raise ``Exhausted`` naming a card that does not take the
+    allocation's hold on it (``share_problem``: unhealthy, short of room, or held by another
+    isolation tier unless ``mix_isolation``). Its slots are its writer's to count, in the same write."""
     if allocation.node != ledger.node.name:
         raise InvalidArgument("node", f"allocation is for {allocation.node}, not {ledger.node.name}")
     if ledger.get(allocation.id) is not None:

@@ -19,8 +19,10 @@ The callers differ only in what they put in, written down here:
   and such a card takes no memory share (the ledger would refuse it);
 - **model**: the ledger's want names no model (any card): a reservation names its cards, and the
   selector was its writer's to apply (the hinted reservations check it, ``pods.hinted_grants``);
-- **exclusive**: the ledger's want is the allocation's whole hold on the card, exclusive when any
-  of its containers takes the card whole (``CardShare.exclusive``); the fits', the request's.
+- **the hold**: the ledger's want is the allocation's whole hold on the card (its app containers'
+  shares summed, or its largest init container's if larger: ``usage.allocation_use``), exclusive
+  when any of its containers takes the card whole (``CardShare.exclusive``); the fits' want is one
+  container's request, the pod's containers placed before it counted among the card's holders.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class CardState:
             return 0
         if self.idle:
             return CORE_WHOLE
-        if self.mem_total <= 0:
+        if self.mem_total <= 0:  # memory not counted, or of unknown size: the compute says
             return self.core_free
         return min(self.core_free, self.mem_free * CORE_WHOLE // self.mem_total)
 

@@ -47,7 +47,8 @@ def card_states(
     ledger: NodeLedger, use: Mapping[CardUuid, CardUse], held: Mapping[CardUuid, int], slots_per_card: int | None
 ) -> tuple[CardState, ...]:
     """The node's cards, in its order, as the holders' ``use`` leaves them, with the slots ``held``
-    leaves free of ``slots_per_card`` (None: slots not counted)."""
+    leaves free of ``slots_per_card`` (None: slots not counted): how ``fit_node`` and placement's
+    ``from_ledger`` see a live node's cards."""
     if slots_per_card is None:
         return tuple(card_state(card, use.get(card.uuid)) for card in ledger.node.cards)
     return tuple(

@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gpuledger_core.ids import CardUuid
+from gpuledger_core.fit import card_states
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Isolation, Link, Node, PcieLevel
 from gpuledger_core.room import UNTRACKED as UNTRACKED
 from gpuledger_core.room import CardState as CardState
-from gpuledger_core.room import card_state
-from gpuledger_core.slots import slots_free, slots_held
+from gpuledger_core.slots import slots_held
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,16 +137,10 @@ def from_ledger(
     With ``slots_per_card`` each card also says how many kubelet slots its holders leave free;
     ``mix_isolation``: whether tenants of different isolation tiers may share a card."""
     node = ledger.node
-    use = ledger.use()
-    held = slots_held(ledger.allocations)
-
-    def free_slots(uuid: CardUuid) -> int:
-        return UNTRACKED if slots_per_card is None else slots_free(held, uuid, slots_per_card)
-
-    cards = [card_state(card, use.get(card.uuid), free_slots(card.uuid)) for card in node.cards]
+    cards = card_states(ledger, ledger.use(), slots_held(ledger.allocations), slots_per_card)
     return NodeState(
         node.name,
-        tuple(cards),
+        cards,
         topology_of(node) if node.links else None,
         cpu_free,
         mem_free,

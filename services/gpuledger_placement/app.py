@@ -136,9 +136,9 @@ async def _https(settings: PlacementSettings, parts: Parts) -> ExtenderServer:
 def _in_window(verb: Verb, seconds: float) -> Verb:
     """A verb over HTTP/2 in its own outage window, as ``_one_outage_window`` does over HTTP/1.1."""
 
-    async def answer(body: bytes) -> web.Response:
+    async def answer(body: bytes, caller: str) -> web.Response:
         with within(seconds):
-            return await verb(body)
+            return await verb(body, caller)
 
     return answer
 

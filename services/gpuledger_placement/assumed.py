@@ -11,6 +11,11 @@ and place counts against that node. An assumption ends when
 - the same pod is filtered again (``refiltered``: its new choice replaces it), or
 - ``ttl_s`` passes without any of these (``expired``: a pod the scheduler never bound).
 
+Each assumption keeps who made it: the identity of the filter's caller (its client certificate's
+common name; '' for a caller that presented none, over plain HTTP). Its copy of the pod is that
+caller's word, so only a bind from the same identified caller may take it instead of reading the
+pod (``taken_by``): one caller's filter body cannot steer another caller's bind.
+
 Nothing here does I/O. ``entry`` gives the service a node's view entry with its assumed pods
 counted: a derived entry with its own memo of answers, rebuilt whenever the view's entry or the
 node's assumptions change (each change bumps the node's ``generation``), so no answer computed
@@ -40,8 +45,14 @@ DEFAULT_TTL_S = 30.0
 @dataclass(frozen=True, slots=True)
 class Assumption:
     allocation: Allocation  # what the pod would hold on ``allocation.node``; never written
-    pod: PodAsk  # what it was planned for, as filter read it from the scheduler's copy of the pod
+    pod: PodAsk  # what it was planned for, as filter read it from the caller's copy of the pod
     at: float  # when filter chose (monotonic)
+    caller: str = ""  # the filter's caller (its client certificate's common name; '': unidentified)
+
+    def taken_by(self, caller: str) -> bool:
+        """Whether a bind from ``caller`` may take this assumption's copy of the pod: only an
+        identified caller, the same one whose filter sent that copy."""
+        return bool(self.caller) and self.caller == caller
 
     @property
     def containers(self) -> tuple[ContainerAsk, ...]:
@@ -74,10 +85,11 @@ class Assumptions:
     _generations: dict[str, int] = field(default_factory=dict)
     _counted: dict[str, Counted] = field(default_factory=dict)
 
-    def assume(self, allocation: Allocation, pod: PodAsk) -> Assumption:
-        """Record that ``allocation``'s owner is placed on its node; replaces the owner's earlier one."""
+    def assume(self, allocation: Allocation, pod: PodAsk, caller: str = "") -> Assumption:
+        """Record that ``allocation``'s owner is placed on its node, by the filter of ``caller``;
+        replaces the owner's earlier one."""
         replaced = self.forget(allocation.owner, "refiltered")
-        made = Assumption(allocation, pod, self.clock())
+        made = Assumption(allocation, pod, self.clock(), caller)
         self._by_owner[allocation.owner.key] = made
         self._by_node.setdefault(made.node, {})[allocation.owner.key] = made
         self._bump(made.node)

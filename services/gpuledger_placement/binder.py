@@ -1,9 +1,11 @@
 """The extender's bind: reserve in the ledger, mirror onto the pod, create the Binding.
 
-1. Know the pod: as filter read it moments ago (its assumption; filter takes only pods of our
-   schedulers), or read afresh: its UID must be the one the scheduler names, its schedulerName one
-   of ours, and it must not be bound yet, unless to this node by an earlier bind of ours (it holds
-   its live reservation here: a retried bind succeeds again; any other bound pod is refused).
+1. Know the pod: as this same caller's filter sent it moments ago (its assumption, made by the
+   identified caller who now binds; filter takes only pods of our schedulers), or read afresh: its
+   UID must be the one the scheduler names, its schedulerName one of ours, and it must not be
+   bound yet, unless to this node by an earlier bind of ours (it holds its live reservation here:
+   a retried bind succeeds again; any other bound pod is refused). An unidentified caller (plain
+   HTTP) always gets the pod read afresh.
 2. Reserve with ONE compare-and-set on the node's key: the cards filter chose for the pod while
    they still fit (else cards chosen again on the value being replaced), kubelet device IDs
    assigned, ``reserve``; the written value goes into placement's view at once; then claim the pod
@@ -60,18 +62,19 @@ class Binder:
     schedulers: frozenset[str] = frozenset({"gpuledger-scheduler"})  # the pods' schedulerName this binds
     hosts: HostUsage | None = None  # the guard's CPU and memory per node: a bound pod counts at once
 
-    async def bind(self, args: BindArgs) -> Bound:
+    async def bind(self, args: BindArgs, caller: str) -> Bound:
+        """Bind for ``caller`` (its client certificate's common name; '': unidentified)."""
         owner = Owner(OwnerKind.POD, args.uid)  # the key filter's assumption is under
         try:
-            bound = await self._bind(args)
+            bound = await self._bind(args, caller)
         except BaseException:
             self.service.assumed.forget(owner, "failed")
             raise
         self.service.assumed.forget(owner, "bound")
         return bound
 
-    async def _bind(self, args: BindArgs) -> Bound:
-        pod, bound_to = await self._pod(args)
+    async def _bind(self, args: BindArgs, caller: str) -> Bound:
+        pod, bound_to = await self._pod(args, caller)
         if bound_to:
             return await self._bound_already(pod, args)
         # A pod filter has just placed most likely holds nothing yet: its owner record is not
@@ -95,15 +98,20 @@ class Binder:
             self.hosts.bound(args.uid, args.node, pod.cpu_milli, pod.memory_mib)
         return Bound(allocation, again=False)
 
-    async def _pod(self, args: BindArgs) -> tuple[PodAsk, str]:
+    async def _pod(self, args: BindArgs, caller: str) -> tuple[PodAsk, str]:
         """What the pod asks, and the node it is bound to already ('' if none).
 
-        A pod filter has just placed is taken as filter read it from the scheduler's copy (its UID
-        is the one bound, and the Binding itself refuses a pod bound meanwhile); any other pod (a
-        retried bind, an assumption that expired, another replica's filter) is read afresh.
+        A pod this caller's filter has just placed is taken as that filter read it from the
+        caller's copy (its UID is the one bound, and the Binding itself refuses a pod bound
+        meanwhile); any other pod (a retried bind, an assumption that expired, another replica's
+        filter, another caller's filter, a caller without identity) is read afresh.
         """
         assumed = self.service.assumed.of(Owner(OwnerKind.POD, args.uid))
-        if assumed is not None and (assumed.pod.owner.namespace, assumed.pod.owner.name) == (args.namespace, args.name):
+        if (
+            assumed is not None
+            and assumed.taken_by(caller)
+            and (assumed.pod.owner.namespace, assumed.pod.owner.name) == (args.namespace, args.name)
+        ):
             return assumed.pod, ""
         raw = await self.pods.get_pod(args.namespace, args.name)
         ref = convert.pod_ref_from(raw)

@@ -8,9 +8,9 @@ connection. The choice is made by ALPN in the handshake (``tls.EXTENDER_ALPN`` o
 first); a connection that chose ``http/1.1`` (or no ALPN) is handed to aiohttp with the same verbs.
 
 Each request is one stream: ``POST`` to a verb's path, its body answered by the verb (``Verb``: a
-function of the body, ``routes.Extender.verbs``) with status, content type and body, as over
-HTTP/1.1. The caller's identity is its client certificate's common name, read once per
-connection; a caller not let in gets 403 for every request. A body over ``max_body_bytes`` gets
+function of the body and the caller's identity, ``routes.Extender.verbs``) with status, content
+type and body, as over HTTP/1.1. The caller's identity is its client certificate's common name,
+read once per connection; a caller not let in gets 403 for every request. A body over ``max_body_bytes`` gets
 413. As aiohttp does, a call whose client went away (a reset stream, a lost connection) runs to
 its end, its answer dropped: a bind is never cut off between its ledger write and its Binding.
 Nothing here knows the verbs' meaning.
@@ -47,7 +47,7 @@ from gpuledger_placement import metrics
 log = logging.getLogger(__name__)
 MAX_STREAMS = 256  # calls in flight on one connection (kube-scheduler's binds run concurrently)
 CLOSE_WAIT_S = 5.0  # how long closing waits for the calls in flight before cancelling them
-Verb = Callable[[bytes], Awaitable[web.Response]]
+Verb = Callable[[bytes, str], Awaitable[web.Response]]  # the body, the caller's identity
 Gate = Callable[[str], web.Response | None]  # the answer for a caller not let in (None: let in)
 
 
@@ -136,7 +136,7 @@ class Http2(asyncio.Protocol):
             response = web.Response(status=405, text="405: Method Not Allowed")
         else:
             refused = self._gate(self._caller)
-            response = refused if refused is not None else await _answered(verb, bytes(stream.body))
+            response = refused if refused is not None else await _answered(verb, bytes(stream.body), self._caller)
         await self._send(stream_id, response)
 
     async def _send(self, stream_id: int, response: web.Response, cancel_request: bool = False) -> None:
@@ -198,9 +198,9 @@ class Http2(asyncio.Protocol):
         self._lost(self)
 
 
-async def _answered(verb: Verb, body: bytes) -> web.Response:
+async def _answered(verb: Verb, body: bytes, caller: str) -> web.Response:
     try:
-        return await verb(body)
+        return await verb(body, caller)
     except asyncio.CancelledError:
         raise
     except Exception:  # as aiohttp answers a handler that raised

@@ -7,8 +7,10 @@ Filter passes no node for a pod whose ``schedulerName`` is not one of ours (bind
 
 Over HTTPS (``extender_app`` with ``clients``), a caller must present a client certificate signed
 by the extender's client CA (refused in the handshake otherwise) whose common name is one of
-``clients`` (403 otherwise). Each verb is a function of the request's body (``Extender.verbs``), so
-the same verbs serve HTTP/1.1 (aiohttp, these routes) and HTTP/2 (``http2.py``).
+``clients`` (403 otherwise). Each verb is a function of the request's body and its caller's
+identity (``Extender.verbs``), so the same verbs serve HTTP/1.1 (aiohttp, these routes) and HTTP/2
+(``http2.py``). The identity is the client certificate's common name, '' over plain HTTP: a bind
+takes the pod as filter read it only from the caller whose filter sent it (``binder.py``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from gpuledger_placement.service import Filtered, PlacementService
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Verb = Callable[[bytes], Awaitable[web.Response]]  # a verb's answer to the request's body
+Verb = Callable[[bytes, str], Awaitable[web.Response]]  # a verb's answer to a body from a caller
 
 
 def _reply(body: Any, status: int = 200) -> web.Response:
@@ -45,10 +47,10 @@ def _bad(err: InvalidArgument) -> web.Response:
 def _timed(verb: str, answer: Verb) -> Verb:
     histogram = metrics.EXTENDER_SECONDS.labels(verb)
 
-    async def timed(body: bytes) -> web.Response:
+    async def timed(body: bytes, caller: str) -> web.Response:
         started = time.perf_counter()
         try:
-            return await answer(body)
+            return await answer(body, caller)
         finally:
             histogram.observe(time.perf_counter() - started)
 
@@ -57,9 +59,14 @@ def _timed(verb: str, answer: Verb) -> Verb:
 
 def _of_request(verb: Verb) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
-        return await verb(await request.read())
+        return await verb(await request.read(), caller_of(request))
 
     return handle
+
+
+def caller_of(request: web.Request) -> str:
+    """The caller's verified client certificate's common name ('' over plain HTTP)."""
+    return identity_of(request.transport.get_extra_info("peercert") if request.transport else None)
 
 
 def forbidden(caller: str, clients: frozenset[str]) -> web.Response | None:
@@ -91,7 +98,7 @@ class Extender:
     def routes(self, prefix: str) -> list[web.RouteDef]:
         return [web.post(path, _of_request(verb)) for path, verb in self.verbs(prefix).items()]
 
-    async def filter(self, body: bytes) -> web.Response:
+    async def filter(self, body: bytes, caller: str) -> web.Response:
         try:
             args = convert.extender_args_from(convert.parse_json(body))
         except BadRequest as err:
@@ -108,14 +115,14 @@ class Extender:
             why = f"gpuledger cannot place this pod: {err}"
             return _reply(convert.filter_result_to(args, (), {}, dict.fromkeys(args.names, why)))
         try:
-            found = self.service.filter(pod, args.names)
+            found = self.service.filter(pod, args.names, caller)
         except GpuledgerError as err:
             metrics.FAILURES.labels("filter", err.code).inc()
             return _reply(convert.filter_error_to(f"gpuledger placement: {err}"))
         self._count_filter(pod.wants_cards, found)
         return _reply(convert.filter_result_to(args, found.fits, found.failed, found.unresolvable))
 
-    async def prioritize(self, body: bytes) -> web.Response:
+    async def prioritize(self, body: bytes, caller: str) -> web.Response:
         try:
             args = convert.extender_args_from(convert.parse_json(body))
         except BadRequest as err:
@@ -131,7 +138,7 @@ class Extender:
         metrics.DECISIONS.labels("prioritize", "scored").inc()
         return web.Response(text=convert.priorities_json(scores), content_type="application/json")
 
-    async def bind(self, body: bytes) -> web.Response:
+    async def bind(self, body: bytes, caller: str) -> web.Response:
         try:
             args = convert.bind_args_from(convert.parse_json(body))
         except BadRequest as err:
@@ -140,7 +147,7 @@ class Extender:
         if self.binder is None:
             return _reply(convert.bind_result_to("gpuledger placement: this instance does not bind"))
         try:
-            bound = await self.binder.bind(args)
+            bound = await self.binder.bind(args, caller)
         except GpuledgerError as err:
             metrics.FAILURES.labels("bind", err.code).inc()
             log.warning("bind of %s/%s to %s failed: %s", args.namespace, args.name, args.node, err)
@@ -182,8 +189,7 @@ def _only(clients: frozenset[str]) -> Middleware:
 
     @web.middleware
     async def authorized(request: web.Request, handler: Handler) -> web.StreamResponse:
-        caller = identity_of(request.transport.get_extra_info("peercert") if request.transport else None)
-        refused = forbidden(caller, clients)
+        refused = forbidden(caller_of(request), clients)
         return refused if refused is not None else await handler(request)
 
     return authorized

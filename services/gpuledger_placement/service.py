@@ -124,10 +124,11 @@ class PlacementService:
 
     # --- the extender's verbs ---
 
-    def filter(self, pod: PodAsk, names: Sequence[str]) -> Filtered:
+    def filter(self, pod: PodAsk, names: Sequence[str], caller: str = "") -> Filtered:
         """The extender's filter. For a pod that wants cards: the one node placement chooses among
         those it fits, assumed there until its bind (the others that fit are ``passed_over``), and
-        why each other node does not fit. Every node passes a pod that wants none."""
+        why each other node does not fit. Every node passes a pod that wants none. ``caller``: who
+        sent the pod (the assumption keeps it, ``assumed.py``)."""
         if not pod.wants_cards:  # every node will do, but a GPU node whose cards it would strand
             return self._guarded(pod, names)
         self.check()
@@ -139,7 +140,7 @@ class PlacementService:
         if held is not None:  # a retry of a bind that reserved and died: the pod goes to its room
             return Filtered((held,), {}, {}, tuple(name for name in names if name != held))
         judged = self._judged(pod, names)
-        chosen = self._assume_best(pod, judged.fits) if judged.fits else None
+        chosen = self._assume_best(pod, judged.fits, caller) if judged.fits else None
         if chosen is None:
             return judged
         others = tuple(name for name in judged.fits if name != chosen)
@@ -210,7 +211,7 @@ class PlacementService:
                 unresolvable[name] = why
         return Filtered(tuple(fits), failed, unresolvable)
 
-    def _assume_best(self, pod: PodAsk, fits: Sequence[str]) -> str | None:
+    def _assume_best(self, pod: PodAsk, fits: Sequence[str], caller: str) -> str | None:
         """Choose the best of ``fits``, plan the pod there (cards and device IDs, beside the pods
         already assumed there) and assume it there; None if it could be planned on none."""
         key, policy = self.policies.get(pod.policy or self.policy)
@@ -233,7 +234,7 @@ class PlacementService:
                 continue
             allocation = after.get(allocation_id)
             assert allocation is not None
-            self.assumed.assume(allocation, pod)
+            self.assumed.assume(allocation, pod, caller)
             return name
         return None
 

@@ -105,6 +105,22 @@ async def test_bind_refuses_a_pod_of_another_scheduler_and_reserves_nothing(
     assert await live_of(store, "h100-0", "uid-theirs") == []
 
 
+async def test_over_plain_http_a_filter_body_never_stands_in_for_the_pod_at_bind(
+    placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
+) -> None:
+    """Plain HTTP identifies no caller, so a filter's copy of the pod is not the scheduler's word:
+    a copy that names gpuledger-scheduler for a pod of another scheduler is read afresh at bind."""
+    pod = gpu_pod("forged", gpu=1)
+    pod["spec"]["schedulerName"] = "default-scheduler"
+    apiserver.add_pod(pod)
+    status, found = await post(http, f"{placement.url}/filter", args(gpu_pod("forged", gpu=1), ["h100-0"]))
+    assert (status, found["NodeNames"]) == (200, ["h100-0"])
+    status, body = await post(http, f"{placement.url}/bind", bind_args("forged", "h100-0"))
+    assert status == 200 and "names scheduler 'default-scheduler'" in body["Error"]
+    assert apiserver.bindings == []
+    assert await live_of(store, "h100-0", "uid-forged") == []
+
+
 async def test_bind_refuses_a_pod_someone_else_bound_and_gives_it_no_card(
     placement: RunningPlacement, apiserver: FakeApiServer, store: LedgerStore, http: aiohttp.ClientSession
 ) -> None:

@@ -85,6 +85,31 @@ def test_assumptions_expire_oldest_first_after_the_ttl() -> None:
     assert assumed.expire() == 1 and events("expired") == expired + 2
 
 
+@pytest.mark.parametrize(
+    ("filtered_by", "bound_by", "taken"),
+    [
+        ("gpuledger-scheduler", "gpuledger-scheduler", True),
+        ("capacity-planner", "gpuledger-scheduler", False),  # another caller's copy of the pod
+        ("", "", False),  # plain HTTP: nobody is identified, the pod is read afresh
+        ("gpuledger-scheduler", "", False),
+    ],
+)
+def test_only_the_identified_caller_whose_filter_sent_the_pod_takes_its_copy(
+    filtered_by: str, bound_by: str, taken: bool
+) -> None:
+    assumed = Assumptions(30.0, Clock())
+    made = assumed.assume(held(1), PodAsk(owner(1)), filtered_by)
+    assert made.caller == filtered_by
+    assert made.taken_by(bound_by) is taken
+
+
+def test_filter_records_its_caller_in_the_assumption() -> None:
+    built = parts()
+    assert built.service.filter(pod(1), NODES, "gpuledger-scheduler").fits
+    found = built.service.assumed.of(owner(1))
+    assert found is not None and found.caller == "gpuledger-scheduler"
+
+
 def test_an_assumption_ends_when_the_ledger_holds_the_pod() -> None:
     assumed = Assumptions(30.0, Clock())
     assumed.assume(held(1), PodAsk(owner(1)))

@@ -151,6 +151,17 @@ def _server_problem(entry: str) -> str:
     return ""
 
 
+LOOPBACK = "127.0.0.1"
+EVERY_ADDRESS = "0.0.0.0"
+
+
+def listen_host(configured: str, authenticated: bool) -> str:
+    """Where a port that serves an API listens: ``configured`` when set; else every address when
+    its callers are authenticated (TLS with client certificates), and only loopback when they are
+    not, so that an API without authentication is not offered to the network unless asked for."""
+    return configured or (EVERY_ADDRESS if authenticated else LOOPBACK)
+
+
 def require(condition: bool, name: str, problem: str) -> None:
     if not condition:
         raise SettingsError(f"{name}: {problem}")

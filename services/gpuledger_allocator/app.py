@@ -92,7 +92,7 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             await ingest.start()
             responders = await serve_nats(nc, service)
             grpc = Server([AllocatorApi(service, tls=settings.grpc_tls, admins=settings.admins)])
-            await grpc.start(settings.grpc_host, settings.grpc_port, ssl=_grpc_tls(settings))
+            await grpc.start(settings.grpc_listen_host, settings.grpc_port, ssl=_grpc_tls(settings))
             warming = tasks.create_task(register_metrics(view).warm())
             http = await start_http(
                 ops_app(lambda: "" if nc.is_connected else "NATS disconnected", dashboard_app(view)),
@@ -101,11 +101,13 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
             )
             log.info(
                 "gpuledger-allocator ready: gRPC on %s:%d, http on %s:%d",
-                settings.grpc_host,
+                settings.grpc_listen_host,
                 _grpc_port(grpc),
                 settings.http_host,
                 bound_port(http),
             )
+            if not settings.grpc_tls:
+                _warn_plaintext(settings.grpc_listen_host, _grpc_port(grpc))
             await stop.wait()
             log.info("gpuledger-allocator stopping")
             await ingest.stop()
@@ -132,9 +134,17 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
 
 def _grpc_tls(settings: AllocatorSettings) -> ssl.SSLContext | None:
     if not settings.grpc_tls:
-        log.warning("gRPC without TLS: every caller may act on every allocation (set grpc_cert_file, ...)")
         return None
     return server_context(settings.grpc_cert_file, settings.grpc_key_file, settings.grpc_client_ca_file)
+
+
+def _warn_plaintext(host: str, port: int) -> None:
+    log.warning(
+        "gRPC on %s:%d without TLS and without authentication: every caller that reaches it may act on every "
+        "allocation (set grpc_cert_file, grpc_key_file and grpc_client_ca_file for mutual TLS)",
+        host,
+        port,
+    )
 
 
 def _grpc_port(server: Server) -> int:

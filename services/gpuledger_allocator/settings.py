@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from gpuledger_common.natscreds import NatsClientSettings
 from gpuledger_common.outage import RETRY_S
-from gpuledger_common.settings import option, require
+from gpuledger_common.settings import listen_host, option, require
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 
 KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
@@ -17,7 +17,11 @@ KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
 class AllocatorSettings(NatsClientSettings):
     """gpuledger-allocator: owns the ledger of cards; NATS and gRPC APIs."""
 
-    grpc_host: str = option("0.0.0.0", "gRPC listen address")
+    grpc_host: str = option(
+        "",
+        "gRPC listen address (empty: 0.0.0.0 with mutual TLS, else 127.0.0.1, since without TLS every caller "
+        "may act on every allocation; set it to offer gRPC without TLS elsewhere)",
+    )
     grpc_port: int = option(50051, "gRPC listen port (0: any free port)")
     grpc_cert_file: str = option("", "the gRPC server's TLS certificate: turns on mutual TLS (with the next two)")
     grpc_key_file: str = option("", "private key of grpc_cert_file")
@@ -81,6 +85,11 @@ class AllocatorSettings(NatsClientSettings):
     @property
     def grpc_tls(self) -> bool:
         return bool(self.grpc_cert_file)
+
+    @property
+    def grpc_listen_host(self) -> str:
+        """Where gRPC listens: ``grpc_host``, or by default every address with mutual TLS, loopback without."""
+        return listen_host(self.grpc_host, self.grpc_tls)
 
     @property
     def admins(self) -> frozenset[str]:

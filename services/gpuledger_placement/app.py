@@ -129,7 +129,7 @@ async def _https(settings: PlacementSettings, parts: Parts) -> ExtenderServer:
     server = ExtenderServer(
         https_app(settings, parts), verbs, lambda caller: forbidden(caller, clients), settings.max_body_bytes
     )
-    await server.start(settings.http_host, settings.extender_port, _extender_tls(settings))
+    await server.start(settings.listen_host, settings.extender_port, _extender_tls(settings))
     return server
 
 
@@ -189,23 +189,19 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
                 raise Unavailable("dra_claims=on needs Kubernetes access, and none was configured")
             await parts.view.listen(nc)
             responders = await serve_nats(nc, parts.service, settings.nats_queue)
-            runners = [await start_http(http_app(settings, parts), settings.http_host, settings.http_port)]
+            runners = [await start_http(http_app(settings, parts), settings.listen_host, settings.http_port)]
             https = await _https(settings, parts) if settings.extender_tls else None
             log.info(
                 "gpuledger-placement ready: extender on %s://%s:%d%s, ops endpoints on port %d, policy %s",
                 "https" if settings.extender_tls else "http",
-                settings.http_host,
+                settings.listen_host,
                 https.port if https is not None else bound_port(runners[0]),
                 settings.url_prefix,
                 bound_port(runners[0]),
                 settings.policy,
             )
             if not settings.extender_tls:
-                log.warning(
-                    "the extender takes plain HTTP from anyone: whoever reaches port %d can bind pods "
-                    "(set extender_cert_file, extender_key_file and extender_client_ca_file)",
-                    bound_port(runners[0]),
-                )
+                _warn_plaintext(settings.listen_host, bound_port(runners[0]))
             await stop.wait()
             log.info("gpuledger-placement stopping")
             for runner in runners:
@@ -241,6 +237,15 @@ def _hosts(settings: PlacementSettings, pods: PodApi) -> HostUsage | None:
     if settings.guard != "off":
         log.warning("guard %s set, but without Kubernetes access it cannot know nodes' CPU and memory", settings.guard)
     return None
+
+
+def _warn_plaintext(host: str, port: int) -> None:
+    log.warning(
+        "the extender on %s:%d takes plain HTTP without authentication: whoever reaches it can bind pods "
+        "(set extender_cert_file, extender_key_file and extender_client_ca_file)",
+        host,
+        port,
+    )
 
 
 def _ready(view: FleetView, nc: Client | None, settings: PlacementSettings) -> Callable[[], str]:

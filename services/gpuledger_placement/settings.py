@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from gpuledger_common.natscreds import NatsClientSettings
-from gpuledger_common.settings import option, require
+from gpuledger_common.settings import listen_host, option, require
 from gpuledger_core.placement import POLICIES, Guard
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_placement.assumed import DEFAULT_TTL_S
@@ -20,7 +20,11 @@ MAX_ASSUME_TTL_S = 600.0  # kube-scheduler's longest wait before binding (volume
 class PlacementSettings(NatsClientSettings):
     """gpuledger-placement: chooses nodes and cards; kube-scheduler extender and NATS API."""
 
-    http_host: str = option("0.0.0.0", "address of the extender and of /healthz, /readyz, /metrics")
+    http_host: str = option(
+        "",
+        "address of the extender and of /healthz, /readyz, /metrics (empty: 0.0.0.0 with the extender's TLS, "
+        "else 127.0.0.1, since the verbs in plain HTTP take no authentication; set it to offer them elsewhere)",
+    )
     http_port: int = option(8080, "port of the extender and the ops endpoints (0: any free port)")
     url_prefix: str = option("/gpuledger", "path the extender verbs hang under (the scheduler's urlPrefix path)")
     extender_cert_file: str = option(
@@ -81,6 +85,12 @@ class PlacementSettings(NatsClientSettings):
     @property
     def extender_tls(self) -> bool:
         return bool(self.extender_cert_file)
+
+    @property
+    def listen_host(self) -> str:
+        """Where the ports listen: ``http_host``, or by default every address when the verbs take
+        client certificates (the ops port then serves no verb), loopback when they do not."""
+        return listen_host(self.http_host, self.extender_tls)
 
     @property
     def clients(self) -> frozenset[str]:

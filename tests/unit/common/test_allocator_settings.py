@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpuledger_allocator.settings import AllocatorSettings
@@ -49,3 +51,23 @@ def test_nats_and_tls_urls_are_accepted(url: str) -> None:
 def test_ports_may_be_zero_for_any_free_port() -> None:
     settings = load(AllocatorSettings, ["--grpc-port", "0", "--http-port", "0"], {})
     assert (settings.grpc_port, settings.http_port) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("env", "host"),
+    [
+        ({}, "127.0.0.1"),  # no TLS, no authentication: loopback only
+        ({"GPULEDGER_GRPC_HOST": "0.0.0.0"}, "0.0.0.0"),  # asked for explicitly
+        ({"GPULEDGER_GRPC_HOST": "10.1.2.3"}, "10.1.2.3"),
+    ],
+)
+def test_grpc_without_tls_listens_on_loopback_unless_a_host_is_given(env: dict[str, str], host: str) -> None:
+    assert load(AllocatorSettings, [], env).grpc_listen_host == host
+
+
+def test_grpc_with_mutual_tls_listens_on_every_address_by_default(tmp_path: Path) -> None:
+    env = {f"GPULEDGER_GRPC_{name}_FILE": str(tmp_path / name) for name in ("CERT", "KEY", "CLIENT_CA")}
+    for path in env.values():
+        Path(path).write_text("")
+    assert load(AllocatorSettings, [], env).grpc_listen_host == "0.0.0.0"
+    assert load(AllocatorSettings, ["--grpc-host", "127.0.0.1"], env).grpc_listen_host == "127.0.0.1"

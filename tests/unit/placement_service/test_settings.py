@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpuledger_common.settings import SettingsError, load
@@ -18,6 +20,25 @@ def test_defaults_and_environment() -> None:
     assert load(PlacementSettings, ["--policy", "spread"], {"GPULEDGER_POLICY": "fgd"}).policy == "spread"
     assert settings.assume_ttl_s == 30.0
     assert load(PlacementSettings, [], {"GPULEDGER_ASSUME_TTL_S": "5"}).assume_ttl_s == 5.0
+
+
+@pytest.mark.parametrize(
+    ("env", "host"),
+    [
+        ({}, "127.0.0.1"),  # the verbs in plain HTTP take no authentication: loopback only
+        ({"GPULEDGER_HTTP_HOST": "0.0.0.0"}, "0.0.0.0"),  # asked for explicitly
+    ],
+)
+def test_the_extender_in_plain_http_listens_on_loopback_unless_a_host_is_given(env: dict[str, str], host: str) -> None:
+    assert load(PlacementSettings, [], env).listen_host == host
+
+
+def test_with_the_extenders_tls_the_ports_listen_on_every_address_by_default(tmp_path: Path) -> None:
+    env = {f"GPULEDGER_EXTENDER_{name}_FILE": str(tmp_path / name) for name in ("CERT", "KEY", "CLIENT_CA")}
+    for path in env.values():
+        Path(path).write_text("")
+    assert load(PlacementSettings, [], env).listen_host == "0.0.0.0"
+    assert load(PlacementSettings, ["--http-host", "127.0.0.1"], env).listen_host == "127.0.0.1"
 
 
 def test_the_assumption_ttl_reaches_the_service() -> None:

@@ -18,15 +18,31 @@ writes under ``--out``:
 What exists is kept: run again, nothing changes, but a node added gets its NATS users. The CA's key
 is never written, so no further certificate can be signed with it. For a cluster, use your own CA
 (docs/operator-guide.md).
+
+With ``--consumers DIR`` it also gives each consumer a directory ``DIR/<consumer>`` holding only
+what that consumer needs, copied from ``--out`` on every run (the compose stack mounts each one as
+its own volume into one container, so that no container holds another's key or password):
+
+- ``nats/``: ``ca.crt``, ``nats.crt``, ``nats.key``, ``auth.conf``;
+- ``<user>/`` for every NATS user (``allocator``, ``placement``, ``reader``, ``operator``,
+  ``inventory-<node>``, ``plugin-<node>``): ``ca.crt`` and ``nats-password``, and for
+  ``allocator`` and ``placement`` their server's ``<user>.crt`` and ``<user>.key``;
+- ``admin/``, ``scheduler/``: ``ca.crt`` and the client certificate ``admin.crt``, ``admin.key``
+  (``scheduler.crt``, ``scheduler.key``).
+
+Keys, passwords and ``auth.conf`` are mode 0600. ``--owner UID:GID`` hands each consumer's
+directory and files to the user the consumers run as (it needs root).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuledger_cli import natsconfig
@@ -37,6 +53,15 @@ ADMIN = "gpuledger-admin"
 SERVERS = ("nats", "allocator", "placement")
 CLIENTS = {"admin": ADMIN, "scheduler": "gpuledger-scheduler"}
 FILES = ("ca.crt", *(f"{n}.{e}" for n in (*SERVERS, *CLIENTS) for e in ("crt", "key")))
+NATS_PASSWORD = "nats-password"  # a NATS user's password, in its consumer directory
+
+
+@dataclass(frozen=True, slots=True)
+class Consumer:
+    """A consumer of the stack's credentials and what it gets: file name -> source under ``--out``."""
+
+    name: str
+    files: Mapping[str, Path]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -51,20 +76,76 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--placement-host", default="placement,localhost,127.0.0.1", help="names of the extender's certificate"
     )
     p.add_argument("--valid-days", type=int, default=365, help="how long the certificates are valid")
+    p.add_argument("--consumers", default="", help="directory for one directory per consumer with only its own")
+    p.add_argument("--owner", default="", help="UID:GID given the consumers' directories and files (needs root)")
     p.set_defaults(run=run)
 
 
 async def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     try:
+        owner = _owner(args.owner, args.consumers)
+        if args.consumers and Path(args.consumers).resolve() == out.resolve():
+            raise ValueError(f"--consumers must be another directory than --out ({args.out})")
         users = natsconfig.write(out / "nats", args.node)
         hosts = {n: _hosts(getattr(args, f"{n}_host")) for n in SERVERS}
         made = write_tls(out / "tls", hosts, args.valid_days)
+        given = consumers(out, users)
+        if args.consumers:
+            for consumer in given:
+                give(Path(args.consumers), consumer, owner)
     except (AuthConfigError, OSError, ValueError) as err:
         print(f"gpuledger local-credentials: {err}", file=sys.stderr)
         return 2
     print(f"{out / 'nats'}: {len(users)} NATS users; {out / 'tls'}: {'new certificates' if made else 'kept'}")
+    if args.consumers:
+        print(f"{args.consumers}: a directory for each of {len(given)} consumers")
     return 0
+
+
+def consumers(out: Path, users: Sequence[str]) -> list[Consumer]:
+    """Each consumer of the credentials under ``out`` and the files it needs: NATS its certificate
+    and the users; every NATS user its password (the allocator and placement also the certificate
+    of the server they run); each client certificate's holder that certificate; all of them the CA."""
+    tls = out / "tls"
+    ca = {"ca.crt": tls / "ca.crt"}
+
+    def pair(name: str) -> dict[str, Path]:
+        return {f"{name}.crt": tls / f"{name}.crt", f"{name}.key": tls / f"{name}.key"}
+
+    found = [Consumer("nats", {**ca, **pair("nats"), "auth.conf": out / "nats" / "auth.conf"})]
+    for user in users:
+        served = pair(user) if user in SERVERS else {}
+        found.append(Consumer(user, {**ca, **served, NATS_PASSWORD: out / "nats" / "passwords" / user}))
+    found += [Consumer(name, {**ca, **pair(name)}) for name in CLIENTS]
+    return found
+
+
+def give(root: Path, consumer: Consumer, owner: tuple[int, int] | None) -> None:
+    """Write ``consumer``'s files into ``root/<name>`` (each replaced whole), private to ``owner``."""
+    directory = root / consumer.name
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, source in consumer.files.items():
+        work = directory / f".{name}.new"
+        shutil.copyfile(source, work)
+        work.chmod(0o644 if name.endswith(".crt") else 0o600)
+        if owner is not None:
+            os.chown(work, *owner)
+        work.replace(directory / name)
+    if owner is not None:
+        os.chown(directory, *owner)
+    directory.chmod(0o700)
+
+
+def _owner(raw: str, consumers_dir: str) -> tuple[int, int] | None:
+    if not raw:
+        return None
+    if not consumers_dir:
+        raise ValueError("--owner is given to the consumers' directories: it needs --consumers")
+    uid, sep, gid = raw.partition(":")
+    if not (sep and uid.isdigit() and gid.isdigit()):
+        raise ValueError(f"--owner must be UID:GID, two numbers, got {raw!r}")
+    return int(uid), int(gid)
 
 
 def write_tls(tls: Path, hosts: Mapping[str, Sequence[str]], valid_days: int) -> bool:

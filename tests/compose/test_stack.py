@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -58,13 +59,13 @@ def test_inspect_and_alloc_from_the_host_on_the_published_port(stack: ComposeSta
 
 
 def test_inspect_and_alloc_from_a_container_over_the_compose_network(stack: ComposeStack) -> None:
-    made = stack.exec(
-        "placement", "gpuledger", "alloc", *IN_CONTAINER_GRPC, "--gpu", "1", "--gpu-mem", "2048",
+    made = stack.run(
+        "cli", "gpuledger", "alloc", *IN_CONTAINER_GRPC, "--gpu", "1", "--gpu-mem", "2048",
         "--owner", "container-tool", "--json",
     )
     assert made.returncode == 0, made.stderr
     allocation = alloc_json(made.stdout)
-    seen = stack.exec("inventory-rtx-0", "gpuledger", "inspect", *IN_CONTAINER_GRPC, "--json")
+    seen = stack.run("cli", "gpuledger", "inspect", "--server", "allocator:50051", "--json")  # TLS files: its env
     assert seen.returncode == 0, seen.stderr
     assert any(h[0] == allocation["id"] and h[1] == "container-tool" for h in holders(seen.stdout))
     # and the host sees the same ledger
@@ -83,7 +84,7 @@ def test_the_grpc_api_takes_only_the_admins_certificate(stack: ComposeStack) -> 
 NATS_PROBE = """
 import asyncio, ssl, sys, nats
 async def main(url, user, password):
-    tls = ssl.create_default_context(cafile="/credentials/tls/ca.crt") if url.startswith("tls") else None
+    tls = ssl.create_default_context(cafile="/credentials/ca.crt") if url.startswith("tls") else None
     try:
         nc = await nats.connect(url, user=user or None, password=password or None, tls=tls,
                                 connect_timeout=3, max_reconnect_attempts=0, allow_reconnect=False)
@@ -97,7 +98,7 @@ asyncio.run(main(*sys.argv[1:4]))
 
 
 def test_nats_takes_only_its_users_and_only_over_tls(stack: ComposeStack) -> None:
-    password = stack.exec("placement", "cat", "/credentials/nats/passwords/placement").stdout.strip()
+    password = stack.exec("placement", "cat", "/credentials/nats-password").stdout.strip()
     assert password
     cases = {
         ("tls://nats:4222", "placement", password): "connected",
@@ -108,6 +109,36 @@ def test_nats_takes_only_its_users_and_only_over_tls(stack: ComposeStack) -> Non
     for (url, user, secret), expected in cases.items():
         done = stack.exec("placement", "python3", "-c", NATS_PROBE, url, user, secret)
         assert done.stdout.startswith(expected), (url, user, done.stdout, done.stderr)
+
+
+def _own_credentials() -> dict[str, tuple[str, set[str]]]:
+    """Each running service: where its credentials are mounted, and the files it must hold there."""
+    own = {"nats": ("/etc/nats/credentials", {"ca.crt", "nats.crt", "nats.key", "auth.conf"})}
+    for server in ("allocator", "placement"):
+        own[server] = ("/credentials", {"ca.crt", f"{server}.crt", f"{server}.key", "nats-password"})
+    for name in SERVICES - set(own):
+        own[name] = ("/credentials", {"ca.crt", "nats-password"})
+    return own
+
+
+def test_each_container_holds_only_its_own_credentials(stack: ComposeStack, tmp_path: Path) -> None:
+    """No container mounts another's credentials: an inventory holds no admin key and no other
+    user's password, placement not the allocator's key. Each password held is compared with the
+    originals, copied from the credentials service's own volume."""
+    store = tmp_path / "all"
+    stack.docker_cmd("cp", f"{stack.container('credentials')}:/credentials/all/.", str(store))
+    for service, (where, files) in _own_credentials().items():
+        mounted = json.loads(stack.inspect(service, "{{json .Mounts}}"))
+        volumes = {m["Name"] for m in mounted if m["Type"] == "volume" and "credentials" in m["Name"]}
+        assert volumes == {f"{stack.project}_credentials-{service}"}, service
+        listed = stack.exec(service, "ls", "-A", where)
+        assert listed.returncode == 0, listed.stderr
+        assert set(listed.stdout.split()) == files, service
+        if "nats-password" in files:
+            held = stack.exec(service, "cat", f"{where}/nats-password").stdout.strip()
+            assert held == (store / "nats" / "passwords" / service).read_text().strip(), service
+    for elsewhere in ("/credentials/all", "/credentials/admin", "/credentials/tls", "/credentials/nats"):
+        assert stack.exec("inventory-rtx-0", "ls", elsewhere).returncode != 0, elsewhere
 
 
 async def test_the_dashboard_is_served_to_the_host_and_follows_the_ledger(stack: ComposeStack) -> None:

@@ -73,8 +73,8 @@ class ComposeStack:
         started = time.monotonic()
         self.compose("up", "--detach", "--wait", f"--wait-timeout={timeout_s:.0f}", timeout=timeout_s + 60)
         took = time.monotonic() - started
-        # The admin's certificate for the host's CLI, from the volume the credentials service wrote.
-        self.docker_cmd("cp", f"{self.container('credentials')}:/credentials/tls/.", str(self.tls_dir))
+        # The admin's certificate for the host's CLI, from the admin's volume the credentials service wrote.
+        self.docker_cmd("cp", f"{self.container('credentials')}:/credentials/admin/.", str(self.tls_dir))
         return took
 
     def down(self) -> None:
@@ -97,6 +97,10 @@ class ComposeStack:
 
     def exec(self, service: str, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         return self.compose("exec", "-T", service, *cmd, timeout=timeout, check=False)
+
+    def run(self, service: str, *cmd: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """``cmd`` in a new container of ``service`` (one of a profile, such as the CLI), removed after."""
+        return self.compose("run", "--rm", "--no-deps", "-T", service, *cmd, timeout=timeout, check=False)
 
     def logs(self, *services: str) -> list[str]:
         return self.compose("logs", "--no-color", *services).stdout.splitlines()
@@ -127,6 +131,6 @@ def _grpc_flags(server: str, tls: str) -> list[str]:
     ]
 
 
-# The CLI's flags inside a container of the stack: the allocator by its service name, the admin's
-# certificate from the mounted credentials volume.
-IN_CONTAINER_GRPC = _grpc_flags("allocator:50051", "/credentials/tls")
+# The CLI's flags inside the stack's cli container: the allocator by its service name, the admin's
+# certificate from the admin's credentials volume, mounted there alone.
+IN_CONTAINER_GRPC = _grpc_flags("allocator:50051", "/credentials")

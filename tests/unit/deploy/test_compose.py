@@ -7,6 +7,7 @@ health checks, and every program, flag and GPULEDGER_* variable against the prog
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -31,9 +32,14 @@ def compose() -> dict[str, Any]:
     return loaded
 
 
-def services() -> dict[str, dict[str, Any]]:
+def all_services() -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = compose()["services"]
     return found
+
+
+def services() -> dict[str, dict[str, Any]]:
+    """The services ``up`` starts (not those of a profile, such as the CLI)."""
+    return {name: s for name, s in all_services().items() if not s.get("profiles")}
 
 
 def gpuledger_services() -> dict[str, dict[str, Any]]:
@@ -50,39 +56,68 @@ def test_the_stack_is_nats_allocator_placement_and_an_inventory_per_fleet_node()
     assert set(services()) == {"credentials", "nats", *OURS, *(f"inventory-{n}" for n in nodes)}
 
 
-def test_the_credentials_are_written_once_for_every_fleet_node_and_mounted_read_only() -> None:
+def test_the_credentials_are_written_once_for_every_fleet_node_and_given_to_each_consumer() -> None:
     creds = services()["credentials"]
     script, command, *args = creds["command"]
     assert (script, command) == ("gpuledger", "local-credentials")
-    assert _flag_value(args, "--out") == "/credentials"
+    assert (_flag_value(args, "--out"), _flag_value(args, "--consumers")) == ("/credentials/all", "/credentials")
+    assert _flag_value(args, "--owner") == "10001:10001"  # the user the image's services run as
     nodes = {n.node.name for n in load_fleet(str(FLEET)).nodes}
     assert {args[i + 1] for i, a in enumerate(args) if a == "--node"} == nodes
-    assert creds["restart"] == "no" and creds["volumes"] == ["credentials:/credentials"]
-    assert "credentials" in compose()["volumes"]
+    assert creds["restart"] == "no" and creds["user"] == "0:0"  # root, to hand each new volume on
+    consumers = {*running_services(), "admin"}
+    assert creds["volumes"] == [
+        "credentials:/credentials/all",
+        *(f"credentials-{name}:/credentials/{name}" for name in sorted(consumers, key=_consumer_order)),
+    ]
+    assert set(compose()["volumes"]) == {"nats-data", "credentials", *(f"credentials-{c}" for c in consumers)}
     assert services()["nats"]["depends_on"]["credentials"] == {"condition": "service_completed_successfully"}
-    for name, service in running_services().items():
-        mounted = [v for v in service["volumes"] if v.startswith("credentials:")]
-        assert len(mounted) == 1 and mounted[0].endswith(":ro"), name
+
+
+@pytest.mark.parametrize("name", sorted(running_services()))
+def test_every_service_mounts_only_its_own_credentials_read_only(name: str) -> None:
+    mounted = [v for v in services()[name]["volumes"] if v.startswith("credentials")]
+    where = "/etc/nats/credentials" if name == "nats" else "/credentials"
+    assert mounted == [f"credentials-{name}:{where}:ro"]
+
+
+def test_the_cli_runs_on_demand_as_the_admin_with_the_admins_credentials_alone() -> None:
+    cli = all_services()["cli"]
+    assert cli["profiles"] == ["tools"] and cli["restart"] == "no"  # run --rm, never started by up
+    assert cli["volumes"] == ["credentials-admin:/credentials:ro"]
+    env = cli["environment"]
+    assert (env["GPULEDGER_GRPC_CERT_FILE"], env["GPULEDGER_GRPC_KEY_FILE"]) == (
+        "/credentials/admin.crt",
+        "/credentials/admin.key",
+    )
+    assert env["GPULEDGER_GRPC_CA_FILE"] == "/credentials/ca.crt"
+    assert cli["image"] == services()["allocator"]["image"]
+
+
+def _consumer_order(name: str) -> int:
+    """The order the credentials service lists the consumers' volumes in."""
+    order = ["nats", "allocator", "placement", *(f"inventory-{n.node.name}" for n in load_fleet(str(FLEET)).nodes)]
+    return order.index(name) if name in order else len(order)
 
 
 @pytest.mark.parametrize("name", sorted(gpuledger_services()))
 def test_every_service_speaks_tls_to_nats_as_its_own_user(name: str) -> None:
     service = services()[name]
     assert _setting(service, "nats_url") == "tls://nats:4222"
-    assert _setting(service, "nats_ca_file") == "/credentials/tls/ca.crt"
+    assert _setting(service, "nats_ca_file") == "/credentials/ca.crt"
     script = service["command"][0].removeprefix("gpuledger-")
     user = f"{script}-{_setting(service, 'node')}" if script == "inventory" else script
     assert _setting(service, "nats_user") == user
-    assert _setting(service, "nats_password_file") == f"/credentials/nats/passwords/{user}"
+    assert _setting(service, "nats_password_file") == "/credentials/nats-password"  # its own volume's
 
 
 def test_the_grpc_api_and_the_extender_take_mutual_tls_only() -> None:
     allocator, placement = services()["allocator"], services()["placement"]
-    assert _setting(allocator, "grpc_cert_file") == "/credentials/tls/allocator.crt"
-    assert _setting(allocator, "grpc_client_ca_file") == "/credentials/tls/ca.crt"
+    assert _setting(allocator, "grpc_cert_file") == "/credentials/allocator.crt"
+    assert _setting(allocator, "grpc_client_ca_file") == "/credentials/ca.crt"
     assert _setting(allocator, "grpc_admins") == "gpuledger-admin"
-    assert _setting(placement, "extender_cert_file") == "/credentials/tls/placement.crt"
-    assert _setting(placement, "extender_client_ca_file") == "/credentials/tls/ca.crt"
+    assert _setting(placement, "extender_cert_file") == "/credentials/placement.crt"
+    assert _setting(placement, "extender_client_ca_file") == "/credentials/ca.crt"
 
 
 def test_nats_takes_the_mounted_configuration_with_tls_and_the_users() -> None:
@@ -90,7 +125,7 @@ def test_nats_takes_the_mounted_configuration_with_tls_and_the_users() -> None:
     config = _flag_value(nats["command"], "-c")
     source, _ = _bind_mount(nats, config or "")
     text = source.read_text()
-    assert "tls {" in text and "include ../credentials/nats/auth.conf" in text
+    assert "tls {" in text and "include ../credentials/auth.conf" in text
 
 
 def test_nats_runs_jetstream_on_a_named_volume() -> None:
@@ -229,19 +264,18 @@ def _bind_mount(service: dict[str, Any], target: str) -> tuple[Path, str]:
 
 
 def test_a_real_nats_server_takes_the_configuration_with_the_written_credentials(tmp_path: Path) -> None:
-    """The layout of the nats container: the configuration beside the credentials volume."""
+    """The layout of the nats container: the configuration beside NATS's own credentials volume."""
     root = tmp_path / "etc" / "nats"
     (root / "config").mkdir(parents=True)
     config = root / "config" / "nats.conf"
     config.write_text((COMPOSE.parent / "nats.conf").read_text().replace("/etc/nats/", f"{root}/"))
-    args = services()["credentials"]["command"][1:]  # local-credentials --out ...
-    out = args.index("--out") + 1
+    args = services()["credentials"]["command"][1:]  # local-credentials --out ... --consumers ...
+    paths = {"--out": str(tmp_path / "all"), "--consumers": str(tmp_path), "--owner": f"{os.getuid()}:{os.getgid()}"}
+    args = [paths.get(args[i - 1], a) if i else a for i, a in enumerate(args)]
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "gpuledger"), *args[:out], str(root / "credentials"), *args[out + 1 :]],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [str(Path(sys.executable).parent / "gpuledger"), *args], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+    (root / "credentials").symlink_to(tmp_path / "nats")  # credentials-nats, where the container mounts it
     checked = subprocess.run([find_binary(), "-t", "-c", str(config)], capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr

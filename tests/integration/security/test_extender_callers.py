@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,9 @@ async def http2(placement: RunningPlacement, tls: ssl.SSLContext, verb: str, bod
     return found
 
 
+Call = Callable[[RunningPlacement, ssl.SSLContext, str, Any], Awaitable[dict[str, Any]]]
+
+
 async def held_by(nc: Client, uid: str) -> list[str]:
     store = await LedgerStore.open(nc)
     found: list[str] = []
@@ -104,14 +107,15 @@ async def test_another_callers_filter_body_cannot_steer_the_schedulers_bind(
     assert await held_by(nc, "uid-theirs") == []
 
 
+@pytest.mark.parametrize("call", [http1, http2], ids=["http/1.1", "h2"])
 async def test_the_schedulers_own_filter_is_taken_at_its_bind_without_reading_the_pod(
-    placement: RunningPlacement, apiserver: FakeApiServer, pki: ExtenderPki, nc: Client
+    placement: RunningPlacement, apiserver: FakeApiServer, pki: ExtenderPki, nc: Client, call: Call
 ) -> None:
     pod = gpu_pod("ours", gpu=1, mem=4000)
     apiserver.add_pod(pod)
     scheduler = pki.client()
-    [node] = (await http2(placement, scheduler, "filter", args(pod, NODES)))["NodeNames"]
-    assert (await http2(placement, scheduler, "bind", bind_args("ours", node))) == {"Error": ""}
+    [node] = (await call(placement, scheduler, "filter", args(pod, NODES)))["NodeNames"]
+    assert (await call(placement, scheduler, "bind", bind_args("ours", node))) == {"Error": ""}
     assert pod_reads(apiserver, "ours") == 0
     assert apiserver.pod("default", "ours")["spec"]["nodeName"] == node
     assert len(await held_by(nc, "uid-ours")) == 1

@@ -165,10 +165,15 @@ async def test_a_forged_daemonset_owner_is_not_exempt_and_a_real_daemonsets_pod_
             )
         assert "names default-scheduler" in str(why)
 
-        with daemonset_controller(cp):
+        with daemonset_controller(cp) as controller:
             await api.create(f"/apis/apps/v1/namespaces/{ns}/daemonsets", agent_daemonset(ns))
+
+            async def created() -> dict[str, Any] | None:
+                controller.check()  # a controller that died says why, with its log
+                return await _daemonset_pod(api, ns)
+
             pod = await wait_for(
-                lambda: _daemonset_pod(api, ns),
+                created,
                 60,
                 "the DaemonSet controller's pod, let in by the taint policy (the DaemonSet's FailedCreate "
                 "events say why not)",

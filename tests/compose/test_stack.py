@@ -125,20 +125,22 @@ def test_each_container_holds_only_its_own_credentials(stack: ComposeStack, tmp_
     """No container mounts another's credentials: an inventory holds no admin key and no other
     user's password, placement not the allocator's key. Each password held is compared with the
     originals, copied from the credentials service's own volume."""
-    store = tmp_path / "all"
-    stack.docker_cmd("cp", f"{stack.container('credentials')}:/credentials/all/.", str(store))
-    for service, (where, files) in _own_credentials().items():
+    own = _own_credentials()
+    for service, (where, files) in own.items():
         mounted = json.loads(stack.inspect(service, "{{json .Mounts}}"))
         volumes = {m["Name"] for m in mounted if m["Type"] == "volume" and "credentials" in m["Name"]}
         assert volumes == {f"{stack.project}_credentials-{service}"}, service
         listed = stack.exec(service, "ls", "-A", where)
         assert listed.returncode == 0, listed.stderr
         assert set(listed.stdout.split()) == files, service
+    for elsewhere in ("/credentials/all", "/credentials/admin", "/credentials/tls", "/credentials/nats"):
+        assert stack.exec("inventory-rtx-0", "ls", elsewhere).returncode != 0, elsewhere
+    store = tmp_path / "all"
+    stack.docker_cmd("cp", f"{stack.container('credentials')}:/credentials/all/.", str(store))
+    for service, (where, files) in own.items():
         if "nats-password" in files:
             held = stack.exec(service, "cat", f"{where}/nats-password").stdout.strip()
             assert held == (store / "nats" / "passwords" / service).read_text().strip(), service
-    for elsewhere in ("/credentials/all", "/credentials/admin", "/credentials/tls", "/credentials/nats"):
-        assert stack.exec("inventory-rtx-0", "ls", elsewhere).returncode != 0, elsewhere
 
 
 async def test_the_dashboard_is_served_to_the_host_and_follows_the_ledger(stack: ComposeStack) -> None:

@@ -82,6 +82,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    return write_all(args)
+
+
+def write_all(args: argparse.Namespace) -> int:
+    """Write what ``args`` asks; the exit code (2, with the reason on stderr, for bad input)."""
     out = Path(args.out)
     try:
         owner = _owner(args.owner, args.consumers)

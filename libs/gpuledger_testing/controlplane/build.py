@@ -1,13 +1,15 @@
 """Build the control plane's binaries from Go modules, cached outside the checkout, keyed by version.
 
     python -m gpuledger_testing.controlplane.build          # build what is missing, print the bin dir
+    python -m gpuledger_testing.controlplane.build --go     # only find or install Go, print its go
 
 ``k8s.io/kubernetes`` cannot be ``go install``ed (its go.mod replaces every staging module with a
 path inside its own tree), so it builds through a tools module written here: it requires
 ``k8s.io/kubernetes`` and replaces each staging module with the published ``v0.<minor>.<patch>``
 version. The list of staging modules, and the ``go`` and ``godebug`` lines, are read from the
 upstream go.mod in the module cache, never written by hand. etcd builds from a tools module of its
-own with no replaces; kwok installs with ``go install``.
+own with no replaces; kwok installs with ``go install``. The Go they build with is PATH's when it is
+1.26 or newer, else one installed into the user's cache (``toolchain``).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpuledger_testing.controlplane.toolchain import Go, GoUnavailable, find_go
 
 KUBERNETES = "v1.36.3"
 ETCD = "v3.6.16"
@@ -80,15 +84,19 @@ def _say(message: str) -> None:
     print(f"[controlplane build] {message}", file=sys.stderr, flush=True)
 
 
-def _go() -> str:
-    go = shutil.which("go")
-    if go is None:
-        raise BuildError("the control plane builds from Go modules: install Go 1.26 or newer (no 'go' on PATH)")
+def go_for_builds(root: Path | None = None) -> Go:
+    """The Go the builds run (PATH's if 1.26+, else ours beside ``root``); says which and why."""
+    try:
+        go = find_go((root or cache_root()).parent)
+    except GoUnavailable as err:
+        raise BuildError(f"the control plane builds from Go modules: {err}") from err
+    _say(f"Go: {go.why}")
     return go
 
 
-def _run(cmd: Sequence[str], cwd: Path, what: str) -> str:
-    env = {**os.environ, "GOWORK": "off", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+def _run(go: Go, args: Sequence[str], cwd: Path, what: str, extra: Mapping[str, str] | None = None) -> str:
+    env = {**os.environ, **go.env(), "GOWORK": "off", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod", **(extra or {})}
+    cmd = [str(go.binary), *args]
     started = time.monotonic()
     _say(f"{what}: {' '.join(cmd)}")
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -112,10 +120,10 @@ def _write_module(workdir: Path, module: str, go_mod: str, imports: Sequence[str
     (workdir / "tools.go").write_text(f"//go:build tools\n\npackage {module}\n\nimport (\n{blank}\n)\n")
 
 
-def upstream_go_mod(go: str, workdir: Path) -> str:
+def upstream_go_mod(go: Go, workdir: Path) -> str:
     """The text of ``k8s.io/kubernetes``'s own go.mod, from the module cache (downloaded if needed)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    out = _run([go, "mod", "download", "-json", f"k8s.io/kubernetes@{KUBERNETES}"], workdir, "fetch k8s.io/kubernetes")
+    out = _run(go, ["mod", "download", "-json", f"k8s.io/kubernetes@{KUBERNETES}"], workdir, "fetch k8s.io/kubernetes")
     start = out.find("{")
     if start < 0:
         raise BuildError(f"'go mod download -json' printed no JSON:\n{out[-2000:]}")
@@ -150,11 +158,11 @@ def _install(built: Path, target: Path) -> None:
     tmp.replace(target)
 
 
-def build_kubernetes(go: str, root: Path, found: Binaries) -> None:
+def build_kubernetes(go: Go, root: Path, found: Binaries) -> None:
     workdir = root / "src" / f"kubernetes-{KUBERNETES}"
     upstream = upstream_go_mod(go, workdir / "probe")
     _write_module(workdir, "tools", kube_tools_go_mod(upstream), [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS])
-    _run([go, "mod", "tidy"], workdir, "resolve k8s.io/kubernetes modules")
+    _run(go, ["mod", "tidy"], workdir, "resolve k8s.io/kubernetes modules")
     stamp = " ".join(
         f"-X k8s.io/{pkg}/version.{key}={value}"
         for pkg in ("component-base", "client-go/pkg")
@@ -171,8 +179,8 @@ def build_kubernetes(go: str, root: Path, found: Binaries) -> None:
             continue
         out = workdir / "out" / command
         _run(
+            go,
             [
-                go,
                 "build",
                 "-trimpath",
                 "-ldflags",
@@ -187,29 +195,26 @@ def build_kubernetes(go: str, root: Path, found: Binaries) -> None:
         _install(out, target)
 
 
-def build_etcd(go: str, root: Path, found: Binaries) -> None:
+def build_etcd(go: Go, root: Path, found: Binaries) -> None:
     workdir = root / "src" / f"etcd-{ETCD}"
     go_mod = f"module gpuledger.io/tools/etcd\n\ngo 1.24\n\nrequire go.etcd.io/etcd/server/v3 {ETCD}\n"
     _write_module(workdir, "tools", go_mod, ["go.etcd.io/etcd/server/v3"])
-    _run([go, "mod", "tidy"], workdir, "resolve etcd modules")
+    _run(go, ["mod", "tidy"], workdir, "resolve etcd modules")
     out = workdir / "out" / "etcd"
     _run(
-        [go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), "go.etcd.io/etcd/server/v3"],
+        go,
+        ["build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), "go.etcd.io/etcd/server/v3"],
         workdir,
         f"build etcd {ETCD}",
     )
     _install(out, found.etcd)
 
 
-def build_kwok(go: str, root: Path, found: Binaries) -> None:
+def build_kwok(go: Go, root: Path, found: Binaries) -> None:
     gobin = root / "src" / f"kwok-{KWOK}"
     gobin.mkdir(parents=True, exist_ok=True)
-    env_cmd = [go, "install", "-trimpath", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK}"]
-    os.environ["GOBIN"] = str(gobin)
-    try:
-        _run(env_cmd, gobin, f"build kwok {KWOK}")
-    finally:
-        os.environ.pop("GOBIN", None)
+    args = ["install", "-trimpath", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK}"]
+    _run(go, args, gobin, f"build kwok {KWOK}", {"GOBIN": str(gobin)})
     _install(gobin / "kwok", found.kwok)
 
 
@@ -221,7 +226,7 @@ def ensure_built(root: Path | None = None) -> Binaries:
     if not todo:
         return found
     _say(f"building {len(todo)} missing binaries into {base} (a first build takes several minutes)")
-    go = _go()
+    go = go_for_builds(base)
     started = time.monotonic()
     if not found.etcd.is_file():
         build_etcd(go, base, found)
@@ -238,13 +243,14 @@ def ensure_built(root: Path | None = None) -> Binaries:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=None, help="cache directory (default: %(default)s)")
+    parser.add_argument("--go", action="store_true", help="only find (or install) the Go the build uses; print it")
     args = parser.parse_args(argv)
     try:
-        found = ensure_built(args.cache)
+        printed = go_for_builds(args.cache).binary if args.go else ensure_built(args.cache).kubectl.parent
     except BuildError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(found.kubectl.parent)
+    print(printed)
     return 0
 
 

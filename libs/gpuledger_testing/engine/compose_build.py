@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 from gpuledger_testing.controlplane.build import cache_root
+from gpuledger_testing.controlplane.toolchain import Go, GoUnavailable, find_go
 from gpuledger_testing.engine.errors import EngineError
 from gpuledger_testing.engine.steps import say, step
 
@@ -32,15 +33,18 @@ def plugin_path() -> Path:
     return base / "cli-plugins" / "docker-compose"
 
 
-def _go() -> str:
-    go = shutil.which("go")
-    if go is None:
-        raise EngineError("Docker Compose builds from its Go module: install Go 1.24 or newer (no 'go' on PATH)")
+def _go(root: Path | None) -> Go:
+    try:
+        go = find_go((root or cache_root()).parent)
+    except GoUnavailable as err:
+        raise EngineError(f"Docker Compose builds from its Go module: {err}") from err
+    say(f"Go: {go.why}")
     return go
 
 
-def _run(cmd: list[str], cwd: Path, what: str) -> str:
-    env = {**os.environ, "GOWORK": "off", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+def _run(go: Go, args: list[str], cwd: Path, what: str) -> str:
+    env = {**os.environ, **go.env(), "GOWORK": "off", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
+    cmd = [str(go.binary), *args]
     with step(what):
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -49,8 +53,8 @@ def _run(cmd: list[str], cwd: Path, what: str) -> str:
     return proc.stdout
 
 
-def _upstream_go_line(go: str, workdir: Path) -> str:
-    out = _run([go, "mod", "download", "-json", f"{MODULE}@{COMPOSE}"], workdir, f"fetch {MODULE} {COMPOSE}")
+def _upstream_go_line(go: Go, workdir: Path) -> str:
+    out = _run(go, ["mod", "download", "-json", f"{MODULE}@{COMPOSE}"], workdir, f"fetch {MODULE} {COMPOSE}")
     go_mod = Path(json.loads(out)["GoMod"]).read_text()
     if "=>" in go_mod:
         raise EngineError(f"{MODULE} {COMPOSE} has replace directives now: the tools module must carry them")
@@ -65,17 +69,18 @@ def build(root: Path | None = None) -> Path:
     target = compose_binary(root)
     if target.is_file():
         return target
-    go = _go()
+    go = _go(root)
     workdir = (root or cache_root()) / "src" / f"compose-{COMPOSE}"
     (workdir / "probe").mkdir(parents=True, exist_ok=True)
     go_line = _upstream_go_line(go, workdir / "probe")
     (workdir / "go.mod").write_text(f"module gpuledger.io/tools/compose\n\n{go_line}\n\nrequire {MODULE} {COMPOSE}\n")
     (workdir / "tools.go").write_text(f'//go:build tools\n\npackage tools\n\nimport _ "{MODULE}/cmd"\n')
-    _run([go, "mod", "tidy"], workdir, "resolve the Compose modules")
+    _run(go, ["mod", "tidy"], workdir, "resolve the Compose modules")
     out = workdir / "out" / "docker-compose"
     ldflags = f"-s -w -X {MODULE}/internal.Version={COMPOSE}"
     _run(
-        [go, "build", "-trimpath", "-ldflags", ldflags, "-o", str(out), f"{MODULE}/cmd"],
+        go,
+        ["build", "-trimpath", "-ldflags", ldflags, "-o", str(out), f"{MODULE}/cmd"],
         workdir,
         f"build docker compose {COMPOSE} (several minutes the first time)",
     )

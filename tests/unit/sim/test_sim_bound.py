@@ -9,7 +9,10 @@ from random import Random
 
 import pytest
 
-pytest.importorskip("highspy")  # the 'bound' extra; tox's tests env installs it
+from tests.requires import importable, unavailable
+
+if not importable("highspy"):
+    unavailable("highspy (the 'bound' extra)", "tox's tests env installs it; else pip install -e '.[bound]'")
 
 from gpuledger_sim import cli
 from gpuledger_sim.bound import arrived_at_100, bound

@@ -4,7 +4,8 @@
     python3 dev.py up     # create .venv, install, run the whole stack on a simulated fleet
     python3 dev.py test   # install tox into .venv and run it (every check and test)
 
-Any further arguments go to ``gpuledger dev up`` or to ``tox``.
+Any further arguments go to ``gpuledger dev up`` or to ``tox``. Every tox env runs on the Python
+that runs this script (Python 3.11, 3.12 or 3.13); another one is refused before anything is installed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,19 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
 CONSTRAINTS = ROOT / "constraints.txt"
+SUPPORTED = ((3, 11), (3, 14))  # pyproject.toml's requires-python: >=3.11,<3.14
+
+
+def check_python(version: tuple[int, int] | None = None) -> None:
+    """Refuse a Python outside pyproject's requires-python, naming the one found and the ones wanted."""
+    major, minor = version or sys.version_info[:2]
+    low, high = SUPPORTED
+    if not low <= (major, minor) < high:
+        names = ", ".join(f"python{low[0]}.{m}" for m in range(low[1], high[1]))
+        sys.exit(
+            f"gpuledger needs Python >={low[0]}.{low[1]},<{high[0]}.{high[1]} (pyproject.toml's requires-python), "
+            f"and {sys.executable} is Python {major}.{minor}: run dev.py with one of {names}"
+        )
 
 
 def run(*cmd: str | Path) -> None:
@@ -27,9 +41,23 @@ def run(*cmd: str | Path) -> None:
     subprocess.run([str(c) for c in cmd], check=True, cwd=ROOT)
 
 
+def venv_version() -> tuple[int, int] | None:
+    """The Python version .venv was made with, or None when there is no usable .venv."""
+    if not (BIN / "python").exists():
+        return None
+    probe = [str(BIN / "python"), "-c", "import sys; print(*sys.version_info[:2])"]
+    done = subprocess.run(probe, capture_output=True, text=True, check=False)
+    parts = done.stdout.split()
+    return (int(parts[0]), int(parts[1])) if done.returncode == 0 and len(parts) == 2 else None
+
+
 def ensure_venv() -> None:
-    if (BIN / "python").exists():
+    found = venv_version()
+    if found == sys.version_info[:2]:
         return
+    if found is not None or VENV.exists():
+        print(f"+ .venv is not of this Python ({found}): making it afresh for {sys.executable}", flush=True)
+        shutil.rmtree(VENV)
     try:
         venv.create(VENV, with_pip=True)
     except (subprocess.CalledProcessError, OSError):
@@ -63,6 +91,7 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("up", "test"):
         print(__doc__)
         return 2
+    check_python()
     if argv[0] == "up":
         install()
         os.execv(BIN / "gpuledger", [str(BIN / "gpuledger"), "dev", "up", *argv[1:]])

@@ -22,7 +22,7 @@ from gpuledger_cli.dev.kubereal import MODES, RealCluster
 from gpuledger_cli.dev.processes import ServiceDied
 from gpuledger_cli.dev.scenario import run_scenario
 from gpuledger_cli.dev.scenario_dra import run_dra_scenario
-from gpuledger_cli.dev.stack import KUBERNETES, Stack, running_stack
+from gpuledger_cli.dev.stack import KUBERNETES, Stack, kubectl_of, running_stack
 from gpuledger_common.entry import stop_on_signals
 from gpuledger_common.fleet import FleetError, load_fleet
 from gpuledger_common.natsserver import free_port
@@ -103,7 +103,7 @@ async def _run(stack: Stack, once: bool, stop: asyncio.Event) -> int:
     )
     say(f"try: gpuledger inspect --server {stack.grpc}   (Ctrl-C stops everything)")
     if isinstance(stack.cluster, RealCluster):
-        say(f"try: kubectl --kubeconfig {stack.cluster.kubeconfig} get pods -n demo -o wide")
+        say(f"try: {kubectl_of(stack.cluster)} --kubeconfig {stack.cluster.kubeconfig} get pods -n demo -o wide")
     watching = asyncio.create_task(stack.supervisor.watch())
     stopping = asyncio.create_task(stop.wait())
     try:

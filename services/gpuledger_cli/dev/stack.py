@@ -99,6 +99,12 @@ async def running_stack(
         say("stopped every process; removed sockets and logs")
 
 
+def kubectl_of(cluster: RealCluster) -> str:
+    """The control plane's own kubectl (built with it; a fresh machine has none on PATH)."""
+    bins = cluster.control_plane.bins
+    return str(bins.kubectl) if bins is not None else "kubectl"
+
+
 def _cluster_started(cluster: Cluster, kubelets: int) -> str:
     if isinstance(cluster, SimCluster):
         return f"simulated API server on {cluster.apiserver.url}, {kubelets} simulated kubelet(s)"
@@ -106,7 +112,7 @@ def _cluster_started(cluster: Cluster, kubelets: int) -> str:
     server = access.server if access else "?"
     return (
         f"kube-apiserver on {server}, kube-controller-manager, kwok with {kubelets} node(s) and simulated "
-        f"kubelets; try: kubectl --kubeconfig {cluster.kubeconfig} get pods -A -o wide"
+        f"kubelets; try: {kubectl_of(cluster)} --kubeconfig {cluster.kubeconfig} get pods -A -o wide"
     )
 
 

@@ -100,7 +100,11 @@ def find_go(
         version = version_of(Path(found))
         if version is not None and new_enough(version):
             return Go(Path(found), version, f"{version} from PATH ({found})")
-        problem = f"the go on PATH ({found}) is {version or 'not runnable'}, older than Go {_minimum()}"
+        problem = (
+            f"the go on PATH ({found}) does not run 'go env GOVERSION'"
+            if version is None
+            else f"the go on PATH ({found}) is {version}, older than Go {_minimum()}"
+        )
     return _ours(install_dir(cache), problem, install or install_go)
 
 

@@ -76,7 +76,7 @@ def test_a_go_on_path_that_does_not_run_is_passed_over(tmp_path: Path, cache: Pa
     fake_go(tmp_path / "bin", "go1.26.1", exit_code=1)
     chosen = find_go(cache, path=str(tmp_path / "bin"), install=FakeInstaller())
     assert chosen.goroot == install_dir(cache) / "go"
-    assert "is not runnable" in chosen.why
+    assert "does not run 'go env GOVERSION': using go1.26.6" in chosen.why
 
 
 def test_no_go_on_path_installs_ours_once(tmp_path: Path, cache: Path) -> None:

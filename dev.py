@@ -56,7 +56,8 @@ def ensure_venv() -> None:
     if found == sys.version_info[:2]:
         return
     if found is not None or VENV.exists():
-        print(f"+ .venv is not of this Python ({found}): making it afresh for {sys.executable}", flush=True)
+        was = f"of Python {found[0]}.{found[1]}" if found else "broken"
+        print(f"+ .venv is {was}: making it afresh for {sys.executable}", flush=True)
         shutil.rmtree(VENV)
     try:
         venv.create(VENV, with_pip=True)

@@ -5,7 +5,9 @@ local-credentials`` (docker compose). Production certificates come from the clus
 
 EC keys (P-256): quick to make on a busy machine, and read by nats-server, Python's ssl and
 grpclib alike. The CA's key lives only in memory: once its certificates are issued, nobody can
-issue more with it.
+issue more with it. Every certificate carries the key identifiers RFC 5280 asks for (the subject's,
+and the issuer's on those the CA issues): Python 3.13's default TLS context verifies strictly and
+refuses a CA-issued certificate without an Authority Key Identifier.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class CertificateAuthority:
             .not_valid_after(now + self.valid_for)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False)
             .sign(self._key, hashes.SHA256())
         )
         self.cert = self.directory / f"{self.name}.crt"
@@ -92,6 +95,8 @@ class CertificateAuthority:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + self.valid_for)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False)
         )
         if not client:
             builder = builder.add_extension(x509.SubjectAlternativeName(subject_names(hosts)), critical=False)

@@ -1,5 +1,6 @@
 """Keys and certificates for a control plane on loopback: a CA, the API server's serving
-certificate (for 127.0.0.1 and localhost) and the service-account signing key."""
+certificate (for 127.0.0.1 and localhost) and the service-account signing key. Both certificates
+carry the key identifiers that Python 3.13's strict default verification asks for."""
 
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ def make_pki(directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"
         _builder("gpuledger-test-ca", "gpuledger-test-ca", ca_key)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     names = subject_names(hosts)
@@ -71,6 +73,8 @@ def make_pki(directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"
         _builder("kube-apiserver", "gpuledger-test-ca", server_key)
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(server_key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     pki = Pki(directory / "ca.crt", directory / "apiserver.crt", directory / "apiserver.key", directory / "sa.key")

@@ -14,6 +14,7 @@ import pytest
 
 from gpuledger_common.pki import CertificateAuthority
 from gpuledger_common.tls import HTTP1_ALPN, client_context, server_context
+from gpuledger_testing.controlplane.pki import make_pki
 
 
 def handshake(server: ssl.SSLContext, client: ssl.SSLContext, hostname: str = "127.0.0.1") -> str:
@@ -70,3 +71,26 @@ def test_a_client_refuses_a_server_certificate_from_a_system_trusted_ca(
     mine = system_ca.issue("cli", client=True)
     refused = handshake(server, client_context(str(ours.cert), str(mine.cert), str(mine.key), alpn=HTTP1_ALPN))
     assert "client:" in refused, "our client trusted a server certificate of a CA the system trusts"
+
+
+def strict(context: ssl.SSLContext) -> ssl.SSLContext:
+    """As Python 3.13's ``ssl.create_default_context`` verifies (which natscreds, kuberaw and the
+    control plane's clients use): RFC 5280 strictly, so a CA-issued certificate must name its
+    issuer's key (Authority Key Identifier)."""
+    context.verify_flags |= ssl.VERIFY_X509_STRICT
+    return context
+
+
+def test_our_certificates_pass_strict_verification_both_ways(tmp_path: Path) -> None:
+    ca = CertificateAuthority(tmp_path / "ca")
+    served, client = ca.issue("gpuledger-allocator"), ca.issue("cli", client=True)
+    server = strict(server_context(str(served.cert), str(served.key), str(ca.cert), alpn=HTTP1_ALPN))
+    ours = strict(client_context(str(ca.cert), str(client.cert), str(client.key), alpn=HTTP1_ALPN))
+    assert handshake(server, ours) == ""
+
+
+def test_the_control_planes_certificates_pass_strict_verification(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(pki.server_cert, pki.server_key)
+    assert handshake(server, strict(ssl.create_default_context(cadata=pki.ca_pem().decode()))) == ""

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 VERSION = "v1beta1"
 REGISTER_TIMEOUT_S = 15.0  # kubelet dials back with its own 10 s limit inside Register
+# From Python 3.12 asyncio's Server.wait_closed also waits for every client connection to end, and
+# kubelet keeps its connection to the old socket until we register again: past this, go on.
+CLOSE_WAIT_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +68,7 @@ class KubeletLink:
                 self.registered.clear()
                 server.close()
                 _remove(self.registration.plugin_socket)  # before any wait: gone even if that is cut short
-                await server.wait_closed()
+                await _closed(server)
 
     async def _serve(self) -> Server:
         path = self.registration.plugin_socket
@@ -123,6 +126,13 @@ class KubeletLink:
             if now is None:
                 log.info("kubelet.sock is gone; waiting for kubelet to come back")
                 kubelet = None
+
+
+async def _closed(server: Server) -> None:
+    """Wait for the closed server's request handlers, but not past CLOSE_WAIT_S for kubelet's connection."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(CLOSE_WAIT_S):
+            await server.wait_closed()
 
 
 def _identity(path: str) -> tuple[int, int, int] | None:

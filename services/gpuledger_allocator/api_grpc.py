@@ -17,7 +17,7 @@ from gpuledger_allocator.service import AllocateCall, AllocatorService
 from gpuledger_common import clusterwire
 from gpuledger_common import pbconvert as conv
 from gpuledger_common.bus import answering
-from gpuledger_common.outage import within
+from gpuledger_common.store.outage import within
 from gpuledger_common.tls import identity_of
 from gpuledger_core import errors
 from gpuledger_core.events import LedgerEvent

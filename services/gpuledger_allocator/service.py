@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from gpuledger_allocator.view import ClusterView
-from gpuledger_common.outage import time_left, within
 from gpuledger_common.store import LedgerStore, OwnerRecord
+from gpuledger_common.store.outage import time_left, within
 from gpuledger_core.errors import (
     Conflict,
     Exhausted,

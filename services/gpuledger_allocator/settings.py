@@ -6,8 +6,8 @@ import os
 from dataclasses import dataclass
 
 from gpuledger_common.natscreds import NatsClientSettings
-from gpuledger_common.outage import RETRY_S
 from gpuledger_common.settings import listen_host, option, require
+from gpuledger_common.store.outage import RETRY_S
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 
 KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")

@@ -21,8 +21,8 @@ from typing import Any
 from nats.aio.client import Client
 
 from gpuledger_common import bus, inventory_api
-from gpuledger_common.follow import node_ledger
-from gpuledger_common.ledgerwait import open_ledger
+from gpuledger_common.store.follow import node_ledger
+from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_core.errors import InvalidArgument, NotFound
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.model import Health

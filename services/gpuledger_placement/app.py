@@ -15,12 +15,12 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.entry import stop_on_signals
-from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
-from gpuledger_common.outage import within
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
+from gpuledger_common.store.ledgerwait import open_ledger
+from gpuledger_common.store.outage import within
 from gpuledger_common.tls import EXTENDER_ALPN, server_context
 from gpuledger_core.errors import GpuledgerError, Unavailable
 from gpuledger_core.placement import WorkloadTracker

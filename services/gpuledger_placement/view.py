@@ -22,8 +22,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from gpuledger_common.bus import SUBJECT_PREFIX, decode
-from gpuledger_common.follow import follow
 from gpuledger_common.store import LedgerStore
+from gpuledger_common.store.follow import follow
 from gpuledger_core.codec import Reader
 from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.ids import NodeName

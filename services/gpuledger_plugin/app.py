@@ -12,11 +12,11 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.entry import stop_on_signals
-from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
+from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_common.tasks import cancelled
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.model import Isolation

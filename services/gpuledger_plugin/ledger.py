@@ -10,8 +10,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from gpuledger_common.follow import node_ledger
 from gpuledger_common.store import LedgerStore, Transition
+from gpuledger_common.store.follow import node_ledger
 from gpuledger_core.ledger import NodeLedger
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuledger_common.natscreds import NatsClientSettings
-from gpuledger_common.outage import RETRY_S
 from gpuledger_common.settings import option, require
+from gpuledger_common.store.outage import RETRY_S
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_plugin.answer import STRATEGIES
 from gpuledger_plugin.reconcile import GONE_AFTER_S

@@ -14,10 +14,10 @@ from grpclib.server import Server
 
 from gpuledger_common import bus
 from gpuledger_common.entry import stop_on_signals
-from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app, start_http
 from gpuledger_common.settings import describe
+from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_plugin.dra.cdi import Mps
 from gpuledger_plugin.dra.kube import ClaimApi, KubeClaimApi
 from gpuledger_plugin.dra.ledger import LedgerEntryCheck

@@ -71,7 +71,7 @@ async def followed(store: LedgerStore) -> tuple[Gate, Following]:
 
 async def known_at(store: LedgerStore, node: NodeName, revision: int) -> None:
     async def there() -> bool:
-        known = store._known.get(node)
+        known = store._known.latest.get(node)
         return known is not None and known[1] >= revision
 
     await wait_for(there, what=f"{node} at revision {revision}")

@@ -12,7 +12,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError, NoStreamResponseError
 
-from gpuledger_common.jsacks import Acks
+from gpuledger_common.store.jsacks import Acks
 
 STREAM, SUBJECT = "ACKS", "acks.one"
 

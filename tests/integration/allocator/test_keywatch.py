@@ -12,9 +12,9 @@ import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from gpuledger_common.follow import node_ledger
-from gpuledger_common.keywatch import KeyWatch, WatchLost
 from gpuledger_common.store import LEDGER_BUCKET, LedgerStore
+from gpuledger_common.store.follow import node_ledger
+from gpuledger_common.store.keywatch import KeyWatch, WatchLost
 from gpuledger_core.ids import CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Card, Node

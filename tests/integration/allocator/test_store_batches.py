@@ -14,9 +14,10 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.js.errors import APIError, KeyWrongLastSequenceError
 
-from gpuledger_common.jsacks import Acks
-from gpuledger_common.outage import within
 from gpuledger_common.store import OWNER_BUCKET, LedgerStore, Written
+from gpuledger_common.store.jsacks import Acks
+from gpuledger_common.store.outage import within
+from gpuledger_common.store.writes import Writes
 from gpuledger_core.errors import Conflict, Exhausted, Unavailable
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger
@@ -34,14 +35,14 @@ def stalled_writes(
     monkeypatch: pytest.MonkeyPatch, stalls: Callable[[NodeLedger | None], bool] = lambda _: True
 ) -> asyncio.Event:
     """Hold each of the store's writes whose new value ``stalls`` picks until the event returned is set."""
-    real_write, release = LedgerStore._write, asyncio.Event()
+    real_write, release = Writes._write, asyncio.Event()
 
-    async def stalled(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
+    async def stalled(self: Writes, node: str, new: NodeLedger | None, revision: int) -> int:
         if stalls(new):
             await release.wait()
         return await real_write(self, node, new, revision)
 
-    monkeypatch.setattr(LedgerStore, "_write", stalled)
+    monkeypatch.setattr(Writes, "_write", stalled)
     return release
 
 
@@ -64,13 +65,13 @@ async def test_changes_queued_behind_a_write_go_out_in_one_and_each_caller_sees_
 async def test_a_lone_change_is_written_from_its_callers_own_task(nc: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     store = await LedgerStore.open(nc)
     await store.mutate(NODE, lambda _: ledger())
-    real_write, writers = LedgerStore._write, []
+    real_write, writers = Writes._write, []
 
-    async def noted(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
+    async def noted(self: Writes, node: str, new: NodeLedger | None, revision: int) -> int:
         writers.append(asyncio.current_task())
         return await real_write(self, node, new, revision)
 
-    monkeypatch.setattr(LedgerStore, "_write", noted)
+    monkeypatch.setattr(Writes, "_write", noted)
     caller = asyncio.ensure_future(store.mutate(NODE, take("alone", 1000)))
     written = await caller
 
@@ -125,15 +126,15 @@ async def test_a_caller_that_takes_one_attempt_moves_on_while_the_others_of_its_
 ) -> None:
     store = await LedgerStore.open(nc)
     await store.mutate(NODE, lambda _: ledger())
-    real_write, calls = LedgerStore._write, []
+    real_write, calls = Writes._write, []
 
-    async def loses_the_second(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
+    async def loses_the_second(self: Writes, node: str, new: NodeLedger | None, revision: int) -> int:
         calls.append(revision)
         if len(calls) == 2:  # the batch's first attempt, as if another process had won the race
             raise KeyWrongLastSequenceError(description=f"wrong last sequence: {revision + 1}")
         return await real_write(self, node, new, revision)
 
-    monkeypatch.setattr(LedgerStore, "_write", loses_the_second)
+    monkeypatch.setattr(Writes, "_write", loses_the_second)
     _, once, patient = await asyncio.gather(
         store.mutate(NODE, take("first", 1000)),
         store.mutate(NODE, take("once", 1000), attempts=1),
@@ -181,15 +182,15 @@ async def test_a_refusal_naming_no_revision_while_the_key_stands_still_is_waited
     attempts, and says what is wrong when the window ends."""
     store = await LedgerStore.open(nc)
     await store.mutate(NODE, lambda _: ledger())
-    real_put, refusals = LedgerStore._put, [5]
+    real_put, refusals = Writes._put, [5]
 
-    async def pending_at_leader(self: LedgerStore, key: str, data: bytes, revision: int) -> int:
+    async def pending_at_leader(self: Writes, key: str, data: bytes, revision: int) -> int:
         if refusals[0] > 0:
             refusals[0] -= 1
             raise KeyWrongLastSequenceError(description="wrong last sequence")
         return await real_put(self, key, data, revision)
 
-    monkeypatch.setattr(LedgerStore, "_put", pending_at_leader)
+    monkeypatch.setattr(Writes, "_put", pending_at_leader)
     written = await store.mutate(NODE, take("patient", 1000), attempts=1)  # one attempt, five refusals
     assert held(written.new) == {"patient"}
 
@@ -207,16 +208,16 @@ async def test_a_batch_rides_out_an_outage_for_each_callers_own_window(
     window ends is refused, and the others are written once JetStream answers again."""
     store = await LedgerStore.open(nc)
     await store.mutate(NODE, lambda _: ledger())
-    real_put, release, back_at = LedgerStore._put, asyncio.Event(), [0.0]
+    real_put, release, back_at = Writes._put, asyncio.Event(), [0.0]
 
-    async def out_for_a_while(self: LedgerStore, key: str, data: bytes, revision: int) -> int:
+    async def out_for_a_while(self: Writes, key: str, data: bytes, revision: int) -> int:
         if not release.is_set():
             await release.wait()  # the write ahead, until both callers below are queued behind it
         elif time.monotonic() < back_at[0]:
             raise NoRespondersError  # no stream leader
         return await real_put(self, key, data, revision)
 
-    monkeypatch.setattr(LedgerStore, "_put", out_for_a_while)
+    monkeypatch.setattr(Writes, "_put", out_for_a_while)
     ahead = asyncio.ensure_future(store.mutate(NODE, take("ahead", 1000)))
     await asyncio.sleep(0.05)
 

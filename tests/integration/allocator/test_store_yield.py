@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 
 from gpuledger_common.natsauth import LEDGER_YIELD
 from gpuledger_common.store import LedgerStore
+from gpuledger_common.store.writes import Writes
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_testing.waiting import polled, wait_for
 
@@ -38,7 +39,7 @@ async def followed(nc: Client) -> AsyncIterator[LedgerStore]:
     store.yield_s = PAUSE_S
     await store.mutate(NODE, lambda _: ledger())
     following = await store.follow_values(store.remember, lambda: None)
-    await wait_for(polled(lambda: NODE in store._known), 5, "the node known from the watch")
+    await wait_for(polled(lambda: NODE in store._known.latest), 5, "the node known from the watch")
     yield store
     await following.stop()
 
@@ -59,15 +60,15 @@ async def asked(nc: Client) -> AsyncIterator[list[bytes]]:
 
 def lose_two_races(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Every store's first two writes from now on refused as lost races; the revisions written on."""
-    real_write, calls = LedgerStore._write, []
+    real_write, calls = Writes._write, []
 
-    async def loses_twice(self: LedgerStore, node: str, new: NodeLedger | None, revision: int) -> int:
+    async def loses_twice(self: Writes, node: str, new: NodeLedger | None, revision: int) -> int:
         calls.append(revision)
         if len(calls) <= 2:  # as if another process had won the race, twice
             raise KeyWrongLastSequenceError(description=f"wrong last sequence: {revision}")
         return await real_write(self, node, new, revision)
 
-    monkeypatch.setattr(LedgerStore, "_write", loses_twice)
+    monkeypatch.setattr(Writes, "_write", loses_twice)
     return calls
 
 
@@ -99,7 +100,7 @@ async def test_a_request_to_yield_is_not_taken_from_itself_for_an_unknown_node_o
     nc: Client, followed: LedgerStore
 ) -> None:
     before = taken()
-    await ask(nc, followed._writer + b" " + NODE.encode())  # its own
+    await ask(nc, followed._yielding.writer + b" " + NODE.encode())  # its own
     await ask(nc, b"another-writer no-such-node")
     await ask(nc, b"nonsense")
     await ask(nc, b"another-writer " + NODE.encode())  # taken
@@ -123,7 +124,7 @@ async def test_a_followed_store_asks_the_others_to_yield_after_two_lost_races_in
     assert held(written.new) == {"patient"}
     assert len(calls) == 3
     await wait_for(polled(lambda: asked), 5, "a request to yield")
-    assert asked == [followed._writer + b" " + NODE.encode()]  # after the second loss only
+    assert asked == [followed._yielding.writer + b" " + NODE.encode()]  # after the second loss only
 
 
 async def test_a_store_without_a_watch_never_asks(

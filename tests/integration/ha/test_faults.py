@@ -16,7 +16,7 @@ from grpclib.const import Status
 from nats.aio.client import Client
 
 from gpuledger_common import bus
-from gpuledger_common.outage import RETRY_S
+from gpuledger_common.store.outage import RETRY_S
 from gpuledger_testing.nats_cluster import NatsCluster, stream_cluster, stream_leader
 from gpuledger_testing.stack import RunningAllocator, wait_for
 from gpuledger_testing.waiting import polled

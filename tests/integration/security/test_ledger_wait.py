@@ -10,9 +10,9 @@ import contextlib
 import pytest
 
 from gpuledger_common import bus
-from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_common.natsauth import Role
 from gpuledger_common.store import LedgerStore
+from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_core.errors import Unavailable
 from gpuledger_testing.secure_nats import secure_nats
 

@@ -17,11 +17,11 @@ from nats.errors import TimeoutError as NatsTimeout
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
 from gpuledger_common.fleet import Fleet, parse_fleet
-from gpuledger_common.follow import node_ledger
-from gpuledger_common.ledgerwait import open_ledger
 from gpuledger_common.natsauth import Role
 from gpuledger_common.natscreds import NatsCredentials
 from gpuledger_common.store import LedgerStore, Transition, node_key
+from gpuledger_common.store.follow import node_ledger
+from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_core import codec
 from gpuledger_core.errors import GpuledgerError, Unavailable
 from gpuledger_core.ledger import NodeLedger, with_node

@@ -20,7 +20,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from gpuledger_common.outage import Outage, OutageStats, outage_of, ride_out, time_left, within
+from gpuledger_common.store.outage import Outage, OutageStats, outage_of, ride_out, time_left, within
 from gpuledger_core.errors import Unavailable
 
 

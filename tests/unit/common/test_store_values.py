@@ -1,6 +1,6 @@
 """A ledger value as the store reads it from a watch equals the value read afresh, whatever the
 store read or wrote before: another writer's value is parsed only where its bytes differ from
-the node's last value (``LedgerStore._spliced``), which must never change what it means."""
+the node's last value (``splice.spliced``), which must never change what it means."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import orjson
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpuledger_common.store import LedgerStore
+from gpuledger_common.store.values import Values
 from gpuledger_core import codec
 from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.ledger import NodeLedger
@@ -123,9 +123,9 @@ def afresh(data: bytes) -> NodeLedger | type[GpuledgerError]:
         return GpuledgerError
 
 
-def as_store_reads(store: LedgerStore, data: bytes) -> NodeLedger | type[GpuledgerError]:
+def as_store_reads(store: Values, data: bytes) -> NodeLedger | type[GpuledgerError]:
     try:
-        return store._decoded(NODE, data)
+        return store.decoded(NODE, data)
     except GpuledgerError:
         return GpuledgerError
 
@@ -139,7 +139,7 @@ def as_store_reads(store: LedgerStore, data: bytes) -> NodeLedger | type[Gpuledg
 # [A, B, C, D] read, then "A,B,,C,D": nothing between the items kept, and not no items either
 @example([("read", [("anew", 0, [A, B, C, D])], "orjson", None), ("read", [("add", 0, [])], "orjson", (2, 0, b",,"))])
 def test_each_value_reads_as_it_would_afresh(history: list[tuple[str, list[Any], str, Any]]) -> None:
-    store = LedgerStore(None, None, None)  # type: ignore[arg-type]  # decoding and encoding only: no I/O
+    store = Values()  # decoding and encoding only: no I/O
     allocs: list[Any] = []
     for action, changes, how, harm in history:
         for change in changes:
@@ -147,17 +147,17 @@ def test_each_value_reads_as_it_would_afresh(history: list[tuple[str, list[Any],
         data = damaged(spelled(allocs, how), harm)
         expected = afresh(data)
         if action == "write" and isinstance(expected, NodeLedger):  # this store's own write of it
-            store._encoded(expected)
+            store.encoded(expected)
             continue
         assert as_store_reads(store, data) == expected, (action, allocs, how, harm)
 
 
 def test_a_value_that_changes_one_allocation_reuses_the_others() -> None:
-    store = LedgerStore(None, None, None)  # type: ignore[arg-type]
+    store = Values()
     raws = [codec.allocation_to(allocation(f"a{i}", Grant("main", (share(i % 2, 1000, 100),)))) for i in range(5)]
-    first = store._decoded(NODE, spelled(raws, "orjson"))
+    first = store.decoded(NODE, spelled(raws, "orjson"))
     changed = [*raws[:2], {**raws[2], "state": "bound"}, *raws[3:]]
-    second = store._decoded(NODE, spelled(changed, "orjson"))
+    second = store.decoded(NODE, spelled(changed, "orjson"))
     assert second == codec.ledger_from(orjson.loads(spelled(changed, "orjson")))
     assert [a is b for a, b in zip(first.allocations, second.allocations, strict=True)] == [
         True,

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gpuledger_common import tasks
-from gpuledger_common.follow import _Pump
+from gpuledger_common.store.follow import _Pump
 from gpuledger_testing.waiting import cancelled
 
 

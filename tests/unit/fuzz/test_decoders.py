@@ -24,7 +24,7 @@ from gpuledger_allocator.ingest import usage_from
 from gpuledger_common import clusterwire
 from gpuledger_common.bus import decode
 from gpuledger_common.fleet import FleetError, parse_fleet
-from gpuledger_common.store import LedgerStore
+from gpuledger_common.store.values import Values
 from gpuledger_core import codec
 from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.events import EventKind, LedgerEvent
@@ -126,8 +126,8 @@ def test_ledger_values(raw: Any) -> None:
 @example(b"")  # found: the store let orjson's error through (a node may write any bytes to its key)
 @example(b"\xff{")
 def test_ledger_value_bytes_as_the_store_reads_them(data: bytes) -> None:
-    store = LedgerStore(None, None, None)  # type: ignore[arg-type]  # decoding only: no I/O
-    refuses_or_decodes(lambda d: store._decoded("n1", d), data)
+    store = Values()  # decoding only: no I/O
+    refuses_or_decodes(lambda d: store.decoded("n1", d), data)
 
 
 @given(near(VALID_EVENT))

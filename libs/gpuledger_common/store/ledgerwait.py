@@ -12,7 +12,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
-from gpuledger_common.store import LedgerStore
+from gpuledger_common.store.ledgerstore import LedgerStore
 from gpuledger_core.errors import Unavailable
 
 log = logging.getLogger(__name__)

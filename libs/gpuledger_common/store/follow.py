@@ -11,7 +11,7 @@ from typing import Generic, TypeVar
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from gpuledger_common.store import LedgerStore
+from gpuledger_common.store.ledgerstore import LedgerStore
 from gpuledger_common.tasks import cancelled
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import NodeName

@@ -5,7 +5,7 @@ lives on another, nothing reaches the client: no value, no error. Here the serve
 heartbeat every ``HEARTBEAT_S`` while it has nothing to deliver, and the watch is over
 (``failed``) once neither a value nor a heartbeat came for ``MISSED_S``, or the consumer's
 sequence skipped a value; whoever follows it then starts again from a fresh snapshot
-(``gpuledger_common.follow``). nats-py's ordered consumer notices the same only after two missed
+(``gpuledger_common.store.follow``). nats-py's ordered consumer notices the same only after two missed
 heartbeats of 5 s, and then makes the consumer again in a task of its own, beside the
 subscription it keeps; here nothing runs but the subscription and one checking task, both ended
 by ``stop``.

@@ -13,8 +13,9 @@ CAS_GAVE_UP = Counter(
 )
 LEDGER_YIELDS = Counter(
     "gpuledger_ledger_yields_total",
-    "Pauses on a node's key: asked of the other writers after lost races in a row (way=asked), or taken "
-    "because another writer asked (way=taken)",
+    "Pauses on a node's key: asked of the other writers after lost races in a row (way=asked), taken "
+    "because another writer asked (way=taken), or a request that was no writer's dropped (way=forged: a "
+    "JetStream delivery aimed at the yield subject)",
     ["way"],
 )
 OUTAGE_RETRIES = Counter(

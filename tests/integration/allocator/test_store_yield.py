@@ -2,7 +2,7 @@
 it (core NATS, ``gpuledger.v1.ledger.yield``), against a real nats-server: a followed store asks
 after two lost races in a row, a store asked holds its next write for ``yield_s`` so the other
 gets in first, and a request to yield is taken only from another writer, for a node the store
-knows, and not twice in a row."""
+knows, not twice in a row, and not from a JetStream consumer aimed at the yield subject."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyWrongLastSequenceError
 from prometheus_client import REGISTRY
 
 from gpuledger_common.natsauth import LEDGER_YIELD
-from gpuledger_common.store import LedgerStore
+from gpuledger_common.store import LEDGER_BUCKET, LedgerStore, node_key
 from gpuledger_common.store.writes import Writes
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_testing.waiting import polled, wait_for
@@ -30,6 +31,10 @@ LONG_PAUSE_S = 6.0  # a pause that only the other writer's write arriving can en
 
 def taken() -> float:
     return REGISTRY.get_sample_value("gpuledger_ledger_yields_total", {"way": "taken"}) or 0.0
+
+
+def forged() -> float:
+    return REGISTRY.get_sample_value("gpuledger_ledger_yields_total", {"way": "forged"}) or 0.0
 
 
 @pytest.fixture
@@ -138,3 +143,29 @@ async def test_a_store_without_a_watch_never_asks(
     await asyncio.sleep(0.05)
 
     assert len(calls) == 3 and not asked
+
+
+async def test_a_request_to_yield_delivered_by_a_consumer_is_dropped_and_counted(
+    nc: Client, followed: LedgerStore
+) -> None:
+    """A node may write any bytes to its own key and have a consumer of its own deliver them to any
+    subject (nats-server does not check a consumer's deliver subject against its maker's
+    permissions): here a request to yield ``NODE``, from the key of a node "rogue", delivered on
+    the yield subject. It keeps the stream's subject and is no writer's request: dropped, counted,
+    and ``NODE``'s next write is not held."""
+    followed.yield_s = LONG_PAUSE_S
+    before_taken, before_forged = taken(), forged()
+    rogue = f"$KV.{LEDGER_BUCKET}.{node_key('rogue')}"
+    await nc.jetstream().publish(rogue, b"another-writer " + NODE.encode())
+    config = ConsumerConfig(
+        deliver_subject=LEDGER_YIELD,
+        filter_subject=rogue,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        ack_policy=AckPolicy.NONE,
+    )
+    await nc.jetstream().add_consumer(f"KV_{LEDGER_BUCKET}", config)
+    await wait_for(polled(lambda: forged() > before_forged or taken() > before_taken), 5, "the delivery heard")
+
+    assert (taken(), forged()) == (before_taken, before_forged + 1)
+    written = await asyncio.wait_for(followed.mutate(NODE, take("not-held", 1000)), LONG_PAUSE_S / 2)
+    assert held(written.new) == {"not-held"}

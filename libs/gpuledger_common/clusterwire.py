@@ -150,6 +150,7 @@ def node_bytes(s: NodeStatus) -> bytes:
     out.append(encoded_cards(s.name, s.cards))
     _flag(out, 3, s.stale)
     _number(out, 4, s.revision)
+    _text(out, 5, s.unreadable)
     return b"".join(out)
 
 
@@ -359,7 +360,13 @@ CARD: Spec = {
     12: ("foreign_mem_mib", VARINT),
     13: ("health_reason", LENGTH),
 }
-NODE: Spec = {1: ("name", LENGTH), 2: ("cards[]", LENGTH), 3: ("stale", VARINT), 4: ("revision", VARINT)}
+NODE: Spec = {
+    1: ("name", LENGTH),
+    2: ("cards[]", LENGTH),
+    3: ("stale", VARINT),
+    4: ("revision", VARINT),
+    5: ("unreadable", LENGTH),
+}
 CLUSTER: Spec = {1: ("nodes[]", LENGTH), 2: ("next_page_token", LENGTH)}
 
 
@@ -413,7 +420,8 @@ def card_from(data: bytes, path: str) -> CardStatus:
 def node_from(data: bytes, path: str = "node") -> NodeStatus:
     v = _values(data, path, NODE)
     cards = tuple(card_from(c, f"{path}.cards[{i}]") for i, c in enumerate(_items(v, "cards[]")))
-    return NodeStatus(NodeName(_string(v, "name", path)), cards, bool(_uint(v, "stale")), _uint(v, "revision"))
+    name, unreadable = NodeName(_string(v, "name", path)), _string(v, "unreadable", path)
+    return NodeStatus(name, cards, bool(_uint(v, "stale")), _uint(v, "revision"), unreadable)
 
 
 def cluster_from(data: bytes) -> tuple[list[NodeStatus], str]:

@@ -18,6 +18,11 @@ LEDGER_YIELDS = Counter(
     "JetStream delivery aimed at the yield subject)",
     ["way"],
 )
+LEDGER_UNREADABLE = Counter(
+    "gpuledger_ledger_unreadable_values_total",
+    "Values of a node's ledger key that could not be read (the node gets nothing new until its key holds a "
+    "readable one); each value counted once per process",
+)
 OUTAGE_RETRIES = Counter(
     "gpuledger_ledger_outage_retries_total",
     "Ledger reads and writes tried again because JetStream had no leader or NATS was reconnecting",

@@ -188,7 +188,7 @@ def node_status_to(s: NodeStatus) -> pb.NodeStatus:
         )
         for c in s.cards
     ]
-    return pb.NodeStatus(name=s.name, cards=cards, stale=s.stale, revision=s.revision)
+    return pb.NodeStatus(name=s.name, cards=cards, stale=s.stale, revision=s.revision, unreadable=s.unreadable)
 
 
 def node_status_from(m: pb.NodeStatus) -> NodeStatus:
@@ -212,7 +212,7 @@ def node_status_from(m: pb.NodeStatus) -> NodeStatus:
         )
         for c in m.cards
     )
-    return NodeStatus(NodeName(m.name), cards, m.stale, m.revision)
+    return NodeStatus(NodeName(m.name), cards, m.stale, m.revision, m.unreadable)
 
 
 def event_to(e: LedgerEvent) -> pb.LedgerEvent:

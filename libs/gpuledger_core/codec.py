@@ -417,6 +417,7 @@ def node_status_to(s: NodeStatus) -> Json:
         "name": s.name,
         "stale": s.stale,
         "revision": s.revision,
+        **({"unreadable": s.unreadable} if s.unreadable else {}),
         "cards": [
             {
                 **card_to(c.card),
@@ -441,4 +442,4 @@ def node_status_from(raw: object) -> NodeStatus:
         return CardStatus(card_from(cr), free_mem, free_core, cr.items("holders", holder_from), *foreign)
 
     name, stale = NodeName(r.text("name")), r.flag("stale")
-    return NodeStatus(name, r.items("cards", card_status), stale, r.integer("revision", 0))
+    return NodeStatus(name, r.items("cards", card_status), stale, r.integer("revision", 0), r.text("unreadable", ""))

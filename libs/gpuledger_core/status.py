@@ -48,6 +48,7 @@ class NodeStatus:
     cards: tuple[CardStatus, ...]
     stale: bool = False
     revision: int = 0
+    unreadable: str = ""  # why the node's ledger value cannot be read ("" when it can): nothing is placed there
 
 
 def holders_of(allocations: Iterable[Allocation]) -> dict[str, list[Holder]]:

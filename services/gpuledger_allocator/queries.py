@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 
 import orjson
@@ -88,7 +88,7 @@ def _position(token: str) -> tuple[str, str]:
 
 
 def cluster(view: ClusterView, node: str = "", model: str = "") -> list[NodeStatus]:
-    names = sorted(view.ledgers) if not node else [NodeName(node)] if node in view.ledgers else []
+    names = sorted(_listed(view)) if not node else [NodeName(node)] if node in _listed(view) else []
     return [status for name in names if (status := node_in(view, name, model)) is not None]
 
 
@@ -105,15 +105,23 @@ def cluster_page(
     size = min(page_size or DEFAULT_PAGE, MAX_PAGE)
     if node:
         return cluster(view, node, model), ""
-    names = sorted(name for name in view.ledgers if name > after)
+    names = sorted(name for name in _listed(view) if name > after)
     page = [status for name in names[:size] if (status := node_in(view, name, model)) is not None]
     return page, names[size - 1] if len(names) > size else ""
 
 
 def node_in(view: ClusterView, name: NodeName, model: str = "") -> NodeStatus | None:
-    """The node's status as ``cluster`` lists it: stale or not, only cards of ``model`` if set."""
+    """The node's status as ``cluster`` lists it: stale or not, only cards of ``model`` if set; no
+    cards and why for a node whose ledger value cannot be read."""
+    if view.unreadable and name in view.unreadable:
+        return NodeStatus(name, (), view.stale(name), view.revisions.get(name, 0), view.unreadable[name])
     status = view.status(name)
     if status is None:
         return None
     cards = status.cards if not model else tuple(c for c in status.cards if c.card.model == model)
     return replace(status, cards=cards, stale=view.stale(name))
+
+
+def _listed(view: ClusterView) -> Collection[NodeName]:
+    """The nodes ``cluster`` lists: those of the ledger, and those whose value cannot be read."""
+    return view.ledgers.keys() | view.unreadable.keys() if view.unreadable else view.ledgers

@@ -344,7 +344,7 @@ class AllocatorService:
 
     async def _nodes_for(self, call: AllocateCall) -> list[Candidate]:
         if call.node:
-            if call.node not in self.view.ledgers:
+            if call.node not in self.view.ledgers and call.node not in self.view.unreadable:
                 raise NotFound(f"node {call.node} is not in the ledger")
             return [Candidate(call.node)]
         return await self.placer.candidates(self.view, call.asks)
@@ -389,6 +389,10 @@ class AllocatorService:
         """The reservation on the candidate, or None with the reason it refused noted (and, if it
         only lost ``attempts`` compare-and-set races, the candidate in ``contended``)."""
         node = candidate.node
+        unreadable = self.view.why_unreadable(node)
+        if unreadable is not None:
+            reasons.append(unreadable)
+            return None
         if self.view.stale(node):
             reasons.append(f"{node}: stale (no heartbeat for {self.view.stale_after_s:g}s)")
             return None
@@ -411,6 +415,7 @@ class AllocatorService:
                 fit_node(ledger, call.asks, self.slots_per_card, self._tier(call))
             except Exhausted as err:
                 reasons.append(str(err))
+        reasons += [why for node in self.view.unreadable if (why := self.view.why_unreadable(node))]
         return reasons or ["the ledger has no nodes"]
 
     def _fit_and_reserve(

@@ -1,7 +1,8 @@
 """Each replica's view of the whole ledger, kept current by watching the bucket.
 
 Reads (get, list, cluster, candidate nodes) come from here; writes always go through the store's
-compare-and-set, so a stale view can cost a retry but never a double allocation.
+compare-and-set, so a stale view can cost a retry but never a double allocation. A node whose key
+holds a value that cannot be read is set aside (``unreadable``) until a readable one arrives.
 """
 
 from __future__ import annotations
@@ -47,17 +48,24 @@ class ClusterView:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _statuses: dict[NodeName, tuple[int, object, NodeStatus]] = field(default_factory=dict)
     _gone: dict[AllocationId, None] = field(default_factory=dict)  # left their node's key, oldest first
+    # Nodes whose key holds a value that cannot be read: why, and their last readable value (set
+    # aside: not listed, swept or placed on; its allocations stay indexed, their owners hold them).
+    unreadable: dict[NodeName, str] = field(default_factory=dict)
+    _set_aside: dict[NodeName, NodeLedger] = field(default_factory=dict)
 
     async def run(self) -> None:
         """Follow the bucket forever; after a lost watch, start again from a fresh snapshot."""
         self.started_at = self.clock()
-        await follow(self.store, self.apply, self.ready.set)
+        await follow(self.store, self.apply, self.ready.set, unreadable=self.unreadable_value)
 
     def apply(self, node: NodeName, ledger: NodeLedger | None, revision: int) -> None:
         if revision and revision <= self.revisions.get(node, 0) and ledger is not None:
             return  # an older value than one we already applied (our own write got here first)
         self.store.remember(node, ledger, revision)
         old = self.ledgers.get(node)
+        if self.unreadable and node in self.unreadable:  # readable again: its last readable value came before
+            del self.unreadable[node]
+            old = self._set_aside.pop(node, None)
         before = {a.id: a for a in old.allocations} if old is not None else {}
         if ledger is None:
             self.ledgers.pop(node, None)
@@ -87,6 +95,30 @@ class ClusterView:
         self.latest = max(self.latest, revision)
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def unreadable_value(self, node: NodeName, revision: int, why: str) -> None:
+        """The node's key holds a value that cannot be read (``why``): nothing new goes on the node
+        until a readable one arrives. Its last readable value is set aside: not listed, swept or
+        placed on, while its allocations stay indexed (their owners still hold them)."""
+        if revision and revision <= self.revisions.get(node, 0):
+            return  # this value, again (a fresh snapshot), or an older one
+        self.unreadable[node] = why
+        last = self.ledgers.pop(node, None)
+        if last is not None:
+            self._set_aside[node] = last
+        self._statuses.pop(node, None)
+        self.revisions[node] = revision
+        self.applied += 1
+        self.latest = max(self.latest, revision)
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def why_unreadable(self, node: str) -> str | None:
+        """Why nothing new goes on the node because its ledger value cannot be read; None if it can."""
+        why = self.unreadable.get(NodeName(node)) if self.unreadable else None
+        if why is None:
+            return None
+        return f"{node}: its ledger value cannot be read ({why}); nothing new goes there until it holds a readable one"
 
     async def changed(self, timeout_s: float) -> None:
         """Wait until the view next changes, or ``timeout_s``."""

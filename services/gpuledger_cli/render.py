@@ -36,6 +36,8 @@ def holder(h: Holder) -> str:
 def cluster(nodes: Sequence[NodeStatus]) -> str:
     rows: list[list[str]] = []
     for node in nodes:
+        if node.unreadable:  # nothing is placed there: its ledger value cannot be read
+            rows.append([f"{node.name} (unreadable: {node.unreadable})", *["-"] * 7])
         for c in node.cards:
             holders = "; ".join(holder(h) for h in c.holders) or "-"
             rows.append(

@@ -165,6 +165,9 @@ class Binder:
             log.warning("roll-back of %s incomplete (%s); its lease will end it", allocation.id, err)
 
     async def _reserve_new(self, pod: PodAsk, node: str) -> Allocation:
+        unreadable = self.service.view.unreadable.get(node)
+        if unreadable is not None:
+            raise Exhausted(f"{node}: its ledger value cannot be read ({unreadable}): nothing is placed here")
         if self.service.view.stale(node):
             raise Exhausted(f"{node}: node inventory is stale (no heartbeat)")
         key, policy = self.service.policies.get(pod.policy or self.service.policy)

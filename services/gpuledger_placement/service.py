@@ -378,7 +378,7 @@ class PlacementService:
             if entry is not None and name in assumed:
                 entry = counted(name, entry)
             if entry is None:
-                yield name, (FAILED, "not in the gpuledger ledger: no inventory from this node yet")
+                yield name, (FAILED, self._absent(name))
             elif stale is not None and stale(name, now):
                 yield name, (FAILED, STALE)
             else:
@@ -387,6 +387,13 @@ class PlacementService:
                     found = self._counting_assumed(name, compute(entry))
                     entry.remember(key, found)
                 yield name, cast(Verdict, found)
+
+    def _absent(self, name: str) -> str:
+        """Why a node the view has no entry for gets nothing."""
+        why = self.view.unreadable.get(name)
+        if why is not None:
+            return f"its gpuledger ledger value cannot be read ({why}): nothing is placed here until it is readable"
+        return "not in the gpuledger ledger: no inventory from this node yet"
 
     def _counting_assumed(self, name: str, verdict: Verdict) -> Verdict:
         """A node that is full counting the pods placed there and not bound yet says so."""

@@ -3,7 +3,8 @@
 Each node's entry holds its ledger, its ``NodeState`` for placement (converted once per revision,
 kubelet slots counted with ``slots_per_card``) and a memo of answers computed from that revision: an
 entry is replaced when the key changes, so nothing in the memo can outlive the value it was computed
-from.
+from. A node whose key holds a value that cannot be read has no entry (nothing is placed there),
+and ``unreadable`` says why, until a readable value arrives.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class FleetView:
     holders: dict[str, str] = field(default_factory=dict)  # owner key -> the node of its live allocation
     # Each node's CPU and memory (free, allocatable) where Kubernetes is followed (hosts.py); None: untracked.
     hosts: Callable[[str], tuple[int, int, int, int] | None] = field(default=lambda _: None, kw_only=True)
+    unreadable: dict[str, str] = field(default_factory=dict)  # nodes whose ledger value cannot be read: why
     _subs: list[Subscription] = field(default_factory=list)
     _watchers: list[Callable[[str], None]] = field(default_factory=list)
     _added: Iterator[int] = field(default_factory=count)
@@ -77,7 +79,7 @@ class FleetView:
         """Follow the bucket until cancelled."""
         assert self.store is not None
         self.started_at = self.clock()
-        await follow(self.store, self.apply, self.ready.set)
+        await follow(self.store, self.apply, self.ready.set, unreadable=self.unreadable_value)
 
     def apply(self, node: NodeName, ledger: NodeLedger | None, revision: int) -> None:
         known = self.entries.get(node)
@@ -85,6 +87,8 @@ class FleetView:
             return  # older than what we have (our own write got here first)
         if self.store is not None:
             self.store.remember(node, ledger, revision)
+        if self.unreadable:
+            self.unreadable.pop(node, None)  # readable again (or gone)
         if known is not None:
             self._count(known.ledger, -1)
         if ledger is None:
@@ -95,6 +99,18 @@ class FleetView:
                 self.order[node] = next(self._added)
             self.entries[node] = NodeEntry(ledger, revision, self._state(node, ledger))
             self._count(ledger, 1)
+        for changed in self._watchers:
+            changed(node)
+
+    def unreadable_value(self, node: NodeName, revision: int, why: str) -> None:
+        """The node's key holds a value that cannot be read (``why``): its entry goes (its last
+        readable value is not trusted: nothing is placed there, no pod is taken to hold an
+        allocation there) until a readable value arrives."""
+        self.unreadable[node] = why
+        known = self.entries.pop(node, None)
+        if known is not None:
+            self._count(known.ledger, -1)
+            self.order.pop(node, None)
         for changed in self._watchers:
             changed(node)
 

@@ -3,7 +3,9 @@ each change and hands it to the follower's ``apply``, with no queue and no task 
 
 A store fed so knows its values are current (``Known.followed``): after a lost race it waits for
 the watch to bring the winner instead of reading the key, and it takes part in yielding a hot key
-(``yielding``). ``gpuledger_common.store.follow`` starts a feed again after it fails.
+(``yielding``). A value that cannot be read is its node's problem alone (``unreadable``): the
+follower hears of it, and every other node is followed on. ``gpuledger_common.store.follow``
+starts a feed again after it fails.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from nats.js.api import DeliverPolicy
 from gpuledger_common.store.buckets import KEY_PREFIX, LEDGER_BUCKET, Buckets
 from gpuledger_common.store.known import Known
 from gpuledger_common.store.listing import Listing
+from gpuledger_common.store.unreadable import BadValues, Unreadable
 from gpuledger_common.store.values import Values
 from gpuledger_common.store.yielding import Yielding
-from gpuledger_core.errors import Unavailable
+from gpuledger_core.errors import GpuledgerError, Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 
@@ -49,14 +52,18 @@ class Feed:
     known: Known
     yielding: Yielding
     listing: Listing
+    bad: BadValues
 
-    async def follow(self, apply: Apply, caught_up: Callable[[], None]) -> Following:
+    async def follow(
+        self, apply: Apply, caught_up: Callable[[], None], unreadable: Unreadable | None = None
+    ) -> Following:
         """Call ``apply`` for every node's current value, then ``caught_up`` (once every key the
         bucket held has arrived, as ``snapshot`` decides it), then for every change, from the
-        subscription's own callback: no queue and no task between a change and ``apply``. The
+        subscription's own callback: no queue and no task between a change and ``apply``. A
+        value that cannot be read goes to ``unreadable`` instead (and counts as arrived). The
         returned handle says whether it failed, and stops it."""
         following = Following()
-        watched = self.values.watched
+        watched, bad, unreadable_now = self.values.watched, self.bad, self.bad.now
         try:
             await self.yielding.listen()
             keys = await self.listing.keys_now()
@@ -70,12 +77,22 @@ class Feed:
                     key = msg.subject.removeprefix(KEY_PREFIX)
                     node = NodeName(key.removeprefix("node."))
                     operation = msg.header.get("KV-Operation") if msg.header else None
-                    apply(node, watched(node, msg.data, operation), stream_sequence(msg))
+                    revision = stream_sequence(msg)
+                    try:
+                        ledger = watched(node, msg.data, operation)
+                    except GpuledgerError as err:  # the node's problem alone: the others are followed on
+                        why = bad.noted(node, revision, err)
+                        if unreadable is not None:
+                            unreadable(node, revision, why)
+                    else:
+                        if unreadable_now and node in unreadable_now:
+                            bad.readable(node)
+                        apply(node, ledger, revision)
                     if keys:
                         keys.discard(key)
                         if not keys:
                             caught_up()
-                except Exception as err:  # a value that cannot be read: the follower starts again
+                except Exception as err:  # the follower could not take a value: it starts again
                     following.failed = err
 
             following.sub = await self.buckets.js.subscribe(

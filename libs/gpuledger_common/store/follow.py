@@ -12,6 +12,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from gpuledger_common.store.ledgerstore import LedgerStore
+from gpuledger_common.store.unreadable import Unreadable
 from gpuledger_common.tasks import cancelled
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import NodeName
@@ -94,16 +95,23 @@ async def resilient(
 
 
 async def follow(
-    store: LedgerStore, apply: Apply, caught_up: Callable[[], None], retry_s: float = RETRY_S, check_s: float = CHECK_S
+    store: LedgerStore,
+    apply: Apply,
+    caught_up: Callable[[], None],
+    retry_s: float = RETRY_S,
+    check_s: float = CHECK_S,
+    *,
+    unreadable: Unreadable | None = None,
 ) -> None:
     """Call ``apply`` for every value of every node's key, for ever, straight from the watch's
-    callback. ``caught_up`` is called each time a snapshot has been applied in full. The watch
-    starts again from a fresh snapshot at once after NATS reconnected, and after ``retry_s`` when
-    it could not start or a value could not be applied."""
+    callback; ``unreadable`` for a value that cannot be read (that node's problem alone:
+    ``gpuledger_common.store.unreadable``). ``caught_up`` is called each time a snapshot has been
+    applied in full. The watch starts again from a fresh snapshot at once after NATS reconnected,
+    and after ``retry_s`` when it could not start or a value could not be applied."""
     while True:
         seen = reconnects(store.nc)
         try:
-            following = await store.follow_values(apply, caught_up)
+            following = await store.follow_values(apply, caught_up, unreadable)
         except Exception as err:
             log.warning("watch lost (%s); watching again in %.0fs", err, retry_s)
             await asyncio.sleep(retry_s)

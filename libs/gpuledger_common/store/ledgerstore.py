@@ -17,9 +17,9 @@ connection and both buckets), ``cas`` (a compare-and-set ridden out), ``writes``
 node), ``batches`` (a node's changes in turn, written together), ``yielding`` (a hot key yielded to
 another writer), ``values`` and ``splice`` (values decoded and encoded, reusing what is known),
 ``known`` (the newest value seen of each node), ``listing`` and ``feed`` (listing and following the
-nodes), ``owners`` (the owner index) and ``events``. Its methods hand back their part's coroutine
-(no await of their own between the caller and the part); ``mutate`` only opens the call's outage
-window around it.
+nodes; ``unreadable``: a value that cannot be read), ``owners`` (the owner index) and ``events``.
+Its methods hand back their part's coroutine (no await of their own between the caller and the
+part); ``mutate`` only opens the call's outage window around it.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from gpuledger_common.store.known import Known
 from gpuledger_common.store.listing import Listing
 from gpuledger_common.store.outage import RETRY_S, OutageStats, within
 from gpuledger_common.store.owners import OwnerIndex, OwnerRecord
+from gpuledger_common.store.unreadable import BadValues, Unreadable
 from gpuledger_common.store.values import Values
 from gpuledger_common.store.writes import CasStats, Transition, Writes, Written
 from gpuledger_common.store.yielding import Yielding
@@ -74,13 +75,14 @@ class LedgerStore:
         writes = Writes(buckets, values, known, yielding, Events(buckets.nc), max_attempts, clock)
         batches = Batches(writes, yielding.until)
         known.paused, known.resume = batches.paused, batches.resume
-        listing = Listing(buckets, values)
+        bad = BadValues(known)
+        listing = Listing(buckets, values, bad)
         self.nc = buckets.nc
         self.remember: Callable[[str, NodeLedger | None, int], None] = known.remember
         self.watched_value: Callable[[str, bytes | None, str | None], NodeLedger | None] = values.watched
         self._buckets, self._known, self._yielding = buckets, known, yielding
         self._writes, self._batches, self._listing = writes, batches, listing
-        self._feed = Feed(buckets, values, known, yielding, listing)
+        self._feed = Feed(buckets, values, known, yielding, listing, bad)
         self._index = OwnerIndex(buckets, clock)
 
     @classmethod
@@ -155,9 +157,12 @@ class LedgerStore:
         """A watch (not started) of the node's key, or of every node's key with None (``keywatch``)."""
         return self._listing.key_watch(node, deliver, lost)
 
-    def follow_values(self, apply: Apply, caught_up: Callable[[], None]) -> Coroutine[Any, Any, Following]:
-        """Every node's value, then every change, handed to ``apply`` (``Feed.follow``)."""
-        return self._feed.follow(apply, caught_up)
+    def follow_values(
+        self, apply: Apply, caught_up: Callable[[], None], unreadable: Unreadable | None = None
+    ) -> Coroutine[Any, Any, Following]:
+        """Every node's value, then every change, handed to ``apply``; a value that cannot be read
+        to ``unreadable`` (``Feed.follow``)."""
+        return self._feed.follow(apply, caught_up, unreadable)
 
     # --- the owner index ---
 

@@ -3,7 +3,8 @@ node's key (or of all) that this process checks itself (``keywatch``).
 
 A snapshot ends once every key the bucket held when it began has arrived (the keys are asked of
 the stream first): neither the client's end-of-snapshot marker nor the messages' pending counts can
-be trusted for that when the machine is busy.
+be trusted for that when the machine is busy. A value that cannot be read is left out of it (and
+logged, ``unreadable``): it is that node's problem alone.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from nats.js.kv import KeyValue
 from gpuledger_common.store.buckets import KEY_PREFIX, LEDGER_BUCKET, Buckets, node_key
 from gpuledger_common.store.keywatch import KeyWatch
 from gpuledger_common.store.outage import MIN_ATTEMPT_S, time_left
+from gpuledger_common.store.unreadable import BadValues
 from gpuledger_common.store.values import Values
-from gpuledger_core.errors import Unavailable
+from gpuledger_core.errors import GpuledgerError, Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 
@@ -32,6 +34,7 @@ class _WatchEnded(Exception):
 class Listing:
     buckets: Buckets
     values: Values
+    bad: BadValues
 
     async def nodes(self) -> dict[NodeName, tuple[NodeLedger, int]]:
         """Every node's ledger as it is now."""
@@ -42,7 +45,7 @@ class Listing:
         return found
 
     async def snapshot(self) -> AsyncIterator[tuple[NodeName, NodeLedger | None, int]]:
-        """Every node's current value (None: deleted) and revision.
+        """Every node's current value (None: deleted) and revision; not a value that cannot be read.
 
         It ends once every key the bucket held when it began has arrived (the keys are asked of
         the stream first). Neither the client's end-of-snapshot marker nor the messages' pending
@@ -65,8 +68,13 @@ class Listing:
                     return
                 if entry is None:  # the client's marker: see above
                     continue
-                node = NodeName(entry.key.removeprefix("node."))
-                yield node, self.values.watched(node, entry.value, entry.operation), entry.revision or 0
+                node, revision = NodeName(entry.key.removeprefix("node.")), entry.revision or 0
+                try:
+                    value = self.values.watched(node, entry.value, entry.operation)
+                except GpuledgerError as err:  # the node's problem alone: the others are listed
+                    self.bad.noted(node, revision, err)
+                else:
+                    yield node, value, revision
                 keys.discard(entry.key)
                 if not keys:
                     return

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from gpuledger_common import clusterwire
 from gpuledger_common import pbconvert as conv
+from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import NodeName
 from gpuledger_core.model import Allocation
@@ -205,3 +206,12 @@ def test_bad_bytes_are_refused_naming_the_field(wire: bytes, named: str) -> None
     with pytest.raises(InvalidArgument) as refused:
         clusterwire.cluster_from(wire)
     assert refused.value.field == named
+
+
+def test_a_node_whose_ledger_value_cannot_be_read_says_why_as_betterproto_writes_it() -> None:
+    node = NodeStatus(NodeName("bad"), (), revision=9, unreadable="ledger value: not valid JSON")
+    wire = clusterwire.cluster_bytes([node])
+    assert wire == bytes(pb.Cluster(nodes=[conv.node_status_to(node)]))
+    assert clusterwire.cluster_from(wire) == ([node], "")
+    assert conv.node_status_from(pb.NodeStatus().parse(clusterwire.node_bytes(node))) == node
+    assert codec.node_status_from(codec.node_status_to(node)) == node

@@ -167,6 +167,7 @@ class NodeStatus(betterproto.Message):
     cards: List["CardStatus"] = betterproto.message_field(2)
     stale: bool = betterproto.bool_field(3)
     revision: int = betterproto.uint64_field(4)
+    unreadable: str = betterproto.string_field(5)
 
 
 @dataclass(eq=False, repr=False)

@@ -389,8 +389,7 @@ class AllocatorService:
         """The reservation on the candidate, or None with the reason it refused noted (and, if it
         only lost ``attempts`` compare-and-set races, the candidate in ``contended``)."""
         node = candidate.node
-        unreadable = self.view.why_unreadable(node)
-        if unreadable is not None:
+        if self.view.unreadable and (unreadable := self.view.why_unreadable(node)) is not None:
             reasons.append(unreadable)
             return None
         if self.view.stale(node):

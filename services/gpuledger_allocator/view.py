@@ -66,6 +66,7 @@ class ClusterView:
         if self.unreadable and node in self.unreadable:  # readable again: its last readable value came before
             del self.unreadable[node]
             old = self._set_aside.pop(node, None)
+            log.info("the ledger value of node %s can be read again", node)
         before = {a.id: a for a in old.allocations} if old is not None else {}
         if ledger is None:
             self.ledgers.pop(node, None)

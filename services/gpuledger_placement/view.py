@@ -87,8 +87,8 @@ class FleetView:
             return  # older than what we have (our own write got here first)
         if self.store is not None:
             self.store.remember(node, ledger, revision)
-        if self.unreadable:
-            self.unreadable.pop(node, None)  # readable again (or gone)
+        if self.unreadable and self.unreadable.pop(node, None) is not None:  # readable again (or gone)
+            log.info("the ledger value of node %s can be read again", node)
         if known is not None:
             self._count(known.ledger, -1)
         if ledger is None:

@@ -22,9 +22,9 @@ from gpuledger_common.store.buckets import KEY_PREFIX, LEDGER_BUCKET, Buckets
 from gpuledger_common.store.known import Known
 from gpuledger_common.store.listing import Listing
 from gpuledger_common.store.unreadable import BadValues, Unreadable
-from gpuledger_common.store.values import Values
+from gpuledger_common.store.values import UnreadableValue, Values
 from gpuledger_common.store.yielding import Yielding
-from gpuledger_core.errors import GpuledgerError, Unavailable
+from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 
@@ -63,7 +63,7 @@ class Feed:
         value that cannot be read goes to ``unreadable`` instead (and counts as arrived). The
         returned handle says whether it failed, and stops it."""
         following = Following()
-        watched, bad, unreadable_now = self.values.watched, self.bad, self.bad.now
+        watched, bad = self.values.watched, self.bad
         try:
             await self.yielding.listen()
             keys = await self.listing.keys_now()
@@ -77,17 +77,13 @@ class Feed:
                     key = msg.subject.removeprefix(KEY_PREFIX)
                     node = NodeName(key.removeprefix("node."))
                     operation = msg.header.get("KV-Operation") if msg.header else None
-                    revision = stream_sequence(msg)
                     try:
-                        ledger = watched(node, msg.data, operation)
-                    except GpuledgerError as err:  # the node's problem alone: the others are followed on
+                        apply(node, watched(node, msg.data, operation), stream_sequence(msg))
+                    except UnreadableValue as err:  # the node's problem alone: the others are followed on
+                        revision = stream_sequence(msg)
                         why = bad.noted(node, revision, err)
                         if unreadable is not None:
                             unreadable(node, revision, why)
-                    else:
-                        if unreadable_now and node in unreadable_now:
-                            bad.readable(node)
-                        apply(node, ledger, revision)
                     if keys:
                         keys.discard(key)
                         if not keys:

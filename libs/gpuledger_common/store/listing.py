@@ -20,8 +20,8 @@ from gpuledger_common.store.buckets import KEY_PREFIX, LEDGER_BUCKET, Buckets, n
 from gpuledger_common.store.keywatch import KeyWatch
 from gpuledger_common.store.outage import MIN_ATTEMPT_S, time_left
 from gpuledger_common.store.unreadable import BadValues
-from gpuledger_common.store.values import Values
-from gpuledger_core.errors import GpuledgerError, Unavailable
+from gpuledger_common.store.values import UnreadableValue, Values
+from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 
@@ -71,7 +71,7 @@ class Listing:
                 node, revision = NodeName(entry.key.removeprefix("node.")), entry.revision or 0
                 try:
                     value = self.values.watched(node, entry.value, entry.operation)
-                except GpuledgerError as err:  # the node's problem alone: the others are listed
+                except UnreadableValue as err:  # the node's problem alone: the others are listed
                     self.bad.noted(node, revision, err)
                 else:
                     yield node, value, revision

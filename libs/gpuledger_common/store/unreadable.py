@@ -28,14 +28,15 @@ Unreadable = Callable[[NodeName, int, str], None]  # the node, the revision of i
 @dataclass(slots=True)
 class BadValues:
     known: Known
-    now: dict[str, int] = field(default_factory=dict)  # the nodes whose newest value cannot be read: its revision
+    last: dict[str, int] = field(default_factory=dict)  # the revision of each node's last value that could not be read
 
     def noted(self, node: NodeName, revision: int, err: GpuledgerError) -> str:
-        """What is wrong with the node's value at ``revision``: logged and counted the first time."""
+        """What is wrong with the node's value at ``revision``: logged and counted the first time
+        (a follower that starts again, or a snapshot, meets it again)."""
         why = str(err)
         self.known.forget(node)
-        if self.now.get(node) != revision:
-            self.now[node] = revision
+        if self.last.get(node) != revision:
+            self.last[node] = revision
             LEDGER_UNREADABLE.inc()
             log.error(
                 "the ledger value of node %s (revision %d) cannot be read, so nothing new is placed on %s "
@@ -46,8 +47,3 @@ class BadValues:
                 why,
             )
         return why
-
-    def readable(self, node: str) -> None:
-        """A readable value of the node arrived (or its key went away)."""
-        if self.now.pop(node, None) is not None:
-            log.warning("the ledger value of node %s can be read again", node)

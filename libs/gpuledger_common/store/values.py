@@ -15,12 +15,16 @@ import orjson
 from gpuledger_common.bus import encode
 from gpuledger_common.store.splice import Part, spliced
 from gpuledger_core import codec
-from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.errors import GpuledgerError, InvalidArgument
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, Node
 
 log = logging.getLogger(__name__)
 WRITES_REMEMBERED = 8
+
+
+class UnreadableValue(InvalidArgument):
+    """A node's value, as a watch or a snapshot brought it, that cannot be read (``unreadable``)."""
 
 
 @dataclass(slots=True)
@@ -47,8 +51,16 @@ class Values:
 
     def watched(self, node: str, data: bytes | None, operation: str | None) -> NodeLedger | None:
         """A key's value as a watch delivers it: None for a deleted (or purged) key. Decoded as
-        a read decodes (the node's inventory once per change, unchanged allocations reused)."""
-        return None if operation in ("DEL", "PURGE") or not data else self.decoded(node, data)
+        a read decodes (the node's inventory once per change, unchanged allocations reused); a
+        value that cannot be read is ``UnreadableValue``."""
+        if operation in ("DEL", "PURGE") or not data:
+            return None
+        try:
+            return self.decoded(node, data)
+        except InvalidArgument as err:
+            raise UnreadableValue(err.field, err.problem) from err
+        except GpuledgerError as err:
+            raise UnreadableValue("ledger value", str(err)) from err
 
     def decoded(self, node: str, data: bytes) -> NodeLedger:
         """The ledger in ``data``. Our own recent writes come back from a watch already decoded.
@@ -112,16 +124,6 @@ class Values:
             now[part.allocation.id] = part
         self.parts[node] = now
         return tuple(part.allocation for part in order)
-
-    def written_as(self, node: str, ledger: NodeLedger) -> bytes:
-        """The bytes a write of ``ledger`` sends, noted as ours before it goes out: its watch entry
-        may arrive before the write's own answer (the last ``WRITES_REMEMBERED`` per node)."""
-        data = self.encoded(ledger)
-        recent = self.written.setdefault(node, {})
-        recent[data] = ledger
-        while len(recent) > WRITES_REMEMBERED:
-            del recent[next(iter(recent))]  # dicts keep insertion order: the oldest goes
-        return data
 
     def encoded(self, ledger: NodeLedger) -> bytes:
         """The ledger's bytes, as ``codec.ledger_to`` spells it. Parts already encoded for an

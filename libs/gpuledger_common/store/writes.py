@@ -24,7 +24,7 @@ from gpuledger_common.store.buckets import KEY_PREFIX, LEDGER_BUCKET, Buckets, n
 from gpuledger_common.store.cas import compare_and_set, pending_at_leader, revision_now
 from gpuledger_common.store.events import Events
 from gpuledger_common.store.known import Known
-from gpuledger_common.store.values import Values
+from gpuledger_common.store.values import WRITES_REMEMBERED, Values
 from gpuledger_common.store.yielding import YIELD_AFTER, YIELD_BACKOFF_S, Yielding
 from gpuledger_core import codec
 from gpuledger_core.errors import Conflict, GpuledgerError, Unavailable
@@ -153,8 +153,12 @@ class Writes:
         try:
             if new is None:
                 return await self.buckets.ride_out(what, lambda: self._delete(key, revision))
+            data = self.values.encoded(new)
             # Noted before the write: its watch entry may arrive before the write's own answer.
-            data = self.values.written_as(node, new)
+            recent = self.values.written.setdefault(node, {})
+            recent[data] = new
+            while len(recent) > WRITES_REMEMBERED:
+                del recent[next(iter(recent))]  # dicts keep insertion order: the oldest goes
             return await compare_and_set(
                 self.buckets, what, LEDGER_BUCKET, key, data, revision, lambda: self._put(key, data, revision)
             )

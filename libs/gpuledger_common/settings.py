@@ -10,28 +10,54 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar, get_type_hints
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 S = TypeVar("S")
 ENV_PREFIX = "GPULEDGER_"
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off", "")
 
 
 class SettingsError(ValueError):
     pass
 
 
-def option(default: Any, help: str, *, secret: bool = False) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help, "secret": secret})
+def option(
+    default: Any, help: str, *, secret: bool = False, aliases: Sequence[str] = (), env: Sequence[str] = ()
+) -> Any:
+    """A setting: its default and help; ``secret``: shown as ``***`` by ``describe``; ``aliases``:
+    more flags for it (``--nats``); ``env``: more environment variables read after ``GPULEDGER_<NAME>``."""
+    return dataclasses.field(default=default, metadata=_metadata(help, secret, aliases, env))
 
 
-def _convert(name: str, kind: type, raw: str) -> Any:
+def computed_option(factory: Callable[[], Any], help: str, *, shown: str, env: Sequence[str] = ()) -> Any:
+    """A setting whose default is worked out when the settings are made (``shown`` in the help)."""
+    return dataclasses.field(default_factory=factory, metadata=_metadata(help, False, (), env) | {"shown": shown})
+
+
+def _metadata(help: str, secret: bool, aliases: Sequence[str], env: Sequence[str]) -> dict[str, Any]:
+    return {"help": help, "secret": secret, "aliases": tuple(aliases), "env": tuple(env)}
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env_names(f: dataclasses.Field[Any]) -> tuple[str, ...]:
+    """The environment variables of a setting, in the order they are read."""
+    return (ENV_PREFIX + f.name.upper(), *f.metadata.get("env", ()))
+
+
+def _convert(name: str, kind: Any, raw: str) -> Any:
+    if get_origin(kind) in (frozenset, tuple):
+        return _convert_list(name, kind, raw)
     try:
         if kind is bool:
-            if raw.lower() in ("1", "true", "yes", "on"):
+            if raw.strip().lower() in TRUE:
                 return True
-            if raw.lower() in ("0", "false", "no", "off", ""):
+            if raw.strip().lower() in FALSE:
                 return False
             raise ValueError(raw)
         return kind(raw)
@@ -39,31 +65,49 @@ def _convert(name: str, kind: type, raw: str) -> Any:
         raise SettingsError(f"{name}: {raw!r} is not a valid {kind.__name__}") from None
 
 
+def _convert_list(name: str, kind: Any, raw: str) -> Any:
+    """A comma-separated list (``13, 43``) as a ``frozenset[T]`` or a ``tuple[T, ...]``."""
+    item = get_args(kind)[0]
+    try:
+        return get_origin(kind)(item(part.strip()) for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise SettingsError(f"{name}: {raw!r} is not a comma-separated list of {item.__name__}") from None
+
+
+def _parser(cls: type[Any], hints: Mapping[str, Any], prog: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)
+    for f in dataclasses.fields(cls):
+        default = f.metadata.get("shown", f.default)
+        helptext = f"{f.metadata.get('help', '')} (env {', '.join(env_names(f))}; default {default!r})"
+        flags = [flag_of(f.name), *f.metadata.get("aliases", ())]
+        if hints[f.name] is bool:  # --x, --x true|false, --no-x
+            parser.add_argument(
+                *flags, dest=f.name, nargs="?", const="true", default=None, metavar="true|false", help=helptext
+            )
+            no = [flag.replace("--", "--no-", 1) for flag in flags]
+            parser.add_argument(*no, dest=f.name, action="store_const", const="false", help=f"{flags[0]} false")
+        else:
+            parser.add_argument(*flags, dest=f.name, default=None, help=helptext)
+    return parser
+
+
 def load(
     cls: type[S], argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None, prog: str | None = None
 ) -> S:
+    """The settings from flags (``argv``), else ``env``, else the defaults; ``SettingsError`` names
+    the flag, variable or field that is wrong."""
     env = os.environ if env is None else env
     hints = get_type_hints(cls)
-    parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        flag = "--" + f.name.replace("_", "-")
-        kind = hints[f.name]
-        envname = ENV_PREFIX + f.name.upper()
-        helptext = f"{f.metadata.get('help', '')} (env {envname}; default {f.default!r})"
-        if kind is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=helptext)
-        else:
-            parser.add_argument(flag, dest=f.name, default=None, help=helptext)
-    args = parser.parse_args(argv)
+    args = _parser(cls, hints, prog).parse_args(argv)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        kind = hints[f.name]
         given = getattr(args, f.name)
-        envname = ENV_PREFIX + f.name.upper()
         if given is not None:
-            values[f.name] = given if kind is bool else _convert(f"--{f.name.replace('_', '-')}", kind, given)
-        elif envname in env:
-            values[f.name] = _convert(envname, kind, env[envname])
+            values[f.name] = _convert(flag_of(f.name), hints[f.name], given)
+            continue
+        found = next((name for name in env_names(f) if name in env), None)
+        if found is not None:
+            values[f.name] = _convert(found, hints[f.name], env[found])
     try:
         return cls(**values)
     except (TypeError, ValueError) as err:
@@ -85,6 +129,8 @@ def describe(settings: object) -> dict[str, Any]:
             value = "***"
         elif isinstance(value, str):
             value = redact_url(value)
+        elif isinstance(value, frozenset):
+            value = sorted(value)
         shown[f.name] = value
     return shown
 

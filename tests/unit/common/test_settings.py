@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from gpuledger_common.settings import SettingsError, describe, load, option, require
+from gpuledger_common.settings import SettingsError, computed_option, describe, load, option, require
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,3 +105,55 @@ def test_the_help_names_the_env_variables(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert "GPULEDGER_PORT" in out
     assert "--no-verbose" in out
+
+
+@dataclass(frozen=True, slots=True)
+class Named:
+    """a service with the loader's extras: aliases, more variables, lists, a computed default"""
+
+    url: str = option("nats://a:1", "where", aliases=("--nats",))
+    node: str = computed_option(lambda: "the-host", "who", shown="the host name", env=("NODE_NAME",))
+    ignored: frozenset[int] = option(frozenset({13}), "numbers")
+    names: tuple[str, ...] = option((), "names")
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "expected"),
+    [
+        ([], {}, Named()),
+        (["--nats", "tls://b:2"], {}, Named(url="tls://b:2")),
+        (["--url", "tls://c:3"], {}, Named(url="tls://c:3")),
+        ([], {"NODE_NAME": "k8s"}, Named(node="k8s")),
+        ([], {"NODE_NAME": "k8s", "GPULEDGER_NODE": "ours"}, Named(node="ours")),  # ours first
+        (["--ignored", "13, 43,,"], {}, Named(ignored=frozenset({13, 43}))),
+        ([], {"GPULEDGER_IGNORED": ""}, Named(ignored=frozenset())),
+        (["--names", "a,b"], {}, Named(names=("a", "b"))),
+    ],
+)
+def test_aliases_more_variables_and_lists(argv: list[str], env: dict[str, str], expected: Named) -> None:
+    assert load(Named, argv, env) == expected
+    assert Named().node == "the-host"
+
+
+def test_a_bad_list_names_the_flag() -> None:
+    with pytest.raises(SettingsError, match=r"^--ignored: '1,x' is not a comma-separated list of int$"):
+        load(Named, ["--ignored", "1,x"], {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "verbose"),
+    [(["--verbose", "false"], False), (["--verbose", "yes"], True), (["--verbose=off"], False)],
+)
+def test_a_switch_also_takes_a_value(argv: list[str], verbose: bool) -> None:
+    assert load(Example, argv, {}).verbose is verbose
+
+
+def test_the_help_names_aliases_and_every_variable(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        load(Named, ["--help"], {}, prog="named")
+    out = " ".join(capsys.readouterr().out.split())  # as one line: argparse wraps the help
+    assert "--url URL, --nats URL" in out and "env GPULEDGER_NODE, NODE_NAME" in out and "the host name" in out
+
+
+def test_describe_shows_a_set_in_order() -> None:
+    assert describe(Named(ignored=frozenset({43, 13})))["ignored"] == [13, 43]

@@ -27,6 +27,7 @@ from typing import Any
 
 from gpuledger_allocator.kube import OURS, KubePodLister
 from gpuledger_allocator.podcache import PodCache
+from gpuledger_common.kubeconfig import from_file
 from gpuledger_testing.benchpods import cpu_seconds
 from gpuledger_testing.controlplane.api import KubeApi
 from gpuledger_testing.controlplane.cluster import ControlPlane
@@ -120,14 +121,14 @@ async def run(args: argparse.Namespace) -> int:
             await asyncio.gather(*(create(b) for b in bodies))
             print(f"{len(bodies)} pods created in {time.monotonic() - started:.0f} s", flush=True)
 
-            everything = await KubePodLister.connect(False, str(kubeconfig), "")
+            everything = KubePodLister(await from_file(str(kubeconfig)), field_selector="")
 
             async def listing_every_interval() -> None:
                 while True:
                     await everything.list_pods()
                     await asyncio.sleep(args.interval)
 
-            ours = await KubePodLister.connect(False, str(kubeconfig), OURS)
+            ours = KubePodLister(await from_file(str(kubeconfig)), field_selector=OURS)
             cache = PodCache(ours)
 
             async def watching() -> None:  # the cache's own task goes on; this one only waits

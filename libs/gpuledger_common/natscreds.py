@@ -2,8 +2,9 @@
 and TLS (the CA that verifies the server, optionally a client certificate and key).
 
 Every service's settings carry the same five fields (``nats_user``, ``nats_password_file``,
-``nats_ca_file``, ``nats_cert_file``, ``nats_key_file``), with ``nats_url``: the settings classes
-built on ``gpuledger_common.settings.option`` take them from ``NatsClientSettings``.
+``nats_ca_file``, ``nats_cert_file``, ``nats_key_file``), with ``nats_url`` (flag ``--nats-url``
+or ``--nats``): every service's settings class takes them from ``NatsClientSettings``, declared
+once here (a service that reaches Kubernetes too, through ``kubeconfig.KubeClientSettings``).
 ``credentials_of`` turns them into one validated value. The password is read when connecting,
 never held in the settings, so it cannot reach the start-up log.
 """
@@ -33,7 +34,9 @@ class NatsClientSettings:
     derives from it and calls ``check_nats`` in its ``__post_init__``."""
 
     nats_url: str = option(
-        "nats://127.0.0.1:4222", "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)"
+        "nats://127.0.0.1:4222",
+        "NATS servers: one URL or a comma-separated list (nats://a:4222,nats://b:4222)",
+        aliases=("--nats",),
     )
     nats_user: str = option("", HELP["nats_user"])
     nats_password_file: str = option("", HELP["nats_password_file"])

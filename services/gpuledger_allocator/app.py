@@ -8,12 +8,13 @@ import logging
 import ssl
 
 from grpclib.server import Server
+from nats.aio.client import Client
 
 from gpuledger_allocator.api_grpc import AllocatorApi
 from gpuledger_allocator.api_nats import serve_nats
 from gpuledger_allocator.dashboard import dashboard_app
 from gpuledger_allocator.ingest import Ingest
-from gpuledger_allocator.kube import KubePodLister, PodLister, in_cluster
+from gpuledger_allocator.kube import KubePodLister, PodLister
 from gpuledger_allocator.metrics import register as register_metrics
 from gpuledger_allocator.metrics import unregister as unregister_metrics
 from gpuledger_allocator.placer import BuiltinPlacer, NatsPlacer
@@ -22,114 +23,104 @@ from gpuledger_allocator.reconciler import Reconciler
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
 from gpuledger_allocator.view import ClusterView
-from gpuledger_common import bus
+from gpuledger_common import lifecycle
 from gpuledger_common.entry import stop_on_signals
-from gpuledger_common.natscreds import credentials_of
-from gpuledger_common.ops import bound_port, ops_app, start_http
+from gpuledger_common.ops import bound_port, ops_app
 from gpuledger_common.settings import describe
 from gpuledger_common.store import LedgerStore
 from gpuledger_common.tls import server_context
-from gpuledger_core.errors import GpuledgerError, Unavailable
 
 log = logging.getLogger(__name__)
 
 
 async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) -> None:
-    """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
+    """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly: each part is stopped,
+    the last started first, however ``serve`` ends (a stop, a part that fails to start, a cancel)."""
     stop = stop or stop_on_signals()
     log.info("gpuledger-allocator starting with %s", describe(settings))
-    pods = await _pod_lister(settings)
-    try:
-        nc = await bus.connect(
-            settings.nats_url,
-            "gpuledger-allocator",
-            stop=stop,
-            credentials=credentials_of(settings),
-        )
-    except Unavailable:
-        if pods is not None:
-            await pods.close()
-        if stop.is_set():  # told to stop while waiting for NATS
-            log.info("gpuledger-allocator stopped before NATS answered")
+    async with contextlib.AsyncExitStack() as stack:
+        pods = await _pod_lister(settings, stack)
+        nc = await lifecycle.nats_client(stack, settings, "gpuledger-allocator", stop)
+        if nc is None:
             return
-        raise
-    try:
-        store = await LedgerStore.open(
-            nc,
-            replicas=settings.bucket_replicas,
-            max_attempts=settings.cas_attempts,
-            record_ttls=True,
-            retry_s=settings.ledger_retry_s,
-            deny_rollups=True,
-        )
-        view = ClusterView(store, settings.stale_after_s)
-        fallback = BuiltinPlacer(settings.slots_per_card)
-        placer = NatsPlacer(
-            nc, settings.placement_timeout_s, settings.placement_retry_s, fallback, settings.placement_ahead_s
-        )
-        service = AllocatorService(
-            store,
-            view,
-            placer,
-            settings.lease_s,
-            settings.max_lease_s,
-            slots_per_card=settings.slots_per_card,
-            mix_isolation=settings.mix_isolation,
-        )
-        async with asyncio.TaskGroup() as tasks:
-            watching = tasks.create_task(view.run())
-            await view.ready.wait()
-            sweeping = tasks.create_task(_sweep(service, settings.sweep_interval_s))
-            reconciling: list[asyncio.Task[None]] = []
-            if pods is not None:
-                cache = PodCache(pods, settings.reconcile_relist_s)
-                reconciler = Reconciler(store, view, pods, cache, settings.reconcile_grace_s)
-                reconciling += [
-                    tasks.create_task(cache.run()),
-                    tasks.create_task(reconciler.run(settings.reconcile_interval_s)),
-                ]
-            ingest = Ingest(nc, store, view)
-            await ingest.start()
-            responders = await serve_nats(nc, service)
-            grpc = Server([AllocatorApi(service, tls=settings.grpc_tls, admins=settings.admins)])
-            await grpc.start(settings.grpc_listen_host, settings.grpc_port, ssl=_grpc_tls(settings))
-            warming = tasks.create_task(register_metrics(view).warm())
-            http = await start_http(
-                ops_app(lambda: "" if nc.is_connected else "NATS disconnected", dashboard_app(view)),
-                settings.http_host,
-                settings.http_port,
-            )
-            log.info(
-                "gpuledger-allocator ready: gRPC on %s:%d, http on %s:%d",
-                settings.grpc_listen_host,
-                _grpc_port(grpc),
-                settings.http_host,
-                bound_port(http),
-            )
-            if not settings.grpc_tls:
-                _warn_plaintext(settings.grpc_listen_host, _grpc_port(grpc))
-            await stop.wait()
-            log.info("gpuledger-allocator stopping")
-            await ingest.stop()
-            for responder in responders:
-                await responder.close()
-            grpc.close()
-            await grpc.wait_closed()
-            await service.settle()
-            await placer.stop()
-            await http.cleanup()
-            unregister_metrics(view)
-            watching.cancel()
-            sweeping.cancel()
-            warming.cancel()
-            for task in reconciling:
-                task.cancel()
-    finally:
-        with contextlib.suppress(Exception):
-            await nc.drain()
-        if pods is not None:
-            await pods.close()
+        await _serve(settings, stack, nc, pods)
+        await stop.wait()
+        log.info("gpuledger-allocator stopping")
     log.info("gpuledger-allocator stopped")
+
+
+async def _serve(
+    settings: AllocatorSettings, stack: contextlib.AsyncExitStack, nc: Client, pods: PodLister | None
+) -> None:
+    """Start every part over NATS, each on ``stack``. They stop in reverse: the ops port, gRPC,
+    the NATS API and the ingest (no new work), then the work left after answers (``settle``) and
+    the placement answers asked ahead, then the loops; NATS is drained after all of them."""
+    store = await LedgerStore.open(
+        nc,
+        replicas=settings.bucket_replicas,
+        max_attempts=settings.cas_attempts,
+        record_ttls=True,
+        retry_s=settings.ledger_retry_s,
+        deny_rollups=True,
+    )
+    view = ClusterView(store, settings.stale_after_s)
+    placer = NatsPlacer(
+        nc,
+        settings.placement_timeout_s,
+        settings.placement_retry_s,
+        BuiltinPlacer(settings.slots_per_card),
+        settings.placement_ahead_s,
+    )
+    service = AllocatorService(
+        store,
+        view,
+        placer,
+        settings.lease_s,
+        settings.max_lease_s,
+        slots_per_card=settings.slots_per_card,
+        mix_isolation=settings.mix_isolation,
+    )
+    tasks = await lifecycle.task_group(stack)
+    lifecycle.background(stack, tasks, view.run())
+    await view.ready.wait()
+    lifecycle.background(stack, tasks, _sweep(service, settings.sweep_interval_s))
+    if pods is not None:
+        cache = PodCache(pods, settings.reconcile_relist_s)
+        reconciler = Reconciler(store, view, pods, cache, settings.reconcile_grace_s)
+        lifecycle.background(stack, tasks, cache.run())
+        lifecycle.background(stack, tasks, reconciler.run(settings.reconcile_interval_s))
+    stack.push_async_callback(placer.stop)
+    stack.push_async_callback(service.settle)
+    grpc = await _serve_apis(settings, stack, nc, service)
+    stack.callback(unregister_metrics, view)
+    lifecycle.background(stack, tasks, register_metrics(view).warm())
+    ops = ops_app(lambda: "" if nc.is_connected else "NATS disconnected", dashboard_app(view))
+    http = await lifecycle.http_site(stack, ops, settings.http_host, settings.http_port)
+    host, port = settings.grpc_listen_host, _grpc_port(grpc)
+    ops_port = bound_port(http)
+    log.info("gpuledger-allocator ready: gRPC on %s:%d, http on %s:%d", host, port, settings.http_host, ops_port)
+    if not settings.grpc_tls:
+        _warn_plaintext(host, port)
+
+
+async def _serve_apis(
+    settings: AllocatorSettings, stack: contextlib.AsyncExitStack, nc: Client, service: AllocatorService
+) -> Server:
+    """The ingest of the nodes' inventories, the NATS API and gRPC, each on ``stack``."""
+    ingest = Ingest(nc, service.store, service.view)
+    stack.push_async_callback(ingest.stop)
+    await ingest.start()
+    for responder in await serve_nats(nc, service):
+        stack.push_async_callback(responder.close)
+    grpc = Server([AllocatorApi(service, tls=settings.grpc_tls, admins=settings.admins)])
+    await grpc.start(settings.grpc_listen_host, settings.grpc_port, ssl=_grpc_tls(settings))
+    stack.push_async_callback(_closed, grpc)
+    return grpc
+
+
+async def _closed(grpc: Server) -> None:
+    grpc.close()
+    await grpc.wait_closed()
 
 
 def _grpc_tls(settings: AllocatorSettings) -> ssl.SSLContext | None:
@@ -164,17 +155,12 @@ async def _sweep(service: AllocatorService, interval: float) -> None:
             log.warning("sweep failed: %s", err)
 
 
-async def _pod_lister(settings: AllocatorSettings) -> PodLister | None:
-    """Kubernetes access for reconciliation, or None (kube=off, or auto with nothing to use)."""
-    use_cluster = settings.kube == "in-cluster" or (settings.kube == "auto" and in_cluster())
-    use_config = settings.kube == "kubeconfig" or (settings.kube == "auto" and bool(settings.kubeconfig))
-    if not (use_cluster or use_config):
-        log.info("no Kubernetes access (kube=%s): the ledger is not reconciled with pods", settings.kube)
+async def _pod_lister(settings: AllocatorSettings, stack: contextlib.AsyncExitStack) -> PodLister | None:
+    """Kubernetes access for reconciliation (closed with the stack), or None (no Kubernetes)."""
+    configuration = await settings.kube_configuration()
+    if configuration is None:
+        log.info("the ledger is not reconciled with pods (no Kubernetes access)")
         return None
-    try:
-        return await KubePodLister.connect(use_cluster, settings.kubeconfig, settings.reconcile_field_selector)
-    except GpuledgerError as err:
-        if settings.kube != "auto":
-            raise
-        log.warning("no Kubernetes access (%s): the ledger is not reconciled with pods", err)
-        return None
+    pods = KubePodLister(configuration, field_selector=settings.reconcile_field_selector)
+    stack.push_async_callback(pods.close)
+    return pods

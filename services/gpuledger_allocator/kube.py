@@ -11,7 +11,8 @@ selector, ``spec.schedulerName=gpuledger-scheduler`` by default; empty for every
 - read one pod by namespace and name (a pod the ledger holds cards for but the watch does not show).
 
 Responses are read raw and each pod is converted once, here, to a ``PodSeen``. Any failure along
-the way, a later page included, is ``Unavailable``: a listing is used whole or not at all.
+the way, a later page included, is ``Unavailable``: a listing is used whole or not at all. The
+client configuration comes loaded from ``gpuledger_common.kubeconfig`` (the ``kube`` setting).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
@@ -33,7 +33,6 @@ from gpuledger_core.model import Allocation
 log = logging.getLogger(__name__)
 # Written by placement's bind (gpuledger_placement.convert.ALLOCATION_ANNOTATION).
 ALLOCATION_ANNOTATION = "gpuledger.io/allocation"
-SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 PAGE_SIZE = 500
 TIMEOUT_S = 30.0
 WATCH_S = 300  # how long one watch request runs before the server ends it (and it is made again)
@@ -64,32 +63,16 @@ class PodLister(Protocol):
     async def close(self) -> None: ...
 
 
-def in_cluster() -> bool:
-    """Whether this process runs in a pod with a service-account token."""
-    return SERVICE_ACCOUNT_TOKEN.exists()
-
-
 class KubePodLister:
-    def __init__(self, api_client: Any, page_size: int = PAGE_SIZE, field_selector: str = OURS) -> None:
+    """The pods through the API server that ``configuration`` (``kubeconfig.load``) names."""
+
+    def __init__(self, configuration: Any, page_size: int = PAGE_SIZE, field_selector: str = OURS) -> None:
         from kubernetes_asyncio import client
 
-        self._api_client = api_client
-        self._core = client.CoreV1Api(api_client)
+        self._api_client = client.ApiClient(configuration)
+        self._core = client.CoreV1Api(self._api_client)
         self.page_size = page_size
         self.field_selector = field_selector
-
-    @classmethod
-    async def connect(cls, in_cluster: bool, kubeconfig: str, field_selector: str = OURS) -> KubePodLister:
-        from kubernetes_asyncio import client, config
-
-        try:
-            if in_cluster:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            else:
-                await config.load_kube_config(config_file=kubeconfig or None)
-        except Exception as err:  # configuration problems come in several unrelated types
-            raise Unavailable(f"cannot configure Kubernetes access: {err}") from err
-        return cls(client.ApiClient(), field_selector=field_selector)
 
     async def list_pods(self) -> PodList:
         pods: list[PodSeen] = []

@@ -5,17 +5,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gpuledger_common.natscreds import NatsClientSettings
+from gpuledger_common.kubeconfig import KubeClientSettings
 from gpuledger_common.settings import listen_host, option, require
 from gpuledger_common.store.outage import RETRY_S
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 
-KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
-
 
 @dataclass(frozen=True, slots=True)
-class AllocatorSettings(NatsClientSettings):
-    """gpuledger-allocator: owns the ledger of cards; NATS and gRPC APIs."""
+class AllocatorSettings(KubeClientSettings):
+    """gpuledger-allocator: owns the ledger of cards; NATS and gRPC APIs. Kubernetes (kube) is for
+    reconciling the ledger with pods."""
 
     grpc_host: str = option(
         "",
@@ -58,12 +57,6 @@ class AllocatorSettings(NatsClientSettings):
         "placement's next answer for a shape of request is asked once a request of that shape is answered; "
         "the next one takes it if its node is unchanged and it is at most this old (0: ask during each request)",
     )
-    kube: str = option(
-        "auto",
-        "Kubernetes access for reconciliation: auto (in-cluster with a service-account token, "
-        "else the kubeconfig if one is given, else off), in-cluster, kubeconfig or off",
-    )
-    kubeconfig: str = option("", "kubeconfig file (kube=kubeconfig or auto; empty: the default one)")
     reconcile_interval_s: float = option(
         30.0,
         "how often the ledger is compared with the followed pods (a pod that ends or goes away also "
@@ -96,7 +89,7 @@ class AllocatorSettings(NatsClientSettings):
         return frozenset(name.strip() for name in self.grpc_admins.split(",") if name.strip())
 
     def __post_init__(self) -> None:
-        self.check_nats()
+        self.check_kube()
         tls = (self.grpc_cert_file, self.grpc_key_file, self.grpc_client_ca_file)
         require(
             all(tls) or not any(tls),
@@ -121,7 +114,6 @@ class AllocatorSettings(NatsClientSettings):
         require(self.cas_attempts >= 1, "cas_attempts", "must be at least 1")
         require(0 <= self.ledger_retry_s <= 60, "ledger_retry_s", "must be 0..60 seconds")
         require(self.bucket_replicas in (1, 3, 5), "bucket_replicas", "must be 1, 3 or 5")
-        require(self.kube in KUBE_MODES, "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}")
         require(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be positive")
         require(self.reconcile_grace_s >= 0, "reconcile_grace_s", "must not be negative")
         require(self.reconcile_relist_s > 0, "reconcile_relist_s", "must be positive")

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuledger_common import bus, inventory_api
+from nats.aio.client import Client
+
+from gpuledger_common import bus, inventory_api, lifecycle
 from gpuledger_common.entry import stop_on_signals
 from gpuledger_common.fleet import load_fleet
-from gpuledger_common.natscreds import credentials_of
-from gpuledger_core.errors import Unavailable
+from gpuledger_common.settings import describe
 from gpuledger_core.ids import NodeName
 from gpuledger_inventory import http
 from gpuledger_inventory.health import HealthPolicy
@@ -21,7 +23,7 @@ from gpuledger_inventory.kube import KubeNodeApi, KubeSliceApi, NodeApi, SliceAp
 from gpuledger_inventory.nvml import Gpus, NvmlGpus, load_pynvml
 from gpuledger_inventory.publisher import SlicePublisher, sysfs_pcie_root
 from gpuledger_inventory.service import HealthStore, Inventory
-from gpuledger_inventory.settings import Settings
+from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.slices import SliceConfig
 from gpuledger_inventory.state import Host, NodeState
 
@@ -35,7 +37,7 @@ class Running:
     http_url: str
 
 
-def build_gpus(settings: Settings) -> tuple[Gpus, Host]:
+def build_gpus(settings: InventorySettings) -> tuple[Gpus, Host]:
     """The real NVML, or the fake one driven by the fleet file's node."""
     if settings.fake_fleet:
         from gpuledger_testing.fake_nvml import FakeNvml
@@ -48,18 +50,34 @@ def build_gpus(settings: Settings) -> tuple[Gpus, Host]:
     return NvmlGpus(load_pynvml()), Host((os.cpu_count() or 0) * 1000, pages // MiB)
 
 
-async def build_node_api(settings: Settings) -> NodeApi | None:
-    if not settings.use_kube:
-        log.info("no Kubernetes configured: node labels are not maintained")
-        return None
-    return await KubeNodeApi.connect(settings.in_cluster, settings.kubeconfig)
+async def build_kube(
+    settings: InventorySettings, stack: contextlib.AsyncExitStack, node_api: NodeApi | None, slice_api: SliceApi | None
+) -> tuple[NodeApi | None, SliceApi | None]:
+    """The Node's labels (wherever Kubernetes is reached) and, in DRA mode, its ResourceSlices (which
+    need Kubernetes): the APIs given, else made over the ``kube`` setting's configuration; each
+    closed with the stack."""
+    dra = settings.mode == "dra"
+    slice_api = slice_api if dra else None
+    if node_api is None or (dra and slice_api is None):
+        if dra:
+            configuration = await settings.required_kube_configuration("mode dra (the node's ResourceSlices)")
+        else:
+            configuration = await settings.kube_configuration()
+        if configuration is not None:
+            node_api = node_api or KubeNodeApi(configuration)
+            slice_api = (slice_api or KubeSliceApi(configuration)) if dra else None
+    if node_api is None:
+        log.info("no Kubernetes access: node labels are not maintained")
+    for api in (node_api, slice_api):
+        if api is not None:
+            stack.push_async_callback(lifecycle.bounded(settings.stop_timeout_s, api.close, "the Kubernetes client"))
+    return node_api, slice_api
 
 
-async def build_slices(settings: Settings, state: NodeState, api: SliceApi | None) -> SlicePublisher | None:
+def build_slices(settings: InventorySettings, state: NodeState, api: SliceApi | None) -> SlicePublisher | None:
     """DRA mode: the node's ResourceSlices (classic mode publishes none)."""
-    if settings.mode != "dra":
+    if api is None:
         return None
-    api = api or await KubeSliceApi.connect(settings.in_cluster, settings.kubeconfig)
     config = SliceConfig(settings.slots_per_card, settings.dra_memory_step_mib, settings.dra_binding_conditions)
     roots = (lambda _bus: None) if settings.fake_fleet else sysfs_pcie_root
     log.info("DRA mode: publishing ResourceSlices of driver %s for node %s", config.driver, settings.node)
@@ -67,7 +85,7 @@ async def build_slices(settings: Settings, state: NodeState, api: SliceApi | Non
 
 
 async def serve(
-    settings: Settings,
+    settings: InventorySettings,
     *,
     gpus: Gpus | None = None,
     host: Host | None = None,
@@ -76,73 +94,53 @@ async def serve(
     stop: asyncio.Event | None = None,
     on_started: Callable[[Running], None] | None = None,
 ) -> None:
-    """Run until ``stop`` is set (or SIGTERM/SIGINT when no ``stop`` is given)."""
-    if gpus is None:
-        gpus, default_host = build_gpus(settings)
-        host = host or default_host
-    policy = HealthPolicy(settings.ignore_xids, settings.recover_on_nvml_return, settings.recover_after_s)
-    store = HealthStore(settings.state_file)
-    state = NodeState(NodeName(settings.node), gpus.backend, store.load(policy), host or Host())
+    """Run until ``stop`` is set (or SIGTERM/SIGINT when no ``stop`` is given). Each part is
+    stopped, the last started first, however ``serve`` ends (a stop, a part that fails to start,
+    a cancel): the inventory loops, the HTTP port, the NATS subjects, NVML, Kubernetes, and NATS
+    drained last."""
     stop = stop or stop_on_signals()
-    try:
-        nc = await bus.connect(
-            settings.nats_url,
-            f"gpuledger-inventory-{settings.node}",
-            stop=stop,
-            credentials=credentials_of(settings),
-        )
-    except Unavailable:
-        if stop.is_set():  # told to stop while waiting for NATS
-            log.info("stopped before NATS answered")
+    log.info("gpuledger-inventory starting with %s", describe(settings))
+    async with contextlib.AsyncExitStack() as stack:
+        if gpus is None:
+            gpus, default_host = build_gpus(settings)
+            host = host or default_host
+        closing = functools.partial(asyncio.to_thread, gpus.close)
+        stack.push_async_callback(lifecycle.bounded(settings.stop_timeout_s, closing, "NVML"))
+        policy = HealthPolicy(settings.ignore_xids, settings.recover_on_nvml_return, settings.recover_after_s)
+        store = HealthStore(settings.state_file)
+        state = NodeState(NodeName(settings.node), gpus.backend, store.load(policy), host or Host())
+        name = f"gpuledger-inventory-{settings.node}"
+        nc = await lifecycle.nats_client(stack, settings, name, stop, settings.stop_timeout_s)
+        if nc is None:
             return
-        raise
-    node_api = node_api or await build_node_api(settings)
-    slices = await build_slices(settings, state, slice_api)
-    inventory = Inventory(settings, gpus, state, nc, node_api, store, slices=slices)
-    responders = [
-        await bus.Responder(nc, inventory_api.set_health_subject(settings.node), inventory.set_health).start(),
-        await bus.Responder(nc, inventory_api.get_subject(settings.node), inventory.get).start(),
-    ]
-    alive = True
-    runner, url = await http.start(
-        http.routes(inventory.ready.is_set, lambda: alive), settings.http_host, settings.http_port
-    )
-    log.info("serving /healthz, /readyz, /metrics on %s", url)
-    try:
+        node_api, slice_api = await build_kube(settings, stack, node_api, slice_api)
+        slices = build_slices(settings, state, slice_api)
+        inventory = Inventory(settings, gpus, state, nc, node_api, store, slices=slices)
+        url = await _serve(settings, stack, nc, inventory)
         if on_started is not None:
             on_started(Running(inventory, url))
-        async with asyncio.TaskGroup() as tg:
-            task = tg.create_task(inventory.run())
-            await stop.wait()
-            log.info("stopping")
-            task.cancel()
-    finally:
-        alive = False
-        await _shutdown(settings, inventory, responders, runner, nc, node_api)
-        if slices is not None:
-            with contextlib.suppress(Exception):
-                await slices.api.close()
+        await stop.wait()
+        log.info("gpuledger-inventory stopping")
+    log.info("gpuledger-inventory stopped")
 
 
-async def _shutdown(
-    settings: Settings,
-    inventory: Inventory,
-    responders: list[bus.Responder],
-    runner: object,
-    nc: object,
-    node_api: NodeApi | None,
-) -> None:
-    timeout = settings.stop_timeout_s
-    for responder in responders:
-        await responder.close(timeout)
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(timeout):
-            await inventory.close()
-    with contextlib.suppress(Exception):
-        await runner.cleanup()  # type: ignore[attr-defined]
-    with contextlib.suppress(Exception):
-        async with asyncio.timeout(timeout):
-            await nc.drain()  # type: ignore[attr-defined]
-    if node_api is not None:
-        with contextlib.suppress(Exception):
-            await node_api.close()
+async def _serve(
+    settings: InventorySettings, stack: contextlib.AsyncExitStack, nc: Client, inventory: Inventory
+) -> str:
+    """The NATS subjects, the HTTP port and the inventory's loops, each on ``stack``; the HTTP
+    port's URL. /healthz says stopped from the moment the stop begins."""
+    for subject, handler in (
+        (inventory_api.set_health_subject(settings.node), inventory.set_health),
+        (inventory_api.get_subject(settings.node), inventory.get),
+    ):
+        responder = await bus.Responder(nc, subject, handler).start()
+        stack.push_async_callback(responder.close, settings.stop_timeout_s)
+    stopping = asyncio.Event()
+    routes = http.routes(inventory.ready.is_set, lambda: not stopping.is_set())
+    url = http.url_of(await lifecycle.http_site(stack, routes, settings.http_host, settings.http_port))
+    log.info("serving /healthz, /readyz, /metrics on %s", url)
+    tasks = await lifecycle.task_group(stack)
+    lifecycle.background(stack, tasks, inventory.run())
+    stack.callback(stopping.set)
+    return url
+

@@ -28,11 +28,7 @@ def routes(ready: Callable[[], bool], alive: Callable[[], bool]) -> web.Applicat
     return app
 
 
-async def start(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, str]:
-    """Serve ``app``; return the runner (for cleanup) and the base URL actually bound."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+def url_of(runner: web.AppRunner) -> str:
+    """The base URL ``runner`` serves at, as bound (a port asked as 0 is the one given)."""
     bound = runner.addresses[0]
-    return runner, f"http://{bound[0]}:{bound[1]}"
+    return f"http://{bound[0]}:{bound[1]}"

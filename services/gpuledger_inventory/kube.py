@@ -4,8 +4,9 @@
 ``NodeApi``: read a Node's labels, and merge-patch them. ``SliceApi`` (DRA mode): list, create,
 replace and delete the node's ResourceSlices, in raw JSON (``gpuledger_common.kuberaw``: the
 client's models may lag ``resource.k8s.io/v1``), and read the Node's uid for the slices' owner.
-Without a configured cluster (``--kube off``, or ``auto`` outside a cluster and with no
-kubeconfig) the service runs without labelling and publishes no slices.
+Both take the client configuration loaded by ``gpuledger_common.kubeconfig`` (the ``kube``
+setting). Without Kubernetes (``kube=off``, or ``auto`` outside a pod and with no kubeconfig) the
+service runs without labelling; in DRA mode it needs Kubernetes and says so at start.
 """
 
 from __future__ import annotations
@@ -27,24 +28,11 @@ class NodeApi(Protocol):
 
 
 class KubeNodeApi:
-    def __init__(self, api_client: Any) -> None:
+    def __init__(self, configuration: Any) -> None:
         from kubernetes_asyncio import client
 
-        self._api_client = api_client
-        self._core = client.CoreV1Api(api_client)
-
-    @classmethod
-    async def connect(cls, in_cluster: bool, kubeconfig: str) -> KubeNodeApi:
-        from kubernetes_asyncio import client, config
-
-        try:
-            if in_cluster:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            else:
-                await config.load_kube_config(config_file=kubeconfig or None)
-        except Exception as err:  # config errors come in several unrelated types
-            raise Unavailable(f"cannot configure Kubernetes: {err}") from err
-        return cls(client.ApiClient())
+        self._api_client = client.ApiClient(configuration)
+        self._core = client.CoreV1Api(self._api_client)
 
     async def get_labels(self, node: str) -> dict[str, str]:
         try:
@@ -80,22 +68,8 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 class KubeSliceApi:
     """ResourceSlices through the API server, as raw JSON."""
 
-    def __init__(self, raw: RawKube) -> None:
-        self._raw = raw
-
-    @classmethod
-    async def connect(cls, in_cluster: bool, kubeconfig: str) -> KubeSliceApi:
-        from kubernetes_asyncio import client, config
-
-        configuration = client.Configuration()
-        try:
-            if in_cluster:
-                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            else:
-                await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
-        except Exception as err:  # config errors come in several unrelated types
-            raise Unavailable(f"cannot configure Kubernetes: {err}") from err
-        return cls(RawKube(configuration))
+    def __init__(self, configuration: Any) -> None:
+        self._raw = RawKube(configuration)
 
     async def node_uid(self, node: str) -> str:
         found = await self._raw.call(f"node {node}", "GET", f"/api/v1/nodes/{node}")

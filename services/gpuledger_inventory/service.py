@@ -33,7 +33,7 @@ from gpuledger_inventory.kube import NodeApi
 from gpuledger_inventory.labels import label_patch, node_labels
 from gpuledger_inventory.nvml import Gpus, NvmlUnavailable
 from gpuledger_inventory.publisher import SlicePublisher
-from gpuledger_inventory.settings import Settings
+from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.state import NodeState, same_content
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class HealthStore:
 class Inventory:
     def __init__(
         self,
-        settings: Settings,
+        settings: InventorySettings,
         gpus: Gpus,
         state: NodeState,
         nc: Client,

@@ -13,16 +13,15 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from nats.aio.client import Client
 
-from gpuledger_common import bus
+from gpuledger_common import lifecycle
 from gpuledger_common.entry import stop_on_signals
-from gpuledger_common.natscreds import credentials_of
-from gpuledger_common.ops import bound_port, ops_app, start_http
+from gpuledger_common.ops import bound_port, ops_app
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
 from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_common.store.outage import within
 from gpuledger_common.tls import EXTENDER_ALPN, server_context
-from gpuledger_core.errors import GpuledgerError, Unavailable
+from gpuledger_core.errors import Unavailable
 from gpuledger_core.placement import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
 from gpuledger_placement.assumed import Assumptions
@@ -119,7 +118,7 @@ def _extender_tls(settings: PlacementSettings) -> ssl.SSLContext:
     )
 
 
-async def _https(settings: PlacementSettings, parts: Parts) -> ExtenderServer:
+async def _https(settings: PlacementSettings, parts: Parts, stack: contextlib.AsyncExitStack) -> ExtenderServer:
     """The verbs on the HTTPS port: over HTTP/2 for kube-scheduler, HTTP/1.1 for other clients."""
     verbs = {
         path: _in_window(verb, settings.ledger_retry_s)
@@ -129,6 +128,7 @@ async def _https(settings: PlacementSettings, parts: Parts) -> ExtenderServer:
     server = ExtenderServer(
         https_app(settings, parts), verbs, lambda caller: forbidden(caller, clients), settings.max_body_bytes
     )
+    stack.push_async_callback(server.close, settings.stop_timeout_s)
     await server.start(settings.listen_host, settings.extender_port, _extender_tls(settings))
     return server
 
@@ -155,78 +155,71 @@ def _one_outage_window(seconds: float) -> Middleware:
 
 
 async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) -> None:
-    """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
+    """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly: each part is stopped,
+    the last started first, however ``serve`` ends (a stop, a part that fails to start, a cancel)."""
     stop = stop or stop_on_signals()
     log.info("gpuledger-placement starting with %s", describe(settings))
-    try:
-        nc = await bus.connect(
-            settings.nats_url,
-            "gpuledger-placement",
-            stop=stop,
-            credentials=credentials_of(settings),
-        )
-    except Unavailable:
-        if stop.is_set():  # told to stop while waiting for NATS
-            log.info("gpuledger-placement stopped before NATS answered")
+    async with contextlib.AsyncExitStack() as stack:
+        nc = await lifecycle.nats_client(stack, settings, "gpuledger-placement", stop, settings.stop_timeout_s)
+        if nc is None:
             return
-        raise
-    pods = await _pod_api(settings)
+        pods = await _pod_api(settings, stack)
+        store = await _ledger(settings, nc, stop)
+        if store is None:
+            return
+        await _serve(settings, stack, nc, store, pods)
+        await stop.wait()
+        log.info("gpuledger-placement stopping")
+    log.info("gpuledger-placement stopped")
+
+
+async def _ledger(settings: PlacementSettings, nc: Client, stop: asyncio.Event) -> LedgerStore | None:
+    """The ledger's buckets, waited for; None when told to stop first."""
     try:
-        store = await open_ledger(nc, stop, retry_s=settings.ledger_retry_s)
-        hosts = _hosts(settings, pods)
-        parts = build(settings, store, pods, nc, hosts)
-        async with asyncio.TaskGroup() as tasks:
-            watching = tasks.create_task(parts.view.run())
-            seeding = tasks.create_task(_seed_workload(parts))
-            parts.service.build_step = 0  # rankings under a rebuilt policy are built between requests
-            building = tasks.create_task(_build_rankings(parts.service))
-            following = tasks.create_task(follow(pods, hosts)) if isinstance(pods, KubePodApi) and hosts else None
-            settling = None
-            if settings.dra_claims != "off" and isinstance(pods, KubePodApi):  # the ledger decides DRA allocations
-                claims = ClaimsController(pods, store, parts.view, memory_step_mib=settings.dra_memory_step_mib)
-                settling = tasks.create_task(claims.run(optional=settings.dra_claims == "auto"))
-            elif settings.dra_claims == "on":
-                raise Unavailable("dra_claims=on needs Kubernetes access, and none was configured")
-            await parts.view.listen(nc)
-            responders = await serve_nats(nc, parts.service, settings.nats_queue)
-            runners = [await start_http(http_app(settings, parts), settings.listen_host, settings.http_port)]
-            https = await _https(settings, parts) if settings.extender_tls else None
-            log.info(
-                "gpuledger-placement ready: extender on %s://%s:%d%s, ops endpoints on port %d, policy %s",
-                "https" if settings.extender_tls else "http",
-                settings.listen_host,
-                https.port if https is not None else bound_port(runners[0]),
-                settings.url_prefix,
-                bound_port(runners[0]),
-                settings.policy,
-            )
-            if not settings.extender_tls:
-                _warn_plaintext(settings.listen_host, bound_port(runners[0]))
-            await stop.wait()
-            log.info("gpuledger-placement stopping")
-            for runner in runners:
-                await runner.shutdown()
-                await runner.cleanup()
-            if https is not None:
-                await https.close(settings.stop_timeout_s)
-            for responder in responders:
-                await responder.close(settings.stop_timeout_s)
-            await parts.view.stop_listening()
-            watching.cancel()
-            seeding.cancel()
-            building.cancel()
-            for task in (following, settling):
-                if task is not None:
-                    task.cancel()
+        return await open_ledger(nc, stop, retry_s=settings.ledger_retry_s)
     except Unavailable:
         if not stop.is_set():
             raise
         log.info("gpuledger-placement stopped before the ledger opened")
-    finally:
-        await pods.close()
-        with contextlib.suppress(Exception):
-            await nc.drain()
-    log.info("gpuledger-placement stopped")
+        return None
+
+
+async def _serve(
+    settings: PlacementSettings, stack: contextlib.AsyncExitStack, nc: Client, store: LedgerStore, pods: PodApi
+) -> None:
+    """Start every part, each on ``stack``. They stop in reverse: the extender (HTTPS, then HTTP
+    with the ops endpoints), the NATS subjects, the heartbeats, then the loops; then Kubernetes,
+    and NATS is drained last."""
+    hosts = _hosts(settings, pods)
+    parts = build(settings, store, pods, nc, hosts)
+    tasks = await lifecycle.task_group(stack)
+    lifecycle.background(stack, tasks, parts.view.run())
+    lifecycle.background(stack, tasks, _seed_workload(parts))
+    parts.service.build_step = 0  # rankings under a rebuilt policy are built between requests
+    lifecycle.background(stack, tasks, _build_rankings(parts.service))
+    if isinstance(pods, KubePodApi):
+        if hosts is not None:
+            lifecycle.background(stack, tasks, follow(pods, hosts))
+        if settings.dra_claims != "off":  # the ledger decides DRA allocations
+            claims = ClaimsController(pods, store, parts.view, memory_step_mib=settings.dra_memory_step_mib)
+            lifecycle.background(stack, tasks, claims.run(optional=settings.dra_claims == "auto"))
+    stack.push_async_callback(parts.view.stop_listening)
+    await parts.view.listen(nc)
+    for responder in await serve_nats(nc, parts.service, settings.nats_queue):
+        stack.push_async_callback(responder.close, settings.stop_timeout_s)
+    runner = await lifecycle.http_site(stack, http_app(settings, parts), settings.listen_host, settings.http_port)
+    https = await _https(settings, parts, stack) if settings.extender_tls else None
+    log.info(
+        "gpuledger-placement ready: extender on %s://%s:%d%s, ops endpoints on port %d, policy %s",
+        "https" if https is not None else "http",
+        settings.listen_host,
+        https.port if https is not None else bound_port(runner),
+        settings.url_prefix,
+        bound_port(runner),
+        settings.policy,
+    )
+    if https is None:
+        _warn_plaintext(settings.listen_host, bound_port(runner))
 
 
 def _hosts(settings: PlacementSettings, pods: PodApi) -> HostUsage | None:
@@ -259,13 +252,17 @@ def _ready(view: FleetView, nc: Client | None, settings: PlacementSettings) -> C
     return check
 
 
-async def _pod_api(settings: PlacementSettings) -> PodApi:
-    if settings.kube == "off":
+async def _pod_api(settings: PlacementSettings, stack: contextlib.AsyncExitStack) -> PodApi:
+    """Pods through Kubernetes (closed with the stack), or ``NoPodApi`` without Kubernetes: bind
+    then fails with a clear error. ``dra_claims=on`` needs Kubernetes."""
+    if settings.dra_claims == "on":
+        configuration = await settings.required_kube_configuration("dra_claims=on (the claims controller)")
+    else:
+        configuration = await settings.kube_configuration()
+    if configuration is None:
+        level = logging.INFO if settings.kube == "off" else logging.WARNING  # auto found none
+        log.log(level, "no Kubernetes access (kube=%s): filter and prioritize only, bind will fail", settings.kube)
         return NoPodApi()
-    try:
-        return await KubePodApi.connect(settings.kube, settings.kubeconfig, settings.kube_timeout_s)
-    except GpuledgerError as err:
-        if settings.kube != "auto":
-            raise
-        log.warning("no Kubernetes access (%s): filter and prioritize only, bind will fail", err)
-        return NoPodApi()
+    pods = KubePodApi(configuration, settings.kube_timeout_s)
+    stack.push_async_callback(pods.close)
+    return pods

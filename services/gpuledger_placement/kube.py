@@ -1,4 +1,4 @@
-"""The Kubernetes adapter: the one module of this service that imports kubernetes_asyncio.
+"""The Kubernetes adapter: the one module of this service that calls the API server.
 
 Bind asks at most two things of the API server: read the pod (only when filter did not just see it),
 and create its Binding (``POST /api/v1/namespaces/{ns}/pods/{name}/binding``), whose annotations the
@@ -6,7 +6,8 @@ API server copies onto the pod in the same write (so the allocation annotation a
 together or not at all). Responses are read raw (JSON as
 the API server sent it, over ``gpuledger_common.kuberaw``), so the pod goes through the same
 conversion as the extender's pod, and the client's model classes (which cannot decode a Binding's
-``Status`` reply) stay out of the way; kubernetes_asyncio only loads the configuration.
+``Status`` reply) stay out of the way; the configuration comes loaded from
+``gpuledger_common.kubeconfig`` (the ``kube`` setting).
 HTTP errors become the gpuledger error that says what to do (``kuberaw.http_error``).
 """
 
@@ -32,10 +33,11 @@ class PodApi(Protocol):
 
 
 class NoPodApi:
-    """Kubernetes access switched off: the extender filters and scores, but cannot bind."""
+    """No Kubernetes access (kube off, or auto with none found): the extender filters and scores,
+    but cannot bind."""
 
     async def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
-        raise FailedPrecondition("Kubernetes access is off (kube=off): this placement service cannot bind")
+        raise FailedPrecondition("no Kubernetes access (see the kube setting): this placement service cannot bind")
 
     async def annotate(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         await self.get_pod(namespace, name)
@@ -50,7 +52,7 @@ class NoPodApi:
 
 
 class KubePodApi:
-    """Pods through the API server. kubernetes_asyncio loads the configuration (in-cluster or a
+    """Pods through the API server. ``configuration`` comes from ``kubeconfig.load`` (in-cluster or a
     kubeconfig, with its token refresh); the requests go over one aiohttp session of our own, with
     no proxy or netrc lookup per request (the library's session reads both from the environment on
     every call, in a thread): bind is on kube-scheduler's critical path."""
@@ -58,23 +60,6 @@ class KubePodApi:
     def __init__(self, configuration: Any, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self._raw = RawKube(configuration, timeout_s, connections=64)  # binds come in bursts
-
-    @classmethod
-    async def connect(cls, mode: str, kubeconfig: str, timeout_s: float) -> KubePodApi:
-        """``mode``: in-cluster, kubeconfig, or auto (in-cluster when possible, else a kubeconfig)."""
-        from kubernetes_asyncio import client, config
-
-        configuration = client.Configuration()
-        try:
-            if mode == "in-cluster":
-                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-            elif mode == "kubeconfig" or kubeconfig:
-                await config.load_kube_config(config_file=kubeconfig or None, client_configuration=configuration)
-            else:
-                await _auto(config, configuration)
-        except Exception as err:  # configuration problems come in several unrelated types
-            raise Unavailable(f"cannot configure Kubernetes access ({mode}): {err}") from err
-        return cls(configuration, timeout_s)
 
     async def get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
         what = f"pod {namespace}/{name}"
@@ -134,10 +119,3 @@ def _object(found: Any, path: str) -> dict[str, Any]:
         raise Unavailable(f"the API server sent {path} in an unexpected form")
     return found
 
-
-async def _auto(config: Any, configuration: Any) -> None:
-    """In a pod, its service account; elsewhere, the default kubeconfig."""
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except Exception:  # not in a pod
-        await config.load_kube_config(client_configuration=configuration)

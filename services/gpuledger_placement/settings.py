@@ -5,20 +5,20 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gpuledger_common.natscreds import NatsClientSettings
+from gpuledger_common.kubeconfig import KubeClientSettings
 from gpuledger_common.settings import listen_host, option, require
 from gpuledger_core.placement import POLICIES, Guard
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_placement.assumed import DEFAULT_TTL_S
 
-KUBE_MODES = ("auto", "in-cluster", "kubeconfig", "off")
 BIND_RETRY_S = 3.0  # 3 x kube_timeout_s (2 s) + this < the scheduler's httpTimeout (10 s)
 MAX_ASSUME_TTL_S = 600.0  # kube-scheduler's longest wait before binding (volume binding's default)
 
 
 @dataclass(frozen=True, slots=True)
-class PlacementSettings(NatsClientSettings):
-    """gpuledger-placement: chooses nodes and cards; kube-scheduler extender and NATS API."""
+class PlacementSettings(KubeClientSettings):
+    """gpuledger-placement: chooses nodes and cards; kube-scheduler extender and NATS API. Without
+    Kubernetes (kube) it filters and prioritizes but cannot bind."""
 
     http_host: str = option(
         "",
@@ -47,8 +47,6 @@ class PlacementSettings(NatsClientSettings):
     )
     policy: str = option("default", f"node policy unless a pod names one: {', '.join(POLICIES)}")
     guard: str = option("off", "dominant-resource guard: off, or CPU cores:GiB kept per free card, e.g. 4:32")
-    kube: str = option("auto", "Kubernetes access: auto, in-cluster, kubeconfig or off")
-    kubeconfig: str = option("", "kubeconfig file (kube=kubeconfig or auto; empty: the default one)")
     kube_timeout_s: float = option(2.0, "timeout of each Kubernetes API call made by bind")
     ledger_retry_s: float = option(
         BIND_RETRY_S,
@@ -101,7 +99,7 @@ class PlacementSettings(NatsClientSettings):
         return _names(self.scheduler_names)
 
     def __post_init__(self) -> None:
-        self.check_nats()
+        self.check_kube()
         tls = (self.extender_cert_file, self.extender_key_file, self.extender_client_ca_file)
         require(
             all(tls) or not any(tls),
@@ -124,7 +122,6 @@ class PlacementSettings(NatsClientSettings):
         )
         require(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         parse_guard(self.guard)
-        require(self.kube in KUBE_MODES, "kube", f"must be one of {'|'.join(KUBE_MODES)}, got {self.kube!r}")
         require(0 < self.kube_timeout_s <= 30, "kube_timeout_s", "must be in (0, 30]")
         require(0 <= self.ledger_retry_s <= 60, "ledger_retry_s", "must be 0..60 seconds")
         require(self.lease_s > 0, "lease_s", "must be positive")

@@ -10,14 +10,12 @@ from dataclasses import dataclass
 
 from nats.aio.client import Client
 
-from gpuledger_common import bus
+from gpuledger_common import bus, lifecycle
 from gpuledger_common.entry import stop_on_signals
 from gpuledger_common.natscreds import credentials_of
-from gpuledger_common.ops import bound_port, ops_app, start_http
+from gpuledger_common.ops import bound_port, ops_app
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
-from gpuledger_common.store.ledgerwait import open_ledger
-from gpuledger_common.tasks import cancelled
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.model import Isolation
 from gpuledger_plugin.answer import AnswerPolicy
@@ -54,35 +52,25 @@ async def serve(settings: PluginSettings, stop: asyncio.Event | None = None) -> 
 
 @contextlib.asynccontextmanager
 async def running(settings: PluginSettings, stop: asyncio.Event | None = None) -> AsyncIterator[Running]:
+    """The plugin, started; every part is stopped, the last started first, however the block ends
+    (or a later part fails to start): the ops port, the loops (kubelet's link among them), NATS."""
     log.info("gpuledger-plugin starting with %s", describe(settings))
-    nc = await _connect(settings, stop)
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        nc = await _connect(settings, stop)
+        stack.push_async_callback(lifecycle.drain, nc)
         store = await open_ledger(nc, stop, retry_s=settings.ledger_retry_s)
         service = _service(settings, nc, store)
         handler = DevicePlugin(service, settings.answer_timeout_s, redact_url(settings.nats_url))
         wake = asyncio.Event()  # reconcile now: set after every registration with kubelet
         link = KubeletLink(_registration(settings), handler, on_registered=wake.set)
-        async with asyncio.TaskGroup() as tasks:
-            children = [
-                tasks.create_task(service.follow_ledger()),
-                tasks.create_task(link.run()),
-                tasks.create_task(service.reconcile_forever(settings.reconcile_interval_s, wake)),
-            ]
-            http = await start_http(
-                ops_app(lambda: _not_ready(nc, service, link)),
-                settings.http_host,
-                settings.http_port,
-            )
-            try:
-                yield Running(service, link, bound_port(http))
-            finally:
-                log.info("gpuledger-plugin stopping")
-                for child in children:  # one cancel can be lost in a NATS request (gpuledger_common.tasks)
-                    await cancelled(child)
-                await http.cleanup()
-    finally:
-        with contextlib.suppress(Exception):
-            await nc.drain()
+        tasks = await lifecycle.task_group(stack)
+        lifecycle.background(stack, tasks, service.follow_ledger())
+        lifecycle.background(stack, tasks, link.run())
+        lifecycle.background(stack, tasks, service.reconcile_forever(settings.reconcile_interval_s, wake))
+        ops = ops_app(lambda: _not_ready(nc, service, link))
+        http = await lifecycle.http_site(stack, ops, settings.http_host, settings.http_port)
+        stack.callback(log.info, "gpuledger-plugin stopping")
+        yield Running(service, link, bound_port(http))
     log.info("gpuledger-plugin stopped")
 
 

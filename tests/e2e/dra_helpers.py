@@ -17,7 +17,7 @@ import yaml
 from gpuledger_common.natsserver import NatsServer
 from gpuledger_inventory.app import Running, serve
 from gpuledger_inventory.publisher import SlicePublisher
-from gpuledger_inventory.settings import Settings
+from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.slices import DRIVER
 from gpuledger_testing.controlplane.api import ApiError, KubeApi
 from gpuledger_testing.controlplane.cluster import ControlPlane
@@ -56,8 +56,8 @@ async def dra_node(
     work = Path(tempfile.mkdtemp(prefix="gl-dra-"))
     fleet = work / "fleet.yaml"
     fleet.write_text(yaml.safe_dump({"nodes": [{"name": name, "profile": profile}]}))
-    settings = Settings(
-        node=name, nats_url=nats.url, fake_fleet=str(fleet), kube="on", kubeconfig=str(cp.admin_kubeconfig),
+    settings = InventorySettings(
+        node=name, nats_url=nats.url, fake_fleet=str(fleet), kube="kubeconfig", kubeconfig=str(cp.admin_kubeconfig),
         mode="dra", http_host="127.0.0.1", http_port=0, event_wait_ms=50, heartbeat_interval_s=1.0,
         **overrides,
     )

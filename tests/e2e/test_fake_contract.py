@@ -30,6 +30,7 @@ import pytest
 import pytest_asyncio
 
 from gpuledger_allocator.kube import KubePodLister
+from gpuledger_common.kubeconfig import from_file
 from gpuledger_core.errors import Conflict, NotFound, Unavailable
 from gpuledger_inventory.kube import KubeNodeApi
 from gpuledger_placement.hosts import HostUsage, follow
@@ -563,7 +564,7 @@ async def test_node_labels_are_read_merge_patched_and_the_node_deleted(server: S
 
 async def test_the_placement_adapter_reads_annotates_and_binds(server: Server) -> None:
     made = await server.create("p", {GPU: "1", GPU_MEM: "4000"})
-    pods = await KubePodApi.connect("kubeconfig", str(server.kubeconfig), 10.0)
+    pods = KubePodApi(await from_file(str(server.kubeconfig)), 10.0)
     try:
         read = await pods.get_pod(server.namespace, "p")
         assert read["metadata"]["uid"] == made["metadata"]["uid"]
@@ -585,7 +586,7 @@ async def test_the_placement_adapter_reads_annotates_and_binds(server: Server) -
 
 async def test_the_allocator_lister_reads_every_page(server: Server) -> None:
     uids = {name: (await server.create(name, nodeName=NOWHERE))["metadata"]["uid"] for name in ("p0", "p1", "p2")}
-    lister = await KubePodLister.connect(False, str(server.kubeconfig), "")
+    lister = KubePodLister(await from_file(str(server.kubeconfig)), field_selector="")
     lister.page_size = 1
     try:
         seen = [p for p in (await lister.list_pods()).pods if p.namespace == server.namespace]
@@ -599,7 +600,7 @@ async def test_the_allocator_lister_lists_by_field_selector(server: Server) -> N
     await server.create("theirs", nodeName=NOWHERE)
     here = f"metadata.namespace={server.namespace}"
     ours = f"{here},spec.schedulerName=gpuledger-scheduler"
-    lister = await KubePodLister.connect(False, str(server.kubeconfig), ours)
+    lister = KubePodLister(await from_file(str(server.kubeconfig)), field_selector=ours)
     try:
         assert [p.name for p in (await lister.list_pods()).pods] == ["ours"]
         lister.field_selector = f"{here},spec.schedulerName!=gpuledger-scheduler"
@@ -616,7 +617,9 @@ async def test_the_allocator_lister_lists_by_field_selector(server: Server) -> N
 
 async def test_the_allocator_watch_brings_the_changes_after_its_listing_in_order(server: Server) -> None:
     await server.create("before", nodeName=NOWHERE, schedulerName="gpuledger-scheduler")
-    lister = await KubePodLister.connect(False, str(server.kubeconfig), f"metadata.namespace={server.namespace}")
+    lister = KubePodLister(
+        await from_file(str(server.kubeconfig)), field_selector=f"metadata.namespace={server.namespace}"
+    )
     events: list[tuple[str, str]] = []
 
     async def follow(version: str) -> None:
@@ -657,7 +660,7 @@ async def test_placement_follows_nodes_allocatable_and_the_pods_bound_to_them(se
 
     assert (await server.http.call("POST", "/api/v1/nodes", node(first, "8", "16Gi"))).status == 201
     usage = HostUsage()
-    pods = await KubePodApi.connect("kubeconfig", str(server.kubeconfig), 10.0)
+    pods = KubePodApi(await from_file(str(server.kubeconfig)), 10.0)
     following = asyncio.create_task(follow(pods, usage))
 
     async def free(name: str, wanted: tuple[int, int] | None) -> None:
@@ -685,7 +688,7 @@ async def test_placement_follows_nodes_allocatable_and_the_pods_bound_to_them(se
 async def test_the_inventory_adapter_reads_and_patches_node_labels(server: Server) -> None:
     node = {"metadata": {"name": server.node, "labels": {"gpuledger.io/old": "1", "keep": "1"}}}
     assert (await server.http.call("POST", "/api/v1/nodes", node)).status == 201
-    nodes = await KubeNodeApi.connect(False, str(server.kubeconfig))
+    nodes = KubeNodeApi(await from_file(str(server.kubeconfig)))
     try:
         assert {"gpuledger.io/old": "1", "keep": "1"}.items() <= (await nodes.get_labels(server.node)).items()
         await nodes.patch_labels(server.node, {"gpuledger.io/old": None, "gpuledger.io/gpu.count": "8"})

@@ -141,7 +141,7 @@ def _inventory_kube(cluster: Cluster, kubeconfig: Path) -> list[str]:
     if isinstance(cluster, SimCluster):
         return ["--kube", "off"]
     dra = ["--mode", "dra"] if cluster.dra else []
-    return ["--kube", "on", "--kubeconfig", str(kubeconfig), *dra]
+    return ["--kube", "kubeconfig", "--kubeconfig", str(kubeconfig), *dra]
 
 
 def _plugins(cluster: Cluster, nats: SecureNats, node: str, kubeconfig: Path) -> dict[str, list[str]]:

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from grpclib.server import Server
 
-from gpuledger_common import bus
+from gpuledger_common import lifecycle
 from gpuledger_common.entry import stop_on_signals
-from gpuledger_common.natscreds import credentials_of
-from gpuledger_common.ops import bound_port, ops_app, start_http
+from gpuledger_common.ops import bound_port, ops_app
 from gpuledger_common.settings import describe
 from gpuledger_common.store.ledgerwait import open_ledger
+from gpuledger_core.errors import Unavailable
 from gpuledger_plugin.dra.cdi import Mps
 from gpuledger_plugin.dra.kube import ClaimApi, KubeClaimApi
 from gpuledger_plugin.dra.ledger import LedgerEntryCheck
@@ -37,70 +37,83 @@ class RunningDra:
 
 
 async def serve(settings: DraSettings, stop: asyncio.Event | None = None) -> None:
+    """Run until ``stop`` is set (or SIGTERM/SIGINT), then shut down cleanly."""
     stop = stop or stop_on_signals()
-    async with running(settings):
-        await stop.wait()
+    try:
+        async with running(settings, stop=stop):
+            await stop.wait()
+    except Unavailable:
+        if not stop.is_set():  # stopped while NATS or the ledger was still away: a clean stop
+            raise
 
 
 @contextlib.asynccontextmanager
 async def running(
-    settings: DraSettings, api: ClaimApi | None = None, ledger: LedgerCheck | None = None
+    settings: DraSettings,
+    api: ClaimApi | None = None,
+    ledger: LedgerCheck | None = None,
+    stop: asyncio.Event | None = None,
 ) -> AsyncIterator[RunningDra]:
+    """The DRA plugin, started; every part is stopped, the last started first, however the block
+    ends (or a later part fails to start): the registration socket, the ops port, the DRA socket,
+    the API server's client, and NATS last. ``api`` and ``ledger``: given instead of made (a given
+    ``api`` is closed too)."""
     log.info("gpuledger-plugin (DRA mode) starting with %s", describe(settings))
     async with contextlib.AsyncExitStack() as stack:
+        configuration = None if api is not None else await settings.required_kube_configuration("the DRA plugin")
         if ledger is None and settings.ledger_check:
-            ledger = await stack.enter_async_context(_ledger(settings))
+            ledger = await _ledger(settings, stack, stop)
         elif ledger is None:
             log.warning("ledger_check is off: claims are prepared as kube-scheduler allocated them, unchecked")
-        async with _running(settings, api, ledger) as found:
-            yield found
+        api = api or KubeClaimApi(configuration, settings.api_timeout_s)
+        stack.push_async_callback(api.close)
+        found = await _serve(settings, stack, api, ledger)
+        stack.callback(log.info, "gpuledger-plugin (DRA mode) stopping")
+        yield found
+    log.info("gpuledger-plugin (DRA mode) stopped")
 
 
-@contextlib.asynccontextmanager
-async def _ledger(settings: DraSettings) -> AsyncIterator[LedgerCheck]:
+async def _ledger(settings: DraSettings, stack: contextlib.AsyncExitStack, stop: asyncio.Event | None) -> LedgerCheck:
     """The check of each claim against the node's ledger, over NATS (waiting for NATS and the
-    ledger's buckets, as the classic plugin does)."""
-    nc = await bus.connect(
-        settings.nats_url, f"gpuledger-plugin-dra-{settings.node}", credentials=credentials_of(settings)
-    )
-    try:
-        yield LedgerEntryCheck(await open_ledger(nc, None), settings.node)
-    finally:
-        with contextlib.suppress(Exception):
-            await nc.drain()
+    ledger's buckets, as the classic plugin does); NATS drained with the stack."""
+    nc = await lifecycle.nats_client(stack, settings, f"gpuledger-plugin-dra-{settings.node}", stop)
+    if nc is None:
+        raise Unavailable("stopped before NATS answered")
+    return LedgerEntryCheck(await open_ledger(nc, stop), settings.node)
 
 
-@contextlib.asynccontextmanager
-async def _running(
-    settings: DraSettings, api: ClaimApi | None, ledger: LedgerCheck | None
-) -> AsyncIterator[RunningDra]:
-    api = api or await KubeClaimApi.connect(settings.kubeconfig, settings.api_timeout_s)
+async def _serve(
+    settings: DraSettings, stack: contextlib.AsyncExitStack, api: ClaimApi, ledger: LedgerCheck | None
+) -> RunningDra:
+    """The DRA socket, the ops port and the registration socket, each on ``stack``."""
     mps = Mps(settings.mps_pipe_dir, settings.mps_host_pipe_dir, settings.mps_host_shm_dir)
     preparer = Preparer(
         settings.node, settings.driver, api, settings.cdi_dir, ledger, settings.prepare_timeout_s, mps
     )
+    await _serve_socket(stack, Server([DraPluginV1(preparer), DraPluginV1Beta1(preparer)]), settings.dra_socket)
+    log.info("serving DRAPlugin v1 and v1beta1 on %s", settings.dra_socket)
     registration = Registration(settings.driver, settings.dra_socket)
-    dra_server = Server([DraPluginV1(preparer), DraPluginV1Beta1(preparer)])
-    try:
-        await _start(dra_server, settings.dra_socket)
-        log.info("serving DRAPlugin v1 and v1beta1 on %s", settings.dra_socket)
-        found = RunningDra(preparer, registration)
-        http = await start_http(ops_app(lambda: _not_ready(registration)), settings.http_host, settings.http_port)
-        found.http_port = bound_port(http)
-        keeper = asyncio.create_task(_keep_registered(settings, registration, found))
-        try:
-            yield found
-        finally:
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
-            await http.cleanup()
-    finally:
-        dra_server.close()
-        await dra_server.wait_closed()
-        _remove(settings.dra_socket)
-        await api.close()
-        log.info("gpuledger-plugin (DRA mode) stopped")
+    found = RunningDra(preparer, registration)
+    http = await lifecycle.http_site(
+        stack, ops_app(lambda: _not_ready(registration)), settings.http_host, settings.http_port
+    )
+    found.http_port = bound_port(http)
+    tasks = await lifecycle.task_group(stack)
+    lifecycle.background(stack, tasks, _keep_registered(settings, registration, found))
+    return found
+
+
+async def _serve_socket(stack: contextlib.AsyncExitStack, server: Server, path: str) -> None:
+    """``server`` on the unix socket ``path``; closed, and the socket file removed, with the stack
+    (the file is removed even when the server could not start)."""
+    stack.callback(_remove, path)
+    await _start(server, path)
+    stack.push_async_callback(_closed, server)
+
+
+async def _closed(server: Server) -> None:
+    server.close()
+    await server.wait_closed()
 
 
 async def _keep_registered(settings: DraSettings, registration: Registration, found: RunningDra) -> None:
@@ -118,8 +131,7 @@ async def _keep_registered(settings: DraSettings, registration: Registration, fo
             log.warning("registration socket %s vanished: serving it again", path)
             registration.registered.clear()
         finally:
-            server.close()
-            await server.wait_closed()
+            await _closed(server)
             _remove(path)
 
 

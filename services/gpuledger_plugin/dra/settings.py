@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuledger_common.natscreds import NatsClientSettings
+from gpuledger_common.kubeconfig import KubeClientSettings
 from gpuledger_common.settings import option, require
 
 DRIVER = "gpu.gpuledger.io"
@@ -14,8 +14,9 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 
 
 @dataclass(frozen=True, slots=True)
-class DraSettings(NatsClientSettings):
-    """gpuledger-plugin --mode dra: the kubelet DRA plugin of driver gpu.gpuledger.io."""
+class DraSettings(KubeClientSettings):
+    """gpuledger-plugin --mode dra: the kubelet DRA plugin of driver gpu.gpuledger.io. It reads
+    claims from the API server: it needs Kubernetes (kube)."""
 
     mode: str = option("dra", "dra (classic mode takes the device plugin's settings)")
     node: str = option("", "this node's name: its ResourceSlice pool (required)")
@@ -23,7 +24,6 @@ class DraSettings(NatsClientSettings):
     registry_dir: str = option("/var/lib/kubelet/plugins_registry", "kubelet's plugin registration directory")
     plugin_dir: str = option("/var/lib/kubelet/plugins", "where the plugin's own socket goes (<dir>/<driver>/dra.sock)")
     cdi_dir: str = option("/var/run/cdi", "where the claims' CDI specs are written (the runtime's CDI spec dir)")
-    kubeconfig: str = option("", "a kubeconfig (empty: the pod's service account, else the default kubeconfig)")
     ledger_check: bool = option(
         True, "prepare a claim only if the ledger holds it (placement's claims controller wrote it; over NATS)"
     )
@@ -43,7 +43,8 @@ class DraSettings(NatsClientSettings):
     def __post_init__(self) -> None:
         require(self.mode == "dra", "mode", f"must be dra here, got {self.mode!r}")
         require(bool(self.node), "node", "is required (the Kubernetes node name)")
-        self.check_nats()
+        self.check_kube()
+        require(self.kube != "off", "kube", "the DRA plugin reads claims from the API server and needs Kubernetes")
         require(
             len(self.driver) <= 63 and bool(_DNS_SUBDOMAIN.fullmatch(self.driver)),
             "driver", "must be a DNS subdomain of at most 63 characters",

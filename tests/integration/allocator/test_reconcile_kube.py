@@ -15,6 +15,7 @@ from gpuledger_allocator.kube import ALLOCATION_ANNOTATION, Expired, KubePodList
 from gpuledger_allocator.podcache import PodCache
 from gpuledger_common.announce import announce
 from gpuledger_common.fleet import Fleet
+from gpuledger_common.kubeconfig import from_file
 from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore, node_key
 from gpuledger_core.errors import Unavailable
@@ -220,7 +221,8 @@ async def test_a_pod_the_watch_does_not_follow_keeps_its_cards_until_it_is_gone(
 
 @pytest.fixture
 async def lister(apiserver: FakeApiServer, tmp_path: Path) -> AsyncIterator[KubePodLister]:
-    connected = await KubePodLister.connect(False, str(apiserver.kubeconfig(tmp_path / "kubeconfig")), "")
+    configuration = await from_file(str(apiserver.kubeconfig(tmp_path / "kubeconfig")))
+    connected = KubePodLister(configuration, field_selector="")
     connected.page_size = 2
     yield connected
     await connected.close()
@@ -252,7 +254,7 @@ async def test_the_lister_fails_whole_on_a_failed_later_page(lister: KubePodList
 
 async def test_continued_pages_come_from_the_first_snapshot(apiserver: FakeApiServer, tmp_path: Path) -> None:
     some_pods(apiserver, 4)
-    lister = await KubePodLister.connect(False, str(apiserver.kubeconfig(tmp_path / "kubeconfig")), "")
+    lister = KubePodLister(await from_file(str(apiserver.kubeconfig(tmp_path / "kubeconfig"))), field_selector="")
     lister.page_size = 2
     try:
         first = await lister._page("")

@@ -26,7 +26,7 @@ from gpuledger_core.model import Health, Node
 from gpuledger_inventory.app import Running, serve
 from gpuledger_inventory.labels import PREFIX
 from gpuledger_inventory.nvml import NvmlGpus
-from gpuledger_inventory.settings import Settings
+from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.state import Host
 from gpuledger_testing.fake_kube import FakeNodeApi
 from gpuledger_testing.fake_nvml import FakeNvml, ManualClock
@@ -82,7 +82,7 @@ def node_of(message: Any) -> Node:
     return codec.node_from(codec.Reader(message["node"]))
 
 
-def settings(url: str, **kw: Any) -> Settings:
+def settings(url: str, **kw: Any) -> InventorySettings:
     base: dict[str, Any] = {
         "node": "gpu-a",
         "nats_url": url,
@@ -95,7 +95,7 @@ def settings(url: str, **kw: Any) -> Settings:
         "nvml_retry_max_s": 0.2,
         "kube": "off",
     }
-    return Settings(**(base | kw))
+    return InventorySettings(**(base | kw))
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_inventory.app import serve as serve_inventory
-from gpuledger_inventory.settings import Settings
+from gpuledger_inventory.settings import InventorySettings
 from gpuledger_plugin.ledger import StoreLedger
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from gpuledger_testing.secure_nats import SecureNats, secure_nats
@@ -61,7 +61,7 @@ async def running_inventory(secure: SecureNats, node: str, directory: Path) -> A
     fleet = directory / "fleet.yaml"
     fleet.write_text(FLEET_YAML)
     creds = secure.credentials(Role.INVENTORY, node)
-    settings = Settings(
+    settings = InventorySettings(
         node=node,
         nats_url=secure.url,
         fake_fleet=str(fleet),

@@ -11,9 +11,9 @@ from gpuledger_allocator.__main__ import main as allocator_main
 from gpuledger_allocator.settings import AllocatorSettings
 from gpuledger_cli.__main__ import main as cli_main
 from gpuledger_common.settings import SettingsError, describe, load, nats_servers, redact_url
-from gpuledger_core.errors import InvalidArgument
-from gpuledger_inventory.settings import load_settings as inventory_settings
+from gpuledger_inventory.settings import InventorySettings
 from gpuledger_placement.settings import PlacementSettings
+from gpuledger_plugin.dra.settings import DraSettings
 from gpuledger_plugin.settings import PluginSettings
 
 THREE = "nats://u:pw@n0:4222,nats://u:pw@n1:4222,nats://u:pw@n2:4222"
@@ -56,7 +56,7 @@ def test_a_bad_entry_is_named(raw: str, message: str) -> None:
     assert "secret" not in str(caught.value)
 
 
-@pytest.mark.parametrize("kind", [AllocatorSettings, PlacementSettings, PluginSettings])
+@pytest.mark.parametrize("kind", [AllocatorSettings, PlacementSettings, PluginSettings, InventorySettings, DraSettings])
 def test_every_service_takes_the_list_from_flag_and_environment(kind: Any) -> None:
     env = {"GPULEDGER_NATS_URL": THREE, "GPULEDGER_NODE": "n1"}
     assert load(kind, [], env).nats_url == THREE
@@ -65,14 +65,6 @@ def test_every_service_takes_the_list_from_flag_and_environment(kind: Any) -> No
         load(kind, ["--nats-url", "nats://a:1,b:2"], env)
     shown = describe(load(kind, [], env))
     assert shown["nats_url"] == "nats://***@n0:4222,nats://***@n1:4222,nats://***@n2:4222"
-
-
-def test_the_inventory_takes_the_list_too() -> None:
-    settings = inventory_settings(["--node", "n1"], {"GPULEDGER_NATS_URL": THREE})
-    assert settings.nats_url == THREE
-    assert "pw" not in settings.describe()["nats_url"]
-    with pytest.raises(InvalidArgument, match=r"^nats_url: entry 3 of 3 \('nats://'\) names no host"):
-        inventory_settings(["--node", "n1", "--nats-url", "nats://a,nats://b,nats://"], {})
 
 
 def test_a_bad_list_stops_the_allocator_with_a_sentence(capsys: pytest.CaptureFixture[str]) -> None:

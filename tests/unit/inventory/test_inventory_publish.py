@@ -1,4 +1,4 @@
-"""Payloads, labels and settings of the inventory: pure parts."""
+"""Payloads and labels of the inventory: pure parts."""
 
 from __future__ import annotations
 
@@ -6,13 +6,11 @@ import pytest
 
 from gpuledger_common.fleet import parse_fleet
 from gpuledger_core import codec
-from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import NodeName
 from gpuledger_core.model import Health
 from gpuledger_inventory.health import HealthBook
 from gpuledger_inventory.labels import PREFIX, label_patch, label_value, node_labels
 from gpuledger_inventory.nvml import NvmlGpus
-from gpuledger_inventory.settings import load_settings
 from gpuledger_inventory.state import NodeState
 from gpuledger_testing.fake_nvml import FakeNvml
 from gpuledger_testing.fleet_sim import node_sim
@@ -90,40 +88,3 @@ def test_the_patch_touches_only_owned_labels() -> None:
 )
 def test_label_values(text: str, want: str) -> None:
     assert label_value(text) == want
-
-
-def test_settings_flags_beat_env_beat_defaults() -> None:
-    env = {
-        "GPULEDGER_NODE": "env-node",
-        "GPULEDGER_HEARTBEAT_INTERVAL_S": "2",
-        "GPULEDGER_IGNORE_XIDS": "13, 43",
-    }
-    s = load_settings(["--node", "flag-node", "--nats", "nats://h:1"], env)
-    assert (s.node, s.nats_url, s.heartbeat_interval_s) == ("flag-node", "nats://h:1", 2.0)
-    assert s.ignore_xids == frozenset({13, 43})
-    assert s.poll_interval_s == 10.0
-    assert not s.use_kube
-    assert load_settings(
-        [], {"GPULEDGER_NODE": "n", "KUBERNETES_SERVICE_HOST": "10.0.0.1"}
-    ).use_kube
-
-
-@pytest.mark.parametrize(
-    ("argv", "field"),
-    [
-        (["--heartbeat-interval-s", "0"], "heartbeat_interval_s"),
-        (["--event-wait-ms", "x"], "event_wait_ms"),
-        (["--kube", "maybe"], "kube"),
-        (["--ignore-xids", "13,x"], "ignore_xids"),
-        (["--nats", "http://x"], "nats_url"),
-    ],
-)
-def test_bad_settings_name_the_field(argv: list[str], field: str) -> None:
-    with pytest.raises(InvalidArgument) as caught:
-        load_settings(["--node", "n", *argv], {})
-    assert caught.value.field == field
-
-
-def test_describe_hides_a_password() -> None:
-    s = load_settings(["--node", "n", "--nats", "nats://u:secret@h:4222"], {})
-    assert s.describe()["nats_url"] == "nats://***@h:4222"

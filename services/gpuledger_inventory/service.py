@@ -109,8 +109,9 @@ class Inventory:
         """DRA mode: follow the node's ledger, so that the slices taint the cards that pods or tools
         outside DRA hold and say each card's isolation tier (``SlicePublisher.set_ledger``)."""
         store = await open_ledger(self.nc, None)
-        async for ledger in node_ledger(store, self.settings.node):
-            slices.set_ledger(ledger)
+        async with contextlib.aclosing(node_ledger(store, self.settings.node)) as ledgers:
+            async for ledger in ledgers:
+                slices.set_ledger(ledger)
 
     # --- NVML ----------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ of the ``NodeLedgerPort`` shape.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from gpuledger_common.store import LedgerStore, Transition
@@ -22,7 +22,7 @@ class NodeLedgerPort(Protocol):
 
     async def mutate(self, transition: Transition) -> NodeLedger | None: ...
 
-    def watch(self) -> AsyncIterator[NodeLedger | None]: ...
+    def watch(self) -> AsyncGenerator[NodeLedger | None, None]: ...
 
 
 class StoreLedger:
@@ -38,6 +38,6 @@ class StoreLedger:
     async def mutate(self, transition: Transition) -> NodeLedger | None:
         return (await self.store.mutate(self.node, transition)).new
 
-    def watch(self) -> AsyncIterator[NodeLedger | None]:
+    def watch(self) -> AsyncGenerator[NodeLedger | None, None]:
         """The node's ledger now and after every change; watches again after NATS trouble."""
         return node_ledger(self.store, self.node, self.retry_s)

@@ -99,9 +99,11 @@ class PluginService:
     # --- the device list ---
 
     async def follow_ledger(self) -> None:
-        """Keep the device list in step with the node's cards and their health."""
-        async for ledger in self.ledger.watch():
-            await self._seen(ledger)
+        """Keep the device list in step with the node's cards and their health. The watch is closed
+        when this ends (cancelled while the device list is published, too: its tasks end with it)."""
+        async with contextlib.aclosing(self.ledger.watch()) as ledgers:
+            async for ledger in ledgers:
+                await self._seen(ledger)
 
     async def _seen(self, ledger: NodeLedger | None) -> None:
         node = ledger.node if ledger is not None else None

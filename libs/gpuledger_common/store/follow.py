@@ -4,8 +4,9 @@ reconnected (a JetStream watch can stall silently across a server restart)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Generic, TypeVar
 
 from nats.aio.client import Client
@@ -70,7 +71,7 @@ class _Pump(Generic[T]):
 
 async def resilient(
     nc: Client, watch: Callable[[], AsyncIterator[T]], retry_s: float = RETRY_S, check_s: float = CHECK_S
-) -> AsyncIterator[T]:
+) -> AsyncGenerator[T, None]:
     """Every item of ``watch()``, which is started again after it ends or fails (after
     ``retry_s``) and at once after NATS reconnected; each start yields a fresh snapshot first."""
     while True:
@@ -128,7 +129,9 @@ async def follow(
             log.info("NATS reconnected; watching again from a fresh snapshot")
 
 
-async def node_ledger(store: LedgerStore, node: str, retry_s: float = RETRY_S) -> AsyncIterator[NodeLedger | None]:
+async def node_ledger(
+    store: LedgerStore, node: str, retry_s: float = RETRY_S
+) -> AsyncGenerator[NodeLedger | None, None]:
     """One node's ledger now and after every change (None: no key); watched again after NATS
     trouble or a watch lost with its server (``keywatch``), each time from a fresh snapshot."""
 
@@ -152,8 +155,9 @@ async def node_ledger(store: LedgerStore, node: str, retry_s: float = RETRY_S) -
         finally:
             await watch.stop()
 
-    async for ledger in resilient(store.nc, once, retry_s):
-        yield ledger
+    async with contextlib.aclosing(resilient(store.nc, once, retry_s)) as ledgers:  # closed with this one
+        async for ledger in ledgers:
+            yield ledger
 
 
 class _Lost:

@@ -21,6 +21,8 @@ from gpuledger_core.model import Card, Node
 from gpuledger_testing.stack import wait_for
 from gpuledger_testing.waiting import polled
 
+from ..leftovers import running_tasks
+
 pytestmark = pytest.mark.timeout(60)
 STREAM = f"KV_{LEDGER_BUCKET}"
 
@@ -121,3 +123,16 @@ async def test_a_node_watch_ends_at_once_whenever_its_task_is_cancelled(nc: Clie
             with contextlib.suppress(asyncio.CancelledError):
                 await task
     assert await consumers(nc) == 0
+
+
+async def test_a_node_watch_closed_between_values_ends_its_tasks_as_it_closes(nc: Client) -> None:
+    """A consumer that closes the watch while it waits at its ``yield`` (``aclosing``: a consumer
+    cancelled while it handles a value) finds the watch's own tasks, the resilient pump and its
+    watchdog, ended once the close returns: not left to the garbage collector's finalizer."""
+    store = await LedgerStore.open(nc)
+    await store.mutate("a", lambda _: ledger("a"))
+    before = running_tasks()
+    async with contextlib.aclosing(node_ledger(store, "a")) as ledgers:
+        assert (await anext(ledgers)) is not None
+        assert running_tasks() - before  # the pump's
+    assert not running_tasks() - before

@@ -4,7 +4,7 @@ fake ledger port, no NATS. The server's deadline (not here) bounds the wait."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 
 import pytest
 
@@ -45,7 +45,7 @@ class FlakyLedger:
         self.ledger = new
         return new
 
-    async def watch(self) -> AsyncIterator[NodeLedger | None]:
+    async def watch(self) -> AsyncGenerator[NodeLedger | None, None]:
         yield self.ledger
 
 

@@ -96,8 +96,8 @@ async def serve(
 ) -> None:
     """Run until ``stop`` is set (or SIGTERM/SIGINT when no ``stop`` is given). Each part is
     stopped, the last started first, however ``serve`` ends (a stop, a part that fails to start,
-    a cancel): the inventory loops, the HTTP port, the NATS subjects, NVML, Kubernetes, and NATS
-    drained last."""
+    a cancel): the inventory loops, the HTTP port, the NATS subjects, NATS drained, Kubernetes,
+    NVML. A setting that does not fit (kube, in DRA mode) stops it before NATS is waited for."""
     stop = stop or stop_on_signals()
     log.info("gpuledger-inventory starting with %s", describe(settings))
     async with contextlib.AsyncExitStack() as stack:
@@ -109,11 +109,11 @@ async def serve(
         policy = HealthPolicy(settings.ignore_xids, settings.recover_on_nvml_return, settings.recover_after_s)
         store = HealthStore(settings.state_file)
         state = NodeState(NodeName(settings.node), gpus.backend, store.load(policy), host or Host())
+        node_api, slice_api = await build_kube(settings, stack, node_api, slice_api)
         name = f"gpuledger-inventory-{settings.node}"
         nc = await lifecycle.nats_client(stack, settings, name, stop, settings.stop_timeout_s)
         if nc is None:
             return
-        node_api, slice_api = await build_kube(settings, stack, node_api, slice_api)
         slices = build_slices(settings, state, slice_api)
         inventory = Inventory(settings, gpus, state, nc, node_api, store, slices=slices)
         url = await _serve(settings, stack, nc, inventory)

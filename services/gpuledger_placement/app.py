@@ -160,10 +160,10 @@ async def serve(settings: PlacementSettings, stop: asyncio.Event | None = None) 
     stop = stop or stop_on_signals()
     log.info("gpuledger-placement starting with %s", describe(settings))
     async with contextlib.AsyncExitStack() as stack:
+        pods = await _pod_api(settings, stack)
         nc = await lifecycle.nats_client(stack, settings, "gpuledger-placement", stop, settings.stop_timeout_s)
         if nc is None:
             return
-        pods = await _pod_api(settings, stack)
         store = await _ledger(settings, nc, stop)
         if store is None:
             return
@@ -188,8 +188,8 @@ async def _serve(
     settings: PlacementSettings, stack: contextlib.AsyncExitStack, nc: Client, store: LedgerStore, pods: PodApi
 ) -> None:
     """Start every part, each on ``stack``. They stop in reverse: the extender (HTTPS, then HTTP
-    with the ops endpoints), the NATS subjects, the heartbeats, then the loops; then Kubernetes,
-    and NATS is drained last."""
+    with the ops endpoints), the NATS subjects, the heartbeats, then the loops; then NATS is
+    drained, and Kubernetes' client closed."""
     hosts = _hosts(settings, pods)
     parts = build(settings, store, pods, nc, hosts)
     tasks = await lifecycle.task_group(stack)

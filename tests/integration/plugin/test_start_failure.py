@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,21 @@ async def test_in_dra_mode_a_taken_http_port_stops_what_had_started(dirs: Path) 
         await before.nothing_left()
     assert claims.closed
     assert not await asyncio.to_thread(os.path.exists, settings.dra_socket)  # it had started, and was removed
+
+
+def outside_a_pod() -> dict[str, str]:
+    """This process's environment, less what would make ``auto`` find a pod or a kubeconfig."""
+    gone = ("KUBERNETES_SERVICE_HOST", "GPULEDGER_KUBE", "GPULEDGER_KUBECONFIG", "GPULEDGER_MODE")
+    return {name: value for name, value in os.environ.items() if name not in gone}
+
+
+async def test_the_dra_plugin_without_kubernetes_stops_at_start_saying_why(dirs: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gpuledger_plugin", "--mode", "dra", "--node", "n1",
+        "--nats-url", "nats://127.0.0.1:1", "--registry-dir", str(dirs / "registry"),
+        env=outside_a_pod(), stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 2, err.decode()
+    assert "cannot start: kube: the DRA plugin needs Kubernetes, but kube is auto and found no pod's" in err.decode()
+    assert "Traceback" not in err.decode()

@@ -16,6 +16,7 @@ from gpuledger_common.natscreds import credentials_of
 from gpuledger_common.ops import bound_port, ops_app
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
+from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.model import Isolation
 from gpuledger_plugin.answer import AnswerPolicy

@@ -85,7 +85,8 @@ def ensure_chromium() -> None:
 def install(*extra: str) -> None:
     ensure_venv()
     run(BIN / "python", "-m", "pip", "install", "-q", "--upgrade", "pip")
-    run(BIN / "python", "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "-e", ".[dev]", *extra)
+    # gpuledger and its dev mode, a distribution of its own (libs/gpuledger_dev): gpuledger dev up, the tests
+    run(BIN / "python", "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "-e", ".", "-e", "libs/gpuledger_dev", *extra)
 
 
 def main(argv: list[str]) -> int:

@@ -21,7 +21,7 @@ and prints medians, p99, ratios against the echo and against one replica's throu
 same run, CAS attempts per ledger write (read from every replica's /metrics) and each process's
 CPU time per operation.
 
-    python benchmarks/allocator_bench.py [--seconds 4] [--rounds 8] [--clients 1,16]
+    python -m benchmarks.allocator_bench [--seconds 4] [--rounds 8] [--clients 1,16]
         [--setup 1 --setup 2 --setup '2:GPULEDGER_CAS_ATTEMPTS=4' ...]
 
 A setup is a replica count, optionally ':' and its replicas' flags or ``NAME=value`` environment
@@ -49,11 +49,11 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import NatsServer, embedded_nats, free_port
 from gpuledger_core.model import Node
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.natsserver import NatsServer, embedded_nats, free_port
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.echo import ECHO
+from tests.support.echo import ECHO
 
 NODES = 16
 ALLOCATE = "gpuledger.v1.allocator.allocate"

@@ -17,7 +17,7 @@ interleaved in rounds, for 1 and 16 concurrent writers:
 and prints each median and its ratio to the echo's. It also checks the batch is atomic: a batch
 whose first message's expected sequence is stale writes neither message.
 
-    python benchmarks/batch_publish_bench.py [--seconds 4] [--rounds 8]
+    python -m benchmarks.batch_publish_bench [--seconds 4] [--rounds 8]
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from nats.js.api import Header, KeyValueConfig, StorageType
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from gpuledger_common.natsserver import embedded_nats
-from gpuledger_testing.echo import ECHO
+from gpuledger_dev.natsserver import embedded_nats
+from tests.support.echo import ECHO
 
 VALUE = b'{"schema":1,"node":{"name":"n"},"allocations":[' + b'{"id":"a-0123456789abcdef"},' * 8 + b"{}]}"
 Op = Callable[[int], Awaitable[None]]

@@ -9,7 +9,7 @@ writing with them unchanged (kept), and reading; and per allocation, a ListAlloc
 the page's allocations written by both. It prints medians over the rounds, and the ratios, and
 checks that both write the same bytes.
 
-    python benchmarks/cluster_listing.py [--nodes 100] [--rounds 15] [--holders 4]
+    python -m benchmarks.cluster_listing [--nodes 100] [--rounds 15] [--holders 4]
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from dataclasses import replace
 
 from gpuledger_common import clusterwire
 from gpuledger_common import pbconvert as conv
-from gpuledger_common.fleet import parse_fleet
 from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, AllocState, CardShare, Grant, Owner, OwnerKind, Request
 from gpuledger_core.status import NodeStatus, node_status
+from gpuledger_dev.fleet import parse_fleet
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 

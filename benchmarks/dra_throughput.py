@@ -22,7 +22,7 @@ Running, then deletes them and waits for the ledger to give every card back. Pri
 bound and to Running (medians), the median and p90 time from creation to Running, the ratio, and
 the claims controller's time from allocation to the committed condition (its histogram).
 
-    python benchmarks/dra_throughput.py [--nodes 8] [--pods 48] [--rounds 3]
+    python -m benchmarks.dra_throughput [--nodes 8] [--pods 48] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ from typing import Any
 
 import aiohttp
 
-from gpuledger_cli.dev.kubereal import BOTH, DRIVER, RealCluster
-from gpuledger_cli.dev.stack import Stack, running_stack
-from gpuledger_common.fleet import load_fleet
-from gpuledger_common.natsserver import free_port
-from gpuledger_testing.benchpods import h100_fleet
-from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.controlplane.cluster import plain_scheduler_config
-from gpuledger_testing.ledger_check import read_ledger
-from gpuledger_testing.waiting import wait_for
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.controlplane.cluster import plain_scheduler_config
+from gpuledger_dev.fleet import load_fleet
+from gpuledger_dev.local_stack import Stack, running_stack
+from gpuledger_dev.natsserver import free_port
+from gpuledger_dev.real_cluster import BOTH, DRIVER, RealCluster
+from tests.support.benchpods import h100_fleet
+from tests.support.ledger_check import read_ledger
+from tests.support.waiting import wait_for
 
 NAMESPACE = "bench"
 DRA_SCHEDULER = "dra-scheduler"  # a kube-scheduler profile with no extender: DRA pods need none

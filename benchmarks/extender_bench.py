@@ -17,7 +17,7 @@ prioritize when filter leaves one node: for a GPU pod, filter is now the whole r
 every node's cached answers dropped first (as if every node had changed since the last call). It
 also times the card choice on one 8-card node.
 
-    python benchmarks/extender_bench.py [--calls 400] [--nodes 5000] [--names 800]
+    python -m benchmarks.extender_bench [--calls 400] [--nodes 5000] [--names 800]
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gpuledger_common.natsserver import free_port
 from gpuledger_common.profiles import PROFILES
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
@@ -53,8 +52,9 @@ from gpuledger_core.model import (
     OwnerKind,
     Request,
 )
-from gpuledger_core.placement import make_policy
+from gpuledger_core.packing import make_policy
 from gpuledger_core.pods import PodAsk, plan
+from gpuledger_dev.natsserver import free_port
 
 MODEL = "NVIDIA A100-SXM4-80GB"
 POD: dict[str, Any] = {

@@ -10,7 +10,7 @@ resource, as the device plugins would; no kubelet admits the pods (binding is wh
 For each path: pods per second from the first create to the last bind, the p50/p99 time from a
 pod's creation to its bind (from a watch), and for gpuledger the extender's CPU per pod.
 
-    python benchmarks/kube_scale.py [--nodes 1000] [--pods 5000]
+    python -m benchmarks.kube_scale [--nodes 1000] [--pods 5000]
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ from typing import Any
 
 import aiohttp
 
-from gpuledger_cli.dev.kubereal import node_object
-from gpuledger_cli.dev.processes import Supervisor
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import embedded_nats, free_port
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD
-from gpuledger_testing.benchpods import PLAIN, cpu_seconds, one_card_pods
-from gpuledger_testing.controlplane.api import STRATEGIC, KubeApi
-from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config, scheduler_config
-from gpuledger_testing.waiting import wait_for
+from gpuledger_dev.controlplane.api import STRATEGIC, KubeApi
+from gpuledger_dev.controlplane.cluster import ControlPlane, plain_scheduler_config, scheduler_config
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.natsserver import embedded_nats, free_port
+from gpuledger_dev.processes import Supervisor
+from gpuledger_dev.real_cluster import node_object
+from tests.support.benchpods import PLAIN, cpu_seconds, one_card_pods
+from tests.support.waiting import wait_for
 
 NAMESPACE = "scale"
 

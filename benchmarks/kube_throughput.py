@@ -14,7 +14,7 @@ runs on the GPU nodes, while here every process shares the same 2 cores with the
 (``--admit-during-bursts`` measures with admission running too). Binds refused come from
 placement's own counters; the extender's CPU per pod from its process's CPU time.
 
-    python benchmarks/kube_throughput.py [--nodes 13] [--pods 100] [--rounds 3]
+    python -m benchmarks.kube_throughput [--nodes 13] [--pods 100] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ from typing import Any
 
 import aiohttp
 
-from gpuledger_cli.dev.kubereal import RealCluster
-from gpuledger_cli.dev.stack import Stack, running_stack
 from gpuledger_common import bus
-from gpuledger_common.fleet import load_fleet
-from gpuledger_common.natsserver import free_port
 from gpuledger_common.store import LEDGER_BUCKET
-from gpuledger_testing.benchpods import PLAIN, cpu_seconds, h100_fleet, one_card_pods, stat_fields
-from gpuledger_testing.controlplane.api import STRATEGIC, KubeApi
-from gpuledger_testing.controlplane.cluster import plain_scheduler_config
-from gpuledger_testing.ledger_check import read_ledger
-from gpuledger_testing.waiting import wait_for
+from gpuledger_dev.controlplane.api import STRATEGIC, KubeApi
+from gpuledger_dev.controlplane.cluster import plain_scheduler_config
+from gpuledger_dev.fleet import load_fleet
+from gpuledger_dev.local_stack import Stack, running_stack
+from gpuledger_dev.natsserver import free_port
+from gpuledger_dev.real_cluster import RealCluster
+from tests.support.benchpods import PLAIN, cpu_seconds, h100_fleet, one_card_pods, stat_fields
+from tests.support.ledger_check import read_ledger
+from tests.support.waiting import wait_for
 
 NAMESPACE = "bench"
 

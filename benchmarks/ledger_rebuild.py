@@ -14,7 +14,7 @@ allocation is back in the ledger (its ``gpuledger_allocator_reconcile_rebuilt_to
 checks the ledger (every pod's allocation live, bound, on its node; no card held twice), and
 starts a replica again on the full ledger: it must rebuild nothing.
 
-    python benchmarks/ledger_rebuild.py [--nodes 1000] [--pods 5000]
+    python -m benchmarks.ledger_rebuild [--nodes 1000] [--pods 5000]
 """
 
 from __future__ import annotations
@@ -29,19 +29,19 @@ from typing import Any
 
 import aiohttp
 
-from gpuledger_cli.dev.kubereal import node_object
-from gpuledger_cli.dev.processes import Supervisor
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import embedded_nats, free_port
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.fit import share_for
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.model import Allocation, AllocState, Grant, Node, Owner, OwnerKind, Request
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.controlplane.cluster import ControlPlane
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.natsserver import embedded_nats, free_port
+from gpuledger_dev.processes import Supervisor
+from gpuledger_dev.real_cluster import node_object
 from gpuledger_placement.convert import ALLOCATION_ANNOTATION, allocation_annotation
-from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.controlplane.cluster import ControlPlane
 
 NAMESPACE = "rebuild"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"

@@ -28,7 +28,7 @@ it holds would otherwise make each of its full collections a pause in the figure
   answers asked ahead (the default), then with a replica that asks placement during each request
   (``--placement-ahead-s 0``), and where each request's nodes came from; the echo again.
 
-    python benchmarks/ledger_scale.py [--nodes 500,5000] [--seconds 30]
+    python -m benchmarks.ledger_scale [--nodes 500,5000] [--seconds 30]
 """
 
 from __future__ import annotations
@@ -50,14 +50,14 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus, gcpause
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import embedded_nats, free_port
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.model import Allocation, AllocState, Node, Owner, OwnerKind, Request
-from gpuledger_testing.echo import ECHO
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.natsserver import embedded_nats, free_port
+from tests.support.echo import ECHO
 
 ALLOCATE = "gpuledger.v1.allocator.allocate"
 ECHO_SUBJECT = "bench.echo"

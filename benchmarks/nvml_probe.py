@@ -1,8 +1,8 @@
 """Run the inventory's NVML adapter against the real NVML and print what it finds, as JSON.
 
-    python benchmarks/nvml_probe.py [--events-ms 2000] [--repeat 5]
+    python -m benchmarks.nvml_probe [--events-ms 2000] [--repeat 5]
 
-    python benchmarks/nvml_probe.py --fake-fleet FILE --node NAME   # the same, on the fake NVML
+    python -m benchmarks.nvml_probe --fake-fleet FILE --node NAME   # the same, on the fake NVML
 
 Prints the cards, the topology matrix (NV# / PIX / PXB / PHB / NODE / SYS, as nvidia-smi topo -m),
 MIG instances, compute processes, which cards accepted health-event registration, and how long a
@@ -77,11 +77,11 @@ def _slots(value: Any) -> dict[str, Any]:
 
 def _fake(path: str, node: str) -> NvmlGpus:
     """The same adapter on the fake NVML: to check this script without a GPU."""
-    from gpuledger_common.fleet import load_fleet
-    from gpuledger_testing.fake_nvml import FakeNvml
-    from gpuledger_testing.fleet_sim import node_sim
+    from gpuledger_dev.fake_nvml import FakeNvml
+    from gpuledger_dev.fleet import load_fleet
+    from gpuledger_dev.fleet_script import node_script
 
-    fake = FakeNvml(node_sim(load_fleet(path), node))
+    fake = FakeNvml(node_script(load_fleet(path), node))
     return NvmlGpus(fake, fake.numa_node, "fake")
 
 

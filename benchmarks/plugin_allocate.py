@@ -10,7 +10,7 @@ kubelet would call them over the unix socket:
 and prints p50/p99 and ratios against the echo. Targets: Allocate p99 <= 50 ms,
 GetPreferredAllocation p99 <= 10 ms.
 
-    python benchmarks/plugin_allocate.py [--rounds 300]
+    python -m benchmarks.plugin_allocate [--rounds 300]
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from grpclib.client import Channel
 from grpclib.server import Server
 
 from gpuledger_common import bus
-from gpuledger_common.natsserver import embedded_nats
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger, prune, release, reserve
@@ -45,10 +44,11 @@ from gpuledger_core.model import (
     PcieLevel,
 )
 from gpuledger_core.slots import assign_device_ids, node_slots
+from gpuledger_dev.fake_kubelet import FakeKubelet
+from gpuledger_dev.natsserver import embedded_nats
 from gpuledger_plugin.app import running
 from gpuledger_plugin.settings import PluginSettings
 from gpuledger_proto import v1beta1 as dp
-from gpuledger_testing.fake_kubelet import FakeKubelet
 
 NODE = "bench"
 CARDS = 8

@@ -9,7 +9,7 @@ churn of ``--churn`` pod deletions and creations per second while each way is me
 ``--window`` seconds. From the API server's own metrics: requests per minute (by verb) and bytes of
 list responses per minute; from /proc: the API server's CPU seconds per minute.
 
-    python benchmarks/reconcile_requests.py [--pods 5000] [--window 60] [--interval 30] [--churn 2]
+    python -m benchmarks.reconcile_requests [--pods 5000] [--window 60] [--interval 30] [--churn 2]
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 from gpuledger_allocator.kube import OURS, KubePodLister
 from gpuledger_allocator.podcache import PodCache
 from gpuledger_common.kubeconfig import from_file
-from gpuledger_testing.benchpods import cpu_seconds
-from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.controlplane.cluster import ControlPlane
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.controlplane.cluster import ControlPlane
+from tests.support.benchpods import cpu_seconds
 
 NAMESPACE = "reconcile-bench"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"

@@ -1,7 +1,7 @@
 """The proven lower bound on unallocated GPU % at 100 % arrived, per trace and seed, as JSON lines
 that ``sim_table.py`` puts beside the policies (needs the 'bound' extra: highspy).
 
-    PYTHONPATH=libs python benchmarks/sim_bound.py [--seeds 42-51] [--traces ...] \
+    python -m benchmarks.sim_bound [--seeds 42-51] [--traces ...] \
         [--out benchmarks/results/sim_bound.jsonl]
 
 The column generation starts from the placements of two baseline replays (any feasible placement

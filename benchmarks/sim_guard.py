@@ -1,7 +1,7 @@
 """What the dominant-resource guard does in the trace replay: unallocated GPU % at 100 % arrived
 and CPU-only pods refused, per trace and guard setting (median over the seeds).
 
-    PYTHONPATH=libs python benchmarks/sim_guard.py [--seeds 42-44] [--guards off,4000:32768,auto]
+    python -m benchmarks.sim_guard [--seeds 42-44] [--guards off,4000:32768,auto]
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 FGD paper's published figures and the proven lower bound (unallocated GPU % at 100 % arrived,
 median of 10 seeds; the bound's per-seed figures come from ``sim_bound.py``).
 
-    PYTHONPATH=libs python benchmarks/sim_table.py [--data DIR] [--seeds 42-51] [--out FILE] \
+    python -m benchmarks.sim_table [--data DIR] [--seeds 42-51] [--out FILE] \
         [--runs benchmarks/results/sim_runs.jsonl] [--bounds benchmarks/results/sim_bound.jsonl]
 
 Each run is appended to ``--runs`` as it ends and a run already there is not repeated (delete the

@@ -18,8 +18,8 @@ from gpuledger_core.fit import ContainerAsk, share_for
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, reservation, reserve
 from gpuledger_core.model import Allocation, Grant, Isolation, Owner
-from gpuledger_core.placement import Ask, Decision, NodeState, Policy, from_ledger, place, shares
-from gpuledger_core.placement.state import UNTRACKED
+from gpuledger_core.packing import Ask, Decision, NodeState, Policy, from_ledger, place, shares
+from gpuledger_core.packing.state import UNTRACKED
 from gpuledger_core.slots import assign_device_ids, slot_problem
 
 Hint = tuple[tuple[int, ...], ...]  # card indexes per container, in the pod's container order

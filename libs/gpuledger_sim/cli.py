@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from gpuledger_core.errors import InvalidArgument
-from gpuledger_core.placement import POLICIES, Guard
+from gpuledger_core.packing import POLICIES, Guard
 from gpuledger_sim.replay import Attempt, Config, Summary, replay
 from gpuledger_sim.trace import TraceNode, TracePod, read_nodes, read_pods
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, replace
 from random import Random
 
 from gpuledger_core.model import Request
-from gpuledger_core.placement import Ask, Guard, NodeState, Placer, make_policy
-from gpuledger_core.placement.balance import Balance
-from gpuledger_core.placement.basic import tag_of
-from gpuledger_core.placement.frag import FragMeter, TypicalPod, Workload, without_memory
-from gpuledger_core.placement.state import charge, flat_node, take
+from gpuledger_core.packing import Ask, Guard, NodeChooser, NodeState, make_policy
+from gpuledger_core.packing.balance import Balance
+from gpuledger_core.packing.basic import tag_of
+from gpuledger_core.packing.frag import FragMeter, TypicalPod, Workload, without_memory
+from gpuledger_core.packing.state import charge, flat_node, take
 from gpuledger_sim.trace import WHOLE, TraceNode, TracePod
 
 
@@ -132,7 +132,7 @@ def replay(
     typical = [typical_of(p) for p in pods]
     order = arrival_order(pods, rng, config.tune, capacity)
     states = node_states(nodes, rng)
-    placer = Placer(states, make_policy(config.policy, typical), guard_for(config, typical), rng)
+    chooser = NodeChooser(states, make_policy(config.policy, typical), guard_for(config, typical), rng)
     run = _Run(
         Summary(config.policy, config.seed, config.tune, len(states), capacity // WHOLE),
         capacity,
@@ -141,14 +141,14 @@ def replay(
     )
     for seq, pod in enumerate(order):
         ask = ask_of(pod)
-        found = placer.choose(ask)
+        found = chooser.choose(ask)
         node: str | None = None
         cards: tuple[int, ...] = ()
         if found is not None:
             at, option = found
-            placer.update(at, commit(placer.nodes[at], ask, option.cards))
-            run.changed(at, placer.nodes[at])
-            node, cards = placer.nodes[at].name, option.cards
+            chooser.update(at, commit(chooser.nodes[at], ask, option.cards))
+            run.changed(at, chooser.nodes[at])
+            node, cards = chooser.nodes[at].name, option.cards
         run.attempted(pod, node is not None)
         if on_attempt is not None:
             on_attempt(Attempt(seq, pod, node, cards))

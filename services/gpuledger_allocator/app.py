@@ -13,11 +13,11 @@ from nats.aio.client import Client
 from gpuledger_allocator.api_grpc import AllocatorApi
 from gpuledger_allocator.api_nats import serve_nats
 from gpuledger_allocator.dashboard import dashboard_app
+from gpuledger_allocator.finder import BuiltinFinder, PlacementFinder
 from gpuledger_allocator.ingest import Ingest
 from gpuledger_allocator.kube import KubePodLister, PodLister
 from gpuledger_allocator.metrics import register as register_metrics
 from gpuledger_allocator.metrics import unregister as unregister_metrics
-from gpuledger_allocator.placer import BuiltinPlacer, NatsPlacer
 from gpuledger_allocator.podcache import PodCache
 from gpuledger_allocator.reconciler import Reconciler
 from gpuledger_allocator.service import AllocatorService
@@ -64,17 +64,17 @@ async def _serve(
         deny_rollups=True,
     )
     view = ClusterView(store, settings.stale_after_s)
-    placer = NatsPlacer(
+    finder = PlacementFinder(
         nc,
         settings.placement_timeout_s,
         settings.placement_retry_s,
-        BuiltinPlacer(settings.slots_per_card),
+        BuiltinFinder(settings.slots_per_card),
         settings.placement_ahead_s,
     )
     service = AllocatorService(
         store,
         view,
-        placer,
+        finder,
         settings.lease_s,
         settings.max_lease_s,
         slots_per_card=settings.slots_per_card,
@@ -89,7 +89,7 @@ async def _serve(
         reconciler = Reconciler(store, view, pods, cache, settings.reconcile_grace_s)
         lifecycle.background(stack, tasks, cache.run())
         lifecycle.background(stack, tasks, reconciler.run(settings.reconcile_interval_s))
-    stack.push_async_callback(placer.stop)
+    stack.push_async_callback(finder.stop)
     stack.push_async_callback(service.settle)
     grpc = await _serve_apis(settings, stack, nc, service)
     stack.callback(unregister_metrics, view)

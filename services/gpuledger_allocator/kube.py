@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from gpuledger_allocator.reconcile import PodSeen
+from gpuledger_allocator.repairs import PodSeen
 from gpuledger_core import codec
 from gpuledger_core.errors import GpuledgerError, Unavailable
 from gpuledger_core.ids import PodUid

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from gpuledger_allocator.kube import WATCH_S, Expired, PodEvent, PodLister
 from gpuledger_allocator.metrics import LIST_FAILURES, POD_EVENTS, POD_LISTINGS
-from gpuledger_allocator.reconcile import PodSeen
+from gpuledger_allocator.repairs import PodSeen
 from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.ids import PodUid
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from gpuledger_allocator.kube import PodLister
 from gpuledger_allocator.metrics import POD_READS, REBUILD_CONFLICTS, REBUILT, RELEASED, ROUNDS
 from gpuledger_allocator.podcache import PodCache
-from gpuledger_allocator.reconcile import POD_DELETED, Listing, Outcome, PodSeen, reconciled, release_reason
+from gpuledger_allocator.repairs import POD_DELETED, Listing, Outcome, PodSeen, reconciled, release_reason
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common.store import LedgerStore, Written
 from gpuledger_core.errors import GpuledgerError

@@ -58,7 +58,7 @@ class Candidate:
     cards: tuple[tuple[int, ...], ...] | None = None
 
 
-class Placer(Protocol):
+class NodeFinder(Protocol):
     async def candidates(
         self, view: ClusterView, asks: Sequence[ContainerAsk], exclude: Collection[NodeName] = ()
     ) -> list[Candidate]:
@@ -92,7 +92,7 @@ def new_allocation_id() -> AllocationId:
 class AllocatorService:
     store: LedgerStore
     view: ClusterView
-    placer: Placer
+    finder: NodeFinder
     lease_s: float = 60.0
     max_lease_s: float = 3600.0
     clock: Callable[[], float] = time.time
@@ -347,12 +347,12 @@ class AllocatorService:
             if call.node not in self.view.ledgers and call.node not in self.view.unreadable:
                 raise NotFound(f"node {call.node} is not in the ledger")
             return [Candidate(call.node)]
-        return await self.placer.candidates(self.view, call.asks)
+        return await self.finder.candidates(self.view, call.asks)
 
     async def _reserve_on(
         self, call: AllocateCall, nodes: Sequence[Candidate], allocation_id: AllocationId, lease_s: float
     ) -> Allocation:
-        """Try the candidates in order; while every one refused, ask the placer for more (the nodes
+        """Try the candidates in order; while every one refused, ask the finder for more (the nodes
         not tried yet), so no request is refused while a node can take it. A node that only lost
         its compare-and-set race (another writer got there first) is tried again at the end, with
         the store's full retries: the next candidate is tried meanwhile rather than waiting on it."""
@@ -373,7 +373,7 @@ class AllocatorService:
         raise Exhausted(_no_fit(call, reasons))
 
     async def _more(self, call: AllocateCall, tried: set[NodeName]) -> list[Candidate]:
-        more = await self.placer.candidates(self.view, call.asks, frozenset(tried))
+        more = await self.finder.candidates(self.view, call.asks, frozenset(tried))
         return [c for c in more if c.node not in tried]
 
     async def _try_on(

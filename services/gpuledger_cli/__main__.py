@@ -29,9 +29,9 @@ def parser() -> argparse.ArgumentParser:
 def register_dev(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``gpuledger dev``, where the local stack's simulated fleet and cluster are installed."""
     try:
-        from gpuledger_cli import devup
+        from gpuledger_dev import up as devup
     except ModuleNotFoundError as err:
-        if err.name != "gpuledger_testing":
+        if err.name != "gpuledger_dev":
             raise
         dev = sub.add_parser("dev", help="the local development stack (not in this install)")
         dev.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)

@@ -7,9 +7,9 @@ import json
 import uuid
 from typing import Any
 
-from gpuledger_cli import render
-from gpuledger_cli.client import DEFAULT_TIMEOUT_S, ClientTls, allocator, cluster_nodes
 from gpuledger_common import pbconvert as conv
+from gpuledger_common import render
+from gpuledger_common.allocator_client import DEFAULT_TIMEOUT_S, ClientTls, allocator, cluster_nodes
 from gpuledger_common.settings import env_default
 from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument, Unavailable

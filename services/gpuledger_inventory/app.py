@@ -14,8 +14,8 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus, inventory_api, lifecycle
 from gpuledger_common.entry import stop_on_signals
-from gpuledger_common.fleet import load_fleet
 from gpuledger_common.settings import describe
+from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import NodeName
 from gpuledger_inventory import http
 from gpuledger_inventory.health import HealthPolicy
@@ -40,10 +40,16 @@ class Running:
 def build_gpus(settings: InventorySettings) -> tuple[Gpus, Host]:
     """The real NVML, or the fake one driven by the fleet file's node."""
     if settings.fake_fleet:
-        from gpuledger_testing.fake_nvml import FakeNvml
-        from gpuledger_testing.fleet_sim import node_sim
+        from gpuledger_dev.fake_nvml import FakeNvml
+        from gpuledger_dev.fleet import FleetError, load_fleet
+        from gpuledger_dev.fleet_script import node_script
 
-        sim = node_sim(load_fleet(settings.fake_fleet), settings.node)
+        try:  # a bad fleet file, or one without this node, stops it at start, naming the line or the node
+            sim = node_script(load_fleet(settings.fake_fleet), settings.node)
+        except FleetError as err:
+            raise InvalidArgument("fake_fleet", str(err)) from err
+        except KeyError as err:
+            raise InvalidArgument("fake_fleet", str(err.args[0])) from err
         fake = FakeNvml(sim)
         return NvmlGpus(fake, fake.numa_node, "fake"), Host(sim.node.cpu_milli, sim.node.memory_mib, sim.node.labels)
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

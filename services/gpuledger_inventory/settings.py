@@ -59,7 +59,7 @@ class InventorySettings(KubeClientSettings):
         require(self.log_level in levels, "log_level", "must be debug|info|warning|error")
         require(self.log_format in ("text", "json"), "log_format", "must be text|json")
         require(
-            not self.fake_fleet or importlib.util.find_spec("gpuledger_testing") is not None,
+            not self.fake_fleet or importlib.util.find_spec("gpuledger_dev") is not None,
             "fake_fleet",
             "needs the simulated fleet, which this install leaves out (the production image); "
             "use the image's dev target or install gpuledger with its test utilities",

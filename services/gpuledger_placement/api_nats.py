@@ -19,7 +19,7 @@ from gpuledger_core.codec import Reader
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.model import Isolation, Owner, OwnerKind
-from gpuledger_core.placement import POLICIES
+from gpuledger_core.packing import POLICIES
 from gpuledger_core.pods import PodAsk
 from gpuledger_placement.metrics import DECISIONS, NATS_SECONDS
 from gpuledger_placement.service import Placed, PlacementService

@@ -22,7 +22,7 @@ from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_common.store.outage import within
 from gpuledger_common.tls import EXTENDER_ALPN, server_context
 from gpuledger_core.errors import Unavailable
-from gpuledger_core.placement import WorkloadTracker
+from gpuledger_core.packing import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
 from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.binder import Binder

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, Owner
-from gpuledger_core.placement import from_ledger
-from gpuledger_core.placement.state import UNTRACKED
+from gpuledger_core.packing import from_ledger
+from gpuledger_core.packing.state import UNTRACKED
 from gpuledger_core.pods import PodAsk
 from gpuledger_placement.metrics import ASSUMED, ASSUMPTIONS
 from gpuledger_placement.view import NodeEntry

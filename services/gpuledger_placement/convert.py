@@ -22,7 +22,7 @@ from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.model import CORE_WHOLE, Allocation, Isolation, Owner, OwnerKind, Request
-from gpuledger_core.placement import POLICIES
+from gpuledger_core.packing import POLICIES
 from gpuledger_core.pods import PodAsk
 from gpuledger_core.quantity import BINARY, parse_quantity
 from gpuledger_core.quantity import MIB as MIB  # re-exported: pods' quantities are read here

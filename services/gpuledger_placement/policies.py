@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.model import Allocation
-from gpuledger_core.placement import Policy, WorkloadTracker, make_policy, typical
+from gpuledger_core.packing import Policy, WorkloadTracker, make_policy, typical
 from gpuledger_core.pods import PodAsk
 
 SEEN_OWNERS = 10_000  # pods remembered so a pod filtered again is counted once

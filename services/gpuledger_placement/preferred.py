@@ -12,7 +12,7 @@ from gpuledger_core.errors import FailedPrecondition
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Request
-from gpuledger_core.placement import Ask, Decision, NodeState, Policy, from_ledger, place
+from gpuledger_core.packing import Ask, Decision, NodeState, Policy, from_ledger, place
 from gpuledger_core.slots import parse_device_id
 
 

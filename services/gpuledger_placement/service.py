@@ -20,7 +20,7 @@ from typing import cast
 from gpuledger_core.errors import Exhausted, NotFound, Unavailable
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.model import Grant
-from gpuledger_core.placement import (
+from gpuledger_core.packing import (
     Ask,
     Guard,
     Policy,

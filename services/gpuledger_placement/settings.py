@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from gpuledger_common.kubeconfig import KubeClientSettings
 from gpuledger_common.settings import listen_host, option, require
-from gpuledger_core.placement import POLICIES, Guard
+from gpuledger_core.packing import POLICIES, Guard
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_placement.assumed import DEFAULT_TTL_S
 

@@ -29,7 +29,7 @@ from gpuledger_core.codec import Reader
 from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.placement import NodeState, from_ledger
+from gpuledger_core.packing import NodeState, from_ledger
 
 log = logging.getLogger(__name__)
 HEARTBEATS = (f"{SUBJECT_PREFIX}.heartbeat.*", f"{SUBJECT_PREFIX}.inventory.*")

@@ -21,9 +21,9 @@ from gpuledger_core.errors import Unavailable
 from gpuledger_core.model import Isolation
 from gpuledger_plugin.answer import AnswerPolicy
 from gpuledger_plugin.kubelet import KubeletLink, Registration
-from gpuledger_plugin.ledger import StoreLedger
-from gpuledger_plugin.placement import NatsPlacement
+from gpuledger_plugin.ledger_port import StoreLedger
 from gpuledger_plugin.podresources import PodResourcesClient
+from gpuledger_plugin.preferred import NatsPreferred
 from gpuledger_plugin.server import OPTIONS, DevicePlugin
 from gpuledger_plugin.service import PluginService
 from gpuledger_plugin.settings import RESOURCE_NAME, PluginSettings
@@ -86,7 +86,7 @@ def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> Plugin
         mps_host_shm_dir=settings.mps_host_shm_dir,
     )
     pods = PodResourcesClient(settings.pod_resources_socket, RESOURCE_NAME, settings.pod_resources_timeout_s)
-    placement = NatsPlacement(nc, settings.placement_timeout_s)
+    placement = NatsPreferred(nc, settings.placement_timeout_s)
     ledger = StoreLedger(store, settings.node)
     return PluginService(
         settings.node, ledger, placement, pods, policy, settings.slots_per_card, gone_after_s=settings.gone_after_s

@@ -10,7 +10,7 @@ from typing import Protocol
 from grpclib.client import Channel
 
 from gpuledger_core.errors import Unavailable
-from gpuledger_plugin.reconcile import KubeletView
+from gpuledger_plugin.kubelet_findings import KubeletView
 from gpuledger_proto import v1 as pr
 
 

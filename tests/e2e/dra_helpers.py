@@ -14,14 +14,14 @@ from typing import Any
 
 import yaml
 
-from gpuledger_common.natsserver import NatsServer
+from gpuledger_dev.controlplane.api import ApiError, KubeApi
+from gpuledger_dev.controlplane.cluster import ControlPlane
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.app import Running, serve
 from gpuledger_inventory.publisher import SlicePublisher
 from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.slices import DRIVER
-from gpuledger_testing.controlplane.api import ApiError, KubeApi
-from gpuledger_testing.controlplane.cluster import ControlPlane
-from gpuledger_testing.waiting import wait_for
+from tests.support.waiting import wait_for
 
 DEVICE_CLASS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "dra" / "deviceclass.yaml"
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

@@ -13,15 +13,13 @@ from typing import Any
 
 import nats
 
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, OwnerKind
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.controlplane.cluster import ControlPlane, plain_scheduler_config
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER
-from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
-from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_allocator, running_placement
-from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_helpers import (
     CLAIMS,
     SCHEDULER,
@@ -32,6 +30,8 @@ from tests.e2e.dra_helpers import (
     namespace,
     published,
 )
+from tests.support.replicas import RunningAllocator, RunningPlacement, running_allocator, running_placement
+from tests.support.waiting import wait_for
 
 COMMITTED, REJECTED = "gpuledger.io/committed", "gpuledger.io/rejected"
 

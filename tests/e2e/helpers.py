@@ -9,12 +9,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from gpuledger_cli.dev.kubereal import RealCluster
-from gpuledger_cli.dev.stack import Stack
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_testing.controlplane.api import ApiError, KubeApi
-from gpuledger_testing.ledger_check import Report, check, read_ledger
-from gpuledger_testing.waiting import wait_for
+from gpuledger_dev.controlplane.api import ApiError, KubeApi
+from gpuledger_dev.local_stack import Stack
+from gpuledger_dev.real_cluster import RealCluster
+from tests.support.ledger_check import Report, check, read_ledger
+from tests.support.waiting import wait_for
 
 SLOTS_PER_CARD = 8
 POLL_S = 0.1  # how often a wait asks the API server or the ledger again
@@ -121,7 +121,7 @@ async def all_pods(api: KubeApi) -> list[dict[str, Any]]:
 
 
 async def consistent(cluster: RealCluster, stack: Stack, timeout: float = 60) -> Report:
-    """Wait until the ledger equals what the pods hold (see gpuledger_testing.ledger_check)."""
+    """Wait until the ledger equals what the pods hold (see tests.support.ledger_check)."""
     assert cluster.api is not None
     api = cluster.api
     last: list[Report] = []

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuledger_cli.dev.kubereal import RealCluster
-from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.waiting import wait_for
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.real_cluster import RealCluster
 from tests.e2e.helpers import POLL_S
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger_cli.dev.kubereal import RealCluster
-from gpuledger_cli.dev.scenario import run_scenario
-from gpuledger_cli.dev.stack import Stack
-from gpuledger_testing.waiting import wait_for
+from gpuledger_dev.local_stack import Stack
+from gpuledger_dev.real_cluster import RealCluster
+from gpuledger_dev.scenario import run_scenario
 from tests.e2e.helpers import ledger
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

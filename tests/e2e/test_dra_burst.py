@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_core.model import OwnerKind
+from gpuledger_dev.controlplane.cluster import ControlPlane, plain_scheduler_config
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER
-from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
-from gpuledger_testing.ledger_check import check
-from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_helpers import CLAIMS, SCHEDULER, ensure_device_class, namespace, published, share_claim
 from tests.e2e.dra_ledger import COMMITTED, conditions, gated_node, ledger_of, ledger_side
+from tests.support.ledger_check import check
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.asyncio(loop_scope="session")]
 CLAIMS_N = 200

@@ -15,19 +15,17 @@ from typing import Any
 import nats
 import pytest
 
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core import claims
 from gpuledger_core.claims import AllocatedDevice, ClaimRef
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, Isolation, OwnerKind
+from gpuledger_dev.controlplane.cluster import ControlPlane
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER
 from gpuledger_plugin.dra.app import running
 from gpuledger_plugin.dra.settings import DraSettings
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.controlplane.cluster import ControlPlane
-from gpuledger_testing.stack import RunningAllocator
-from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_helpers import (
     CLAIMS,
     allocated_claim,
@@ -44,6 +42,8 @@ from tests.e2e.dra_ledger import (
     ledger_of,
     placement_with_claims,
 )
+from tests.support.replicas import RunningAllocator
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(360), pytest.mark.asyncio(loop_scope="session")]
 

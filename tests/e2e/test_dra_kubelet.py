@@ -1,4 +1,4 @@
-"""The kwok node's kubelet with its DRA side (``gpuledger_testing.kwok_dra``) on the real control
+"""The kwok node's kubelet with its DRA side (``gpuledger_dev.kwok_dra``) on the real control
 plane, against the real DRA plugin (gpuledger-plugin --mode dra, its ledger check on): the plugin
 registers through the registration directory, a pod whose claim kube-scheduler allocated (and the
 ledger holds) turns Running only after NodePrepareResources wrote the claim's CDI spec; a claim
@@ -26,22 +26,20 @@ from typing import Any
 import pytest
 from grpclib.server import Server
 
-from gpuledger_common.natsserver import NatsServer
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.controlplane.cluster import ControlPlane, plain_scheduler_config
+from gpuledger_dev.kubelet_pods import ADMITTED
+from gpuledger_dev.kwok_dra import FAILED_PREPARE, KwokDra
+from gpuledger_dev.kwok_dra_claims import V1BETA1, PreparedDevice
+from gpuledger_dev.kwok_dra_plugins import PluginWatcher
+from gpuledger_dev.kwok_kubelet import KwokDraSettings, KwokKubelet, KwokKubeletSettings
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER
 from gpuledger_plugin.dra.app import RunningDra, running
 from gpuledger_plugin.dra.settings import DraSettings
 from gpuledger_proto import pluginregistration as reg
 from gpuledger_proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra_v1
 from gpuledger_proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_beta
-from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
-from gpuledger_testing.kubelet_pods import ADMITTED
-from gpuledger_testing.kwok_dra import FAILED_PREPARE, KwokDra
-from gpuledger_testing.kwok_dra_claims import V1BETA1, PreparedDevice
-from gpuledger_testing.kwok_dra_plugins import PluginWatcher
-from gpuledger_testing.kwok_kubelet import KwokDraSettings, KwokKubelet, KwokKubeletSettings
-from gpuledger_testing.stack import running_allocator
-from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_helpers import (
     CLAIMS,
     SCHEDULER,
@@ -55,6 +53,8 @@ from tests.e2e.dra_helpers import (
     share_claim,
 )
 from tests.e2e.dra_ledger import ledger_of, placement_with_claims
+from tests.support.replicas import running_allocator
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
 QUICK = KwokKubeletSettings(backoff_max_s=1.0)

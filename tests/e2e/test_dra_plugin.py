@@ -16,16 +16,14 @@ from typing import Any
 import pytest
 from grpclib.client import Channel
 
-from gpuledger_common.natsserver import NatsServer
+from gpuledger_dev.controlplane.cluster import ControlPlane, plain_scheduler_config
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER
 from gpuledger_plugin.dra.app import RunningDra, running
 from gpuledger_plugin.dra.settings import DraSettings
 from gpuledger_proto import pluginregistration as reg
 from gpuledger_proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra
 from gpuledger_proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_beta
-from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
-from gpuledger_testing.stack import running_allocator, running_placement
-from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_helpers import (
     CLAIMS,
     SCHEDULER,
@@ -38,6 +36,8 @@ from tests.e2e.dra_helpers import (
     share_claim,
 )
 from tests.e2e.dra_ledger import claim_entry
+from tests.support.replicas import running_allocator, running_placement
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
 

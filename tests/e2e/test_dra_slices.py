@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger_common.natsserver import NatsServer
+from gpuledger_dev.controlplane.cluster import ControlPlane, plain_scheduler_config
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER, differences, manifest
-from gpuledger_testing.controlplane.cluster import ControlPlane, plain_scheduler_config
-from gpuledger_testing.waiting import wait_for
 from tests.e2e.dra_helpers import (
     CLAIMS,
     SCHEDULER,
@@ -27,6 +26,7 @@ from tests.e2e.dra_helpers import (
     published,
     share_claim,
 )
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
 

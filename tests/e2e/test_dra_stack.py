@@ -24,18 +24,18 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gpuledger_cli.dev.kubereal import BOTH, DRIVER, NAMESPACE, RealCluster
-from gpuledger_cli.dev.scenario_dra import CLAIMS, run_dra_scenario
-from gpuledger_cli.dev.stack import Stack, running_stack
-from gpuledger_cli.devup import DEFAULT_FLEET as DEV_FLEET
-from gpuledger_common.fleet import Fleet, load_fleet
-from gpuledger_common.natsserver import free_port
 from gpuledger_core.model import OwnerKind
-from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.ledger_check import check
-from gpuledger_testing.waiting import wait_for
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.fleet import Fleet, load_fleet
+from gpuledger_dev.local_stack import Stack, running_stack
+from gpuledger_dev.natsserver import free_port
+from gpuledger_dev.real_cluster import BOTH, DRIVER, NAMESPACE, RealCluster
+from gpuledger_dev.scenario_dra import CLAIMS, run_dra_scenario
+from gpuledger_dev.up import DEFAULT_FLEET as DEV_FLEET
 from tests.e2e.dra_ledger import COMMITTED, REJECTED, conditions
 from tests.e2e.helpers import consistent, ledger, pod, share, steady
+from tests.support.ledger_check import check
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

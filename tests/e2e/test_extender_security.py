@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuledger_cli.dev.stack import Stack
-from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.tlsca import ThrowawayCa
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.local_stack import Stack
+from gpuledger_dev.tlsca import ThrowawayCa
 from tests.e2e.helpers import get_pod, live_allocations_of, namespace, pod, running, share
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

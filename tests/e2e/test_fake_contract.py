@@ -1,4 +1,4 @@
-"""The contract between the fake API server (gpuledger_testing.fake_apiserver) and the real
+"""The contract between the fake API server (gpuledger_dev.fake_apiserver) and the real
 kube-apiserver: every test runs twice, against each (fixture ``server``), with the same body and
 the same assertions, over HTTP(S) through one small client.
 
@@ -32,12 +32,12 @@ import pytest_asyncio
 from gpuledger_allocator.kube import KubePodLister
 from gpuledger_common.kubeconfig import from_file
 from gpuledger_core.errors import Conflict, NotFound, Unavailable
+from gpuledger_dev.controlplane.cluster import ControlPlane
+from gpuledger_dev.fake_apiserver import FakeApiServer
 from gpuledger_inventory.kube import KubeNodeApi
 from gpuledger_placement.hosts import HostUsage, follow
 from gpuledger_placement.kube import KubePodApi
-from gpuledger_testing.controlplane.cluster import ControlPlane
-from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.waiting import polled, wait_for
+from tests.support.waiting import polled, wait_for
 
 # 120 s: the first real test also starts the control plane.
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.timeout(120)]

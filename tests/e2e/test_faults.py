@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from gpuledger_cli.dev.kubereal import RealCluster
-from gpuledger_cli.dev.stack import Stack
-from gpuledger_common.fleet import Fleet
-from gpuledger_testing.controlplane.api import KubeApi
-from gpuledger_testing.waiting import wait_for
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.fleet import Fleet
+from gpuledger_dev.local_stack import Stack
+from gpuledger_dev.real_cluster import RealCluster
 from tests.e2e.helpers import POLL_S, SLOTS_PER_CARD, consistent, namespace, pod, pods_in, share, steady
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger_testing.controlplane.build import cache_root
-from gpuledger_testing.controlplane.toolchain import GO_BIN, find_go, install_dir
+from gpuledger_dev.controlplane.build import cache_root
+from gpuledger_dev.controlplane.toolchain import GO_BIN, find_go, install_dir
 
 pytestmark = pytest.mark.timeout(600)
 

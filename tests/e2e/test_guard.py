@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuledger_cli.dev.kubereal import RealCluster, node_object
-from gpuledger_cli.dev.stack import Stack
-from gpuledger_testing.controlplane.api import ApiError, KubeApi
-from gpuledger_testing.controlplane.cluster import Access, ControlPlane, Process
-from gpuledger_testing.waiting import wait_for
+from gpuledger_dev.controlplane.api import ApiError, KubeApi
+from gpuledger_dev.controlplane.cluster import Access, ControlPlane, Process
+from gpuledger_dev.local_stack import Stack
+from gpuledger_dev.real_cluster import RealCluster, node_object
 from tests.e2e.helpers import POLL_S, get_pod, ledger, namespace, running
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuledger_cli.dev.kubereal import RealCluster
-from gpuledger_cli.dev.stack import Stack
-from gpuledger_testing.controlplane.api import ApiError, KubeApi
-from gpuledger_testing.controlplane.cluster import Access, ControlPlane
-from gpuledger_testing.waiting import wait_for
+from gpuledger_dev.controlplane.api import ApiError, KubeApi
+from gpuledger_dev.controlplane.cluster import Access, ControlPlane
+from gpuledger_dev.local_stack import Stack
+from gpuledger_dev.real_cluster import RealCluster
+from tests.support.waiting import wait_for
 from tests.unit.deploy.test_rbac import PERMISSIONS
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

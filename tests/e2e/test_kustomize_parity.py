@@ -13,7 +13,7 @@ import subprocess
 import pytest
 import yaml
 
-from gpuledger_testing.controlplane.build import ensure_built
+from gpuledger_dev.controlplane.build import ensure_built
 from tests.unit.deploy.manifests import KUSTOMIZE, RENDERS, key, rendered
 
 

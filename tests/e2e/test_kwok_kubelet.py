@@ -1,4 +1,4 @@
-"""The kwok node's kubelet (``gpuledger_testing.kwok_kubelet``) on the real control plane, with a tiny
+"""The kwok node's kubelet (``gpuledger_dev.kwok_kubelet``) on the real control plane, with a tiny
 device plugin written here: node capacity, admission before Running, refusals, freeing, restarts."""
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Status
 
+from gpuledger_dev.controlplane.api import ApiError, KubeApi
+from gpuledger_dev.controlplane.cluster import Access, ControlPlane
+from gpuledger_dev.kubelet_pods import ADMITTED
+from gpuledger_dev.kwok_kubelet import GPU, KwokKubelet, KwokKubeletSettings
 from gpuledger_plugin.kubelet import KubeletLink, Registration
 from gpuledger_proto import v1 as pr
 from gpuledger_proto import v1beta1 as dp
-from gpuledger_testing.controlplane.api import ApiError, KubeApi
-from gpuledger_testing.controlplane.cluster import Access, ControlPlane
-from gpuledger_testing.kubelet_pods import ADMITTED
-from gpuledger_testing.kwok_kubelet import GPU, KwokKubelet, KwokKubeletSettings
-from gpuledger_testing.waiting import wait_for
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
 

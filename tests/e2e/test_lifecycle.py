@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger_cli.dev.stack import Stack
-from gpuledger_testing.controlplane.api import KubeApi
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.local_stack import Stack
 from tests.e2e.helpers import get_pod, gone, live_allocations_of, namespace, pod, released, running, share
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger_cli.dev.kubereal import RealCluster
-from gpuledger_cli.dev.stack import Stack
-from gpuledger_testing.controlplane.api import ApiError, KubeApi
+from gpuledger_dev.controlplane.api import ApiError, KubeApi
+from gpuledger_dev.local_stack import Stack
+from gpuledger_dev.real_cluster import RealCluster
 from tests.e2e.helpers import get_pod, namespace, pod, released, running
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

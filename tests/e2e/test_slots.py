@@ -9,9 +9,9 @@ import asyncio
 
 import pytest
 
-from gpuledger_cli.dev.kubereal import RealCluster
-from gpuledger_cli.dev.stack import Stack
-from gpuledger_testing.controlplane.api import KubeApi
+from gpuledger_dev.controlplane.api import KubeApi
+from gpuledger_dev.local_stack import Stack
+from gpuledger_dev.real_cluster import RealCluster
 from tests.e2e.helpers import SLOTS_PER_CARD, ledger, namespace, pod, running, share
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -7,11 +7,11 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import Fleet, parse_fleet
-from gpuledger_common.natsserver import NatsServer, embedded_nats
+from gpuledger_dev.fake_apiserver import FakeApiServer
+from gpuledger_dev.fleet import Fleet, parse_fleet
+from gpuledger_dev.natsserver import NatsServer, embedded_nats
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
+from tests.support.replicas import RunningAllocator, running_allocator, wait_for
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from gpuledger_testing.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 def open_sockets() -> set[str]:

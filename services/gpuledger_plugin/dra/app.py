@@ -19,8 +19,8 @@ from gpuledger_common.settings import describe
 from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_core.errors import Unavailable
 from gpuledger_plugin.dra.cdi import Mps
+from gpuledger_plugin.dra.claim_check import LedgerEntryCheck
 from gpuledger_plugin.dra.kube import ClaimApi, KubeClaimApi
-from gpuledger_plugin.dra.ledger import LedgerEntryCheck
 from gpuledger_plugin.dra.prepare import LedgerCheck, Preparer
 from gpuledger_plugin.dra.server import DraPluginV1, DraPluginV1Beta1, Registration
 from gpuledger_plugin.dra.settings import DraSettings

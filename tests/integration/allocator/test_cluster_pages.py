@@ -10,11 +10,11 @@ from nats.aio.client import Client
 from gpuledger_cli.__main__ import parser
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_core.errors import InvalidArgument
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.stack import running_allocator, wait_for
+from tests.support.replicas import running_allocator, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 NODES = 7

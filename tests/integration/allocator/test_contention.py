@@ -3,7 +3,7 @@ next write goes (docs/ledger.md, "Several replicas").
 
 A followed store (a watch feeds it) that lost a race takes the winning value from its watch
 instead of reading the key; a reservation whose race was lost tries the next node first; the
-built-in placer ranks a node another process has just written after the others.
+built-in finder ranks a node another process has just written after the others.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 
 from nats.aio.client import Client
 
-from gpuledger_allocator.placer import BuiltinPlacer
+from gpuledger_allocator.finder import BuiltinFinder
 from gpuledger_allocator.service import AllocateCall, AllocatorService
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common.store import Following, LedgerStore, Transition
@@ -21,7 +21,7 @@ from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, Card, Node, Owner, OwnerKind, Request
-from gpuledger_testing.stack import wait_for
+from tests.support.replicas import wait_for
 
 N1, N2 = NodeName("n1"), NodeName("n2")
 MIB = 16_000
@@ -167,7 +167,7 @@ async def test_the_store_names_the_nodes_another_process_wrote_lately_not_its_ow
         await following.stop()
 
 
-async def test_the_builtin_placer_ranks_a_node_another_replica_just_wrote_after_the_others(nc: Client) -> None:
+async def test_the_builtin_finder_ranks_a_node_another_replica_just_wrote_after_the_others(nc: Client) -> None:
     a, b = await LedgerStore.open(nc), await LedgerStore.open(nc)
     await a.mutate(N1, lambda _: empty(N1))
     await a.mutate(N2, lambda _: empty(N2))
@@ -178,7 +178,7 @@ async def test_the_builtin_placer_ranks_a_node_another_replica_just_wrote_after_
         mine = await a.mutate(N1, take(N1, "a1", 4000))  # n1 the fuller, written by a itself
         await known_at(a, N1, mine.revision)
         asks = [ContainerAsk("", Request(mem_mib=1000))]
-        spreading, packing = BuiltinPlacer(won_elsewhere_s=60.0), BuiltinPlacer(won_elsewhere_s=0.0)
+        spreading, packing = BuiltinFinder(won_elsewhere_s=60.0), BuiltinFinder(won_elsewhere_s=0.0)
         assert [c.node for c in await spreading.candidates(view, asks)] == [N1, N2]
         theirs = await b.mutate(N1, take(N1, "b1", 1000))  # another replica wins n1
         await known_at(a, N1, theirs.revision)
@@ -202,7 +202,7 @@ async def stale_service(nc: Client, fill_n2: bool) -> tuple[AllocatorService, Le
         ledger, revision = await a.read(node)
         view.apply(node, ledger, revision)
     await b.mutate(N1, take(N1, "b3", 1000))  # the replica has not seen this
-    return AllocatorService(a, view, BuiltinPlacer()), b
+    return AllocatorService(a, view, BuiltinFinder()), b
 
 
 def one_card(owner: str, mem: int) -> AllocateCall:

@@ -13,12 +13,12 @@ from grpclib.exceptions import StreamTerminatedError
 from nats.aio.client import Client
 
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import Fleet
-from gpuledger_common.natsserver import NatsServer, free_port
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.model import AllocState
+from gpuledger_dev.fleet import Fleet
+from gpuledger_dev.natsserver import NatsServer, free_port
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.stack import answers, running_allocator, wait_for
+from tests.support.replicas import answers, running_allocator, wait_for
 
 LEASE_S = 1
 

@@ -9,7 +9,7 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.stack import RunningAllocator, wait_for
+from tests.support.replicas import RunningAllocator, wait_for
 
 
 def tool(

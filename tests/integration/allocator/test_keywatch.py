@@ -18,8 +18,8 @@ from gpuledger_common.store.keywatch import KeyWatch, WatchLost
 from gpuledger_core.ids import CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Card, Node
-from gpuledger_testing.stack import wait_for
-from gpuledger_testing.waiting import polled
+from tests.support.replicas import wait_for
+from tests.support.waiting import polled
 
 from ..leftovers import running_tasks
 

@@ -10,7 +10,7 @@ from nats.aio.msg import Msg
 
 from gpuledger_common import bus
 from gpuledger_core.errors import Exhausted, InvalidArgument, NotFound
-from gpuledger_testing.stack import RunningAllocator, wait_for
+from tests.support.replicas import RunningAllocator, wait_for
 
 SUBJECT = "gpuledger.v1.allocator"
 

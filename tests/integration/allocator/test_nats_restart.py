@@ -15,10 +15,10 @@ from prometheus_client import REGISTRY
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import NatsServer, free_port
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.natsserver import NatsServer, free_port
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.stack import running_allocator, wait_for
+from tests.support.replicas import running_allocator, wait_for
 
 from ..conftest import FLEET
 

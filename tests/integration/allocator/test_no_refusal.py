@@ -15,12 +15,12 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Exhausted
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_placement.service import RANKED
-from gpuledger_testing.stack import running_allocator, running_placement, wait_for
+from tests.support.replicas import running_allocator, running_placement, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 NODES = 4 * RANKED  # one card each: a burst of NODES requests needs every node

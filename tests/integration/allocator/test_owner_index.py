@@ -11,19 +11,19 @@ from dataclasses import replace
 import pytest
 from nats.aio.client import Client
 
-from gpuledger_allocator.placer import BuiltinPlacer
+from gpuledger_allocator.finder import BuiltinFinder
 from gpuledger_allocator.service import AllocateCall, AllocatorService
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import bus
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import RELEASED_KEPT, NodeLedger
 from gpuledger_core.model import Allocation, AllocState, Owner, OwnerKind, Request
-from gpuledger_testing.stack import wait_for
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.natsserver import NatsServer
+from tests.support.replicas import wait_for
 
 FLEET = "nodes:\n  - name: n0\n    profile: a100-sxm-8\n  - name: n1\n    profile: a100-sxm-8\n"
 
@@ -47,7 +47,7 @@ async def service(nc: Client) -> AsyncIterator[AllocatorService]:
     view = ClusterView(store)
     watching = asyncio.create_task(view.run())
     await view.ready.wait()
-    yield AllocatorService(store, view, BuiltinPlacer())
+    yield AllocatorService(store, view, BuiltinFinder())
     watching.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await watching
@@ -242,7 +242,7 @@ async def test_one_owner_asking_three_replicas_at_once_gets_one_allocation(nc: C
             view = ClusterView(store)
             watchers.append(asyncio.create_task(view.run()))
             await view.ready.wait()
-            replicas.append(AllocatorService(store, view, BuiltinPlacer()))
+            replicas.append(AllocatorService(store, view, BuiltinFinder()))
         for round_ in range(5):
             owner = Owner(OwnerKind.TOOL, f"storm-{round_}")
             answers = await asyncio.gather(*(replicas[i % 3].allocate(call(owner, 2)) for i in range(9)))

@@ -14,18 +14,18 @@ from prometheus_client import REGISTRY
 from gpuledger_allocator.kube import ALLOCATION_ANNOTATION, Expired, KubePodLister
 from gpuledger_allocator.podcache import PodCache
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import Fleet
 from gpuledger_common.kubeconfig import from_file
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore, node_key
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, AllocState, CardShare, Grant, Owner, OwnerKind
+from gpuledger_dev.fake_apiserver import FakeApiServer
+from gpuledger_dev.fleet import Fleet
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_placement import convert
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
+from tests.support.replicas import RunningAllocator, running_allocator, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 NODE = NodeName("rtx-0")

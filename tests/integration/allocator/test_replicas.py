@@ -13,13 +13,13 @@ from prometheus_client import REGISTRY
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import Fleet, parse_fleet
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.model import CORE_WHOLE
+from gpuledger_dev.fleet import Fleet, parse_fleet
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
+from tests.support.replicas import RunningAllocator, running_allocator, wait_for
 
 REPLICAS = 3
 CLIENTS = 24

@@ -10,9 +10,9 @@ import pytest
 
 from gpuledger_allocator.app import serve
 from gpuledger_allocator.settings import AllocatorSettings
-from gpuledger_common.natsserver import NatsServer, free_port
+from gpuledger_dev.natsserver import NatsServer, free_port
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.stack import RunningAllocator, answers, wait_for
+from tests.support.replicas import RunningAllocator, answers, wait_for
 
 from ..leftovers import Before, free, in_use, taken_port
 

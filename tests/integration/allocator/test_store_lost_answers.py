@@ -13,14 +13,14 @@ import pytest
 from nats.aio.client import Client
 
 from gpuledger_common import bus
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore, Transition
 from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, Card, Node, Owner, OwnerKind, Request
-from gpuledger_testing.held_link import HeldLink
-from gpuledger_testing.stack import wait_for
+from gpuledger_dev.natsserver import NatsServer
+from tests.support.held_link import HeldLink
+from tests.support.replicas import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 NODE = NodeName("n1")

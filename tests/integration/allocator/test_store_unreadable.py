@@ -17,17 +17,17 @@ from grpclib import GRPCError, Status
 from nats.aio.client import Client
 from prometheus_client import REGISTRY
 
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore, node_key
 from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Node
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_allocator, running_placement, wait_for
-from gpuledger_testing.waiting import polled
+from tests.support.replicas import RunningAllocator, RunningPlacement, running_allocator, running_placement, wait_for
+from tests.support.waiting import polled
 
 from ..placement.helpers import args, gpu_pod, post
 

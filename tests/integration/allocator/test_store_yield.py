@@ -20,7 +20,7 @@ from gpuledger_common.natsauth import LEDGER_YIELD
 from gpuledger_common.store import LEDGER_BUCKET, LedgerStore, node_key
 from gpuledger_common.store.writes import Writes
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_testing.waiting import polled, wait_for
+from tests.support.waiting import polled, wait_for
 
 from .test_store import NODE, ledger, take
 from .test_store_batches import held

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.browser import chromium
-from gpuledger_testing.stack import RunningAllocator
+from tests.support.browser import chromium
+from tests.support.replicas import RunningAllocator
 
 CARDS = "[...document.querySelectorAll('.card')]"
 DETAILS = "document.getElementById('details')"

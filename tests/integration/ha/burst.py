@@ -20,14 +20,14 @@ from grpclib import GRPCError
 from grpclib.const import Status
 from nats.aio.client import Client
 
-from gpuledger_cli.client import DEFAULT_TIMEOUT_S
+from gpuledger_common.allocator_client import DEFAULT_TIMEOUT_S
 from gpuledger_common.store import LEDGER_BUCKET
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import AllocState
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.ledger_check import check
-from gpuledger_testing.stack import RunningAllocator
-from gpuledger_testing.waiting import cancelled
+from tests.support.ledger_check import check
+from tests.support.replicas import RunningAllocator
+from tests.support.waiting import cancelled
 
 DEADLINE_S = DEFAULT_TIMEOUT_S  # each client's gRPC deadline, as the CLI's
 LEASE_S = 16  # longer than an Allocate's outage window: a reservation waiting for its commit lives on

@@ -14,14 +14,14 @@ from nats.js.errors import NotFoundError
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import Fleet, parse_fleet
 from gpuledger_common.store import LEDGER_BUCKET, OWNER_BUCKET, LedgerStore
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_dev.fleet import Fleet, parse_fleet
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.ledger_check import ledger_through_leader
-from gpuledger_testing.nats_cluster import Member, NatsCluster, nats_cluster, stream_leader, wait_current
-from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for, where_it_waits
+from tests.support.ledger_check import ledger_through_leader
+from tests.support.nats_cluster import Member, NatsCluster, nats_cluster, stream_leader, wait_current
+from tests.support.replicas import RunningAllocator, running_allocator, wait_for, where_it_waits
 
 REPLICAS = 3
 # nats-py drops the stream of a reconnect attempt that a restarting server cut off before its INFO

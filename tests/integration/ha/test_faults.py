@@ -17,9 +17,9 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.store.outage import RETRY_S
-from gpuledger_testing.nats_cluster import NatsCluster, stream_cluster, stream_leader
-from gpuledger_testing.stack import RunningAllocator, wait_for
-from gpuledger_testing.waiting import polled
+from tests.support.nats_cluster import NatsCluster, stream_cluster, stream_leader
+from tests.support.replicas import RunningAllocator, wait_for
+from tests.support.waiting import polled
 
 from .burst import DEADLINE_S, LEASE_S, Burst, Probe, verify
 from .conftest import NATS_RECONNECT_LEAK, STREAMS, all_current, allocation_history, read_ledger

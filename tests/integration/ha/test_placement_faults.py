@@ -19,10 +19,10 @@ import aiohttp
 import pytest
 from nats.aio.client import Client
 
-from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.ledger_check import check
-from gpuledger_testing.nats_cluster import NatsCluster, stream_leader
-from gpuledger_testing.stack import RunningAllocator, running_placement, wait_for
+from gpuledger_dev.fake_apiserver import FakeApiServer
+from tests.support.ledger_check import check
+from tests.support.nats_cluster import NatsCluster, stream_leader
+from tests.support.replicas import RunningAllocator, running_placement, wait_for
 
 from ..placement.helpers import args, bind_args, gpu_pod, post
 from .conftest import NATS_RECONNECT_LEAK, STREAMS, all_current, read_ledger

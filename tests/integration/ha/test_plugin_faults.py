@@ -36,15 +36,15 @@ from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, with_node
 from gpuledger_core.model import Allocation, AllocState, Health, Owner, OwnerKind, Request
-from gpuledger_core.placement.api import make_policy
+from gpuledger_core.packing.api import make_policy
 from gpuledger_core.pods import PodAsk, reserve_pod
+from gpuledger_dev.fake_kubelet import AdmissionError, Admitted, FakeContainer, FakeKubelet, FakePod
 from gpuledger_plugin.app import running
 from gpuledger_plugin.settings import PluginSettings
-from gpuledger_testing.fake_kubelet import AdmissionError, Admitted, FakeContainer, FakeKubelet, FakePod
-from gpuledger_testing.ledger_check import check
-from gpuledger_testing.nats_cluster import NatsCluster, stream_leader
-from gpuledger_testing.stack import RunningAllocator, wait_for
-from gpuledger_testing.waiting import polled
+from tests.support.ledger_check import check
+from tests.support.nats_cluster import NatsCluster, stream_leader
+from tests.support.replicas import RunningAllocator, wait_for
+from tests.support.waiting import polled
 
 from ..placement.helpers import gpu_pod
 from ..plugin.conftest import dirs, pod, settings_for

@@ -13,11 +13,11 @@ import pytest
 from nats.aio.client import Client
 
 from gpuledger_common import bus
-from gpuledger_common.natsserver import free_port
 from gpuledger_common.store import LedgerStore
+from gpuledger_dev.natsserver import free_port
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.nats_cluster import NatsCluster
-from gpuledger_testing.stack import running_allocator, wait_for
+from tests.support.nats_cluster import NatsCluster
+from tests.support.replicas import running_allocator, wait_for
 
 from .conftest import NATS_RECONNECT_LEAK, REPLICAS, all_current, first_server_down
 

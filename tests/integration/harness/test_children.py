@@ -1,4 +1,4 @@
-"""What the fixtures start dies with the run, however the run ends (gpuledger_common.children): a
+"""What the fixtures start dies with the run, however the run ends (gpuledger_dev.children): a
 pytest run whose fixture started a nats-server, a control-plane process (from a worker thread, as
 ``RealCluster`` starts its control plane) and a service of the local stack is killed with SIGKILL,
 SIGTERM or SIGINT, and afterwards none of those processes is left."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger_common import children
-from gpuledger_testing.waiting import polled, wait_for
+from gpuledger_dev import children
+from tests.support.waiting import polled, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger_cli.dev.processes import Supervisor
-from gpuledger_common.natsserver import embedded_nats
-from gpuledger_testing.controlplane.cluster import Process
+from gpuledger_dev.processes import Supervisor
+from gpuledger_dev.natsserver import embedded_nats
+from gpuledger_dev.controlplane.cluster import Process
 
 
 @pytest.fixture

@@ -18,19 +18,19 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from gpuledger_common import bus, inventory_api
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import NatsServer, embedded_nats
 from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument, NotFound
 from gpuledger_core.model import Health, Node
+from gpuledger_dev.fake_nvml import FakeNvml, ManualClock
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.fleet_script import node_script
+from gpuledger_dev.natsserver import NatsServer, embedded_nats
 from gpuledger_inventory.app import Running, serve
 from gpuledger_inventory.labels import PREFIX
 from gpuledger_inventory.nvml import NvmlGpus
 from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.state import Host
-from gpuledger_testing.fake_kube import FakeNodeApi
-from gpuledger_testing.fake_nvml import FakeNvml, ManualClock
-from gpuledger_testing.fleet_sim import node_sim
+from tests.support.fake_kube import FakeNodeApi
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -106,7 +106,7 @@ async def nats_server() -> AsyncIterator[NatsServer]:
 
 @pytest.fixture
 async def stack(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Stack]:
-    sim = node_sim(parse_fleet(FLEET, "fleet.yaml"), "gpu-a")
+    sim = node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a")
     fake = FakeNvml(sim, clock=ManualClock())
     gpus = NvmlGpus(fake, fake.numa_node, "fake")
     kube = FakeNodeApi({"gpu-a": {"kubernetes.io/hostname": "gpu-a", f"{PREFIX}stale": "x"}})
@@ -248,7 +248,7 @@ async def heartbeat_seen(url: str) -> None:
 
 
 async def test_the_service_survives_the_loss_of_nats(nats_server: NatsServer) -> None:
-    sim = node_sim(parse_fleet(FLEET, "fleet.yaml"), "gpu-a")
+    sim = node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a")
     fake = FakeNvml(sim, clock=ManualClock())
     stop = asyncio.Event()
     task = asyncio.create_task(

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import NatsServer
+from gpuledger_dev.fake_nvml import FakeNvml
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.fleet_script import node_script
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.app import serve
 from gpuledger_inventory.nvml import NvmlGpus
 from gpuledger_inventory.settings import InventorySettings
-from gpuledger_testing.fake_nvml import FakeNvml
-from gpuledger_testing.fleet_sim import node_sim
 
 from ..leftovers import Before, in_use, taken_port
 
@@ -25,7 +25,7 @@ FLEET = "nodes:\n  - name: gpu-a\n    profile: rtx3090-1\n"
 
 
 async def test_a_taken_http_port_stops_what_had_started(nats_server: NatsServer) -> None:
-    fake = FakeNvml(node_sim(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"))
+    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"))
     gpus = NvmlGpus(fake, fake.numa_node, "fake")
     with taken_port() as port:
         settings = InventorySettings(

@@ -12,15 +12,15 @@ import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import NatsServer
+from gpuledger_dev.fake_nvml import FakeNvml, ManualClock
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.fleet_script import node_script
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.app import serve
 from gpuledger_inventory.nvml import NvmlGpus
 from gpuledger_inventory.state import Host
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.fake_nvml import FakeNvml, ManualClock
-from gpuledger_testing.fleet_sim import node_sim
-from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
+from tests.support.replicas import RunningAllocator, running_allocator, wait_for
 
 from .test_inventory_service import FLEET, settings
 
@@ -54,7 +54,7 @@ async def allocator(nats_server: NatsServer) -> AsyncIterator[RunningAllocator]:
 async def test_the_allocator_sees_inventory_health_and_foreign_usage(
     nats_server: NatsServer, allocator: RunningAllocator
 ) -> None:
-    fake = FakeNvml(node_sim(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
     api = allocator.stub()
     async with inventory(nats_server.url, fake):
         two = await wait_for(lambda: card(api, 2), what="gpu-a in the ledger")
@@ -116,7 +116,7 @@ async def test_the_allocator_sees_inventory_health_and_foreign_usage(
 
 
 async def test_a_silent_node_goes_stale_and_comes_back(nats_server: NatsServer, allocator: RunningAllocator) -> None:
-    fake = FakeNvml(node_sim(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
     api = allocator.stub()
     request = pb.AllocateRequest(
         owner=pb.Owner(kind="tool", id="after-silence"),

@@ -6,9 +6,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gpuledger_common.natsserver import NatsServer
-from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_placement
+from gpuledger_dev.fake_apiserver import FakeApiServer
+from gpuledger_dev.natsserver import NatsServer
+from tests.support.replicas import RunningAllocator, RunningPlacement, running_placement
 
 
 @pytest.fixture

@@ -13,16 +13,16 @@ import pytest
 from nats.aio.client import Client
 
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import Fleet
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core import codec
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, AllocState, Owner, OwnerKind
 from gpuledger_core.slots import card_of
+from gpuledger_dev.fake_apiserver import FakeApiServer
+from gpuledger_dev.fleet import Fleet
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.stack import (
+from tests.support.replicas import (
     RunningAllocator,
     RunningPlacement,
     running_allocator,

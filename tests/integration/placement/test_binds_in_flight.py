@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from prometheus_client import REGISTRY
 
-from gpuledger_common.fleet import Fleet, parse_fleet
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.slots import card_of
-from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.stack import RunningPlacement
+from gpuledger_dev.fake_apiserver import FakeApiServer
+from gpuledger_dev.fleet import Fleet, parse_fleet
+from tests.support.replicas import RunningPlacement
 
 from .helpers import args, bind_args, gpu_pod, post
 

@@ -15,17 +15,17 @@ import pytest
 from nats.aio.client import Client
 from prometheus_client import REGISTRY
 
-from gpuledger_common.fleet import Fleet
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core import claims
 from gpuledger_core.claims import AllocatedDevice, ClaimRef
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation
+from gpuledger_dev.fleet import Fleet
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_placement.claims import ClaimsController
 from gpuledger_placement.view import FleetView
-from gpuledger_testing.waiting import polled, wait_for
+from tests.support.waiting import polled, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 FAILURES = "gpuledger_placement_claim_orphan_release_failures_total"

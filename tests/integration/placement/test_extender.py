@@ -7,9 +7,9 @@ import time
 import aiohttp
 import pytest
 
-from gpuledger_common.natsserver import NatsServer
-from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_placement, wait_for
+from gpuledger_dev.fake_apiserver import FakeApiServer
+from gpuledger_dev.natsserver import NatsServer
+from tests.support.replicas import RunningAllocator, RunningPlacement, running_placement, wait_for
 
 from .helpers import args, bind_args, gpu_pod, post
 

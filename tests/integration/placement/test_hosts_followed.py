@@ -12,10 +12,10 @@ import pytest
 from nats.aio.client import Client
 
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import parse_fleet
-from gpuledger_common.natsserver import NatsServer
-from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_placement, wait_for
+from gpuledger_dev.fake_apiserver import FakeApiServer
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.natsserver import NatsServer
+from tests.support.replicas import RunningAllocator, RunningPlacement, running_placement, wait_for
 
 from .helpers import args, gpu_pod, post
 

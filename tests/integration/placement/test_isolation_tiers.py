@@ -13,14 +13,14 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import Fleet
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.usage import node_use
-from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_allocator, wait_for
+from gpuledger_dev.fake_apiserver import FakeApiServer
+from gpuledger_dev.fleet import Fleet
+from gpuledger_dev.natsserver import NatsServer
+from tests.support.replicas import RunningAllocator, RunningPlacement, running_allocator, wait_for
 
 from .helpers import args, bind_args, gpu_pod, post
 

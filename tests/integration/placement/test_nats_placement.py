@@ -10,18 +10,18 @@ import pytest
 from nats.aio.client import Client
 from prometheus_client import REGISTRY
 
-from gpuledger_allocator.placer import BuiltinPlacer, NatsPlacer
+from gpuledger_allocator.finder import BuiltinFinder, PlacementFinder
 from gpuledger_allocator.service import Candidate
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import bus
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Exhausted, InvalidArgument
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Node, Request
 from gpuledger_core.slots import device_id
-from gpuledger_testing.stack import RunningAllocator, running_placement, wait_for
+from gpuledger_dev.natsserver import NatsServer
+from tests.support.replicas import RunningAllocator, running_placement, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 ONE_CARD = (ContainerAsk("", Request(count=1)),)
@@ -108,10 +108,10 @@ async def test_a_restarted_placement_counts_the_ledger_as_its_workload(
         assert message == "workload seeded from the ledger: 2 live allocation(s)"
 
 
-async def _candidates(placer: NatsPlacer, view: ClusterView) -> list[Candidate]:
-    """The placer's candidates, as the allocator asks while it answers a request."""
+async def _candidates(finder: PlacementFinder, view: ClusterView) -> list[Candidate]:
+    """The finder's candidates, as the allocator asks while it answers a request."""
     with bus.answering() as replied:
-        found = await placer.candidates(view, ONE_CARD)
+        found = await finder.candidates(view, ONE_CARD)
         replied()
     return found
 
@@ -122,22 +122,22 @@ async def test_an_answer_asked_ahead_is_taken_only_while_the_ledger_is_unchanged
     view = ClusterView(await LedgerStore.open(nc))
     watching = asyncio.create_task(view.run())
     await view.ready.wait()
-    placer = NatsPlacer(nc, timeout_s=5.0, retry_s=0.0, fallback=BuiltinPlacer())
+    finder = PlacementFinder(nc, timeout_s=5.0, retry_s=0.0, fallback=BuiltinFinder())
     try:
         async with running_placement(nats_server.url, policy="binpack"):
-            await _candidates(placer, view)  # asked during the request; the next answer is asked after it
-            await placer.settle()
-            assert (placer.answered, placer.taken_ahead) == (1, 0)
+            await _candidates(finder, view)  # asked during the request; the next answer is asked after it
+            await finder.settle()
+            assert (finder.answered, finder.taken_ahead) == (1, 0)
             direct = await bus.request(nc, "gpuledger.v1.placement.place", {"containers": containers(1)})
             assert direct["revision"] == view.revisions[direct["node"]]  # the revision placement judged
 
-            taken = await _candidates(placer, view)  # nothing changed: no hop to placement
-            assert (placer.answered, placer.taken_ahead) == (1, 1)
+            taken = await _candidates(finder, view)  # nothing changed: no hop to placement
+            assert (finder.answered, finder.taken_ahead) == (1, 1)
             assert taken[0] == Candidate(direct["node"], tuple(tuple(c["cards"]) for c in direct["containers"]))
             assert [c.node for c in taken] == direct["ranked"]
 
             # A change anywhere in the ledger (here on another node than the one named) voids it.
-            await placer.settle()
+            await finder.settle()
             applied = view.applied
             other = await allocate(nc, "elsewhere", 2)
             assert other["node"] != direct["node"]
@@ -146,33 +146,33 @@ async def test_an_answer_asked_ahead_is_taken_only_while_the_ledger_is_unchanged
                 return view.applied > applied
 
             await wait_for(seen, what="the change in the view")
-            await _candidates(placer, view)
-            assert (placer.answered, placer.taken_ahead) == (2, 1)
+            await _candidates(finder, view)
+            assert (finder.answered, finder.taken_ahead) == (2, 1)
 
             # So does a write of this process, even before its view hears of it.
-            await placer.settle()
+            await finder.settle()
 
             def released(ledger: NodeLedger | None) -> NodeLedger:
                 assert ledger is not None
                 return release(ledger, other["id"], time.time())
 
             await view.store.mutate(other["node"], released)
-            await _candidates(placer, view)
-            assert (placer.answered, placer.taken_ahead) == (3, 1)
+            await _candidates(finder, view)
+            assert (finder.answered, finder.taken_ahead) == (3, 1)
 
             # An answer older than ahead_s is not taken either.
-            await placer.settle()
-            placer.ahead_s = 0.05
+            await finder.settle()
+            finder.ahead_s = 0.05
             await asyncio.sleep(0.1)
-            await _candidates(placer, view)
-            assert (placer.answered, placer.taken_ahead) == (4, 1)
-            placer.ahead_s = 0.0  # and with 0 nothing is asked ahead: every request asks placement
-            await placer.settle()
+            await _candidates(finder, view)
+            assert (finder.answered, finder.taken_ahead) == (4, 1)
+            finder.ahead_s = 0.0  # and with 0 nothing is asked ahead: every request asks placement
+            await finder.settle()
             for asked in (5, 6):
-                await _candidates(placer, view)
-                assert (placer.answered, placer.taken_ahead) == (asked, 1)
+                await _candidates(finder, view)
+                assert (finder.answered, finder.taken_ahead) == (asked, 1)
     finally:
-        await placer.stop()
+        await finder.stop()
         watching.cancel()
 
 

@@ -10,8 +10,8 @@ import sys
 import aiohttp
 import pytest
 
-from gpuledger_common.natsserver import NatsServer, free_port
-from gpuledger_testing.stack import RunningAllocator, wait_for
+from gpuledger_dev.natsserver import NatsServer, free_port
+from tests.support.replicas import RunningAllocator, wait_for
 
 from .helpers import args, gpu_pod, post
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger_common.natsserver import NatsServer, free_port
+from gpuledger_dev.extender_pki import ExtenderPki
+from gpuledger_dev.natsserver import NatsServer, free_port
 from gpuledger_placement.app import serve
 from gpuledger_placement.settings import PlacementSettings
-from gpuledger_testing.extender_pki import ExtenderPki
-from gpuledger_testing.stack import RunningAllocator
+from tests.support.replicas import RunningAllocator
 
 from ..leftovers import Before, free, in_use, taken_port
 

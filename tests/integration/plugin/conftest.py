@@ -14,7 +14,6 @@ import pytest
 from nats.aio.client import Client
 
 from gpuledger_common import bus
-from gpuledger_common.natsserver import NatsServer, embedded_nats
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
@@ -31,9 +30,10 @@ from gpuledger_core.model import (
     PcieLevel,
 )
 from gpuledger_core.slots import assign_device_ids
+from gpuledger_dev.fake_kubelet import FakeContainer, FakeKubelet, FakePod
+from gpuledger_dev.natsserver import NatsServer, embedded_nats
 from gpuledger_plugin.app import Running, running
 from gpuledger_plugin.settings import PluginSettings
-from gpuledger_testing.fake_kubelet import FakeContainer, FakeKubelet, FakePod
 
 NODE = "n1"
 SLOTS = 4

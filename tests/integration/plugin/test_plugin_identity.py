@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from gpuledger_core.model import Allocation, AllocState, CardShare, Isolation
+from gpuledger_dev.fake_kubelet import AdmissionError, Admitted, FakeContainer, FakePod
 from gpuledger_plugin.metrics import IDENTITY
-from gpuledger_testing.fake_kubelet import AdmissionError, Admitted, FakeContainer, FakePod
 
 from .conftest import Stack, pod, share
 

@@ -9,7 +9,7 @@ import pytest
 
 from gpuledger_core.ledger import NodeLedger, with_node
 from gpuledger_core.model import Health
-from gpuledger_testing.fake_kubelet import FakeContainer
+from gpuledger_dev.fake_kubelet import FakeContainer
 
 from .conftest import CARDS, SLOTS, Stack, pod, share
 

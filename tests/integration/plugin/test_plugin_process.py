@@ -11,9 +11,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gpuledger_common.natsserver import NatsServer, free_port
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_testing.fake_kubelet import FakeContainer, FakeKubelet
+from gpuledger_dev.fake_kubelet import FakeContainer, FakeKubelet
+from gpuledger_dev.natsserver import NatsServer, free_port
 
 from .conftest import CARDS, NODE, SLOTS, Stack, make_node, pod, share
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from gpuledger_common import bus
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
+from gpuledger_dev.natsserver import NatsServer
 from gpuledger_plugin.app import serve
 from gpuledger_plugin.dra.app import running as running_dra
 from gpuledger_plugin.dra.settings import DraSettings

@@ -17,14 +17,14 @@ import aiohttp
 import pytest
 from nats.aio.client import Client
 
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_testing.extender_pki import ExtenderPki
-from gpuledger_testing.fake_apiserver import FakeApiServer
-from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_placement
+from gpuledger_dev.extender_pki import ExtenderPki
+from gpuledger_dev.fake_apiserver import FakeApiServer
+from gpuledger_dev.natsserver import NatsServer
 from tests.integration.placement.helpers import args, bind_args, gpu_pod
 from tests.integration.security.h2client import h2_calls
+from tests.support.replicas import RunningAllocator, RunningPlacement, running_placement
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 NODES = ["h100-0", "p4-0"]

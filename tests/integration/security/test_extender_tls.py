@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 from prometheus_client import REGISTRY
 
-from gpuledger_common.natsserver import NatsServer
-from gpuledger_testing.extender_pki import ExtenderPki
-from gpuledger_testing.stack import RunningAllocator, RunningPlacement, running_placement
-from gpuledger_testing.tlsca import ThrowawayCa
+from gpuledger_dev.extender_pki import ExtenderPki
+from gpuledger_dev.natsserver import NatsServer
+from gpuledger_dev.tlsca import ThrowawayCa
 from tests.integration.placement.helpers import args, gpu_pod
 from tests.integration.security.h2client import h2_calls
+from tests.support.replicas import RunningAllocator, RunningPlacement, running_placement
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 NODES = ["h100-0", "p4-0"]

@@ -20,12 +20,12 @@ from grpclib.exceptions import StreamTerminatedError
 from nats.aio.client import Client
 
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import Fleet
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.tls import client_context
+from gpuledger_dev.fleet import Fleet
+from gpuledger_dev.natsserver import NatsServer
+from gpuledger_dev.tlsca import Issued, ThrowawayCa
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.stack import RunningAllocator, running_allocator, wait_for
-from gpuledger_testing.tlsca import Issued, ThrowawayCa
+from tests.support.replicas import RunningAllocator, running_allocator, wait_for
 
 # The server checks the client's certificate after a TLS 1.3 client has finished its side of the
 # handshake: the refusal reaches the client as the connection closing under its first call.

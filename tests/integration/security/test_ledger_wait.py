@@ -14,7 +14,7 @@ from gpuledger_common.natsauth import Role
 from gpuledger_common.store import LedgerStore
 from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_core.errors import Unavailable
-from gpuledger_testing.secure_nats import secure_nats
+from gpuledger_dev.secure_nats import secure_nats
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger_common.natsserver import NatsServer
 from gpuledger_common.tls import client_context
-from gpuledger_testing.extender_pki import ExtenderPki
-from gpuledger_testing.stack import RunningAllocator, running_allocator, running_placement
-from gpuledger_testing.tlsca import ThrowawayCa
+from gpuledger_dev.extender_pki import ExtenderPki
+from gpuledger_dev.natsserver import NatsServer
+from gpuledger_dev.tlsca import ThrowawayCa
+from tests.support.replicas import RunningAllocator, running_allocator, running_placement
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 LISTEN = "0A"  # the state column of a listening socket

@@ -10,9 +10,9 @@ from gpuledger_cli.natsconfig import main
 from gpuledger_common import bus
 from gpuledger_common.natsauth import tls_conf
 from gpuledger_common.natscreds import NatsCredentials
-from gpuledger_common.natsserver import NatsServer, free_port
 from gpuledger_core.errors import Unavailable
-from gpuledger_testing.tlsca import ThrowawayCa
+from gpuledger_dev.natsserver import NatsServer, free_port
+from gpuledger_dev.tlsca import ThrowawayCa
 
 
 def test_passwords_are_kept_when_a_node_is_added(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import Fleet, parse_fleet
 from gpuledger_common.natsauth import Role
 from gpuledger_common.natscreds import NatsCredentials
 from gpuledger_common.store import LedgerStore, Transition, node_key
@@ -26,11 +25,12 @@ from gpuledger_core import codec
 from gpuledger_core.errors import GpuledgerError, Unavailable
 from gpuledger_core.ledger import NodeLedger, with_node
 from gpuledger_core.model import Node
+from gpuledger_dev.fleet import Fleet, parse_fleet
+from gpuledger_dev.secure_nats import SecureNats, secure_nats
+from gpuledger_dev.tlsca import ThrowawayCa
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.secure_nats import SecureNats, secure_nats
-from gpuledger_testing.stack import running_allocator
-from gpuledger_testing.tlsca import ThrowawayCa
-from gpuledger_testing.waiting import wait_for
+from tests.support.replicas import running_allocator
+from tests.support.waiting import wait_for
 
 FLEET = """
 nodes:

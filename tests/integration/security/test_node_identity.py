@@ -7,7 +7,7 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_placement.view import FleetView
-from gpuledger_testing.waiting import wait_for
+from tests.support.waiting import wait_for
 
 
 async def test_placement_takes_a_heartbeat_only_from_its_nodes_subject(nc: Client) -> None:

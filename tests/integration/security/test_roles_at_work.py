@@ -16,18 +16,18 @@ from nats.aio.client import Client
 
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
-from gpuledger_common.fleet import parse_fleet
 from gpuledger_common.inventory_api import set_card_health
 from gpuledger_common.natsauth import Role
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.secure_nats import SecureNats, secure_nats
 from gpuledger_inventory.app import serve as serve_inventory
 from gpuledger_inventory.settings import InventorySettings
-from gpuledger_plugin.ledger import StoreLedger
+from gpuledger_plugin.ledger_port import StoreLedger
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from gpuledger_testing.secure_nats import SecureNats, secure_nats
-from gpuledger_testing.stack import running_allocator, running_placement, wait_for
+from tests.support.replicas import running_allocator, running_placement, wait_for
 
 FLEET_YAML = """
 nodes:

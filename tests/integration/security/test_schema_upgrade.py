@@ -16,11 +16,11 @@ import pytest
 from nats.aio.client import Client
 
 from gpuledger_common import bus
-from gpuledger_common.fleet import Fleet
 from gpuledger_common.store import LedgerStore, node_key
 from gpuledger_core import codec
 from gpuledger_core.errors import FailedPrecondition
 from gpuledger_core.ledger import NodeLedger, with_node
+from gpuledger_dev.fleet import Fleet
 
 # libs/gpuledger_core/codec.py of 67708c1, the last commit whose codec wrote no schema
 OLD_CODEC = Path(__file__).with_name("data") / "codec_before_schemas.py.txt"

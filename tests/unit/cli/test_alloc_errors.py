@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpuledger_cli.__main__ import main
-from gpuledger_common.natsserver import free_port
+from gpuledger_dev.natsserver import free_port
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuledger_cli import render
+from gpuledger_common import render
 from gpuledger_core.ids import NodeName
 from gpuledger_core.status import NodeStatus
 

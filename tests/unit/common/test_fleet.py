@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger_common.fleet import FleetError, card_uuid, load_fleet, parse_fleet
 from gpuledger_common.profiles import PROFILES
 from gpuledger_core.model import Link, PcieLevel
+from gpuledger_dev.fleet import FleetError, card_uuid, load_fleet, parse_fleet
 
 
 def _fleet(text: str) -> str:
@@ -121,7 +121,7 @@ def test_a_profile_can_be_overridden() -> None:
 
 
 def test_the_packaged_dev_fleet_loads() -> None:
-    text = (resources.files("gpuledger_common") / "fleets" / "dev.yaml").read_text(encoding="utf-8")
+    text = (resources.files("gpuledger_dev") / "fleets" / "dev.yaml").read_text(encoding="utf-8")
     fleet = parse_fleet(text, "dev.yaml")
     assert [n.node.name for n in fleet.nodes] == ["rtx-0", "p4-0", "h100-0"]
     assert fleet.node("p4-0").profile == "tesla-p4-2"

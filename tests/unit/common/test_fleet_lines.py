@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger_common.fleet import FleetError, parse_fleet
+from gpuledger_dev.fleet import FleetError, parse_fleet
 
 TEXT = """\
 nodes:

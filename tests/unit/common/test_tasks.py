@@ -13,7 +13,7 @@ import pytest
 
 from gpuledger_common import tasks
 from gpuledger_common.store.follow import _Pump
-from gpuledger_testing.waiting import cancelled
+from tests.support.waiting import cancelled
 
 
 async def _writes_forever(answers: asyncio.Queue[asyncio.Future[int]], done: list[int]) -> None:

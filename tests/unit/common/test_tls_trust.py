@@ -14,7 +14,7 @@ import pytest
 
 from gpuledger_common.pki import CertificateAuthority
 from gpuledger_common.tls import HTTP1_ALPN, client_context, server_context
-from gpuledger_testing.controlplane.pki import make_pki
+from gpuledger_dev.controlplane.pki import make_pki
 
 
 def handshake(server: ssl.SSLContext, client: ssl.SSLContext, hostname: str = "127.0.0.1") -> str:

@@ -56,8 +56,8 @@ from gpuledger_core.model import (
     PcieLevel,
     Request,
 )
-from gpuledger_core.placement import POLICIES, Decision, TypicalPod, from_ledger, make_policy, place, shares
-from gpuledger_core.placement.fit import problem
+from gpuledger_core.packing import POLICIES, Decision, TypicalPod, from_ledger, make_policy, place, shares
+from gpuledger_core.packing.fit import problem
 from gpuledger_core.pods import PodAsk, plan, reserve_grants
 from gpuledger_core.slots import assign_device_ids, slot_problem
 

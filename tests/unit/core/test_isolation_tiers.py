@@ -15,9 +15,9 @@ from gpuledger_core.fit import ContainerAsk, Tier, fit_node
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, Grant, Isolation, Owner, OwnerKind, Request
-from gpuledger_core.placement import filter_nodes, from_ledger, gpu_ask, make_policy, place
-from gpuledger_core.placement.api import Decision
-from gpuledger_core.placement.state import take
+from gpuledger_core.packing import filter_nodes, from_ledger, gpu_ask, make_policy, place
+from gpuledger_core.packing.api import Decision
+from gpuledger_core.packing.state import take
 from gpuledger_core.pods import PodAsk, reserve_pod
 from gpuledger_core.usage import node_use, tier_problem
 

@@ -11,7 +11,7 @@ from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Owner, OwnerKind, Request
-from gpuledger_core.placement import Ask, from_ledger, make_policy
+from gpuledger_core.packing import Ask, from_ledger, make_policy
 from gpuledger_core.pods import PodAsk, expand_models, impossible, plan, reserve_pod
 from gpuledger_core.slots import card_of
 

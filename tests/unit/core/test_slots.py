@@ -9,8 +9,8 @@ from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Allocation, Grant, Owner, OwnerKind, Request
-from gpuledger_core.placement import from_ledger
-from gpuledger_core.placement.state import UNTRACKED
+from gpuledger_core.packing import from_ledger
+from gpuledger_core.packing.state import UNTRACKED
 from gpuledger_core.slots import assign_device_ids, device_id, slot_problem, slots_held, slots_taken
 
 from .builders import NODE, holding, ledger, share, uuid_of

@@ -14,8 +14,8 @@ from gpuledger_core.fit import ContainerAsk, fit_node
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.model import Allocation, Owner, OwnerKind, Request
-from gpuledger_core.placement import from_ledger, make_policy
-from gpuledger_core.placement.fit import problem
+from gpuledger_core.packing import from_ledger, make_policy
+from gpuledger_core.packing.fit import problem
 from gpuledger_core.pods import PodAsk, reserve_pod
 from gpuledger_core.slots import card_of, slots_held
 

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuledger_common.fleet import load_fleet
-from gpuledger_common.natsserver import find_binary
+from gpuledger_dev.fleet import load_fleet
+from gpuledger_dev.natsserver import find_binary
 
 from .services import DEPLOY, ROOT, flags_of, program
 
 COMPOSE = DEPLOY / "compose" / "compose.yaml"
-FLEET = ROOT / "libs" / "gpuledger_common" / "fleets" / "dev.yaml"
+FLEET = ROOT / "libs" / "gpuledger_dev" / "fleets" / "dev.yaml"
 OURS = {"allocator", "placement"}  # plus one inventory per fleet node
 
 

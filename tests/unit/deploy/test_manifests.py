@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from gpuledger_cli import natsconfig
-from gpuledger_common.fleet import load_fleet
-from gpuledger_common.natsserver import find_binary
 from gpuledger_common.settings import nats_servers
-from gpuledger_testing.tlsca import ThrowawayCa
+from gpuledger_dev.fleet import load_fleet
+from gpuledger_dev.natsserver import find_binary
+from gpuledger_dev.tlsca import ThrowawayCa
 
 from .kustomize import KustomizeError, build
 from .manifests import (

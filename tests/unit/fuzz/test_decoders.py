@@ -23,7 +23,6 @@ from gpuledger_allocator import wire
 from gpuledger_allocator.ingest import usage_from
 from gpuledger_common import clusterwire
 from gpuledger_common.bus import decode
-from gpuledger_common.fleet import FleetError, parse_fleet
 from gpuledger_common.store.values import Values
 from gpuledger_core import codec
 from gpuledger_core.errors import GpuledgerError
@@ -31,6 +30,7 @@ from gpuledger_core.events import EventKind, LedgerEvent
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.status import node_status
+from gpuledger_dev.fleet import FleetError, parse_fleet
 from gpuledger_placement import convert
 from gpuledger_placement.api_nats import place_request_from
 from gpuledger_proto.gpuledger.allocator import v1 as pb

@@ -8,23 +8,23 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpuledger_common.fleet import parse_fleet
 from gpuledger_common.profiles import PROFILES
 from gpuledger_core.model import PcieLevel
+from gpuledger_dev.fake_nvml import FakeNvml, ManualClock
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.fleet_script import NodeScript, node_script
 from gpuledger_inventory.inventory import EventKind, MigMode
 from gpuledger_inventory.nvml import NvmlGpus, NvmlUnavailable, sysfs_numa_node
-from gpuledger_testing.fake_nvml import FakeNvml, ManualClock
-from gpuledger_testing.fleet_sim import NodeSim, node_sim
 
 pytestmark = pytest.mark.timeout(10)
 
 
-def sim_of(profile: str, extra: str = "") -> NodeSim:
+def sim_of(profile: str, extra: str = "") -> NodeScript:
     fleet = parse_fleet(f"nodes:\n  - name: n1\n    profile: {profile}\n{extra}", "t.yaml")
-    return node_sim(fleet, "n1")
+    return node_script(fleet, "n1")
 
 
-def opened(sim: NodeSim, clock: ManualClock | None = None) -> tuple[FakeNvml, NvmlGpus]:
+def opened(sim: NodeScript, clock: ManualClock | None = None) -> tuple[FakeNvml, NvmlGpus]:
     fake = FakeNvml(sim, clock=clock)
     gpus = NvmlGpus(fake, fake.numa_node, "fake")
     gpus.open()

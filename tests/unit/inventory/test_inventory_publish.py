@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger_common.fleet import parse_fleet
 from gpuledger_core import codec
 from gpuledger_core.ids import NodeName
 from gpuledger_core.model import Health
+from gpuledger_dev.fake_nvml import FakeNvml
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.fleet_script import node_script
 from gpuledger_inventory.health import HealthBook
 from gpuledger_inventory.labels import PREFIX, label_patch, label_value, node_labels
 from gpuledger_inventory.nvml import NvmlGpus
 from gpuledger_inventory.state import NodeState
-from gpuledger_testing.fake_nvml import FakeNvml
-from gpuledger_testing.fleet_sim import node_sim
 
 pytestmark = pytest.mark.timeout(5)
 
 
 def state_for(profile: str) -> NodeState:
-    sim = node_sim(parse_fleet(f"nodes:\n  - name: n1\n    profile: {profile}\n"), "n1")
+    sim = node_script(parse_fleet(f"nodes:\n  - name: n1\n    profile: {profile}\n"), "n1")
     fake = FakeNvml(sim)
     gpus = NvmlGpus(fake, fake.numa_node, "fake")
     gpus.open()

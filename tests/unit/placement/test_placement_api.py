@@ -21,7 +21,7 @@ from gpuledger_core.model import (
     OwnerKind,
     PcieLevel,
 )
-from gpuledger_core.placement import (
+from gpuledger_core.packing import (
     POLICIES,
     Ask,
     Decision,
@@ -36,7 +36,7 @@ from gpuledger_core.placement import (
     score_nodes,
     shares,
 )
-from gpuledger_core.placement.profiles import dgx1
+from gpuledger_core.packing.profiles import dgx1
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger_core.placement import Ask, CardState, Decision, NodeState, TypicalPod, Workload, gpu_ask, place
-from gpuledger_core.placement.balance import Balance
-from gpuledger_core.placement.default import Default
-from gpuledger_core.placement.state import UNTRACKED
+from gpuledger_core.packing import Ask, CardState, Decision, NodeState, TypicalPod, Workload, gpu_ask, place
+from gpuledger_core.packing.balance import Balance
+from gpuledger_core.packing.default import Default
+from gpuledger_core.packing.state import UNTRACKED
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger_core.placement import CardState, NodeState, Topology, gpu_ask
-from gpuledger_core.placement.cards import best_set, choose, room_after, set_key
-from gpuledger_core.placement.fit import fitting
-from gpuledger_core.placement.profiles import bridged_pairs, dgx1, hgx_h100, node_of
+from gpuledger_core.packing import CardState, NodeState, Topology, gpu_ask
+from gpuledger_core.packing.cards import best_set, choose, room_after, set_key
+from gpuledger_core.packing.fit import fitting
+from gpuledger_core.packing.profiles import bridged_pairs, dgx1, hgx_h100, node_of
 
 pytestmark = pytest.mark.timeout(20)
 

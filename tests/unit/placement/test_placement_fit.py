@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from gpuledger_core.placement import Ask, CardState, Guard, NodeState, gpu_ask
-from gpuledger_core.placement.fit import card_takes, problem
+from gpuledger_core.packing import Ask, CardState, Guard, NodeState, gpu_ask
+from gpuledger_core.packing.fit import card_takes, problem
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuledger_core.placement import (
+from gpuledger_core.packing import (
     CardState,
     NodeState,
     TypicalPod,
@@ -12,8 +12,8 @@ from gpuledger_core.placement import (
     WorkloadTracker,
     gpu_ask,
 )
-from gpuledger_core.placement.fgd import growth
-from gpuledger_core.placement.frag import FragMeter, without_memory
+from gpuledger_core.packing.fgd import growth
+from gpuledger_core.packing.frag import FragMeter, without_memory
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,4 +1,4 @@
-"""Properties over random clusters and asks: never over capacity, the incremental placer chooses
+"""Properties over random clusters and asks: never over capacity, the incremental chooser chooses
 exactly what a fresh look at every node chooses, and the policies' fast path refuses exactly the
 nodes the filter's reasons name."""
 
@@ -10,22 +10,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuledger_core.placement import (
+from gpuledger_core.packing import (
     POLICIES,
     Ask,
     CardState,
     Decision,
     Guard,
+    NodeChooser,
     NodeState,
-    Placer,
     TypicalPod,
     gpu_ask,
     make_policy,
     place,
 )
-from gpuledger_core.placement.engine import choose_node
-from gpuledger_core.placement.fit import problem
-from gpuledger_core.placement.state import UNTRACKED, charge, take
+from gpuledger_core.packing.engine import choose_node
+from gpuledger_core.packing.fit import problem
+from gpuledger_core.packing.state import UNTRACKED, charge, take
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -72,15 +72,15 @@ def within_capacity(node: NodeState) -> bool:
 
 @settings(max_examples=40, deadline=None)
 @given(clusters(), st.lists(asks(), min_size=1, max_size=25), st.sampled_from(POLICIES))
-def test_placer_matches_a_fresh_choice_and_never_overfills(
+def test_node_chooser_matches_a_fresh_choice_and_never_overfills(
     nodes: list[NodeState], stream: list[Ask], policy_name: str
 ) -> None:
     policy = make_policy(policy_name, TYPICAL)
-    placer = Placer(list(nodes), policy, None, Random(7))
+    chooser = NodeChooser(list(nodes), policy, None, Random(7))
     fresh = list(nodes)
     rng = Random(7)
     for ask in stream:
-        got = placer.choose(ask)
+        got = chooser.choose(ask)
         want = choose_node(fresh, ask, make_policy(policy_name, TYPICAL), None, rng)
         assert (got is None) == (want is None)
         if got is None or want is None:
@@ -88,12 +88,12 @@ def test_placer_matches_a_fresh_choice_and_never_overfills(
         assert got[0] == want[0]
         assert got[1].cards == want[1].cards
         at, option = got
-        node = commit(placer.nodes[at], ask, option.cards)
+        node = commit(chooser.nodes[at], ask, option.cards)
         assert within_capacity(node)
         assert len(set(option.cards)) == ask.count
         for p in option.cards:
             assert not ask.models or node.cards[p].model in ask.models
-        placer.update(at, node)
+        chooser.update(at, node)
         fresh[at] = node
 
 

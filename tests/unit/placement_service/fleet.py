@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuledger_common.fleet import parse_fleet
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_dev.fleet import parse_fleet
 from gpuledger_placement.app import Parts, build
 from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.kube import NoPodApi

@@ -8,14 +8,14 @@ from random import Random
 import pytest
 
 import gpuledger_placement.service as placement_service
-from gpuledger_common.fleet import parse_fleet
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Owner, OwnerKind, Request
-from gpuledger_core.placement import rate
+from gpuledger_core.packing import rate
 from gpuledger_core.pods import PodAsk, reserve_pod
+from gpuledger_dev.fleet import parse_fleet
 from gpuledger_placement.app import Parts, build
 from gpuledger_placement.kube import NoPodApi
 from gpuledger_placement.settings import PlacementSettings

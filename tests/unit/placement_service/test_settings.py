@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gpuledger_common.settings import SettingsError, load
-from gpuledger_core.placement import Guard
+from gpuledger_core.packing import Guard
 from gpuledger_placement.app import build
 from gpuledger_placement.kube import NoPodApi
 from gpuledger_placement.settings import PlacementSettings, parse_guard

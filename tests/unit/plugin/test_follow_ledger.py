@@ -12,10 +12,10 @@ import pytest
 
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_plugin.answer import AnswerPolicy
-from gpuledger_plugin.placement import LocalPlacement
-from gpuledger_plugin.reconcile import KubeletView
+from gpuledger_plugin.kubelet_findings import KubeletView
+from gpuledger_plugin.preferred import LocalPlacement
 from gpuledger_plugin.service import PluginService
-from gpuledger_testing.waiting import polled, wait_for
+from tests.support.waiting import polled, wait_for
 
 from .plugin_fixtures import SLOTS, ledger_with
 

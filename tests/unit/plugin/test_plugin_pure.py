@@ -11,7 +11,7 @@ from gpuledger_core.ids import AllocationId
 from gpuledger_core.model import Grant, Health, Isolation
 from gpuledger_plugin.answer import AnswerPolicy, answer
 from gpuledger_plugin.devices import advertised
-from gpuledger_plugin.reconcile import compare
+from gpuledger_plugin.kubelet_findings import compare
 from gpuledger_plugin.topology import preferred
 from gpuledger_plugin.transitions import bind, rehome, swap
 

@@ -13,8 +13,8 @@ from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import AllocState, Grant
 from gpuledger_plugin import service as service_module
 from gpuledger_plugin.answer import AnswerPolicy
-from gpuledger_plugin.placement import LocalPlacement
-from gpuledger_plugin.reconcile import KubeletView
+from gpuledger_plugin.kubelet_findings import KubeletView
+from gpuledger_plugin.preferred import LocalPlacement
 from gpuledger_plugin.service import PluginService
 
 from .plugin_fixtures import SLOTS, ids_of, ledger_with, pod, share

@@ -5,10 +5,10 @@ from __future__ import annotations
 from random import Random
 
 import pytest
+
+from gpuledger_core.packing import Guard
 from gpuledger_sim.replay import Config, arrival_order, replay
 from gpuledger_sim.trace import TraceNode, TracePod
-
-from gpuledger_core.placement import Guard
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -30,10 +30,10 @@ import statistics
 from pathlib import Path
 
 import pytest
+
 from gpuledger_sim import check, cli
 from gpuledger_sim.replay import Config, replay
 from gpuledger_sim.trace import read_nodes, read_pods
-
 from tests.requires import unavailable
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,6 +7,7 @@ from pathlib import Path
 from random import Random
 
 import pytest
+
 from gpuledger_sim import check, cli
 from gpuledger_sim.replay import Attempt, Config, arrival_order, replay
 from gpuledger_sim.trace import TracePod, read_nodes, read_pods

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuledger_testing.controlplane import toolchain
-from gpuledger_testing.controlplane.toolchain import GO_BIN, GoUnavailable, find_go, install_dir
+from gpuledger_dev.controlplane import toolchain
+from gpuledger_dev.controlplane.toolchain import GO_BIN, GoUnavailable, find_go, install_dir
 
 
 def fake_go(where: Path, version: str, exit_code: int = 0) -> Path:

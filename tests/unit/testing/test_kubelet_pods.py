@@ -10,8 +10,8 @@ import pytest
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from gpuledger_testing.fake_kubelet import AdmissionError, FakeContainer, rpc_error
-from gpuledger_testing.kubelet_pods import (
+from gpuledger_dev.fake_kubelet import AdmissionError, FakeContainer, rpc_error
+from gpuledger_dev.kubelet_pods import (
     ADMITTED,
     admitted_patch,
     fake_pod,
@@ -21,7 +21,7 @@ from gpuledger_testing.kubelet_pods import (
     rejected_patch,
     status_says_admitted,
 )
-from gpuledger_testing.kwok_kubelet import KwokKubeletSettings
+from gpuledger_dev.kwok_kubelet import KwokKubeletSettings
 
 GPU = "gpuledger.io/gpu"
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger_testing.kwok_dra_claims import (
+from gpuledger_dev.kwok_dra_claims import (
     V1,
     V1BETA1,
     ClaimInfo,
@@ -26,7 +26,7 @@ from gpuledger_testing.kwok_dra_claims import (
     pod_claims,
     unresolved,
 )
-from gpuledger_testing.kwok_dra_plugins import KwokDraSettings
+from gpuledger_dev.kwok_dra_plugins import KwokDraSettings
 
 KIND = "k8s.gpu.gpuledger.io/claim"
 

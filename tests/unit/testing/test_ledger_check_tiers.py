@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from gpuledger_core.ledger import reserve
 from gpuledger_core.model import Grant, Isolation
-from gpuledger_testing.ledger_check import check
+from tests.support.ledger_check import check
 
 from ..core.builders import allocation, ledger, share
 

@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from gpuledger_testing.quantity import BAD_SUFFIX, FORMAT_WRONG, Format, canonical, parse, stored
+from gpuledger_dev.apiserver_quantity import BAD_SUFFIX, FORMAT_WRONG, Format, canonical, parse, stored
 
 STORED = [
     # DecimalSI: the largest suffix that holds the value with a whole number before it

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gpuledger_testing import stack
+from tests.support import replicas as stack
 
 
 async def _stuck_in_drain(forever: asyncio.Event) -> None:

@@ -1,0 +1,240 @@
+"""What a fleet file says about a simulated node beyond its cards: MIG layout, processes, faults.
+
+``gpuledger_dev.fleet`` passes the node keys ``mig``, ``processes`` and ``faults`` through raw;
+this module validates them (errors name the file, line and field) and turns them into values the
+fake NVML runs from. Format: docs/fleet-file.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from gpuledger_common.profiles import PROFILES
+from gpuledger_core.model import Node
+from gpuledger_dev.fleet import Fleet, FleetNode, _Cursor, _Lined
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    name: str
+    slices: int
+    memory_mib: int
+    multiprocessors: int
+
+
+def _profiles(*rows: tuple[str, int, int, int]) -> dict[str, MigProfile]:
+    return {name: MigProfile(name, s, m, sm) for name, s, m, sm in rows}
+
+
+# What NVML reports per instance (memorySizeMB, multiprocessorCount), by card memory class.
+MIG_40GB = _profiles(
+    ("1g.5gb", 1, 4864, 14),
+    ("2g.10gb", 2, 9856, 28),
+    ("3g.20gb", 3, 19968, 42),
+    ("4g.20gb", 4, 19968, 56),
+    ("7g.40gb", 7, 40192, 98),
+)
+MIG_80GB = _profiles(
+    ("1g.10gb", 1, 9728, 16),
+    ("2g.20gb", 2, 19968, 32),
+    ("3g.40gb", 3, 40192, 60),
+    ("4g.40gb", 4, 40192, 64),
+    ("7g.80gb", 7, 80384, 132),
+)
+MIG_SLICES = 7
+_MIG_MODELS = ("A100", "A30", "H100", "H200", "H800")
+DEFAULT_LAYOUT = {
+    40: ("3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"),
+    80: ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"),
+}
+
+
+def mig_profiles(model: str, memory_mib: int) -> dict[str, MigProfile] | None:
+    """The MIG profiles a card offers, or None for a card without MIG."""
+    if not any(m in model for m in _MIG_MODELS):
+        return None
+    return MIG_40GB if memory_mib <= 49152 else MIG_80GB
+
+
+class FaultKind(StrEnum):
+    XID = "xid"  # an XidCriticalError event with the given XID
+    ECC_DOUBLE = "ecc_double"  # a DoubleBitEccError event
+    ECC_SINGLE = "ecc_single"  # a SingleBitEccError event
+    LOST = "lost"  # the card falls off the bus: XID 79, then GpuIsLost on every call
+    NVML_DOWN = "nvml_down"  # NVML itself fails from ``at`` until ``until`` (for ever without it)
+
+
+@dataclass(frozen=True, slots=True)
+class MigLayout:
+    card: int
+    instances: tuple[MigProfile, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessSpec:
+    card: int
+    pid: int
+    memory_mib: int | None = None  # None: NVML cannot tell (usedGpuMemory is None)
+    mig: int | None = None  # index into that card's MIG instances
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    kind: FaultKind
+    at: float  # seconds after the fake NVML was created
+    card: int | None = None
+    xid: int | None = None
+    until: float | None = None
+    mig: int | None = None  # for an XID inside one MIG instance
+
+
+@dataclass(frozen=True, slots=True)
+class NodeScript:
+    node: Node
+    nvswitch: bool = False
+    mig: tuple[MigLayout, ...] = ()
+    processes: tuple[ProcessSpec, ...] = ()
+    faults: tuple[FaultSpec, ...] = ()
+
+    def layout(self, card: int) -> MigLayout | None:
+        return next((m for m in self.mig if m.card == card), None)
+
+
+def simulate(fleet: Fleet) -> dict[str, NodeScript]:
+    """Validate every node's simulation keys; the first problem raises ``FleetError``."""
+    return {n.node.name: node_script(fleet, n) for n in fleet.nodes}
+
+
+def node_script(fleet: Fleet, fleet_node: FleetNode | str) -> NodeScript:
+    fn = fleet.node(fleet_node) if isinstance(fleet_node, str) else fleet_node
+    raw = _Lined(fn.line)
+    raw.update(fn.extra)
+    raw.lines.update(getattr(fn.extra, "lines", {}))
+    for key, value in fn.extra.items():
+        raw.lines[key] = getattr(value, "line", fn.line)
+    c = _Cursor(fleet.path, raw, f"nodes[{fleet.nodes.index(fn)}]", fn.line)
+    profile = PROFILES[fn.profile]() if fn.profile else None
+    node = fn.node
+    mig = _mig(c, node)
+    if not mig and profile is not None and profile.mig:
+        mig = tuple(_default_layout(node, i) for i in range(len(node.cards)))
+    processes = tuple(_process(p, node, mig) for p in _items(c, "processes"))
+    faults = tuple(_fault(f, node, mig) for f in _items(c, "faults"))
+    return NodeScript(node, bool(profile and profile.nvswitch), mig, processes, faults)
+
+
+def _items(c: _Cursor, key: str) -> list[_Cursor]:
+    value = c.raw.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise c.fail(key, f"must be a list, got {value!r}")
+    line = getattr(value, "line", c.raw.lines.get(key, c.line))
+    return [_Cursor(c.path, v, f"{c._name(key)}[{i}]", line) for i, v in enumerate(value)]
+
+
+def _card_index(c: _Cursor, node: Node, key: str = "card") -> int:
+    index: int = c.count(key)
+    if index >= len(node.cards):
+        raise c.fail(key, f"card {index} does not exist (the node has {len(node.cards)} cards)")
+    return index
+
+
+def _default_layout(node: Node, index: int) -> MigLayout:
+    card = node.cards[index]
+    table = mig_profiles(card.model, card.memory_mib) or MIG_40GB
+    names = DEFAULT_LAYOUT[40 if table is MIG_40GB else 80]
+    return MigLayout(index, tuple(table[n] for n in names))
+
+
+def _mig(c: _Cursor, node: Node) -> tuple[MigLayout, ...]:
+    layouts: list[MigLayout] = []
+    for mc in _items(c, "mig"):
+        mc.check_keys({"card", "instances"})
+        index = _card_index(mc, node)
+        if any(m.card == index for m in layouts):
+            raise mc.fail("card", f"card {index} is partitioned twice")
+        card = node.cards[index]
+        table = mig_profiles(card.model, card.memory_mib)
+        if table is None:
+            raise mc.fail("card", f"{card.model} has no MIG")
+        names = mc.get("instances", list)
+        unknown = [n for n in names if n not in table]
+        if unknown or not names:
+            raise mc.fail("instances", f"must be a list of {', '.join(table)}, got {names!r}")
+        instances = tuple(table[n] for n in names)
+        if sum(p.slices for p in instances) > MIG_SLICES:
+            raise mc.fail("instances", f"use more than the card's {MIG_SLICES} slices")
+        layouts.append(MigLayout(index, instances))
+    return tuple(layouts)
+
+
+def _mig_index(c: _Cursor, card: int, mig: tuple[MigLayout, ...]) -> int | None:
+    index: int | None = c.get("mig", int, None)
+    if index is None:
+        return None
+    layout = next((m for m in mig if m.card == card), None)
+    if layout is None:
+        raise c.fail("mig", f"card {card} is not partitioned")
+    if not 0 <= index < len(layout.instances):
+        raise c.fail("mig", f"card {card} has MIG instances 0..{len(layout.instances) - 1}")
+    return index
+
+
+def _process(c: _Cursor, node: Node, mig: tuple[MigLayout, ...]) -> ProcessSpec:
+    c.check_keys({"card", "pid", "memory_mib", "mig"})
+    card = _card_index(c, node)
+    pid = c.count("pid")
+    if pid == 0:
+        raise c.fail("pid", "must be positive")
+    memory: int | None = c.count("memory_mib", None)
+    if memory is not None and memory > node.cards[card].memory_mib:
+        raise c.fail("memory_mib", f"exceeds the card's {node.cards[card].memory_mib} MiB")
+    return ProcessSpec(card, pid, memory, _mig_index(c, card, mig))
+
+
+_FAULT_KEYS = {"kind", "at", "card", "xid", "until", "mig"}
+
+
+def _fault(c: _Cursor, node: Node, mig: tuple[MigLayout, ...]) -> FaultSpec:
+    c.check_keys(_FAULT_KEYS)
+    raw_kind = c.get("kind", str, "xid")
+    try:
+        kind = FaultKind(raw_kind)
+    except ValueError:
+        raise c.fail(
+            "kind", f"must be one of {', '.join(k.value for k in FaultKind)}, got {raw_kind!r}"
+        ) from None
+    at = _seconds(c, "at", 0.0)
+    if kind is FaultKind.NVML_DOWN:
+        _forbid(c, kind, ("card", "xid", "mig"))
+        until = _seconds(c, "until", None)
+        if until is not None and until <= at:
+            raise c.fail("until", f"must be after at ({at:g}), got {until:g}")
+        return FaultSpec(kind, at, until=until)
+    _forbid(c, kind, ("until",))
+    card = _card_index(c, node)
+    if kind is not FaultKind.XID:
+        _forbid(c, kind, ("xid", "mig"))
+        return FaultSpec(kind, at, card)
+    xid = c.count("xid")
+    if xid == 0:
+        raise c.fail("xid", "must be positive")
+    return FaultSpec(kind, at, card, xid, mig=_mig_index(c, card, mig))
+
+
+def _forbid(c: _Cursor, kind: FaultKind, keys: tuple[str, ...]) -> None:
+    for key in keys:
+        if key in c.raw:
+            raise c.fail(key, f"does not apply to a {kind.value} fault")
+
+
+def _seconds(c: _Cursor, key: str, default: Any) -> Any:
+    value = c.get(key, (int, float), default)
+    if isinstance(value, bool):
+        raise c.fail(key, f"must be a number of seconds, got {value!r}")
+    if value is not None and value < 0:
+        raise c.fail(key, f"must not be negative, got {value}")
+    return None if value is None else float(value)

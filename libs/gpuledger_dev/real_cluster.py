@@ -1,0 +1,251 @@
+"""The local stack on a real control plane: kube-apiserver, kube-scheduler with gpuledger's
+extender, kube-controller-manager, etcd and kwok (built from Go modules on first use), and a
+simulated kubelet per kwok node that plays the device manager's side for the plugin shim.
+
+Every demo pod goes the real way: created through the API, scheduled by kube-scheduler (our
+extender filters and binds), admitted by the node's kubelet (Allocate from the plugin shim), and
+turned Running by kwok. A pod that cannot be placed is Pending with kube-scheduler's
+FailedScheduling event, which carries the extender's reason.
+
+In DRA mode (``mode="dra"``) the nodes publish ResourceSlices instead, the demo pods ask for their
+cards through ResourceClaims of the DeviceClasses in deploy/kubernetes/dra, and each simulated
+kubelet also plays kubelet's DRA side: the DRA plugin registers with it, and a pod runs only once
+NodePrepareResources wrote its claims' CDI specs (their environment is what the pod's containers
+get).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuledger_dev.controlplane.api import ApiError, KubeApi
+from gpuledger_dev.controlplane.cluster import ControlPlane, ControlPlaneError, scheduler_config
+from gpuledger_dev.extender_pki import ExtenderPki
+from gpuledger_dev.fake_cluster import Outcome
+from gpuledger_dev.fleet import Fleet
+from gpuledger_dev.kwok_dra import KwokDraSettings
+from gpuledger_dev.kwok_kubelet import KwokKubelet
+
+NAMESPACE = "demo"
+SCHEDULER = "gpuledger-scheduler"
+DEFAULT_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+OUTCOME_S = 60.0
+DRIVER = "gpu.gpuledger.io"
+DEVICE_CLASSES = Path("deploy") / "kubernetes" / "dra" / "deviceclass.yaml"
+MODES = ("classic", "dra")  # what dev up offers
+BOTH = "both"  # classic and DRA on every node: the same nodes for benchmarks of the two paths
+
+
+def node_object(name: str, cpu_milli: int = 0, memory_mib: int = 0) -> dict[str, Any]:
+    """A kwok Node with its cpu, memory and pods capacity set at creation (kwok keeps them)."""
+    capacity = dict(DEFAULT_CAPACITY)
+    if cpu_milli:
+        capacity["cpu"] = f"{cpu_milli}m"
+    if memory_mib:
+        capacity["memory"] = f"{memory_mib}Mi"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
+            "annotations": {"kwok.x-k8s.io/node": "fake"},
+        },
+        "status": {"capacity": capacity, "allocatable": dict(capacity)},
+    }
+
+
+class RealCluster:
+    def __init__(self, run_dir: Path, fleet: Fleet, mode: str = "classic") -> None:
+        if mode not in (*MODES, BOTH):
+            raise ValueError(f"mode must be one of {'|'.join((*MODES, BOTH))}, got {mode!r}")
+        self.run_dir, self.fleet, self.mode = run_dir, fleet, mode
+        self.nodes = [str(n.node.name) for n in fleet.nodes]
+        self.control_plane = ControlPlane(run_dir / "cp")
+        self.kubelets: dict[str, KwokKubelet] = {}
+        self.extender = ""
+        self.api: KubeApi | None = None
+
+    @property
+    def dra(self) -> bool:
+        """The nodes publish ResourceSlices and run the DRA plugin."""
+        return self.mode in ("dra", BOTH)
+
+    @property
+    def classic(self) -> bool:
+        """The nodes run the device plugin."""
+        return self.mode in ("classic", BOTH)
+
+    def plugin_dir(self, node: str) -> Path:
+        return self.run_dir / node / "device-plugins"
+
+    def pod_resources(self, node: str) -> Path:
+        return self.run_dir / node / "pod-resources.sock"
+
+    def registry_dir(self, node: str) -> Path:
+        """DRA mode: kubelet's plugins_registry of the node."""
+        return self.run_dir / node / "reg"
+
+    def dra_plugin_dir(self, node: str) -> Path:
+        """DRA mode: where the node's DRA plugin serves its socket (``<dir>/<driver>/dra.sock``)."""
+        return self.run_dir / node / "plugins"
+
+    def cdi_dir(self, node: str) -> Path:
+        return self.run_dir / node / "cdi"
+
+    @property
+    def kubeconfig(self) -> Path:
+        assert self.control_plane.admin_kubeconfig is not None
+        return self.control_plane.admin_kubeconfig
+
+    async def start(self) -> Path:
+        """Build (if needed) and start the control plane, create the nodes, start their kubelets."""
+        await asyncio.to_thread(self.control_plane.start)
+        assert self.control_plane.access is not None
+        self.api = await KubeApi(self.control_plane.access).__aenter__()
+        await self.api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        for member in self.fleet.nodes:
+            node = str(member.node.name)
+            await self.api.create("/api/v1/nodes", node_object(node, member.node.cpu_milli, member.node.memory_mib))
+            self.plugin_dir(node).mkdir(parents=True, exist_ok=True)
+            dra = None
+            if self.dra:
+                for path in (self.registry_dir(node), self.dra_plugin_dir(node), self.cdi_dir(node)):
+                    path.mkdir(parents=True, exist_ok=True)
+                dra = KwokDraSettings(str(self.registry_dir(node)), str(self.cdi_dir(node)))
+            access = self.control_plane.access
+            kubelet = KwokKubelet(node, self.plugin_dir(node), self.pod_resources(node), access, dra=dra)
+            await kubelet.__aenter__()
+            self.kubelets[node] = kubelet
+        if self.dra:
+            for body in yaml.safe_load_all(find_device_classes().read_text()):
+                await self.api.create("/apis/resource.k8s.io/v1/deviceclasses", body)
+        return self.kubeconfig
+
+    async def use_extender(self, url: str, pki: ExtenderPki) -> None:
+        """Start kube-scheduler with gpuledger's configuration from deploy/, pointed at ``url``,
+        presenting its client certificate from ``pki``."""
+        self.extender = url
+        config = scheduler_config(url, pki.scheduler_tls())
+        await asyncio.to_thread(self.control_plane.start_scheduler, "kube-scheduler", config)
+
+    async def stop(self) -> None:
+        for kubelet in self.kubelets.values():
+            await kubelet.__aexit__(None, None, None)
+        if self.api is not None:
+            await self.api.__aexit__(None, None, None)
+        await asyncio.to_thread(self.control_plane.stop)
+
+    async def devices_ready(self) -> bool:
+        """Every kubelet has the plugin registered and wrote its devices into the Node's status (in
+        DRA mode: the DRA plugin registered and the node's ResourceSlices published)."""
+        assert self.api is not None
+        if self.dra:
+            if not all(k.dra is not None and DRIVER in k.dra.plugins for k in self.kubelets.values()):
+                return False
+            found = await self.api.get("/apis/resource.k8s.io/v1/resourceslices")
+            if not {s["spec"].get("nodeName") for s in found["items"]} >= set(self.nodes):
+                return False
+            if self.mode == "dra":
+                return True
+        if not all(k.registered and k.devices for k in self.kubelets.values()):
+            return False
+        for node in self.nodes:
+            found = await self.api.get(f"/api/v1/nodes/{node}")
+            if int(found.get("status", {}).get("allocatable", {}).get("gpuledger.io/gpu", "0")) == 0:
+                return False
+        return True
+
+    async def pod_uid(self, namespace: str, name: str) -> str:
+        assert self.api is not None
+        return str((await self.api.get(f"/api/v1/namespaces/{namespace}/pods/{name}"))["metadata"]["uid"])
+
+    async def run(self, pod: dict[str, Any], nodes: list[str] | None = None) -> Outcome:
+        """Create ``pod`` (kept to ``nodes`` by node affinity if given) and wait until it runs or is refused."""
+        assert self.api is not None
+        body = dict(pod)
+        if nodes:
+            body["spec"] = {**pod["spec"], "affinity": _on_nodes(nodes)}
+        namespace = body["metadata"].get("namespace", NAMESPACE)
+        created = await self.api.create(f"/api/v1/namespaces/{namespace}/pods", body)
+        return await self.outcome(namespace, created["metadata"]["name"], created["metadata"]["uid"])
+
+    async def outcome(self, namespace: str, name: str, uid: str, timeout: float = OUTCOME_S) -> Outcome:
+        """Running (with what its containers got), refused by kubelet, or Pending with the scheduler's reason."""
+        assert self.api is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pod = await self.api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+            status, node = pod.get("status", {}), pod.get("spec", {}).get("nodeName", "")
+            if status.get("phase") == "Running":
+                return Outcome(name, node, self._envs(node, pod, uid))
+            if status.get("phase") == "Failed":
+                return Outcome(name, node, pending=f"kubelet refused it: {status.get('message', '')}")
+            why = await self.scheduling_failure(namespace, name, uid)
+            if why and not node:
+                return Outcome(name, pending=why)
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"pod {namespace}/{name} neither ran nor was refused within {timeout:g}s")
+
+    def _envs(self, node: str, pod: dict[str, Any], uid: str) -> dict[str, dict[str, str]]:
+        """What each container got: its Allocate answer's environment, or in DRA mode the
+        environment of the CDI specs of its claims' devices."""
+        kubelet = self.kubelets[node]
+        if kubelet.dra is None or not pod["spec"].get("resourceClaims"):
+            return kubelet.container_envs(uid)
+        envs = {}
+        for container in pod["spec"]["containers"]:
+            ids = set(kubelet.dra.cdi_ids(pod, container["name"]))
+            envs[container["name"]] = cdi_env(self.cdi_dir(node), ids)
+        return envs
+
+    async def scheduling_failure(self, namespace: str, name: str, uid: str) -> str:
+        """The message of the pod's latest FailedScheduling event ('' if none)."""
+        assert self.api is not None
+        events = await self.api.get(
+            f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.uid={uid},reason=FailedScheduling"
+        )
+        items = sorted(events.get("items", []), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return str(items[-1].get("message", "")) if items else ""
+
+    async def delete(self, namespace: str, name: str) -> None:
+        assert self.api is not None
+        try:
+            await self.api.delete(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except ApiError as err:
+            if err.status != 404:
+                raise
+
+
+def _on_nodes(nodes: list[str]) -> dict[str, Any]:
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(nodes)}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+
+
+def find_device_classes() -> Path:
+    """deploy/kubernetes/dra/deviceclass.yaml of the checkout: the first found from the working
+    directory upwards, or beside this source tree (tox and dev.py run from the checkout)."""
+    for directory in (Path.cwd(), *Path.cwd().parents, *Path(__file__).resolve().parents):
+        if (directory / DEVICE_CLASSES).is_file():
+            return directory / DEVICE_CLASSES
+    raise ControlPlaneError(f"cannot find {DEVICE_CLASSES} from {Path.cwd()}: run from the gpuledger checkout")
+
+
+def cdi_env(cdi_dir: Path, ids: set[str]) -> dict[str, str]:
+    """The environment a runtime gives a container with the CDI devices ``ids`` (``kind=name``):
+    the edits of every spec that holds one of them, and of those devices."""
+    env: dict[str, str] = {}
+    for path in sorted(cdi_dir.glob("*.json")):
+        spec = json.loads(path.read_text())
+        mine = [d for d in spec.get("devices", []) if f"{spec.get('kind')}={d.get('name')}" in ids]
+        if not mine:
+            continue
+        for edits in (spec.get("containerEdits") or {}, *(d.get("containerEdits") or {} for d in mine)):
+            env.update(e.split("=", 1) for e in edits.get("env", []) if "=" in e)
+    return env

@@ -1,1 +1,0 @@
-"""The local development stack: every service as its own process on a simulated fleet."""

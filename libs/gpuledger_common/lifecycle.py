@@ -74,6 +74,19 @@ async def http_site(
     return runner
 
 
+async def ready_or_stopped(ready: asyncio.Event, stop: asyncio.Event) -> bool:
+    """Wait until ``ready`` is set (True) or ``stop`` is (False, even when both are): a service told
+    to stop while a part is still loading stops, rather than waiting for a load that may never end."""
+    if not ready.is_set():
+        waits = [asyncio.ensure_future(event.wait()) for event in (ready, stop)]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+    return ready.is_set() and not stop.is_set()
+
+
 async def task_group(stack: contextlib.AsyncExitStack) -> asyncio.TaskGroup:
     """A task group on the stack: the tasks ``background`` starts in it are cancelled before it
     closes, and a task that fails stops the service (its error raised from ``serve``)."""

@@ -43,16 +43,21 @@ async def serve(settings: AllocatorSettings, stop: asyncio.Event | None = None) 
         nc = await lifecycle.nats_client(stack, settings, "gpuledger-allocator", stop)
         if nc is None:
             return
-        await _serve(settings, stack, nc, pods)
-        await stop.wait()
+        if await _serve(settings, stack, nc, pods, stop):
+            await stop.wait()
         log.info("gpuledger-allocator stopping")
     log.info("gpuledger-allocator stopped")
 
 
 async def _serve(
-    settings: AllocatorSettings, stack: contextlib.AsyncExitStack, nc: Client, pods: PodLister | None
-) -> None:
-    """Start every part over NATS, each on ``stack``. They stop in reverse: the ops port, gRPC,
+    settings: AllocatorSettings,
+    stack: contextlib.AsyncExitStack,
+    nc: Client,
+    pods: PodLister | None,
+    stop: asyncio.Event,
+) -> bool:
+    """Start every part over NATS, each on ``stack``; False when told to stop while the ledger was
+    still loading (nothing that answers had started). They stop in reverse: the ops port, gRPC,
     the NATS API and the ingest (no new work), then the work left after answers (``settle``) and
     the placement answers asked ahead, then the loops; NATS is drained after all of them."""
     store = await LedgerStore.open(
@@ -82,7 +87,9 @@ async def _serve(
     )
     tasks = await lifecycle.task_group(stack)
     lifecycle.background(stack, tasks, view.run())
-    await view.ready.wait()
+    if not await lifecycle.ready_or_stopped(view.ready, stop):
+        log.info("gpuledger-allocator told to stop while the ledger was still loading")
+        return False
     lifecycle.background(stack, tasks, _sweep(service, settings.sweep_interval_s))
     if pods is not None:
         cache = PodCache(pods, settings.reconcile_relist_s)
@@ -101,6 +108,7 @@ async def _serve(
     log.info("gpuledger-allocator ready: gRPC on %s:%d, http on %s:%d", host, port, settings.http_host, ops_port)
     if not settings.grpc_tls:
         _warn_plaintext(host, port)
+    return True
 
 
 async def _serve_apis(

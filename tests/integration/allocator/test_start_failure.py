@@ -10,6 +10,7 @@ import pytest
 
 from gpuledger_allocator.app import serve
 from gpuledger_allocator.settings import AllocatorSettings
+from gpuledger_allocator.view import ClusterView
 from gpuledger_dev.natsserver import NatsServer, free_port
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from tests.support.replicas import RunningAllocator, answers, wait_for
@@ -50,3 +51,28 @@ async def test_a_cancelled_allocator_stops_every_part(nats_server: NatsServer) -
         await task
     await before.nothing_left()
     assert free(settings.grpc_port)
+
+
+async def test_an_allocator_told_to_stop_while_its_ledger_is_loading_stops(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view that never catches up (a stream without a leader, a consumer whose messages do not
+    come) must not keep SIGTERM waiting: the allocator stops what had started and returns."""
+    loading = asyncio.Event()
+
+    async def never_ready(self: ClusterView) -> None:
+        loading.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(ClusterView, "run", never_ready)
+    settings = AllocatorSettings(
+        nats_url=nats_server.url, grpc_host="127.0.0.1", grpc_port=free_port(), http_host="127.0.0.1", http_port=0
+    )
+    before = Before.now()
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(settings, stop))
+    await asyncio.wait_for(loading.wait(), 20)
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    await before.nothing_left()
+    assert free(settings.grpc_port)  # never started

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from gpuledger_common import clusterwire
 from gpuledger_common import pbconvert as conv
+from gpuledger_common.clusterwire.cluster import cards_bytes
+from gpuledger_common.clusterwire.wire import varint
 from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import NodeName
@@ -182,13 +184,13 @@ def test_a_nodes_cards_are_encoded_once_while_they_are_the_same_tuple() -> None:
     assert clusterwire.encoded_cards(node.name, node.cards) is first
     changed = (replace(node.cards[0], free_mem_mib=2000),)
     assert clusterwire.encoded_cards(node.name, changed) != first
-    assert clusterwire.encoded_cards(node.name, changed) == clusterwire._cards_bytes(changed)
+    assert clusterwire.encoded_cards(node.name, changed) == cards_bytes(changed)
 
 
 def test_fields_it_does_not_know_are_skipped() -> None:
     node = clusterwire.node_bytes(a_node())
     newer = node + b"\x78\x05" + b"\x82\x01\x03abc"  # field 15 (varint) and field 16 (bytes): a newer server's
-    wire = b"\x0a" + clusterwire._varint(len(newer)) + newer
+    wire = b"\x0a" + varint(len(newer)) + newer
     assert clusterwire.cluster_from(wire) == ([a_node()], "")
 
 

@@ -51,4 +51,5 @@ def test_the_dev_wheel_holds_the_dev_mode_and_its_data(tmp_path: Path) -> None:
     assert "gpuledger_dev/fleets/dev.yaml" in names
     assert "gpuledger_dev/controlplane/stages.yaml" in names
     assert "gpuledger_dev/py.typed" in names
+    assert "gpuledger_dev/fake_nvml/mig.py" in names  # a subpackage, named in its pyproject
     assert not [n for n in names if n.endswith("pyproject.toml")]

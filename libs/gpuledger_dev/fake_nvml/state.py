@@ -1,0 +1,216 @@
+"""The fake NVML's state, and what every call goes through: the node's cards, the clock and the
+scripted faults that fire on it, the controls tests drive it with, and the checks each call makes
+(counted, NVML up and initialised, a handle resolved to its card or MIG instance).
+
+Each family of calls (``devices``, ``mig``, ``events``) is a class over this state; ``FakeNvml``
+is all of them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pynvml as _nvml
+
+from gpuledger_dev.fake_nvml.model import (
+    ALL_INSTANCES,
+    XID_FALLEN_OFF_BUS,
+    Event,
+    EventSet,
+    FakeCard,
+    FakeMig,
+    cards_of,
+)
+from gpuledger_dev.fleet_script import FaultKind, FaultSpec, NodeScript
+
+
+class ManualClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class NvmlState:
+    """One node's NVML state: its cards, its clock and faults, and the event queue."""
+
+    def __init__(
+        self,
+        sim: NodeScript,
+        clock: Callable[[], float] | None = None,
+        driver_version: str = "560.35.03",
+        cuda_version: int = 12060,
+    ) -> None:
+        self._sim = sim
+        self._clock = clock or time.monotonic
+        self._start = self._clock()
+        self._cond = threading.Condition()
+        self._driver, self._cuda = driver_version, cuda_version
+        self._refs = 0
+        self._down_forced = False
+        self._pending = sorted(sim.faults, key=lambda f: f.at)
+        self._events: list[Event] = []
+        self._sets: dict[int, EventSet] = {}
+        self.calls: dict[str, int] = {}
+        self._cards = cards_of(sim)
+
+    # --- test controls -------------------------------------------------------------------------
+
+    def advance(self, seconds: float) -> None:
+        """Move a ManualClock forward; faults that fall due fire now."""
+        if not isinstance(self._clock, ManualClock):
+            raise TypeError("advance() needs the fake to run on a ManualClock")
+        with self._cond:
+            self._clock.now += seconds
+            self._fire_due()
+            self._cond.notify_all()
+
+    def inject_xid(self, card: int, xid: int, mig: int | None = None) -> None:
+        gi = ALL_INSTANCES if mig is None else mig + 1
+        self._push(
+            Event(card, _nvml.nvmlEventTypeXidCriticalError, xid, gi, 0 if mig is not None else gi)
+        )
+
+    def inject_ecc(self, card: int, double: bool = True) -> None:
+        kind = (
+            _nvml.nvmlEventTypeDoubleBitEccError if double else _nvml.nvmlEventTypeSingleBitEccError
+        )
+        self._push(Event(card, kind, 0))
+
+    def lose(self, card: int) -> None:
+        with self._cond:
+            self._cards[card].lost = True
+            self._events.append(
+                Event(card, _nvml.nvmlEventTypeXidCriticalError, XID_FALLEN_OFF_BUS)
+            )
+            self._cond.notify_all()
+
+    def set_nvml_down(self, down: bool) -> None:
+        with self._cond:
+            self._down_forced = down
+            self._cond.notify_all()
+
+    def set_processes(self, card: int, processes: list[tuple[int, int | None, int | None]]) -> None:
+        with self._cond:
+            self._cards[card].processes = list(processes)
+
+    def set_events_supported(self, card: int, supported: bool) -> None:
+        self._cards[card].events_supported = supported
+
+    def numa_node(self, sysfs_bus_id: str) -> int | None:
+        """What /sys/bus/pci/devices/<bus id>/numa_node says for this fake's cards."""
+        card = next((c for c in self._cards if c.bus_id[4:].lower() == sysfs_bus_id), None)
+        return None if card is None else card.numa
+
+    def _push(self, event: Event) -> None:
+        with self._cond:
+            self._events.append(event)
+            self._cond.notify_all()
+
+    # --- time and faults -----------------------------------------------------------------------
+
+    def _elapsed(self) -> float:
+        return self._clock() - self._start
+
+    def _fire_due(self) -> None:
+        now = self._elapsed()
+        while self._pending and self._pending[0].at <= now:
+            self._fire(self._pending.pop(0))
+
+    def _fire(self, fault: FaultSpec) -> None:
+        if fault.kind is FaultKind.NVML_DOWN or fault.card is None:
+            return  # a window, checked by _down()
+        if fault.kind is FaultKind.LOST:
+            self._cards[fault.card].lost = True
+            self._events.append(
+                Event(fault.card, _nvml.nvmlEventTypeXidCriticalError, XID_FALLEN_OFF_BUS)
+            )
+        elif fault.kind is FaultKind.XID:
+            gi = ALL_INSTANCES if fault.mig is None else fault.mig + 1
+            ci = ALL_INSTANCES if fault.mig is None else 0
+            self._events.append(
+                Event(fault.card, _nvml.nvmlEventTypeXidCriticalError, fault.xid or 0, gi, ci)
+            )
+        else:
+            double = fault.kind is FaultKind.ECC_DOUBLE
+            kind = (
+                _nvml.nvmlEventTypeDoubleBitEccError
+                if double
+                else _nvml.nvmlEventTypeSingleBitEccError
+            )
+            self._events.append(Event(fault.card, kind, 0))
+
+    def _down(self) -> bool:
+        if self._down_forced:
+            return True
+        now = self._elapsed()
+        return any(
+            f.kind is FaultKind.NVML_DOWN and f.at <= now and (f.until is None or now < f.until)
+            for f in self._sim.faults
+        )
+
+    def _next_due(self) -> float | None:
+        times = [f.at for f in self._pending]
+        times += [
+            f.until
+            for f in self._sim.faults
+            if f.kind is FaultKind.NVML_DOWN and f.until is not None
+        ]
+        future = [t - self._elapsed() for t in times if t > self._elapsed()]
+        return min(future) if future else None
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def _enter(self, name: str) -> None:
+        """Every call: count it, fire due faults, check that NVML is up and initialised."""
+        self.calls[name] = self.calls.get(name, 0) + 1
+        self._fire_due()
+        if self._refs == 0:
+            raise _nvml.NVMLError_Uninitialized()
+        if self._down():
+            raise _nvml.NVMLError_Unknown()
+
+    def _resolve(self, handle: Any, argno: int = 1) -> FakeCard | FakeMig:
+        if not isinstance(handle, _nvml.c_nvmlDevice_t) or not handle:
+            raise ctypes.ArgumentError(f"argument {argno}: TypeError: expected a c_nvmlDevice_t")
+        address = ctypes.addressof(handle.contents)
+        for card in self._cards:
+            if ctypes.addressof(card.handle) == address:
+                if card.lost:
+                    raise _nvml.NVMLError_GpuIsLost()
+                return card
+            for mig in card.migs or ():
+                if ctypes.addressof(mig.handle) == address:
+                    if card.lost:
+                        raise _nvml.NVMLError_GpuIsLost()
+                    return mig
+        raise _nvml.NVMLError_InvalidArgument()
+
+    def _card(self, name: str, handle: Any) -> FakeCard:
+        """A call that takes a physical device: MIG handles are refused."""
+        with self._cond:
+            self._enter(name)
+            found = self._resolve(handle)
+        if isinstance(found, FakeMig):
+            raise _nvml.NVMLError_InvalidArgument()
+        return found
+
+    def _pair(self, name: str, device1: Any, device2: Any) -> tuple[FakeCard, FakeCard]:
+        with self._cond:
+            self._enter(name)
+            a, b = self._resolve(device1), self._resolve(device2, 2)
+        if isinstance(a, FakeMig) or isinstance(b, FakeMig):
+            raise _nvml.NVMLError_InvalidArgument()
+        return a, b
+
+    def _any(self, name: str, handle: Any) -> FakeCard | FakeMig:
+        with self._cond:
+            self._enter(name)
+            return self._resolve(handle)

@@ -13,7 +13,8 @@ from grpclib.const import Handler, Status
 from gpuledger_allocator import callers
 from gpuledger_allocator.callers import ANYONE, Caller
 from gpuledger_allocator.queries import AllocationFilter, allocations_page, cluster_page
-from gpuledger_allocator.service import AllocateCall, AllocatorService
+from gpuledger_allocator.reserving import AllocateCall
+from gpuledger_allocator.service import AllocatorService
 from gpuledger_common import clusterwire
 from gpuledger_common import pbconvert as conv
 from gpuledger_common.bus import answering

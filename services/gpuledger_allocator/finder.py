@@ -24,7 +24,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from gpuledger_allocator.metrics import PLACEMENT_ANSWERS
-from gpuledger_allocator.service import Candidate, NodeFinder
+from gpuledger_allocator.reserving import Candidate, NodeFinder
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import bus
 from gpuledger_core import codec

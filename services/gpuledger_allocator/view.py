@@ -25,7 +25,7 @@ from gpuledger_core.status import NodeStatus, Usage, node_status
 log = logging.getLogger(__name__)
 
 # Allocations seen to leave their node's key (released and pruned, or the node removed), newest
-# kept: an owner record naming one is stale, not a write still on its way (service._contest).
+# kept: an owner record naming one is stale, not a write still on its way (owner_claims._contest).
 GONE_KEPT = 65_536
 
 

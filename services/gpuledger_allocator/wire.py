@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuledger_allocator.service import AllocateCall
+from gpuledger_allocator.reserving import AllocateCall
 from gpuledger_core import codec
 from gpuledger_core.codec import Reader
 from gpuledger_core.errors import InvalidArgument

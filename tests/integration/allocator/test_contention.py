@@ -13,7 +13,8 @@ import asyncio
 from nats.aio.client import Client
 
 from gpuledger_allocator.finder import BuiltinFinder
-from gpuledger_allocator.service import AllocateCall, AllocatorService
+from gpuledger_allocator.reserving import AllocateCall
+from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common.store import Following, LedgerStore, Transition
 from gpuledger_core.errors import Exhausted

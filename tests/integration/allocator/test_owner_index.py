@@ -12,7 +12,8 @@ import pytest
 from nats.aio.client import Client
 
 from gpuledger_allocator.finder import BuiltinFinder
-from gpuledger_allocator.service import AllocateCall, AllocatorService
+from gpuledger_allocator.reserving import AllocateCall
+from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import bus
 from gpuledger_common.store import LedgerStore

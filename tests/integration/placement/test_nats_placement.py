@@ -11,7 +11,7 @@ from nats.aio.client import Client
 from prometheus_client import REGISTRY
 
 from gpuledger_allocator.finder import BuiltinFinder, PlacementFinder
-from gpuledger_allocator.service import Candidate
+from gpuledger_allocator.reserving import Candidate
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import bus
 from gpuledger_common.store import LedgerStore

@@ -86,8 +86,12 @@ async def test_no_child_of_a_run_outlives_it(tmp_path: Path, sig: signal.Signals
         seen = {pid: start for pid in listed if (start := started_at(pid)) is not None}
         assert len(seen) == 3, f"{listed} not all running: {(tmp_path / 'inner.log').read_text()}"
         run.send_signal(sig)
-        async with asyncio.timeout(30):
-            await run.wait()
+        try:
+            async with asyncio.timeout(30):
+                await run.wait()
+        except TimeoutError:
+            log = (tmp_path / "inner.log").read_text(errors="replace")
+            pytest.fail(f"the run did not end within 30 s of {sig.name}; it printed:\n{log}")
 
         async def none_left() -> bool:
             return not left(seen)

@@ -50,7 +50,9 @@ async def test_waits_until_the_run_is_ended(started):
     Path(os.environ["CHILD_PIDS"]).write_text(" ".join(map(str, started)))
     await asyncio.Event().wait()
 '''
-INI = "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\n"
+# faulthandler_timeout: a run that has not ended 20 s into its one test (signalled within seconds)
+# prints where every thread waits, which the test shows if the run does not end.
+INI = "[pytest]\nasyncio_mode = auto\nasyncio_default_fixture_loop_scope = function\nfaulthandler_timeout = 20\n"
 
 
 def started_at(pid: int) -> str | None:

@@ -32,7 +32,7 @@ KUBERNETES = "v1.36.3"
 ETCD = "v3.6.16"
 KWOK = "v0.8.0"
 
-KUBE_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl")
+KUBE_COMMANDS = ("kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "kubelet")
 STAGING_LINE = re.compile(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/src/k8s\.io/[\w.-]+\s*$")
 
 
@@ -48,6 +48,7 @@ class Binaries:
     kube_scheduler: Path
     kube_controller_manager: Path
     kubectl: Path
+    kubelet: Path  # for a real node (``gpuledger_dev.realnode``)
     etcd: Path
     kwok: Path
 
@@ -69,6 +70,7 @@ def binaries(root: Path | None = None) -> Binaries:
         kube_scheduler=kube / "kube-scheduler",
         kube_controller_manager=kube / "kube-controller-manager",
         kubectl=kube / "kubectl",
+        kubelet=kube / "kubelet",
         etcd=base / f"etcd-{ETCD}" / "bin" / "etcd",
         kwok=base / f"kwok-{KWOK}" / "bin" / "kwok",
     )
@@ -94,7 +96,7 @@ def go_for_builds(root: Path | None = None) -> Go:
     return go
 
 
-def _run(go: Go, args: Sequence[str], cwd: Path, what: str, extra: Mapping[str, str] | None = None) -> str:
+def run_go(go: Go, args: Sequence[str], cwd: Path, what: str, extra: Mapping[str, str] | None = None) -> str:
     env = {**os.environ, **go.env(), "GOWORK": "off", "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod", **(extra or {})}
     cmd = [str(go.binary), *args]
     started = time.monotonic()
@@ -113,7 +115,7 @@ def _run(go: Go, args: Sequence[str], cwd: Path, what: str, extra: Mapping[str, 
     return "".join(lines)
 
 
-def _write_module(workdir: Path, module: str, go_mod: str, imports: Sequence[str]) -> None:
+def write_module(workdir: Path, module: str, go_mod: str, imports: Sequence[str]) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "go.mod").write_text(go_mod)
     blank = "\n".join(f'\t_ "{path}"' for path in imports)
@@ -123,7 +125,9 @@ def _write_module(workdir: Path, module: str, go_mod: str, imports: Sequence[str
 def upstream_go_mod(go: Go, workdir: Path) -> str:
     """The text of ``k8s.io/kubernetes``'s own go.mod, from the module cache (downloaded if needed)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    out = _run(go, ["mod", "download", "-json", f"k8s.io/kubernetes@{KUBERNETES}"], workdir, "fetch k8s.io/kubernetes")
+    out = run_go(
+        go, ["mod", "download", "-json", f"k8s.io/kubernetes@{KUBERNETES}"], workdir, "fetch k8s.io/kubernetes"
+    )
     start = out.find("{")
     if start < 0:
         raise BuildError(f"'go mod download -json' printed no JSON:\n{out[-2000:]}")
@@ -150,7 +154,7 @@ def kube_tools_go_mod(upstream: str) -> str:
     )
 
 
-def _install(built: Path, target: Path) -> None:
+def install(built: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_suffix(".tmp")
     shutil.copy2(built, tmp)
@@ -161,8 +165,8 @@ def _install(built: Path, target: Path) -> None:
 def build_kubernetes(go: Go, root: Path, found: Binaries) -> None:
     workdir = root / "src" / f"kubernetes-{KUBERNETES}"
     upstream = upstream_go_mod(go, workdir / "probe")
-    _write_module(workdir, "tools", kube_tools_go_mod(upstream), [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS])
-    _run(go, ["mod", "tidy"], workdir, "resolve k8s.io/kubernetes modules")
+    write_module(workdir, "tools", kube_tools_go_mod(upstream), [f"k8s.io/kubernetes/cmd/{c}" for c in KUBE_COMMANDS])
+    run_go(go, ["mod", "tidy"], workdir, "resolve k8s.io/kubernetes modules")
     stamp = " ".join(
         f"-X k8s.io/{pkg}/version.{key}={value}"
         for pkg in ("component-base", "client-go/pkg")
@@ -178,7 +182,7 @@ def build_kubernetes(go: Go, root: Path, found: Binaries) -> None:
         if target.is_file():
             continue
         out = workdir / "out" / command
-        _run(
+        run_go(
             go,
             [
                 "build",
@@ -192,30 +196,30 @@ def build_kubernetes(go: Go, root: Path, found: Binaries) -> None:
             workdir,
             f"build {command} {KUBERNETES}",
         )
-        _install(out, target)
+        install(out, target)
 
 
 def build_etcd(go: Go, root: Path, found: Binaries) -> None:
     workdir = root / "src" / f"etcd-{ETCD}"
     go_mod = f"module gpuledger.io/tools/etcd\n\ngo 1.24\n\nrequire go.etcd.io/etcd/server/v3 {ETCD}\n"
-    _write_module(workdir, "tools", go_mod, ["go.etcd.io/etcd/server/v3"])
-    _run(go, ["mod", "tidy"], workdir, "resolve etcd modules")
+    write_module(workdir, "tools", go_mod, ["go.etcd.io/etcd/server/v3"])
+    run_go(go, ["mod", "tidy"], workdir, "resolve etcd modules")
     out = workdir / "out" / "etcd"
-    _run(
+    run_go(
         go,
         ["build", "-trimpath", "-ldflags", "-s -w", "-o", str(out), "go.etcd.io/etcd/server/v3"],
         workdir,
         f"build etcd {ETCD}",
     )
-    _install(out, found.etcd)
+    install(out, found.etcd)
 
 
 def build_kwok(go: Go, root: Path, found: Binaries) -> None:
     gobin = root / "src" / f"kwok-{KWOK}"
     gobin.mkdir(parents=True, exist_ok=True)
     args = ["install", "-trimpath", "-ldflags", "-s -w", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK}"]
-    _run(go, args, gobin, f"build kwok {KWOK}", {"GOBIN": str(gobin)})
-    _install(gobin / "kwok", found.kwok)
+    run_go(go, args, gobin, f"build kwok {KWOK}", {"GOBIN": str(gobin)})
+    install(gobin / "kwok", found.kwok)
 
 
 def ensure_built(root: Path | None = None) -> Binaries:

@@ -1,5 +1,6 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager,
-kube-scheduler (with gpuledger's extender configuration) and kwok managing the nodes.
+kube-scheduler (with gpuledger's extender configuration) and kwok managing the nodes (or, for a
+real node, no kwok: ``gpuledger_dev.realnode``).
 
 Everything listens on 127.0.0.1 on free ports; every process logs to its own file under the work
 directory, and a process that dies while starting fails with its log's tail. ``ControlPlane`` is a
@@ -150,6 +151,7 @@ class ControlPlane:
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     runtime_config: Sequence[str] = ()
     bins: Binaries | None = None
+    kwok: bool = True  # kwok manages every node; a real node's control plane runs without it
     processes: dict[str, Process] = field(default_factory=dict)
     access: Access | None = None
     pki: Pki | None = None
@@ -176,7 +178,8 @@ class ControlPlane:
         self._start_etcd()
         self._start_apiserver()
         self._start_controller_manager()
-        self._start_kwok()
+        if self.kwok:
+            self._start_kwok()
 
     def stop(self) -> None:
         for process in reversed(list(self.processes.values())):
@@ -250,8 +253,20 @@ class ControlPlane:
             str(self.pki.sa_key),
             "--token-auth-file",
             str(tokens),
+            # As a cluster authorizes its kubelets: the Node authorizer and NodeRestriction for
+            # system:node:<name> users (a real node's kubelet), RBAC for everyone else.
             "--authorization-mode",
-            "RBAC",
+            "Node,RBAC",
+            "--enable-admission-plugins",
+            "NodeRestriction",
+            "--kubelet-client-certificate",
+            str(self.pki.kubelet_client_cert),
+            "--kubelet-client-key",
+            str(self.pki.kubelet_client_key),
+            "--kubelet-certificate-authority",
+            str(self.pki.ca_cert),
+            "--kubelet-preferred-address-types",
+            "InternalIP",
             "--service-cluster-ip-range",
             SERVICE_CIDR,
             "--allow-privileged=true",

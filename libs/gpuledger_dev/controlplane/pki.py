@@ -1,6 +1,8 @@
 """Keys and certificates for a control plane on loopback: a CA, the API server's serving
-certificate (for 127.0.0.1 and localhost) and the service-account signing key. Both certificates
-carry the key identifiers that Python 3.13's strict default verification asks for."""
+certificate (for 127.0.0.1 and localhost), the API server's client certificate for kubelets
+(``logs``, ``exec``), the service-account signing key, and certificates a real node asks for later
+(``issue``: its kubelet's client and serving certificates). Every certificate carries the key
+identifiers that Python 3.13's strict default verification asks for."""
 
 from __future__ import annotations
 
@@ -24,9 +26,32 @@ class Pki:
     server_cert: Path
     server_key: Path
     sa_key: Path  # signs and verifies service-account tokens (one RSA key serves both flags)
+    ca_key: Path
+    kubelet_client_cert: Path  # the API server's identity towards kubelets (system:masters)
+    kubelet_client_key: Path
 
     def ca_pem(self) -> bytes:
         return self.ca_cert.read_bytes()
+
+    def issue(
+        self,
+        stem: str,
+        common_name: str,
+        groups: tuple[str, ...] = (),
+        *,
+        client: bool = False,
+        hosts: tuple[str, ...] = (),
+    ) -> tuple[Path, Path]:
+        """A certificate signed by this CA, written as ``<stem>.crt`` and ``<stem>.key`` beside it:
+        for a client (``common_name`` and ``groups`` are its user and groups) or a server (``hosts``)."""
+        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
+        assert isinstance(ca_key, rsa.RSAPrivateKey)
+        cert, key = _signed(ca_key, common_name, groups, client=client, hosts=hosts)
+        paths = self.ca_cert.parent / f"{stem}.crt", self.ca_cert.parent / f"{stem}.key"
+        paths[0].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        paths[1].write_bytes(_pem(key))
+        paths[1].chmod(0o600)
+        return paths
 
 
 def _key() -> rsa.RSAPrivateKey:
@@ -39,15 +64,18 @@ def _pem(key: rsa.RSAPrivateKey) -> bytes:
     )
 
 
-def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+def _name(common: str, groups: tuple[str, ...] = ()) -> x509.Name:
+    organizations = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups]
+    return x509.Name([*organizations, x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
-def _builder(subject: str, issuer: str, key: rsa.RSAPrivateKey) -> x509.CertificateBuilder:
+def _builder(
+    subject: str, issuer: str, key: rsa.RSAPrivateKey, groups: tuple[str, ...] = ()
+) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
-        .subject_name(_name(subject))
+        .subject_name(_name(subject, groups))
         .issuer_name(_name(issuer))
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -67,21 +95,37 @@ def make_pki(directory: Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    names = subject_names(hosts)
-    server_key = _key()
-    server = (
-        _builder("kube-apiserver", "gpuledger-test-ca", server_key)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(server_key.public_key()), critical=False)
+    pki = Pki(
+        directory / "ca.crt",
+        directory / "apiserver.crt",
+        directory / "apiserver.key",
+        directory / "sa.key",
+        directory / "ca.key",
+        directory / "apiserver-kubelet-client.crt",
+        directory / "apiserver-kubelet-client.key",
+    )
+    pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    pki.ca_key.write_bytes(_pem(ca_key))
+    pki.sa_key.write_bytes(_pem(_key()))
+    for key in (pki.ca_key, pki.sa_key):
+        key.chmod(0o600)
+    pki.issue("apiserver", "kube-apiserver", hosts=hosts)
+    pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",), client=True)
+    return pki
+
+
+def _signed(
+    ca_key: rsa.RSAPrivateKey, common_name: str, groups: tuple[str, ...], *, client: bool, hosts: tuple[str, ...]
+) -> tuple[x509.Certificate, rsa.RSAPrivateKey]:
+    key = _key()
+    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    builder = _builder(common_name, "gpuledger-test-ca", key, groups)
+    if hosts:
+        builder = builder.add_extension(x509.SubjectAlternativeName(subject_names(hosts)), critical=False)
+    cert = (
+        builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-    pki = Pki(directory / "ca.crt", directory / "apiserver.crt", directory / "apiserver.key", directory / "sa.key")
-    pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    pki.server_cert.write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    pki.server_key.write_bytes(_pem(server_key))
-    pki.sa_key.write_bytes(_pem(_key()))
-    for key in (pki.server_key, pki.sa_key):
-        key.chmod(0o600)
-    return pki
+    return cert, key

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 
+from gpuledger_dev import debian
 from tests.support.engine.errors import EngineError
 from tests.support.engine.steps import say
 
@@ -17,12 +16,7 @@ PACKAGES = {
 
 
 def missing() -> list[str]:
-    return [package for package, binary in PACKAGES.items() if _which(binary) is None]
-
-
-def _which(binary: str) -> str | None:
-    # dockerd lives in /usr/sbin, which a non-login PATH may lack.
-    return shutil.which(binary) or shutil.which(binary, path="/usr/sbin:/sbin:/usr/bin")
+    return debian.missing(PACKAGES)
 
 
 def require_root(what: str) -> None:
@@ -35,20 +29,9 @@ def require_root(what: str) -> None:
 
 def ensure_packages() -> None:
     todo = missing()
-    if not todo:
-        return
-    require_root(f"installing {', '.join(todo)}")
-    if shutil.which("apt-get") is None:
-        raise EngineError(f"no apt-get to install {', '.join(todo)}: install them with this system's packages")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (
-        ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *todo],
-    ):
-        say("+ " + " ".join(cmd))
-        proc = subprocess.run(cmd, env=env, check=False)
-        if proc.returncode != 0:
-            raise EngineError(f"{' '.join(cmd)} failed with exit {proc.returncode}")
-    still = missing()
-    if still:
-        raise EngineError(f"apt-get installed {', '.join(todo)} but these are still missing: {', '.join(still)}")
+    if todo:
+        require_root(f"installing {', '.join(todo)}")
+    try:
+        debian.ensure_packages(PACKAGES, "the compose tests", say)
+    except debian.PackageError as err:
+        raise EngineError(str(err)) from err

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from gpuledger_dev.controlplane.api import ApiError, KubeApi
-from gpuledger_dev.controlplane.cluster import ControlPlane, ControlPlaneError, scheduler_config
+from gpuledger_dev.controlplane.cluster import KWOK_NODE_LABEL, ControlPlane, ControlPlaneError, scheduler_config
 from gpuledger_dev.extender_pki import ExtenderPki
 from gpuledger_dev.fake_cluster import Outcome
 from gpuledger_dev.fleet import Fleet
@@ -54,7 +54,7 @@ def node_object(name: str, cpu_milli: int = 0, memory_mib: int = 0) -> dict[str,
         "kind": "Node",
         "metadata": {
             "name": name,
-            "labels": {"kubernetes.io/hostname": name, "type": "kwok"},
+            "labels": {"kubernetes.io/hostname": name, KWOK_NODE_LABEL[0]: KWOK_NODE_LABEL[1]},
             "annotations": {"kwok.x-k8s.io/node": "fake"},
         },
         "status": {"capacity": capacity, "allocatable": dict(capacity)},

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from gpuledger_dev.controlplane.api import ApiError, KubeApi
-from gpuledger_dev.controlplane.cluster import ControlPlane
+from gpuledger_dev.controlplane.cluster import KWOK_NODE_LABEL, ControlPlane
 from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.app import Running, serve
 from gpuledger_inventory.publisher import SlicePublisher
@@ -57,13 +57,22 @@ async def dra_node(
     fleet = work / "fleet.yaml"
     fleet.write_text(yaml.safe_dump({"nodes": [{"name": name, "profile": profile}]}))
     settings = InventorySettings(
-        node=name, nats_url=nats.url, fake_fleet=str(fleet), kube="kubeconfig", kubeconfig=str(cp.admin_kubeconfig),
-        mode="dra", http_host="127.0.0.1", http_port=0, event_wait_ms=50, heartbeat_interval_s=1.0,
+        node=name,
+        nats_url=nats.url,
+        fake_fleet=str(fleet),
+        kube="kubeconfig",
+        kubeconfig=str(cp.admin_kubeconfig),
+        mode="dra",
+        http_host="127.0.0.1",
+        http_port=0,
+        event_wait_ms=50,
+        heartbeat_interval_s=1.0,
         **overrides,
     )
     async with KubeApi(cp.access) as api:
         capacity = {**CAPACITY, "pods": str(pods)}
-        body = {"metadata": {"name": name}, "status": {"capacity": capacity, "allocatable": capacity}}
+        meta = {"name": name, "labels": dict([KWOK_NODE_LABEL])}  # kwok plays it
+        body = {"metadata": meta, "status": {"capacity": capacity, "allocatable": capacity}}
         await api.create("/api/v1/nodes", body)
         stop = asyncio.Event()
         started: asyncio.Future[Running] = asyncio.get_running_loop().create_future()

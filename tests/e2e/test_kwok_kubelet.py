@@ -22,7 +22,7 @@ from grpclib.client import Channel
 from grpclib.const import Status
 
 from gpuledger_dev.controlplane.api import ApiError, KubeApi
-from gpuledger_dev.controlplane.cluster import Access, ControlPlane
+from gpuledger_dev.controlplane.cluster import KWOK_NODE_LABEL, Access, ControlPlane
 from gpuledger_dev.kubelet_pods import ADMITTED
 from gpuledger_dev.kwok_kubelet import GPU, KwokKubelet, KwokKubeletSettings
 from gpuledger_plugin.kubelet import KubeletLink, Registration
@@ -190,7 +190,8 @@ async def running_node(
     registration = Registration(str(work / "dp" / "kubelet.sock"), str(work / "dp" / "tiny.sock"), GPU, options, 0.05)
     async with KubeApi(control_plane.access) as api:
         await api.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
-        node = {"metadata": {"name": name}, "status": {"capacity": CAPACITY, "allocatable": CAPACITY}}
+        meta = {"name": name, "labels": dict([KWOK_NODE_LABEL])}  # kwok plays it
+        node = {"metadata": meta, "status": {"capacity": CAPACITY, "allocatable": CAPACITY}}
         await api.create("/api/v1/nodes", node)
         try:
             kubelet = KwokKubelet(name, work / "dp", work / "pr.sock", access or control_plane.access, settings)

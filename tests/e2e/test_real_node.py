@@ -4,16 +4,14 @@ plane, running real containers from the images built here, and leaving nothing b
 from __future__ import annotations
 
 import itertools
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuledger_dev.controlplane.build import KUBERNETES
-from gpuledger_dev.controlplane.cluster import ControlPlane
+from gpuledger_dev.controlplane.cluster import KWOK_NODE_LABEL, ControlPlane
 from gpuledger_dev.realnode.build import CONTAINERD
 from gpuledger_dev.realnode.images import WORKLOAD_IMAGE
 from gpuledger_dev.realnode.node import RealNode
@@ -22,10 +20,9 @@ NAMES = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def plane() -> Iterator[ControlPlane]:
-    """A control plane of these tests' own, without kwok (it would take the real node over)."""
-    with ControlPlane(Path(tempfile.mkdtemp(prefix="gl-cp-node-")), kwok=False) as cp:
-        yield cp
+def plane(control_plane: ControlPlane) -> ControlPlane:
+    """The session's bare control plane: its kwok plays only the Nodes labelled for it."""
+    return control_plane
 
 
 @pytest.fixture
@@ -59,6 +56,7 @@ def wait_phase(plane: ControlPlane, name: str, phases: set[str], timeout: float 
 
 def test_kubelet_registers_its_node(node: RealNode) -> None:
     found = node.node()
+    assert KWOK_NODE_LABEL[0] not in found["metadata"]["labels"]  # so kwok keeps its hands off
     info = found["status"]["nodeInfo"]
     assert info["kubeletVersion"] == KUBERNETES
     assert info["containerRuntimeVersion"] == f"containerd://{CONTAINERD.removeprefix('v')}"

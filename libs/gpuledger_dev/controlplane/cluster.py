@@ -36,6 +36,7 @@ DEFAULT_CONTROLLERS = ("garbage-collector-controller", "namespace-controller", "
 SERVICE_CIDR = "10.96.0.0/16"  # only written into Services; nothing here dials it
 KWOK_CIDR = "198.51.100.0/24"  # pod IPs kwok writes into statuses (a documentation range)
 STARTUP_S = 90.0
+KWOK_NODE_LABEL = ("type", "kwok")  # kwok plays the Nodes with this label (and their pods), no other
 SCHEDULER_CONFIG = Path("deploy") / "scheduler" / "scheduler-config.yaml"
 
 
@@ -151,7 +152,7 @@ class ControlPlane:
     feature_gates: Mapping[str, bool] = field(default_factory=dict)
     runtime_config: Sequence[str] = ()
     bins: Binaries | None = None
-    kwok: bool = True  # kwok manages every node; a real node's control plane runs without it
+    kwok: bool = True  # kwok plays the Nodes labelled KWOK_NODE_LABEL
     processes: dict[str, Process] = field(default_factory=dict)
     access: Access | None = None
     pki: Pki | None = None
@@ -312,7 +313,10 @@ class ControlPlane:
             str(self.admin_kubeconfig),
             "--config",
             str(stages),
-            "--manage-all-nodes=true",
+            # Only the Nodes made for it: a real kubelet's Node is its own.
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-label-selector",
+            "=".join(KWOK_NODE_LABEL),
             "--cidr",
             KWOK_CIDR,
             "--node-ip",

@@ -2,7 +2,9 @@
 
 A put whose answer was lost (a timeout, a dropped connection) may have been applied: tried again
 with the same bytes on the same revision, it then fails as a conflict, and the key's first message
-after that revision (the write that took its place) says whether it was this one. A refusal that
+after that revision (the write that took its place) says whether it was this one. When it does not
+prove it (the bucket keeps a few messages of a key, so later writes may have pushed it out), the
+conflict is ``MaybeLanded``: the writer must look at the key before it calls the race lost. A refusal that
 names no revision while the key stands still lost no race: the stream's leader holds a write it
 has not committed yet, and that is waited out within the call's window (docs/ledger.md).
 """
@@ -19,6 +21,12 @@ from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from gpuledger_common.store.buckets import Buckets
 from gpuledger_common.store.outage import MAX_BACKOFF_S, Outage, outage_of, time_left
 from gpuledger_core.errors import Unavailable
+
+
+class MaybeLanded(KeyWrongLastSequenceError):
+    """A conflict after a put whose answer was lost, where the put may be what took the revision:
+    the key's message that would say so is no longer kept (or was another's)."""
+
 
 PENDING_PAUSE_S = 0.005  # the first pause after a refusal that a write pending at the leader caused
 
@@ -42,10 +50,12 @@ async def compare_and_set(
         nonlocal unsure
         try:
             return await put()
-        except KeyWrongLastSequenceError:
-            if unsure and (landed := await _landed(buckets, bucket, key, revision, data)):
+        except KeyWrongLastSequenceError as refusal:
+            if not unsure:
+                raise
+            if landed := await _landed(buckets, bucket, key, revision, data):
                 return landed
-            raise
+            raise MaybeLanded(description=refusal.description) from refusal
         except Exception as err:
             unsure = unsure or outage_of(err) is Outage.UNKNOWN
             raise
@@ -57,8 +67,9 @@ async def compare_and_set(
 
 
 async def _landed(buckets: Buckets, bucket: str, key: str, revision: int, data: bytes) -> int:
-    """The revision ``data`` was written at on top of ``revision``, or 0 if another write
-    took that place (or it is no longer kept: the transition then runs on a fresh read)."""
+    """The revision ``data`` was written at on top of ``revision``, or 0 if that is not proven:
+    another write took that place, or the message is no longer kept and a later one is the
+    first the key has after ``revision``."""
     try:
         msg = await buckets.js.get_msg(f"KV_{bucket}", seq=revision + 1, subject=f"$KV.{bucket}.{key}", next=True)
     except NotFoundError:

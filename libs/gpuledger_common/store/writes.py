@@ -21,7 +21,7 @@ from nats.js.errors import APIError, KeyDeletedError, KeyNotFoundError, KeyWrong
 from gpuledger_common.bus import after_reply
 from gpuledger_common.metrics import CAS_ATTEMPTS, CAS_CONFLICTS, CAS_GAVE_UP
 from gpuledger_common.store.buckets import KEY_PREFIX, LEDGER_BUCKET, Buckets, node_key
-from gpuledger_common.store.cas import compare_and_set, pending_at_leader, revision_now
+from gpuledger_common.store.cas import MaybeLanded, compare_and_set, pending_at_leader, revision_now
 from gpuledger_common.store.events import Events
 from gpuledger_common.store.known import Known
 from gpuledger_common.store.values import WRITES_REMEMBERED, Values
@@ -106,6 +106,8 @@ class Writes:
                 self.stats.conflicts += 1
                 CAS_CONFLICTS.inc()
                 self.known.contended[node] = time.monotonic()
+                if isinstance(refusal, MaybeLanded) and (there := await self._there(node, transition)) is not None:
+                    return there  # our write, its answer lost: calling the race lost would write it twice
                 lost_to = revision_now(refusal)
                 if not lost_to and await pending_at_leader(
                     self.buckets, f"write the ledger of {node}", lambda: self._revision(node), revision, pending
@@ -143,6 +145,13 @@ class Writes:
             await asyncio.sleep(random.uniform(0, min(0.2, YIELD_BACKOFF_S * 2 ** (attempt - YIELD_AFTER))))
         else:
             await asyncio.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
+
+    async def _there(self, node: str, transition: Transition) -> Written | None:
+        """After a write whose answer was lost and whose landing cannot be proven: the key read
+        afresh, if the transition finds nothing left to do on it (the write is there)."""
+        current, revision = await self.read(node)
+        new = transition(tidy(current, self.clock()) if current is not None else None)
+        return Written(current, current, revision) if new == current else None
 
     async def _revision(self, node: str) -> int:
         return (await self.read(node))[1]
@@ -199,9 +208,7 @@ class _Unproven:
 UNPROVEN = _Unproven()
 
 
-def _try(
-    transition: Transition, known: tuple[NodeLedger | None, int], now: float
-) -> NodeLedger | _Unproven | None:
+def _try(transition: Transition, known: tuple[NodeLedger | None, int], now: float) -> NodeLedger | _Unproven | None:
     """The transition's result on a value that may be stale, or ``UNPROVEN`` when it refused or
     changed nothing (neither verdict may be trusted before a fresh read)."""
     current = known[0]

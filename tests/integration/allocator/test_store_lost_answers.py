@@ -95,9 +95,7 @@ async def test_a_write_held_up_until_another_took_its_revision_is_applied_on_a_f
     assert store.stats.conflicts >= 1
 
 
-async def test_an_owner_record_whose_answer_is_lost_is_still_ours(
-    nc: Client, link: HeldLink, through: Client
-) -> None:
+async def test_an_owner_record_whose_answer_is_lost_is_still_ours(nc: Client, link: HeldLink, through: Client) -> None:
     store, direct = await LedgerStore.open(through), await LedgerStore.open(nc)
     owner = Owner(OwnerKind.TOOL, "lost-answer")
 
@@ -110,3 +108,37 @@ async def test_an_owner_record_whose_answer_is_lost_is_still_ours(
     record = await direct.owner_record(owner)
     assert revision is not None and record is not None
     assert (record.allocation, record.revision) == ("a", revision)
+
+
+def take_once(allocation_id: str, mem: int) -> Transition:
+    """``take``, as the allocator's reservation is written: a no-op where the allocation already is."""
+    first = take(allocation_id, mem)
+
+    def transition(current: NodeLedger | None) -> NodeLedger | None:
+        assert current is not None
+        return current if current.get(AllocationId(allocation_id)) is not None else first(current)
+
+    return transition
+
+
+async def test_a_write_whose_answer_is_lost_and_whose_message_is_gone_is_found_on_a_fresh_read(
+    nc: Client, link: HeldLink, through: Client
+) -> None:
+    """The key keeps a few revisions only: once others wrote it more often than that, the message
+    that says whether the lost write was ours is gone. Even a caller that asked for one attempt
+    (the allocator's first pass over the nodes, which moves on to the next node on a lost race)
+    must hear that its write is there, not that it lost: else it writes the allocation twice."""
+    store, direct = await LedgerStore.open(through), await LedgerStore.open(nc)
+    await store.mutate(NODE, lambda _: NodeLedger(Node(NODE, (CARD,))))
+
+    link.hold_answers()
+    writing = asyncio.ensure_future(store.mutate(NODE, take_once("a", 1000), attempts=1))
+    await wait_for(lambda: retried(store), what="the first try timing out")  # its answer is held
+    for i in range(8):  # more writes than the bucket keeps of one key (history 5)
+        await direct.mutate(NODE, take_once(f"b{i}", 100))
+    link.release()
+
+    written = await asyncio.wait_for(writing, 15)
+    assert written.new is not None and written.new.get(AllocationId("a")) is not None
+    final, _ = await direct.read(NODE)
+    assert final is not None and sorted(a.id for a in final.allocations) == ["a", *(f"b{i}" for i in range(8))]

@@ -30,6 +30,7 @@ class Outcome:
     node: str = ""
     env: dict[str, dict[str, str]] = field(default_factory=dict)
     pending: str = ""
+    dev: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a real node's: what each container's /dev held
 
 
 def gpu_pod(name: str, limits: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:

@@ -69,11 +69,20 @@ async def _nodes_in_ledger(grpc: str, count: int) -> bool:
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    fleet: Fleet, dashboard_port: int, grpc_port: int, say: Say, kubernetes: str = "fake", mode: str = "classic"
+    fleet: Fleet,
+    dashboard_port: int,
+    grpc_port: int,
+    say: Say,
+    kubernetes: str = "fake",
+    mode: str = "classic",
+    real_node: str = "",
 ) -> AsyncIterator[Stack]:
     """The whole stack; ``kubernetes`` is ``sim`` (simulated API server, scheduler and kubelets) or
     ``real`` (a real control plane built from Go modules, kwok nodes and simulated kubelets);
-    ``mode`` ``dra`` (real only) runs every node in DRA mode (docs/dra.md)."""
+    ``mode`` ``dra`` (real only) runs every node in DRA mode (docs/dra.md); ``real_node`` (real
+    only) names the fleet's node that runs a real kubelet and container runtime."""
+    if real_node and kubernetes != "real":
+        raise ValueError(f"a real node ({real_node}) needs the real control plane, not {kubernetes}")
     if kubernetes not in KUBERNETES:
         raise ValueError(f"kubernetes must be one of {'|'.join(KUBERNETES)}, got {kubernetes!r}")
     if mode not in (*MODES, BOTH) or (mode != "classic" and kubernetes != "real"):
@@ -81,7 +90,9 @@ async def running_stack(
     run_dir = Path(tempfile.mkdtemp(prefix="gl-"))  # short: unix socket paths stay under 108 bytes
     supervisor = Supervisor(run_dir)
     names = [str(n.node.name) for n in fleet.nodes]
-    cluster: Cluster = FakeCluster(run_dir, names) if kubernetes == "fake" else RealCluster(run_dir, fleet, mode)
+    cluster: Cluster = (
+        FakeCluster(run_dir, names) if kubernetes == "fake" else RealCluster(run_dir, fleet, mode, real_node)
+    )
     say(f"logs and sockets in {run_dir}")
     try:
         async with secure_nats(names) as nats:  # TLS, and a user per role and node, as deployed
@@ -165,11 +176,12 @@ def _dra_plugin(cluster: Cluster, nats: SecureNats, node: str, kubeconfig: Path)
 
 
 def _classic_plugin(cluster: Cluster, nats: SecureNats, node: str) -> list[str]:
+    real = cluster.plugin_flags(node) if isinstance(cluster, RealCluster) else []
     return [
         "--node", node, *_nats_flags(nats, Role.PLUGIN, node),
         "--device-plugin-dir", str(cluster.plugin_dir(node)),
         "--pod-resources-socket", str(cluster.pod_resources(node)),
-        "--http-host", "127.0.0.1", "--http-port", "0",
+        "--http-host", "127.0.0.1", "--http-port", "0", *real,
     ]  # fmt: skip
 
 

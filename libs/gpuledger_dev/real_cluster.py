@@ -12,11 +12,17 @@ cards through ResourceClaims of the DeviceClasses in deploy/kubernetes/dra, and 
 kubelet also plays kubelet's DRA side: the DRA plugin registers with it, and a pod runs only once
 NodePrepareResources wrote its claims' CDI specs (their environment is what the pod's containers
 get).
+
+With ``real_node`` one node of the fleet is a real one instead (``gpuledger_dev.realnode``):
+kubelet v1.36 and containerd run its pods as containers of the workload image, its cards' device
+nodes are made under the run directory (the plugin answers with them), and what a container got is
+what it printed itself: its environment and its ``/dev``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -28,9 +34,12 @@ from gpuledger_dev.controlplane.api import ApiError, KubeApi
 from gpuledger_dev.controlplane.cluster import KWOK_NODE_LABEL, ControlPlane, ControlPlaneError, scheduler_config
 from gpuledger_dev.extender_pki import ExtenderPki
 from gpuledger_dev.fake_cluster import Outcome
-from gpuledger_dev.fleet import Fleet
+from gpuledger_dev.fleet import Fleet, FleetNode
 from gpuledger_dev.kwok_dra import KwokDraSettings
 from gpuledger_dev.kwok_kubelet import KwokKubelet
+from gpuledger_dev.realnode.devices import make_device_nodes
+from gpuledger_dev.realnode.images import WORKLOAD_IMAGE
+from gpuledger_dev.realnode.node import DEVICE_PLUGIN_DIR, RealNode
 
 NAMESPACE = "demo"
 SCHEDULER = "gpuledger-scheduler"
@@ -62,11 +71,15 @@ def node_object(name: str, cpu_milli: int = 0, memory_mib: int = 0) -> dict[str,
 
 
 class RealCluster:
-    def __init__(self, run_dir: Path, fleet: Fleet, mode: str = "classic") -> None:
+    def __init__(self, run_dir: Path, fleet: Fleet, mode: str = "classic", real_node: str = "") -> None:
         if mode not in (*MODES, BOTH):
             raise ValueError(f"mode must be one of {'|'.join((*MODES, BOTH))}, got {mode!r}")
         self.run_dir, self.fleet, self.mode = run_dir, fleet, mode
         self.nodes = [str(n.node.name) for n in fleet.nodes]
+        if real_node and real_node not in self.nodes:
+            raise ValueError(f"the real node {real_node!r} is not in the fleet ({', '.join(self.nodes)})")
+        self.real_node = real_node
+        self.real: RealNode | None = None
         self.control_plane = ControlPlane(run_dir / "cp")
         self.kubelets: dict[str, KwokKubelet] = {}
         self.extender = ""
@@ -83,10 +96,22 @@ class RealCluster:
         return self.mode in ("classic", BOTH)
 
     def plugin_dir(self, node: str) -> Path:
+        if node == self.real_node:
+            return DEVICE_PLUGIN_DIR  # kubelet's, whatever its root directory
         return self.run_dir / node / "device-plugins"
 
     def pod_resources(self, node: str) -> Path:
+        if self.real is not None and node == self.real_node:
+            return self.real.pod_resources_socket
         return self.run_dir / node / "pod-resources.sock"
+
+    def device_dir(self, node: str) -> Path:
+        """The real node's cards' device nodes (``/dev`` in production)."""
+        return self.run_dir / node / "dev"
+
+    def plugin_flags(self, node: str) -> list[str]:
+        """What the real node's plugin adds to its flags: device nodes in every answer, from device_dir."""
+        return ["--device-specs", "--device-dir", str(self.device_dir(node))] if node == self.real_node else []
 
     def registry_dir(self, node: str) -> Path:
         """DRA mode: kubelet's plugins_registry of the node."""
@@ -112,6 +137,9 @@ class RealCluster:
         await self.api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
         for member in self.fleet.nodes:
             node = str(member.node.name)
+            if node == self.real_node:
+                await self._start_real(member)
+                continue
             await self.api.create("/api/v1/nodes", node_object(node, member.node.cpu_milli, member.node.memory_mib))
             self.plugin_dir(node).mkdir(parents=True, exist_ok=True)
             dra = None
@@ -128,6 +156,13 @@ class RealCluster:
                 await self.api.create("/apis/resource.k8s.io/v1/deviceclasses", body)
         return self.kubeconfig
 
+    async def _start_real(self, member: FleetNode) -> None:
+        node = str(member.node.name)
+        minors = [card.minor if card.minor is not None else card.index for card in member.node.cards]
+        make_device_nodes(self.device_dir(node), minors)
+        self.real = RealNode(self.control_plane, name=node, workdir=self.run_dir / "real-node")
+        await asyncio.to_thread(self.real.start)
+
     async def use_extender(self, url: str, pki: ExtenderPki) -> None:
         """Start kube-scheduler with gpuledger's configuration from deploy/, pointed at ``url``,
         presenting its client certificate from ``pki``."""
@@ -138,6 +173,8 @@ class RealCluster:
     async def stop(self) -> None:
         for kubelet in self.kubelets.values():
             await kubelet.__aexit__(None, None, None)
+        if self.real is not None:
+            await asyncio.to_thread(self.real.stop)
         if self.api is not None:
             await self.api.__aexit__(None, None, None)
         await asyncio.to_thread(self.control_plane.stop)
@@ -172,6 +209,8 @@ class RealCluster:
         body = dict(pod)
         if nodes:
             body["spec"] = {**pod["spec"], "affinity": _on_nodes(nodes)}
+        if self.real_node:
+            body["spec"] = reporting(body["spec"])
         namespace = body["metadata"].get("namespace", NAMESPACE)
         created = await self.api.create(f"/api/v1/namespaces/{namespace}/pods", body)
         return await self.outcome(namespace, created["metadata"]["name"], created["metadata"]["uid"])
@@ -183,6 +222,8 @@ class RealCluster:
         while time.monotonic() < deadline:
             pod = await self.api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
             status, node = pod.get("status", {}), pod.get("spec", {}).get("nodeName", "")
+            if status.get("phase") == "Running" and node == self.real_node:
+                return await self._reported(namespace, name, node, pod)
             if status.get("phase") == "Running":
                 return Outcome(name, node, self._envs(node, pod, uid))
             if status.get("phase") == "Failed":
@@ -205,6 +246,27 @@ class RealCluster:
             envs[container["name"]] = cdi_env(self.cdi_dir(node), ids)
         return envs
 
+    async def _reported(self, namespace: str, name: str, node: str, pod: dict[str, Any]) -> Outcome:
+        """What each container of a pod on the real node printed of itself (``reporting``)."""
+        env: dict[str, dict[str, str]] = {}
+        dev: dict[str, tuple[str, ...]] = {}
+        spec = pod["spec"]
+        for container in (*spec.get("initContainers", []), *spec["containers"]):
+            report = await self._report(namespace, name, container["name"])
+            env[container["name"]], dev[container["name"]] = report
+        return Outcome(name, node, env, dev=dev)
+
+    async def _report(self, namespace: str, name: str, container: str) -> tuple[dict[str, str], tuple[str, ...]]:
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/log?container={container}"
+        deadline = time.monotonic() + OUTCOME_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(ControlPlaneError):
+                text = await asyncio.to_thread(self.control_plane.request, "GET", path)
+                if isinstance(text, str) and REPORT_END in text.splitlines():
+                    return parse_report(text)
+            await asyncio.sleep(0.2)
+        raise TimeoutError(f"container {container} of {namespace}/{name} printed no report within {OUTCOME_S:g}s")
+
     async def scheduling_failure(self, namespace: str, name: str, uid: str) -> str:
         """The message of the pod's latest FailedScheduling event ('' if none)."""
         assert self.api is not None
@@ -221,6 +283,44 @@ class RealCluster:
         except ApiError as err:
             if err.status != 404:
                 raise
+
+
+REPORT_ENV, REPORT_DEV, REPORT_END = "== env", "== dev", "== end"
+# A container's report of itself: its environment, its /dev and the devices NVIDIA's volume-mounts
+# name (under /var/run/nvidia-container-devices), then it waits to be deleted (an init container ends).
+REPORT = (
+    f"echo '{REPORT_ENV}'; env; echo '{REPORT_DEV}'; ls /dev; ls /var/run/nvidia-container-devices 2>/dev/null "
+    f"| sed 's|^|nvidia-container-devices/|'; echo '{REPORT_END}'"
+)
+
+
+def reporting(spec: dict[str, Any]) -> dict[str, Any]:
+    """The pod spec with every container running the workload image built here and reporting
+    what it got; the app containers then sleep until the pod is deleted."""
+
+    def container(found: dict[str, Any], then: str) -> dict[str, Any]:
+        return {**found, "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never", "command": ["sh", "-c", REPORT + then]}
+
+    changed = {**spec, "containers": [container(c, "; exec sleep 2147483647") for c in spec["containers"]]}
+    if spec.get("initContainers"):
+        changed["initContainers"] = [container(c, "") for c in spec["initContainers"]]
+    return changed
+
+
+def parse_report(text: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The environment and the /dev entries a container printed (``REPORT``)."""
+    env: dict[str, str] = {}
+    dev: list[str] = []
+    section = ""
+    for line in text.splitlines():
+        if line in (REPORT_ENV, REPORT_DEV, REPORT_END):
+            section = line
+        elif section == REPORT_ENV and "=" in line:
+            key, value = line.split("=", 1)
+            env[key] = value
+        elif section == REPORT_DEV and line:
+            dev.append(line)
+    return env, tuple(dev)
 
 
 def _on_nodes(nodes: list[str]) -> dict[str, Any]:

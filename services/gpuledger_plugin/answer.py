@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.model import Allocation, CardShare, Grant, Isolation, Node
@@ -76,6 +77,7 @@ class AnswerPolicy:
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     cdi_kind: str = "nvidia.com/gpu"
     device_specs: bool = False
+    device_dir: str = "/dev"  # where the device nodes are on the host; containers always see /dev
     default_isolation: Isolation = Isolation.NONE
     mps_pipe_dir: str = "/tmp/nvidia-mps"
     mps_host_pipe_dir: str = "/run/nvidia/mps"
@@ -116,7 +118,7 @@ def answer(node: Node, allocation: Allocation, grant: Grant, policy: AnswerPolic
     return Answer(
         envs=envs,
         mounts=tuple(mounts),
-        devices=_device_nodes(node, shares) if policy.device_specs else (),
+        devices=_device_nodes(node, shares, policy.device_dir) if policy.device_specs else (),
         annotations=_cdi_annotations(grant, cdi) if "cdi-annotations" in policy.strategies else {},
         cdi_devices=cdi if "cdi-cri" in policy.strategies else (),
     )
@@ -157,13 +159,18 @@ def _percent(core_milli: int) -> str:
     return f"{core_milli / 10:g}"
 
 
-def _device_nodes(node: Node, shares: tuple[CardShare, ...]) -> tuple[DeviceNode, ...]:
+def _device_nodes(node: Node, shares: tuple[CardShare, ...], device_dir: str) -> tuple[DeviceNode, ...]:
     minors = []
     for share in shares:
         card = node.card(share.uuid)
         minor = card.minor if card is not None and card.minor is not None else share.index
         minors.append(f"/dev/nvidia{minor}")
-    return tuple(DeviceNode(p, p) for p in (*NVIDIA_CONTROL_DEVICES, *minors))
+    return tuple(DeviceNode(p, on_host(p, device_dir)) for p in (*NVIDIA_CONTROL_DEVICES, *minors))
+
+
+def on_host(path: str, device_dir: str) -> str:
+    """Where the device node a container sees at ``path`` (under /dev) is on the host."""
+    return str(PurePosixPath(device_dir) / PurePosixPath(path).relative_to("/dev"))
 
 
 def _cdi_annotations(grant: Grant, names: tuple[str, ...]) -> dict[str, str]:

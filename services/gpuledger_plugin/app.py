@@ -80,6 +80,7 @@ def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> Plugin
         strategies=settings.strategies,
         cdi_kind=settings.cdi_kind,
         device_specs=settings.device_specs,
+        device_dir=settings.device_dir,
         default_isolation=Isolation(settings.default_isolation),
         mps_pipe_dir=settings.mps_pipe_dir,
         mps_host_pipe_dir=settings.mps_host_pipe_dir,

@@ -36,6 +36,11 @@ class PluginSettings(NatsClientSettings):
     )
     cdi_kind: str = option("nvidia.com/gpu", "CDI vendor/class of the card devices")
     device_specs: bool = option(False, "also pass /dev/nvidia* device nodes in Allocate answers")
+    device_dir: str = option(
+        "/dev",
+        "the host directory holding the cards' device nodes (nvidia<minor>, nvidiactl, nvidia-uvm); "
+        "containers see them under /dev whatever it is",
+    )
     default_isolation: str = option(
         "none", "isolation for shared cards that asked for none: none or mps"
     )
@@ -97,6 +102,7 @@ class PluginSettings(NatsClientSettings):
         for name in ("mps_pipe_dir", "mps_host_pipe_dir", "mps_host_shm_dir"):
             path = getattr(self, name)
             require(not path or path.startswith("/"), name, f"must be an absolute path, got {path!r}")
+        require(self.device_dir.startswith("/"), "device_dir", f"must be an absolute path, got {self.device_dir!r}")
         require("/" in self.cdi_kind, "cdi_kind", "must be vendor/class, e.g. nvidia.com/gpu")
         require(
             self.default_isolation in ("none", "mps"), "default_isolation", "must be none or mps"

@@ -23,10 +23,10 @@ from pathlib import Path
 from gpuledger_dev import debian
 from gpuledger_dev.controlplane import build as cp
 
-IMAGES_VERSION = "1"  # bump when what goes into an image changes
-PAUSE_IMAGE = "localhost/gpuledger/pause:1"
-WORKLOAD_IMAGE = "localhost/gpuledger/busybox:1"
-APPLETS = ("sh", "env", "ls", "cat", "sleep", "echo", "grep", "head", "id", "stat", "test", "true", "wc", "ps")
+IMAGES_VERSION = "2"  # bump when what goes into an image changes
+PAUSE_IMAGE = f"localhost/gpuledger/pause:{IMAGES_VERSION}"
+WORKLOAD_IMAGE = f"localhost/gpuledger/busybox:{IMAGES_VERSION}"
+APPLETS = ("sh", "env", "ls", "cat", "sleep", "echo", "grep", "sed", "head", "id", "stat", "test", "true", "wc", "ps")
 DIRECTORIES = ("bin", "dev", "etc", "proc", "sys", "tmp", "var")
 
 LAYER = "application/vnd.oci.image.layer.v1.tar"

@@ -45,6 +45,18 @@ def test_cdi_and_device_specs_by_setting() -> None:
     assert got.envs["GPULEDGER_EXCLUSIVE"] == "true"
 
 
+def test_device_nodes_come_from_the_device_dir_and_appear_in_dev() -> None:
+    alloc = pod("p", Grant("c", (share(1, exclusive=True),), device_ids=("GPU-1::0",)))
+    got = answer(node(), alloc, alloc.grants[0], AnswerPolicy(device_specs=True, device_dir="/run/fake-dev"))
+    pairs = {d.container_path: d.host_path for d in got.devices}
+    assert pairs == {
+        "/dev/nvidiactl": "/run/fake-dev/nvidiactl",
+        "/dev/nvidia-uvm": "/run/fake-dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools": "/run/fake-dev/nvidia-uvm-tools",
+        "/dev/nvidia1": "/run/fake-dev/nvidia1",
+    }
+
+
 def test_default_isolation_mps_applies_to_shared_cards_only() -> None:
     policy = AnswerPolicy(default_isolation=Isolation.MPS)
     shared = pod("s", Grant("c", (share(0, mem=512, core=50),)))

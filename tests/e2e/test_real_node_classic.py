@@ -1,0 +1,124 @@
+"""Classic mode on a real kubelet: the plugin shim registers with kubelet v1.36's device manager,
+kubelet writes the Node's capacity from ListAndWatch, and pods start as real containers whose own
+output (their environment and their /dev) shows exactly the cards and limits the ledger holds for
+each of their containers, init containers included."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Allocation, Grant
+from gpuledger_dev.fake_cluster import Outcome
+from gpuledger_dev.fleet import load_fleet
+from gpuledger_dev.local_stack import Stack, running_stack
+from gpuledger_dev.natsserver import free_port
+from gpuledger_dev.real_cluster import RealCluster
+from tests.e2e.helpers import SLOTS_PER_CARD, ledger, namespace, pod, share
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+FLEET = Path(__file__).with_name("real_fleet.yaml")
+REAL = "real-p4"
+GPU = "gpuledger.io/gpu"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def real_stack() -> AsyncIterator[Stack]:
+    async with running_stack(load_fleet(FLEET), free_port(), free_port(), _say, "real", real_node=REAL) as stack:
+        yield stack
+
+
+def _say(message: str) -> None:
+    print(f"[real-node stack] {message}", flush=True)
+
+
+def real_cluster(stack: Stack) -> RealCluster:
+    assert isinstance(stack.cluster, RealCluster) and stack.cluster.api is not None
+    return stack.cluster
+
+
+async def allocation_of(stack: Stack, uid: str) -> Allocation:
+    node: NodeLedger = (await ledger(stack))[REAL]
+    (found,) = [a for a in node.live() if a.owner.id == uid]
+    return found
+
+
+def sees_exactly(outcome: Outcome, grant: Grant, minors: dict[str, int]) -> None:
+    """The container's own report shows the grant's cards and no other: by UUID, by device node."""
+    env, dev = outcome.env[grant.container], outcome.dev[grant.container]
+    uuids = [card.uuid for card in grant.cards]
+    assert env["CUDA_VISIBLE_DEVICES"].split(",") == uuids
+    assert env["GPULEDGER_MEMORY_LIMIT_MIB"].split(",") == [str(card.mem_mib) for card in grant.cards]
+    cards_in_dev = sorted(d for d in dev if d.startswith("nvidia") and d[len("nvidia") :].isdigit())
+    assert cards_in_dev == sorted(f"nvidia{minors[u]}" for u in uuids), dev
+    assert {"nvidiactl", "nvidia-uvm"} <= set(dev), dev
+    assert sorted(d.split("/", 1)[1] for d in dev if d.startswith("nvidia-container-devices/")) == sorted(uuids)
+
+
+async def minors(stack: Stack) -> dict[str, int]:
+    node = (await ledger(stack))[REAL].node
+    return {card.uuid: card.minor if card.minor is not None else card.index for card in node.cards}
+
+
+@pytest.mark.timeout(300)
+async def test_kubelet_writes_the_capacity_the_plugin_lists(real_stack: Stack) -> None:
+    cluster = real_cluster(real_stack)
+    assert cluster.api is not None and cluster.real is not None
+    found = await cluster.api.get(f"/api/v1/nodes/{REAL}")
+    assert found["status"]["capacity"][GPU] == str(2 * SLOTS_PER_CARD)
+    assert found["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.36")
+    assert cluster.real.leftovers()  # it runs: a kubelet, containerd, their cgroups
+
+
+@pytest.mark.timeout(300)
+async def test_a_shared_pod_sees_its_card_and_its_limit(real_stack: Stack) -> None:
+    cluster = real_cluster(real_stack)
+    assert cluster.api is not None
+    async with namespace(cluster.api, "real-shared", real_stack) as ns:
+        outcome = await cluster.run(pod("small", ns, share(1024), node=REAL))
+        assert outcome.node == REAL, outcome
+        allocation = await allocation_of(real_stack, await cluster.pod_uid(ns, "small"))
+        (grant,) = allocation.grants
+        assert grant.cards[0].mem_mib == 1024
+        sees_exactly(outcome, grant, await minors(real_stack))
+        assert outcome.env["app"]["HOSTNAME"] == "small"  # what the container printed, not an answer
+
+
+def two_containers_and_an_init(name: str, ns: str) -> dict[str, Any]:
+    body = pod(name, ns, share(2048), node=REAL)
+    spec = body["spec"]
+    spec["containers"].append({"name": "side", "image": "cuda", "resources": {"limits": {GPU: "1"}}})
+    spec["initContainers"] = [{"name": "setup", "image": "cuda", "resources": {"limits": share(512)}}]
+    return body
+
+
+@pytest.mark.timeout(300)
+async def test_every_container_and_the_init_container_see_their_own_cards(real_stack: Stack) -> None:
+    cluster = real_cluster(real_stack)
+    assert cluster.api is not None
+    async with namespace(cluster.api, "real-multi", real_stack) as ns:
+        outcome = await cluster.run(two_containers_and_an_init("multi", ns))
+        assert outcome.node == REAL, outcome
+        allocation = await allocation_of(real_stack, await cluster.pod_uid(ns, "multi"))
+        grants = {grant.container: grant for grant in allocation.grants}
+        assert set(grants) == {"app", "side", "setup"} == set(outcome.env)
+        found = await minors(real_stack)
+        for grant in grants.values():
+            sees_exactly(outcome, grant, found)
+        assert grants["side"].cards[0].exclusive
+        assert grants["side"].cards[0].uuid != grants["app"].cards[0].uuid  # the whole card is its alone
+
+
+@pytest.mark.timeout(300)
+async def test_a_pod_on_the_kwok_node_beside_it_still_runs(real_stack: Stack) -> None:
+    cluster = real_cluster(real_stack)
+    assert cluster.api is not None
+    async with namespace(cluster.api, "real-beside", real_stack) as ns:
+        outcome = await cluster.run(pod("beside", ns, share(1024), node="kwok-p4"))
+        assert outcome.node == "kwok-p4" and outcome.env["app"]["GPULEDGER_MEMORY_LIMIT_MIB"] == "1024"

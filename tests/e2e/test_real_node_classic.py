@@ -5,7 +5,9 @@ each of their containers, init containers included."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,10 @@ from gpuledger_dev.fleet import load_fleet
 from gpuledger_dev.local_stack import Stack, running_stack
 from gpuledger_dev.natsserver import free_port
 from gpuledger_dev.real_cluster import RealCluster
+from gpuledger_dev.realnode.node import DEVICE_PLUGIN_DIR
+from gpuledger_plugin.podresources import PodResourcesClient
 from tests.e2e.helpers import SLOTS_PER_CARD, ledger, namespace, pod, share
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -122,3 +127,74 @@ async def test_a_pod_on_the_kwok_node_beside_it_still_runs(real_stack: Stack) ->
     async with namespace(cluster.api, "real-beside", real_stack) as ns:
         outcome = await cluster.run(pod("beside", ns, share(1024), node="kwok-p4"))
         assert outcome.node == "kwok-p4" and outcome.env["app"]["GPULEDGER_MEMORY_LIMIT_MIB"] == "1024"
+
+
+def checkpointed(uid: str) -> dict[str, frozenset[str]]:
+    """kubelet's device checkpoint: container -> the device IDs it holds of gpuledger.io/gpu."""
+    data = json.loads((DEVICE_PLUGIN_DIR / "kubelet_internal_checkpoint").read_text())["Data"]
+    found: dict[str, set[str]] = {}
+    for entry in data["PodDeviceEntries"] or []:
+        if entry["PodUID"] == uid and entry["ResourceName"] == GPU:
+            ids = found.setdefault(entry["ContainerName"], set())
+            for per_numa in entry["DeviceIDs"].values():
+                ids.update(per_numa)
+    return {name: frozenset(ids) for name, ids in found.items()}
+
+
+@pytest.mark.timeout(300)
+async def test_kubelet_takes_the_preferred_devices_and_its_books_agree_with_the_ledger(real_stack: Stack) -> None:
+    """kubelet asks GetPreferredAllocation and takes what it says: the device IDs its checkpoint
+    and PodResources hold for each container are the ones the ledger reserved for it."""
+    cluster = real_cluster(real_stack)
+    assert cluster.api is not None and cluster.real is not None
+    async with namespace(cluster.api, "real-books", real_stack) as ns:
+        outcome = await cluster.run(two_containers_and_an_init("books", ns))
+        assert outcome.node == REAL, outcome
+        uid = await cluster.pod_uid(ns, "books")
+        ledger_ids = {g.container: frozenset(g.device_ids) for g in (await allocation_of(real_stack, uid)).grants}
+        assert checkpointed(uid) == ledger_ids
+        view = await PodResourcesClient(str(cluster.real.pod_resources_socket), GPU, 5.0).list()
+        listed = view[(ns, "books")]
+        assert {name: ids for name, ids in listed.items() if ids} == {
+            name: ids for name, ids in ledger_ids.items() if name in listed
+        }
+        assert {"app", "side"} <= set(listed)
+
+
+async def gpus_allocatable(cluster: RealCluster) -> int:
+    assert cluster.api is not None
+    found = await cluster.api.get(f"/api/v1/nodes/{REAL}")
+    return int(found.get("status", {}).get("allocatable", {}).get(GPU, "0"))
+
+
+async def container_ids(cluster: RealCluster, ns: str, name: str) -> dict[str, str]:
+    assert cluster.api is not None
+    found = await cluster.api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+    return {c["name"]: c.get("containerID", "") for c in found["status"].get("containerStatuses", [])}
+
+
+@pytest.mark.timeout(300)
+async def test_a_kubelet_crash_keeps_every_allocation_and_the_plugin_registers_again(real_stack: Stack) -> None:
+    cluster = real_cluster(real_stack)
+    assert cluster.api is not None and cluster.real is not None
+    async with namespace(cluster.api, "real-restart", real_stack) as ns:
+        await cluster.run(pod("before", ns, share(1024), node=REAL))
+        uid = await cluster.pod_uid(ns, "before")
+        held = {g.container: frozenset(g.device_ids) for g in (await allocation_of(real_stack, uid)).grants}
+        running_as = await container_ids(cluster, ns, "before")
+
+        await asyncio.to_thread(cluster.real.restart_kubelet)  # SIGKILL, then the same kubelet again
+        await wait_for(gpus_allocatable_is(cluster, 2 * SLOTS_PER_CARD), 90, "the plugin registered again", 0.2)
+
+        after = await cluster.run(pod("after", ns, share(1024), node=REAL))
+        assert after.node == REAL and after.env["app"]["GPULEDGER_MEMORY_LIMIT_MIB"] == "1024"
+        assert await container_ids(cluster, ns, "before") == running_as  # the same container, never restarted
+        assert checkpointed(uid) == held
+        assert {g.container: frozenset(g.device_ids) for g in (await allocation_of(real_stack, uid)).grants} == held
+
+
+def gpus_allocatable_is(cluster: RealCluster, count: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return await gpus_allocatable(cluster) == count
+
+    return check

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from gpuledger_common import bus, inventory_api
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, Grant
 from gpuledger_dev.fake_cluster import Outcome
@@ -23,7 +24,7 @@ from gpuledger_dev.natsserver import free_port
 from gpuledger_dev.real_cluster import RealCluster
 from gpuledger_dev.realnode.node import DEVICE_PLUGIN_DIR
 from gpuledger_plugin.podresources import PodResourcesClient
-from tests.e2e.helpers import SLOTS_PER_CARD, ledger, namespace, pod, share
+from tests.e2e.helpers import SLOTS_PER_CARD, ledger, namespace, pod, released, share
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -198,3 +199,37 @@ def gpus_allocatable_is(cluster: RealCluster, count: int) -> Callable[[], Awaita
         return await gpus_allocatable(cluster) == count
 
     return check
+
+
+async def set_health(stack: Stack, card: int, healthy: bool) -> None:
+    nc = await bus.connect(stack.nats_url, "e2e-operator", credentials=stack.operator)
+    try:
+        await inventory_api.set_card_health(nc, REAL, card, healthy, "e2e", "the real-node test")
+    finally:
+        await nc.close()
+
+
+@pytest.mark.timeout(300)
+async def test_an_unhealthy_card_leaves_its_running_pod_alone_and_takes_no_new_pod(real_stack: Stack) -> None:
+    cluster = real_cluster(real_stack)
+    assert cluster.api is not None
+    async with namespace(cluster.api, "real-unhealthy", real_stack) as ns:
+        await cluster.run(pod("holder", ns, {GPU: "2"}, node=REAL))
+        holder = await cluster.pod_uid(ns, "holder")
+        running_as = await container_ids(cluster, ns, "holder")
+        await set_health(real_stack, 1, healthy=False)
+        try:
+            # The plugin lists card 1's devices unhealthy; kubelet takes them out of allocatable.
+            await wait_for(gpus_allocatable_is(cluster, SLOTS_PER_CARD), 60, "card 1 out of allocatable", 0.2)
+            assert await container_ids(cluster, ns, "holder") == running_as  # left alone, not restarted
+            await cluster.delete(ns, "holder")
+            await released(real_stack, holder)
+            two = await cluster.run(pod("two-cards", ns, {GPU: "2"}, node=REAL))
+            assert not two.node and two.pending, two  # one healthy card left
+            one = await cluster.run(pod("one-card", ns, {GPU: "1"}, node=REAL))
+            assert one.node == REAL
+            cards = [d for d in one.dev["app"] if d.startswith("nvidia") and d[len("nvidia") :].isdigit()]
+            assert cards == ["nvidia0"], one.dev
+        finally:
+            await set_health(real_stack, 1, healthy=True)
+        await wait_for(gpus_allocatable_is(cluster, 2 * SLOTS_PER_CARD), 60, "card 1 back", 0.2)

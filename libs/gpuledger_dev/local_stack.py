@@ -171,7 +171,7 @@ def _dra_plugin(cluster: Cluster, nats: SecureNats, node: str, kubeconfig: Path)
         "--mode", "dra", "--node", node, *_nats_flags(nats, Role.PLUGIN, node),
         "--registry-dir", str(cluster.registry_dir(node)), "--plugin-dir", str(cluster.dra_plugin_dir(node)),
         "--cdi-dir", str(cluster.cdi_dir(node)), "--kubeconfig", str(kubeconfig),
-        "--http-host", "127.0.0.1", "--http-port", "0",
+        "--http-host", "127.0.0.1", "--http-port", "0", *cluster.dra_plugin_flags(node),
     ]  # fmt: skip
 
 

@@ -113,15 +113,26 @@ class RealCluster:
         """What the real node's plugin adds to its flags: device nodes in every answer, from device_dir."""
         return ["--device-specs", "--device-dir", str(self.device_dir(node))] if node == self.real_node else []
 
+    def dra_plugin_flags(self, node: str) -> list[str]:
+        """What the real node's DRA plugin adds: its CDI specs name the device nodes in device_dir."""
+        return ["--device-dir", str(self.device_dir(node))] if node == self.real_node else []
+
     def registry_dir(self, node: str) -> Path:
         """DRA mode: kubelet's plugins_registry of the node."""
+        if self.real is not None and node == self.real_node:
+            return self.real.plugins_registry_dir
         return self.run_dir / node / "reg"
 
     def dra_plugin_dir(self, node: str) -> Path:
         """DRA mode: where the node's DRA plugin serves its socket (``<dir>/<driver>/dra.sock``)."""
+        if self.real is not None and node == self.real_node:
+            return self.real.plugins_dir
         return self.run_dir / node / "plugins"
 
     def cdi_dir(self, node: str) -> Path:
+        """DRA mode: where the DRA plugin writes CDI specs (the real node's runtime reads them there)."""
+        if self.real is not None and node == self.real_node:
+            return self.real.cdi_dir
         return self.run_dir / node / "cdi"
 
     @property

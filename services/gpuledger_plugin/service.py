@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -118,16 +119,12 @@ class PluginService:
             # already delivered would otherwise put the old device list back.
             await self._seen(ledger)
         if ledger is None:
-            raise NotFound(
-                f"the ledger has no entry for node {self.node} (is its inventory running?)"
-            )
+            raise NotFound(f"the ledger has no entry for node {self.node} (is its inventory running?)")
         return ledger
 
     # --- GetPreferredAllocation ---
 
-    async def preferred(
-        self, available: Sequence[str], must_include: Sequence[str], size: int
-    ) -> list[str]:
+    async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         async with self._lock:
             try:  # kubelet follows the hint: one made without the ledger takes others' devices
                 ledger = await _waiting("GetPreferredAllocation", self._read)
@@ -142,18 +139,14 @@ class PluginService:
                 IDENTITY.labels("refused").inc()
                 raise FailedPrecondition(_ambiguity(decision))
             if isinstance(decision, m.Refused):
-                log.info(
-                    "no reservation to steer to (%s); ranking cards by topology", decision.reason
-                )
+                log.info("no reservation to steer to (%s); ranking cards by topology", decision.reason)
                 return await self._by_topology(available, must_include, size)
             slot = decision.slot
             self.steered[frozenset(decision.ids)] = (slot.allocation.id, slot.index)
             IDENTITY.labels("guessed" if decision.guessed else "steered").inc()
             return list(decision.ids)
 
-    async def _by_topology(
-        self, available: Sequence[str], must_include: Sequence[str], size: int
-    ) -> list[str]:
+    async def _by_topology(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         if self.inventory is None:
             return []
         return await self.placement.preferred(self.inventory, available, must_include, size)
@@ -188,10 +181,9 @@ class PluginService:
 
     async def _bind(self, found: m.Found) -> Outcome:
         slot, ref = found.slot, (found.slot.allocation.id, found.slot.index)
+        self._check_device_nodes(slot)
         now = self.clock()
-        written = await self.ledger.mutate(
-            lambda ledger: bind(ledger, ref, slot.ids, found.ids, now)
-        )
+        written = await self.ledger.mutate(lambda ledger: bind(ledger, ref, slot.ids, found.ids, now))
         allocation = written.get(ref[0]) if written is not None else None
         if allocation is None or self.inventory is None:
             raise Conflict(f"allocation {ref[0]} vanished while answering")
@@ -215,6 +207,19 @@ class PluginService:
             grant.container,
             how,
         )
+
+    def _check_device_nodes(self, slot: m.Slot) -> None:
+        """Refuse, before binding, an answer naming device nodes this node lacks: the runtime
+        would fail the container with a message that names no card, or start it without them."""
+        if not self.policy.device_specs or self.inventory is None:
+            return
+        planned = answer(self.inventory, slot.allocation, slot.allocation.grants[slot.index], self.policy)
+        missing = [d.host_path for d in planned.devices if not os.path.exists(d.host_path)]
+        if missing:
+            raise FailedPrecondition(
+                f"{slot.allocation.owner.describe()}: the device nodes {', '.join(missing)} do not exist on "
+                f"this node (is the NVIDIA driver loaded? device_dir is {self.policy.device_dir})"
+            )
 
     # --- which pod is kubelet admitting ---
 
@@ -272,8 +277,7 @@ class PluginService:
         RECONCILE_MISMATCHES.labels(finding.kind).inc()
         pod = "/".join(finding.pod)
         log.warning(
-            "ledger and kubelet disagree (%s) on pod %s container %r: "
-            "ledger has %s; kubelet has %s",
+            "ledger and kubelet disagree (%s) on pod %s container %r: ledger has %s; kubelet has %s",
             finding.kind,
             pod,
             finding.container,

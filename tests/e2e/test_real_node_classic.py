@@ -22,6 +22,7 @@ from gpuledger_dev.fleet import load_fleet
 from gpuledger_dev.local_stack import Stack, running_stack
 from gpuledger_dev.natsserver import free_port
 from gpuledger_dev.real_cluster import RealCluster
+from gpuledger_dev.realnode.devices import make_device_nodes
 from gpuledger_dev.realnode.node import DEVICE_PLUGIN_DIR
 from gpuledger_plugin.podresources import PodResourcesClient
 from tests.e2e.helpers import SLOTS_PER_CARD, ledger, namespace, pod, released, share
@@ -233,3 +234,22 @@ async def test_an_unhealthy_card_leaves_its_running_pod_alone_and_takes_no_new_p
         finally:
             await set_health(real_stack, 1, healthy=True)
         await wait_for(gpus_allocatable_is(cluster, 2 * SLOTS_PER_CARD), 60, "card 1 back", 0.2)
+
+
+@pytest.mark.timeout(300)
+async def test_a_card_whose_device_node_is_missing_fails_the_pod_with_the_plugins_reason(real_stack: Stack) -> None:
+    """kubelet fails the pod's admission with what the plugin said: it never runs without its cards."""
+    cluster = real_cluster(real_stack)
+    assert cluster.api is not None
+    device = cluster.device_dir(REAL) / "nvidia1"
+    device.unlink()
+    try:
+        async with namespace(cluster.api, "real-no-device", real_stack) as ns:
+            outcome = await cluster.run(pod("both", ns, {GPU: "2"}, node=REAL))
+            assert outcome.node == REAL and outcome.pending.startswith("kubelet refused it"), outcome
+            assert f"gpuledger-plugin on node {REAL}" in outcome.pending and str(device) in outcome.pending
+            found = await cluster.api.get(f"/api/v1/namespaces/{ns}/pods/both")
+            assert found["status"]["reason"] == "UnexpectedAdmissionError"
+            await released(real_stack, found["metadata"]["uid"])  # the failed pod's reservation is given back
+    finally:
+        make_device_nodes(cluster.device_dir(REAL), [1])

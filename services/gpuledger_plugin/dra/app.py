@@ -88,7 +88,14 @@ async def _serve(
     """The DRA socket, the ops port and the registration socket, each on ``stack``."""
     mps = Mps(settings.mps_pipe_dir, settings.mps_host_pipe_dir, settings.mps_host_shm_dir)
     preparer = Preparer(
-        settings.node, settings.driver, api, settings.cdi_dir, ledger, settings.prepare_timeout_s, mps
+        settings.node,
+        settings.driver,
+        api,
+        settings.cdi_dir,
+        ledger,
+        settings.prepare_timeout_s,
+        mps,
+        settings.device_dir,
     )
     await _serve_socket(stack, Server([DraPluginV1(preparer), DraPluginV1Beta1(preparer)]), settings.dra_socket)
     log.info("serving DRAPlugin v1 and v1beta1 on %s", settings.dra_socket)

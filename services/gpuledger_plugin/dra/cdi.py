@@ -33,11 +33,13 @@ from typing import Any
 from gpuledger_core.claims import AllocatedDevice, ClaimAllocation, MiB
 from gpuledger_core.errors import FailedPrecondition
 from gpuledger_core.model import Isolation
+from gpuledger_plugin.answer import on_host
 
 VENDOR = "k8s.gpu.gpuledger.io"
 CLASS = "claim"
 KIND = f"{VENDOR}/{CLASS}"
 CDI_VERSION = "0.3.0"
+HOST_PATH_VERSION = "0.5.0"  # the first CDI spec version whose device nodes may name a hostPath
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 
@@ -86,8 +88,11 @@ def cdi_id(name: str) -> str:
     return f"{KIND}={name}"
 
 
-def spec(allocation: ClaimAllocation, cards: Mapping[str, Card], mps: Mps | None = None) -> dict[str, Any]:
-    """The claim's CDI spec; ``FailedPrecondition`` if a device is not among this node's cards."""
+def spec(
+    allocation: ClaimAllocation, cards: Mapping[str, Card], mps: Mps | None = None, device_dir: str = "/dev"
+) -> dict[str, Any]:
+    """The claim's CDI spec; ``FailedPrecondition`` if a device is not among this node's cards.
+    Device nodes are at ``/dev`` in the container and under ``device_dir`` on the host."""
     devices, uuids, memory, compute = [], [], [], []
     shared = False
     for device in allocation.devices:
@@ -98,7 +103,7 @@ def spec(allocation: ClaimAllocation, cards: Mapping[str, Card], mps: Mps | None
             )
         edits: dict[str, Any] = {}
         if card.minor is not None:
-            edits["deviceNodes"] = [{"path": f"/dev/nvidia{card.minor}"}]
+            edits["deviceNodes"] = [_device_node(f"/dev/nvidia{card.minor}", device_dir)]
         devices.append({"name": device_name(allocation.ref.uid, device), "containerEdits": edits})
         uuids.append(card.uuid)
         whole = device.memory_bytes is None or device.memory_bytes // MiB >= card.memory_mib
@@ -115,7 +120,7 @@ def spec(allocation: ClaimAllocation, cards: Mapping[str, Card], mps: Mps | None
         "GPULEDGER_EXCLUSIVE": "false" if shared else "true",
         "CUDA_VISIBLE_DEVICES": ",".join(uuids),
     }
-    shared_edits: dict[str, Any] = {"deviceNodes": [{"path": p} for p in CONTROL_DEVICES]}
+    shared_edits: dict[str, Any] = {"deviceNodes": [_device_node(p, device_dir) for p in CONTROL_DEVICES]}
     if allocation.isolation is Isolation.MPS:
         mps = mps or Mps()
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={m}M" for i, m in enumerate(memory))
@@ -126,11 +131,16 @@ def spec(allocation: ClaimAllocation, cards: Mapping[str, Card], mps: Mps | None
             mounts.append({"hostPath": mps.host_shm_dir, "containerPath": "/dev/shm", "options": ["rbind", "rw"]})
         shared_edits["mounts"] = mounts
     return {
-        "cdiVersion": CDI_VERSION,
+        "cdiVersion": CDI_VERSION if device_dir == "/dev" else HOST_PATH_VERSION,
         "kind": KIND,
         "devices": devices,
         "containerEdits": {"env": [f"{k}={v}" for k, v in env.items()], **shared_edits},
     }
+
+
+def _device_node(path: str, device_dir: str) -> dict[str, str]:
+    host = on_host(path, device_dir)
+    return {"path": path} if host == path else {"path": path, "hostPath": host}
 
 
 def spec_path(cdi_dir: str, claim_uid: str) -> Path:

@@ -72,8 +72,10 @@ class Preparer:
         ledger: LedgerCheck | None = None,
         timeout_s: float = 30.0,
         mps: cdi.Mps | None = None,
+        device_dir: str = "/dev",
     ) -> None:
         self.node, self.driver, self.api, self.cdi_dir = node, driver, api, cdi_dir
+        self.device_dir = device_dir
         self.ledger = ledger or Unchecked()
         self.timeout_s = timeout_s
         self.mps = mps or cdi.Mps()
@@ -122,7 +124,7 @@ class Preparer:
         allocation = allocation_of(raw, ref, self.driver, self.node)
         cards = cdi.cards_of(await self.api.node_slices(self.node, self.driver))
         await self.ledger.check(allocation)
-        content = cdi.spec(allocation, cards, self.mps)
+        content = cdi.spec(allocation, cards, self.mps, self.device_dir)
         path = await asyncio.to_thread(cdi.write, self.cdi_dir, ref.uid, content)
         names = [d["name"] for d in content["devices"]]
         devices = tuple(

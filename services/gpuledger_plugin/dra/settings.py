@@ -32,6 +32,11 @@ class DraSettings(KubeClientSettings):
     mps_host_shm_dir: str = option(
         "", "the MPS daemon's /dev/shm on the host, mounted at /dev/shm for mps claims (empty: not mounted)"
     )
+    device_dir: str = option(
+        "/dev",
+        "the host directory holding the cards' device nodes; the CDI specs name them there (as hostPath) "
+        "and at /dev in the container",
+    )
     api_timeout_s: float = option(10.0, "the longest one API server call may take")
     prepare_timeout_s: float = option(40.0, "the longest one claim's prepare may take (kubelet waits 45 s)")
     socket_poll_s: float = option(1.0, "how often to check that the registration socket is still there")
@@ -49,7 +54,7 @@ class DraSettings(KubeClientSettings):
             len(self.driver) <= 63 and bool(_DNS_SUBDOMAIN.fullmatch(self.driver)),
             "driver", "must be a DNS subdomain of at most 63 characters",
         )
-        for name in ("registry_dir", "plugin_dir", "cdi_dir", "mps_pipe_dir", "mps_host_pipe_dir"):
+        for name in ("registry_dir", "plugin_dir", "cdi_dir", "mps_pipe_dir", "mps_host_pipe_dir", "device_dir"):
             require(getattr(self, name).startswith("/"), name, "must be an absolute path")
         for name in ("api_timeout_s", "prepare_timeout_s", "socket_poll_s"):
             require(getattr(self, name) > 0, name, "must be positive")

@@ -48,7 +48,11 @@ async def started(tmp_path):
 
 async def test_waits_until_the_run_is_ended(started):
     Path(os.environ["CHILD_PIDS"]).write_text(" ".join(map(str, started)))
-    await asyncio.Event().wait()
+    # Awake every half second, as a test at work is: the kernel may hand SIGINT to another
+    # thread (one waiting for a child), and asyncio's runner sets no wakeup fd for its SIGINT
+    # handler, so a loop asleep with nothing due would never run it (seen under load).
+    while True:
+        await asyncio.sleep(0.5)
 '''
 # faulthandler_timeout: a run that has not ended 20 s into its one test (signalled within seconds)
 # prints where every thread waits, which the test shows if the run does not end.

@@ -93,6 +93,17 @@ def test_the_cdi_spec_gives_each_device_a_unique_name_its_node_and_the_claims_li
     ]
 
 
+def test_device_nodes_outside_dev_are_named_as_host_paths_of_a_cdi_version_that_has_them() -> None:
+    whole = AllocatedDevice("gpu", NODE, "gpu-1")
+    content = cdi.spec(ClaimAllocation(REF, (whole,), ("pod-1",)), CARDS, device_dir="/run/fake-dev")
+    assert content["cdiVersion"] == "0.5.0"
+    assert content["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia1", "hostPath": "/run/fake-dev/nvidia1"}
+    ]
+    assert {"path": "/dev/nvidiactl", "hostPath": "/run/fake-dev/nvidiactl"} in content["containerEdits"]["deviceNodes"]
+    assert cdi.spec(ClaimAllocation(REF, (whole,), ("pod-1",)), CARDS)["cdiVersion"] == "0.3.0"
+
+
 def test_an_mps_claim_is_an_mps_client_limited_per_cuda_ordinal_and_an_unisolated_one_is_not() -> None:
     a = AllocatedDevice("gpu", NODE, "gpu-0", "s-1", 10 << 30, 25)
     b = AllocatedDevice("gpu", NODE, "gpu-1", "s-2", 4 << 30, 40)

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import tarfile
+from typing import Any
 
 from gpuledger_dev.real_cluster import REPORT_DEV, REPORT_END, REPORT_ENV, parse_report, reporting
 from gpuledger_dev.realnode.images import WORKLOAD_IMAGE, _layer, oci_archive
@@ -47,7 +48,7 @@ def test_a_report_parses_into_environment_and_dev() -> None:
 
 
 def test_every_container_reports_and_only_app_containers_stay() -> None:
-    spec = {
+    spec: dict[str, Any] = {
         "containers": [{"name": "app", "image": "cuda", "resources": {"limits": {"gpuledger.io/gpu": "1"}}}],
         "initContainers": [{"name": "setup", "image": "cuda"}],
     }

@@ -39,7 +39,8 @@ from gpuledger_dev.kwok_dra import KwokDraSettings
 from gpuledger_dev.kwok_kubelet import KwokKubelet
 from gpuledger_dev.realnode.devices import make_device_nodes
 from gpuledger_dev.realnode.images import WORKLOAD_IMAGE
-from gpuledger_dev.realnode.node import DEVICE_PLUGIN_DIR, RealNode
+from gpuledger_dev.realnode.node import RealNode
+from gpuledger_dev.realnode.residue import DEVICE_PLUGIN_DIR
 
 NAMESPACE = "demo"
 SCHEDULER = "gpuledger-scheduler"

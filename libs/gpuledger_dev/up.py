@@ -26,6 +26,8 @@ from gpuledger_dev.local_stack import KUBERNETES, Stack, kubectl_of, running_sta
 from gpuledger_dev.natsserver import free_port
 from gpuledger_dev.processes import ServiceDied
 from gpuledger_dev.real_cluster import MODES, RealCluster
+from gpuledger_dev.realnode.images import ImageError
+from gpuledger_dev.realnode.node import NodeError
 from gpuledger_dev.scenario import run_scenario
 from gpuledger_dev.scenario_dra import run_dra_scenario
 
@@ -54,6 +56,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="classic: the device plugin and the extender; dra: every node a DRA driver's, claims decided by the "
         "ledger (needs --kubernetes real)",
     )
+    up.add_argument(
+        "--real-node",
+        default="",
+        metavar="NODE",
+        help="run this node of the fleet with a real kubelet and containerd, its pods as real containers (as "
+        "root; needs --kubernetes real; kubelet, containerd and runc are built from Go modules on first use)",
+    )
     up.set_defaults(run=dev_up)
 
 
@@ -70,16 +79,21 @@ async def dev_up(args: argparse.Namespace) -> int:
     say(f"fleet {fleet.path}: {len(fleet.nodes)} node(s), {sum(len(n.node.cards) for n in fleet.nodes)} card(s)")
     stop = stop_on_signals()
     try:
-        if args.mode == "dra" and args.kubernetes != "real":
-            print("gpuledger dev up: --mode dra needs --kubernetes real", file=sys.stderr)
+        for flag, given in (("--mode dra", args.mode == "dra"), ("--real-node", bool(args.real_node))):
+            if given and args.kubernetes != "real":
+                print(f"gpuledger dev up: {flag} needs --kubernetes real", file=sys.stderr)
+                return 2
+        if args.real_node and args.real_node not in {n.node.name for n in fleet.nodes}:
+            names = ", ".join(n.node.name for n in fleet.nodes)
+            print(f"gpuledger dev up: --real-node {args.real_node}: not in the fleet ({names})", file=sys.stderr)
             return 2
         ports = args.dashboard_port or free_port(), args.grpc_port or free_port()
-        async with running_stack(fleet, *ports, say, args.kubernetes, args.mode) as stack:
+        async with running_stack(fleet, *ports, say, args.kubernetes, args.mode, args.real_node) as stack:
             return await _run(stack, args.once, stop)
     except ServiceDied as err:
         print(f"gpuledger dev up: {err}", file=sys.stderr)
         return 1
-    except (TimeoutError, ControlPlaneError, BuildError) as err:
+    except (TimeoutError, ControlPlaneError, BuildError, NodeError, ImageError) as err:
         print(f"gpuledger dev up: {err}", file=sys.stderr)
         return 1
 

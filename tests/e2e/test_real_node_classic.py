@@ -1,13 +1,18 @@
-"""Classic mode on a real kubelet: the plugin shim registers with kubelet v1.36's device manager,
-kubelet writes the Node's capacity from ListAndWatch, and pods start as real containers whose own
-output (their environment and their /dev) shows exactly the cards and limits the ledger holds for
-each of their containers, init containers included."""
+"""Classic mode on a real kubelet, and the same assertions on the simulated one beside it.
+
+The plugin shim registers with kubelet v1.36's device manager, kubelet writes the Node's capacity
+from ListAndWatch, and pods start as real containers whose own output (their environment and
+their /dev) shows exactly the cards and limits the ledger holds for each of their containers,
+init containers included. Every test that does not need a container runs on both nodes of the
+fleet: ``real-p4`` (kubelet and containerd) and ``kwok-p4`` (the simulated kubelet of the other
+e2e tests), so the simulation is held to the real kubelet by the same assertions."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +20,6 @@ import pytest
 import pytest_asyncio
 
 from gpuledger_common import bus, inventory_api
-from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, Grant
 from gpuledger_dev.fake_cluster import Outcome
 from gpuledger_dev.fleet import load_fleet
@@ -23,7 +27,7 @@ from gpuledger_dev.local_stack import Stack, running_stack
 from gpuledger_dev.natsserver import free_port
 from gpuledger_dev.real_cluster import RealCluster
 from gpuledger_dev.realnode.devices import make_device_nodes
-from gpuledger_dev.realnode.node import DEVICE_PLUGIN_DIR
+from gpuledger_dev.realnode.residue import DEVICE_PLUGIN_DIR
 from gpuledger_plugin.podresources import PodResourcesClient
 from tests.e2e.helpers import SLOTS_PER_CARD, ledger, namespace, pod, released, share
 from tests.support.waiting import wait_for
@@ -31,7 +35,7 @@ from tests.support.waiting import wait_for
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 FLEET = Path(__file__).with_name("real_fleet.yaml")
-REAL = "real-p4"
+REAL, KWOK = "real-p4", "kwok-p4"
 GPU = "gpuledger.io/gpu"
 
 
@@ -45,90 +49,81 @@ def _say(message: str) -> None:
     print(f"[real-node stack] {message}", flush=True)
 
 
-def real_cluster(stack: Stack) -> RealCluster:
-    assert isinstance(stack.cluster, RealCluster) and stack.cluster.api is not None
-    return stack.cluster
+@dataclass(frozen=True)
+class Kubelet:
+    """One node of the fleet and what its kubelet, real or simulated, says."""
+
+    stack: Stack
+    node: str
+
+    @property
+    def cluster(self) -> RealCluster:
+        assert isinstance(self.stack.cluster, RealCluster) and self.stack.cluster.api is not None
+        return self.stack.cluster
+
+    @property
+    def real(self) -> bool:
+        return self.node == REAL
+
+    def ns(self, name: str) -> str:
+        return f"{name}-{'real' if self.real else 'sim'}"
+
+    def held(self, uid: str) -> dict[str, frozenset[str]]:
+        """kubelet's own record of the device IDs each container of the pod holds: the real one's
+        checkpoint file, the simulated one's device manager."""
+        if self.real:
+            return checkpointed(uid)
+        assignments = self.cluster.kubelets[self.node].assignments.get(uid, {})
+        return {container: frozenset(ids) for container, ids in assignments.items()}
+
+    async def listed(self, ns: str, name: str) -> Mapping[str, frozenset[str]]:
+        """What kubelet's PodResources List says the pod's containers hold."""
+        view = await PodResourcesClient(str(self.cluster.pod_resources(self.node)), GPU, 5.0).list()
+        return view[(ns, name)]
+
+    async def crash(self) -> None:
+        """Kill kubelet and start it again (the simulated one: as kubelet restarts)."""
+        if self.real:
+            assert self.cluster.real is not None
+            await asyncio.to_thread(self.cluster.real.restart_kubelet)
+        else:
+            await self.cluster.kubelets[self.node].restart()
+
+    async def allocatable(self) -> int:
+        assert self.cluster.api is not None
+        found = await self.cluster.api.get(f"/api/v1/nodes/{self.node}")
+        return int(found.get("status", {}).get("allocatable", {}).get(GPU, "0"))
+
+    def allocatable_is(self, count: int) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return await self.allocatable() == count
+
+        return check
+
+    async def allocation_of(self, uid: str) -> Allocation:
+        (found,) = [a for a in (await ledger(self.stack))[self.node].live() if a.owner.id == uid]
+        return found
+
+    async def minors(self) -> dict[str, int]:
+        node = (await ledger(self.stack))[self.node].node
+        return {card.uuid: card.minor if card.minor is not None else card.index for card in node.cards}
+
+    async def container_ids(self, ns: str, name: str) -> dict[str, str]:
+        """The real node's container IDs (the simulated kubelet runs no container: empty)."""
+        assert self.cluster.api is not None
+        found = await self.cluster.api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        statuses = found["status"].get("containerStatuses", []) if self.real else []
+        return {c["name"]: c.get("containerID", "") for c in statuses}
 
 
-async def allocation_of(stack: Stack, uid: str) -> Allocation:
-    node: NodeLedger = (await ledger(stack))[REAL]
-    (found,) = [a for a in node.live() if a.owner.id == uid]
-    return found
+@pytest.fixture(params=[REAL, KWOK], ids=["real-kubelet", "simulated-kubelet"])
+def kubelet(request: pytest.FixtureRequest, real_stack: Stack) -> Kubelet:
+    return Kubelet(real_stack, request.param)
 
 
-def sees_exactly(outcome: Outcome, grant: Grant, minors: dict[str, int]) -> None:
-    """The container's own report shows the grant's cards and no other: by UUID, by device node."""
-    env, dev = outcome.env[grant.container], outcome.dev[grant.container]
-    uuids = [card.uuid for card in grant.cards]
-    assert env["CUDA_VISIBLE_DEVICES"].split(",") == uuids
-    assert env["GPULEDGER_MEMORY_LIMIT_MIB"].split(",") == [str(card.mem_mib) for card in grant.cards]
-    cards_in_dev = sorted(d for d in dev if d.startswith("nvidia") and d[len("nvidia") :].isdigit())
-    assert cards_in_dev == sorted(f"nvidia{minors[u]}" for u in uuids), dev
-    assert {"nvidiactl", "nvidia-uvm"} <= set(dev), dev
-    assert sorted(d.split("/", 1)[1] for d in dev if d.startswith("nvidia-container-devices/")) == sorted(uuids)
-
-
-async def minors(stack: Stack) -> dict[str, int]:
-    node = (await ledger(stack))[REAL].node
-    return {card.uuid: card.minor if card.minor is not None else card.index for card in node.cards}
-
-
-@pytest.mark.timeout(300)
-async def test_kubelet_writes_the_capacity_the_plugin_lists(real_stack: Stack) -> None:
-    cluster = real_cluster(real_stack)
-    assert cluster.api is not None and cluster.real is not None
-    found = await cluster.api.get(f"/api/v1/nodes/{REAL}")
-    assert found["status"]["capacity"][GPU] == str(2 * SLOTS_PER_CARD)
-    assert found["status"]["nodeInfo"]["kubeletVersion"].startswith("v1.36")
-    assert cluster.real.leftovers()  # it runs: a kubelet, containerd, their cgroups
-
-
-@pytest.mark.timeout(300)
-async def test_a_shared_pod_sees_its_card_and_its_limit(real_stack: Stack) -> None:
-    cluster = real_cluster(real_stack)
-    assert cluster.api is not None
-    async with namespace(cluster.api, "real-shared", real_stack) as ns:
-        outcome = await cluster.run(pod("small", ns, share(1024), node=REAL))
-        assert outcome.node == REAL, outcome
-        allocation = await allocation_of(real_stack, await cluster.pod_uid(ns, "small"))
-        (grant,) = allocation.grants
-        assert grant.cards[0].mem_mib == 1024
-        sees_exactly(outcome, grant, await minors(real_stack))
-        assert outcome.env["app"]["HOSTNAME"] == "small"  # what the container printed, not an answer
-
-
-def two_containers_and_an_init(name: str, ns: str) -> dict[str, Any]:
-    body = pod(name, ns, share(2048), node=REAL)
-    spec = body["spec"]
-    spec["containers"].append({"name": "side", "image": "cuda", "resources": {"limits": {GPU: "1"}}})
-    spec["initContainers"] = [{"name": "setup", "image": "cuda", "resources": {"limits": share(512)}}]
-    return body
-
-
-@pytest.mark.timeout(300)
-async def test_every_container_and_the_init_container_see_their_own_cards(real_stack: Stack) -> None:
-    cluster = real_cluster(real_stack)
-    assert cluster.api is not None
-    async with namespace(cluster.api, "real-multi", real_stack) as ns:
-        outcome = await cluster.run(two_containers_and_an_init("multi", ns))
-        assert outcome.node == REAL, outcome
-        allocation = await allocation_of(real_stack, await cluster.pod_uid(ns, "multi"))
-        grants = {grant.container: grant for grant in allocation.grants}
-        assert set(grants) == {"app", "side", "setup"} == set(outcome.env)
-        found = await minors(real_stack)
-        for grant in grants.values():
-            sees_exactly(outcome, grant, found)
-        assert grants["side"].cards[0].exclusive
-        assert grants["side"].cards[0].uuid != grants["app"].cards[0].uuid  # the whole card is its alone
-
-
-@pytest.mark.timeout(300)
-async def test_a_pod_on_the_kwok_node_beside_it_still_runs(real_stack: Stack) -> None:
-    cluster = real_cluster(real_stack)
-    assert cluster.api is not None
-    async with namespace(cluster.api, "real-beside", real_stack) as ns:
-        outcome = await cluster.run(pod("beside", ns, share(1024), node="kwok-p4"))
-        assert outcome.node == "kwok-p4" and outcome.env["app"]["GPULEDGER_MEMORY_LIMIT_MIB"] == "1024"
+@pytest.fixture
+def real(real_stack: Stack) -> Kubelet:
+    return Kubelet(real_stack, REAL)
 
 
 def checkpointed(uid: str) -> dict[str, frozenset[str]]:
@@ -143,113 +138,162 @@ def checkpointed(uid: str) -> dict[str, frozenset[str]]:
     return {name: frozenset(ids) for name, ids in found.items()}
 
 
+def sees_exactly(outcome: Outcome, grant: Grant, minors: dict[str, int]) -> None:
+    """The container got the grant's cards and no other: by UUID and limit, and on the real node by
+    what the container printed of its own /dev and NVIDIA's volume-mounted device list."""
+    env = outcome.env[grant.container]
+    uuids = [card.uuid for card in grant.cards]
+    assert env["CUDA_VISIBLE_DEVICES"].split(",") == uuids
+    assert env["GPULEDGER_MEMORY_LIMIT_MIB"].split(",") == [str(card.mem_mib) for card in grant.cards]
+    if not outcome.dev:
+        return  # the simulated kubelet: the Allocate answer, as it recorded it
+    dev = outcome.dev[grant.container]
+    assert card_nodes(dev) == sorted(f"nvidia{minors[u]}" for u in uuids), dev
+    assert {"nvidiactl", "nvidia-uvm"} <= set(dev), dev
+    assert sorted(d.split("/", 1)[1] for d in dev if d.startswith("nvidia-container-devices/")) == sorted(uuids)
+
+
+def card_nodes(dev: tuple[str, ...]) -> list[str]:
+    return sorted(d for d in dev if d.startswith("nvidia") and d[len("nvidia") :].isdigit())
+
+
+def two_containers_and_an_init(name: str, ns: str, node: str) -> dict[str, Any]:
+    body = pod(name, ns, share(2048), node=node)
+    spec = body["spec"]
+    spec["containers"].append({"name": "side", "image": "cuda", "resources": {"limits": {GPU: "1"}}})
+    spec["initContainers"] = [{"name": "setup", "image": "cuda", "resources": {"limits": share(512)}}]
+    return body
+
+
 @pytest.mark.timeout(300)
-async def test_kubelet_takes_the_preferred_devices_and_its_books_agree_with_the_ledger(real_stack: Stack) -> None:
-    """kubelet asks GetPreferredAllocation and takes what it says: the device IDs its checkpoint
+async def test_kubelet_writes_the_capacity_the_plugin_lists(kubelet: Kubelet) -> None:
+    assert await kubelet.allocatable() == 2 * SLOTS_PER_CARD
+    if kubelet.real:
+        assert kubelet.cluster.real is not None and kubelet.cluster.real.leftovers()  # it runs
+
+
+@pytest.mark.timeout(300)
+async def test_a_shared_pod_sees_its_card_and_its_limit(kubelet: Kubelet) -> None:
+    cluster = kubelet.cluster
+    assert cluster.api is not None
+    async with namespace(cluster.api, kubelet.ns("shared"), kubelet.stack) as ns:
+        outcome = await cluster.run(pod("small", ns, share(1024), node=kubelet.node))
+        assert outcome.node == kubelet.node, outcome
+        (grant,) = (await kubelet.allocation_of(await cluster.pod_uid(ns, "small"))).grants
+        assert grant.cards[0].mem_mib == 1024
+        sees_exactly(outcome, grant, await kubelet.minors())
+        if kubelet.real:
+            assert outcome.env["app"]["HOSTNAME"] == "small"  # printed by the container itself
+
+
+@pytest.mark.timeout(300)
+async def test_every_container_and_the_init_container_see_their_own_cards(kubelet: Kubelet) -> None:
+    cluster = kubelet.cluster
+    assert cluster.api is not None
+    async with namespace(cluster.api, kubelet.ns("multi"), kubelet.stack) as ns:
+        outcome = await cluster.run(two_containers_and_an_init("multi", ns, kubelet.node))
+        assert outcome.node == kubelet.node, outcome
+        grants = {g.container: g for g in (await kubelet.allocation_of(await cluster.pod_uid(ns, "multi"))).grants}
+        assert set(grants) == {"app", "side", "setup"} == set(outcome.env)
+        minors = await kubelet.minors()
+        for grant in grants.values():
+            sees_exactly(outcome, grant, minors)
+        assert grants["side"].cards[0].exclusive
+        assert grants["side"].cards[0].uuid != grants["app"].cards[0].uuid  # the whole card is its alone
+
+
+@pytest.mark.timeout(300)
+async def test_kubelet_takes_the_preferred_devices_and_its_books_agree_with_the_ledger(kubelet: Kubelet) -> None:
+    """kubelet asks GetPreferredAllocation and takes what it says: the device IDs its own record
     and PodResources hold for each container are the ones the ledger reserved for it."""
-    cluster = real_cluster(real_stack)
-    assert cluster.api is not None and cluster.real is not None
-    async with namespace(cluster.api, "real-books", real_stack) as ns:
-        outcome = await cluster.run(two_containers_and_an_init("books", ns))
-        assert outcome.node == REAL, outcome
+    cluster = kubelet.cluster
+    assert cluster.api is not None
+    async with namespace(cluster.api, kubelet.ns("books"), kubelet.stack) as ns:
+        outcome = await cluster.run(two_containers_and_an_init("books", ns, kubelet.node))
+        assert outcome.node == kubelet.node, outcome
         uid = await cluster.pod_uid(ns, "books")
-        ledger_ids = {g.container: frozenset(g.device_ids) for g in (await allocation_of(real_stack, uid)).grants}
-        assert checkpointed(uid) == ledger_ids
-        view = await PodResourcesClient(str(cluster.real.pod_resources_socket), GPU, 5.0).list()
-        listed = view[(ns, "books")]
-        assert {name: ids for name, ids in listed.items() if ids} == {
-            name: ids for name, ids in ledger_ids.items() if name in listed
-        }
+        reserved = {g.container: frozenset(g.device_ids) for g in (await kubelet.allocation_of(uid)).grants}
+        assert kubelet.held(uid) == reserved
+        listed = await kubelet.listed(ns, "books")
         assert {"app", "side"} <= set(listed)
-
-
-async def gpus_allocatable(cluster: RealCluster) -> int:
-    assert cluster.api is not None
-    found = await cluster.api.get(f"/api/v1/nodes/{REAL}")
-    return int(found.get("status", {}).get("allocatable", {}).get(GPU, "0"))
-
-
-async def container_ids(cluster: RealCluster, ns: str, name: str) -> dict[str, str]:
-    assert cluster.api is not None
-    found = await cluster.api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
-    return {c["name"]: c.get("containerID", "") for c in found["status"].get("containerStatuses", [])}
+        assert {name: ids for name, ids in listed.items() if ids} == {
+            name: ids for name, ids in reserved.items() if name in listed
+        }
 
 
 @pytest.mark.timeout(300)
-async def test_a_kubelet_crash_keeps_every_allocation_and_the_plugin_registers_again(real_stack: Stack) -> None:
-    cluster = real_cluster(real_stack)
-    assert cluster.api is not None and cluster.real is not None
-    async with namespace(cluster.api, "real-restart", real_stack) as ns:
-        await cluster.run(pod("before", ns, share(1024), node=REAL))
+async def test_a_kubelet_crash_keeps_every_allocation_and_the_plugin_registers_again(kubelet: Kubelet) -> None:
+    cluster = kubelet.cluster
+    assert cluster.api is not None
+    async with namespace(cluster.api, kubelet.ns("restart"), kubelet.stack) as ns:
+        await cluster.run(pod("before", ns, share(1024), node=kubelet.node))
         uid = await cluster.pod_uid(ns, "before")
-        held = {g.container: frozenset(g.device_ids) for g in (await allocation_of(real_stack, uid)).grants}
-        running_as = await container_ids(cluster, ns, "before")
+        held = {g.container: frozenset(g.device_ids) for g in (await kubelet.allocation_of(uid)).grants}
+        running_as = await kubelet.container_ids(ns, "before")
 
-        await asyncio.to_thread(cluster.real.restart_kubelet)  # SIGKILL, then the same kubelet again
-        await wait_for(gpus_allocatable_is(cluster, 2 * SLOTS_PER_CARD), 90, "the plugin registered again", 0.2)
+        await kubelet.crash()
+        await wait_for(kubelet.allocatable_is(2 * SLOTS_PER_CARD), 90, "the plugin registered again", 0.2)
 
-        after = await cluster.run(pod("after", ns, share(1024), node=REAL))
-        assert after.node == REAL and after.env["app"]["GPULEDGER_MEMORY_LIMIT_MIB"] == "1024"
-        assert await container_ids(cluster, ns, "before") == running_as  # the same container, never restarted
-        assert checkpointed(uid) == held
-        assert {g.container: frozenset(g.device_ids) for g in (await allocation_of(real_stack, uid)).grants} == held
-
-
-def gpus_allocatable_is(cluster: RealCluster, count: int) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        return await gpus_allocatable(cluster) == count
-
-    return check
+        after = await cluster.run(pod("after", ns, share(1024), node=kubelet.node))
+        assert after.node == kubelet.node and after.env["app"]["GPULEDGER_MEMORY_LIMIT_MIB"] == "1024"
+        assert await kubelet.container_ids(ns, "before") == running_as  # the same container, never restarted
+        assert kubelet.held(uid) == held
+        assert {g.container: frozenset(g.device_ids) for g in (await kubelet.allocation_of(uid)).grants} == held
 
 
-async def set_health(stack: Stack, card: int, healthy: bool) -> None:
-    nc = await bus.connect(stack.nats_url, "e2e-operator", credentials=stack.operator)
+async def set_health(kubelet: Kubelet, card: int, healthy: bool) -> None:
+    nc = await bus.connect(kubelet.stack.nats_url, "e2e-operator", credentials=kubelet.stack.operator)
     try:
-        await inventory_api.set_card_health(nc, REAL, card, healthy, "e2e", "the real-node test")
+        await inventory_api.set_card_health(nc, kubelet.node, card, healthy, "e2e", "the real-node test")
     finally:
         await nc.close()
 
 
 @pytest.mark.timeout(300)
-async def test_an_unhealthy_card_leaves_its_running_pod_alone_and_takes_no_new_pod(real_stack: Stack) -> None:
-    cluster = real_cluster(real_stack)
+async def test_an_unhealthy_card_leaves_its_running_pod_alone_and_takes_no_new_pod(kubelet: Kubelet) -> None:
+    cluster = kubelet.cluster
     assert cluster.api is not None
-    async with namespace(cluster.api, "real-unhealthy", real_stack) as ns:
-        await cluster.run(pod("holder", ns, {GPU: "2"}, node=REAL))
+    async with namespace(cluster.api, kubelet.ns("unhealthy"), kubelet.stack) as ns:
+        await cluster.run(pod("holder", ns, {GPU: "2"}, node=kubelet.node))
         holder = await cluster.pod_uid(ns, "holder")
-        running_as = await container_ids(cluster, ns, "holder")
-        await set_health(real_stack, 1, healthy=False)
+        running_as = await kubelet.container_ids(ns, "holder")
+        await set_health(kubelet, 1, healthy=False)
         try:
             # The plugin lists card 1's devices unhealthy; kubelet takes them out of allocatable.
-            await wait_for(gpus_allocatable_is(cluster, SLOTS_PER_CARD), 60, "card 1 out of allocatable", 0.2)
-            assert await container_ids(cluster, ns, "holder") == running_as  # left alone, not restarted
+            await wait_for(kubelet.allocatable_is(SLOTS_PER_CARD), 60, "card 1 out of allocatable", 0.2)
+            found = await cluster.api.get(f"/api/v1/namespaces/{ns}/pods/holder")
+            assert found["status"]["phase"] == "Running"  # left alone
+            assert await kubelet.container_ids(ns, "holder") == running_as  # and not restarted
             await cluster.delete(ns, "holder")
-            await released(real_stack, holder)
-            two = await cluster.run(pod("two-cards", ns, {GPU: "2"}, node=REAL))
+            await released(kubelet.stack, holder)
+            two = await cluster.run(pod("two-cards", ns, {GPU: "2"}, node=kubelet.node))
             assert not two.node and two.pending, two  # one healthy card left
-            one = await cluster.run(pod("one-card", ns, {GPU: "1"}, node=REAL))
-            assert one.node == REAL
-            cards = [d for d in one.dev["app"] if d.startswith("nvidia") and d[len("nvidia") :].isdigit()]
-            assert cards == ["nvidia0"], one.dev
+            one = await cluster.run(pod("one-card", ns, {GPU: "1"}, node=kubelet.node))
+            assert one.node == kubelet.node
+            card = next(c for c in (await ledger(kubelet.stack))[kubelet.node].node.cards if c.index == 0)
+            assert one.env["app"]["CUDA_VISIBLE_DEVICES"] == card.uuid
+            if kubelet.real:
+                assert card_nodes(one.dev["app"]) == ["nvidia0"], one.dev
         finally:
-            await set_health(real_stack, 1, healthy=True)
-        await wait_for(gpus_allocatable_is(cluster, 2 * SLOTS_PER_CARD), 60, "card 1 back", 0.2)
+            await set_health(kubelet, 1, healthy=True)
+        await wait_for(kubelet.allocatable_is(2 * SLOTS_PER_CARD), 60, "card 1 back", 0.2)
 
 
 @pytest.mark.timeout(300)
-async def test_a_card_whose_device_node_is_missing_fails_the_pod_with_the_plugins_reason(real_stack: Stack) -> None:
-    """kubelet fails the pod's admission with what the plugin said: it never runs without its cards."""
-    cluster = real_cluster(real_stack)
+async def test_a_card_whose_device_node_is_missing_fails_the_pod_with_the_plugins_reason(real: Kubelet) -> None:
+    """kubelet fails the pod's admission with what the plugin said: it never runs without its cards.
+    (The real node only: the simulated kubelet starts no container, so its plugin names no device.)"""
+    cluster = real.cluster
     assert cluster.api is not None
     device = cluster.device_dir(REAL) / "nvidia1"
     device.unlink()
     try:
-        async with namespace(cluster.api, "real-no-device", real_stack) as ns:
+        async with namespace(cluster.api, "real-no-device", real.stack) as ns:
             outcome = await cluster.run(pod("both", ns, {GPU: "2"}, node=REAL))
             assert outcome.node == REAL and outcome.pending.startswith("kubelet refused it"), outcome
             assert f"gpuledger-plugin on node {REAL}" in outcome.pending and str(device) in outcome.pending
             found = await cluster.api.get(f"/api/v1/namespaces/{ns}/pods/both")
             assert found["status"]["reason"] == "UnexpectedAdmissionError"
-            await released(real_stack, found["metadata"]["uid"])  # the failed pod's reservation is given back
+            await released(real.stack, found["metadata"]["uid"])  # the failed pod's reservation is given back
     finally:
         make_device_nodes(cluster.device_dir(REAL), [1])

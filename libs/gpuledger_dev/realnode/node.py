@@ -23,7 +23,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -37,10 +36,8 @@ from gpuledger_dev.controlplane.cluster import ControlPlane, ControlPlaneError, 
 from gpuledger_dev.natsserver import free_port
 from gpuledger_dev.realnode.build import NodeBinaries, ensure_node_built
 from gpuledger_dev.realnode.images import PAUSE_IMAGE, Images, ensure_images
+from gpuledger_dev.realnode.residue import CONTAINER_LOGS_DIR, DEVICE_PLUGIN_DIR, Residue
 
-CGROUP_V1 = Path("/sys/fs/cgroup")
-DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # kubelet's, whatever its --root-dir
-CONTAINER_LOGS_DIR = Path("/var/log/containers")  # kubelet links every container's log here
 READY_S = 120.0
 
 
@@ -142,7 +139,7 @@ class RealNode:
             directory.mkdir(parents=True, exist_ok=True)
         self._start_containerd()
         self._import_images()
-        self._make_cgroup_root()
+        self.residue.make_cgroup_root()
         self._start_kubelet()
         self.wait_ready()
 
@@ -158,12 +155,13 @@ class RealNode:
         containerd = self.processes.pop("containerd", None)
         if containerd is not None:
             containerd.stop(timeout=20)
-        self._kill_strays()
-        self._unmount_all()
+        residue = self.residue
+        residue.kill_strays()
+        residue.unmount_all()
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
-        self._remove_cgroups()
-        self._remove_fixed_paths()
-        left = self.leftovers()
+        residue.remove_cgroups()
+        residue.remove_fixed_paths()
+        left = residue.leftovers()
         if left:
             raise NodeError(f"the real node {self.name} left behind: " + "; ".join(left))
 
@@ -408,130 +406,18 @@ class RealNode:
             time.sleep(0.3)
         raise NodeError(f"{what} not within {timeout:g}s; {process.name}'s log ends:\n{process.tail(60)}")
 
-    # --- what stop removes ---
-
-    def _kill_strays(self) -> None:
-        for pid in self._stray_pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while self._stray_pids() and time.monotonic() < deadline:
-            time.sleep(0.1)
-
-    def _stray_pids(self) -> list[int]:
-        """Processes in this node's cgroups, and containerd shims serving this node's containerd."""
-        found: set[int] = set()
-        for controller in _controllers():
-            top = CGROUP_V1 / controller / self.cgroup_root.lstrip("/")
-            if top.is_dir():
-                for procs in top.rglob("cgroup.procs"):
-                    with contextlib.suppress(OSError):
-                        found.update(int(pid) for pid in procs.read_text().split())
-        marker = str(self.root).encode()
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError):
-                    if marker in (entry / "cmdline").read_bytes():
-                        found.add(int(entry.name))
-        found.discard(os.getpid())
-        return sorted(found)
-
-    def _mounts(self) -> list[str]:
-        prefix = str(self.root) + "/"
-        points = []
-        with contextlib.suppress(OSError):
-            for line in Path("/proc/self/mountinfo").read_text().splitlines():
-                point = line.split()[4].replace("\\040", " ")
-                if point.startswith(prefix):
-                    points.append(point)
-        return points
-
-    def _unmount_all(self) -> None:
-        for _ in range(5):
-            points = self._mounts()
-            if not points:
-                return
-            for point in sorted(points, key=len, reverse=True):
-                subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
-
-    def _cgroup_dirs(self) -> list[Path]:
-        dirs = []
-        for controller in _controllers():
-            top = CGROUP_V1 / controller / self.cgroup_root.lstrip("/")
-            if top.is_dir():
-                dirs.extend(sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True))
-                dirs.append(top)
-        return dirs
-
-    def _make_cgroup_root(self) -> None:
-        """kubelet wants its ``cgroupRoot`` to exist in every hierarchy; cpuset's starts empty in
-        cgroup v1, so it gets its parent's CPUs and memory nodes."""
-        for controller in _controllers():
-            top = CGROUP_V1 / controller / self.cgroup_root.lstrip("/")
-            top.mkdir(exist_ok=True)
-            if controller == "cpuset":
-                for name in ("cpuset.cpus", "cpuset.mems"):
-                    (top / name).write_text((top.parent / name).read_text())
-
-    def _remove_cgroups(self) -> None:
-        for _ in range(20):
-            for directory in self._cgroup_dirs():
-                with contextlib.suppress(OSError):
-                    directory.rmdir()
-            if not self._cgroup_dirs():
-                return
-            time.sleep(0.2)
-
-    def _log_links(self) -> list[Path]:
-        if not CONTAINER_LOGS_DIR.is_dir():
-            return []
-        ours = str(self.root) + "/"
-        return [
-            link for link in CONTAINER_LOGS_DIR.iterdir() if link.is_symlink() and os.readlink(link).startswith(ours)
-        ]
-
-    def _remove_fixed_paths(self) -> None:
-        """The device manager's files (its socket, its checkpoint, plugin sockets) and our log links;
-        the directories too where this node made them."""
-        for link in self._log_links():
-            link.unlink(missing_ok=True)
-        if self.device_plugin_dir.is_dir():
-            for entry in self.device_plugin_dir.iterdir():
-                if entry.is_socket() or entry.name == "kubelet_internal_checkpoint":
-                    entry.unlink(missing_ok=True)
-        for directory in reversed(self._made):
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+    @property
+    def residue(self) -> Residue:
+        return Residue(self.root, self.cgroup_root, self.bridge, self.device_plugin_dir, self._made)
 
     def leftovers(self) -> list[str]:
-        """What this node still holds on the machine: processes, mounts, cgroups, its bridge."""
-        left = [f"process {pid}: {_cmdline(pid)}" for pid in self._stray_pids()]
-        left += [f"mount {point}" for point in self._mounts()]
-        left += [f"cgroup {path}" for path in self._cgroup_dirs()]
-        if Path("/sys/class/net", self.bridge).exists():
-            left.append(f"network interface {self.bridge}")
-        left += [f"log link {link}" for link in self._log_links()]
-        if (self.device_plugin_dir / "kubelet.sock").exists():
-            left.append(f"{self.device_plugin_dir / 'kubelet.sock'}")
-        return left
+        """What this node still holds on the machine (``Residue.leftovers``)."""
+        return self.residue.leftovers() if self.workdir is not None else []
 
     def remove_workdir(self) -> None:
         """Delete the work directory (logs included); only once nothing is mounted under it."""
-        if self.workdir is not None and not self._mounts():
+        if self.workdir is not None and not self.residue.mounts():
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _controllers() -> list[str]:
-    if not CGROUP_V1.is_dir():
-        return []
-    return sorted(p.name for p in CGROUP_V1.iterdir() if p.is_dir() and not p.is_symlink())
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "(gone)"
 
 
 @contextlib.contextmanager

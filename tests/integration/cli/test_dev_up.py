@@ -99,3 +99,24 @@ def test_dev_up_stops_everything_and_leaves_nothing_behind(how: str) -> None:
     assert "stopped every process; removed sockets and logs" in out
     assert not [name for name, pid in pids.items() if _alive(pid)]
     assert not os.path.exists(run_dir)
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--real-node", "rtx-0"], "--real-node needs --kubernetes real"),
+        (["--kubernetes", "real", "--real-node", "nope"], "--real-node nope: not in the fleet (rtx-0, p4-0, h100-0)"),
+    ],
+)
+def test_a_real_node_is_asked_for_on_the_real_control_plane_and_by_a_name_of_the_fleet(
+    args: list[str], said: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuledger_cli", "dev", "up", "--once", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2 and said in done.stderr, done.stdout + done.stderr
+    assert "starting" not in done.stdout  # refused before anything started

@@ -30,7 +30,14 @@ def node(plane: ControlPlane) -> Iterator[RealNode]:
     """A fresh real node per test (it starts in about two seconds), under a name of its own."""
     with RealNode(plane, name=f"real-{next(NAMES)}") as started:
         yield started
+        gone(plane, started.name)
     started.remove_workdir()
+
+
+def gone(plane: ControlPlane, node: str) -> None:
+    """The node's pods deleted at once (the next test's node has another name: none would run them)."""
+    on_node = ("--field-selector", f"spec.nodeName={node}")
+    plane.kubectl("delete", "pods", *on_node, "--grace-period=0", "--force", "--wait=false")
 
 
 def pod(name: str, node: RealNode, command: str, restart: str = "Never") -> dict[str, Any]:
@@ -78,7 +85,6 @@ def test_exec_reaches_a_running_container(plane: ControlPlane, node: RealNode) -
     plane.request("POST", "/api/v1/namespaces/default/pods", pod("sleeper", node, "sleep 3600", "Always"))
     wait_phase(plane, "sleeper", {"Running"})
     assert plane.kubectl("exec", "sleeper", "--", "sh", "-c", "echo $((6 * 7))").stdout.strip() == "42"
-    plane.kubectl("delete", "pod", "sleeper", "--grace-period=0", "--force", "--wait=false")
 
 
 def test_stop_leaves_no_process_mount_or_cgroup(plane: ControlPlane) -> None:
@@ -91,3 +97,16 @@ def test_stop_leaves_no_process_mount_or_cgroup(plane: ControlPlane) -> None:
         assert {"process", "mount", "cgroup", "network", "log"} <= kinds, held
     assert node.leftovers() == []
     node.remove_workdir()
+
+
+def test_a_runtime_restart_keeps_running_containers_and_the_node_admits_again(
+    plane: ControlPlane, node: RealNode
+) -> None:
+    plane.request("POST", "/api/v1/namespaces/default/pods", pod("survivor", node, "sleep 3600", "Always"))
+    before = wait_phase(plane, "survivor", {"Running"})["status"]["containerStatuses"][0]["containerID"]
+    node.restart_containerd()
+    plane.request("POST", "/api/v1/namespaces/default/pods", pod("newcomer", node, "echo here"))
+    assert wait_phase(plane, "newcomer", {"Succeeded", "Failed"})["status"]["phase"] == "Succeeded"
+    status = wait_phase(plane, "survivor", {"Running"})["status"]["containerStatuses"][0]
+    assert status["containerID"] == before and status["restartCount"] == 0
+    assert plane.kubectl("exec", "survivor", "--", "echo", "still-here").stdout.strip() == "still-here"

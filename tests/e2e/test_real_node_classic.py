@@ -82,12 +82,26 @@ class Kubelet:
         return view[(ns, name)]
 
     async def crash(self) -> None:
-        """Kill kubelet and start it again (the simulated one: as kubelet restarts)."""
+        """Kill kubelet and start it again (the simulated one: as kubelet restarts), then wait until
+        the plugin registered again: kubelet deletes every socket in its device-plugin directory
+        when it starts, and the plugin serves a new one and registers it."""
         if self.real:
             assert self.cluster.real is not None
+            socket = self.cluster.plugin_dir(self.node) / "gpuledger.sock"
+            before = socket.stat().st_ctime_ns  # inode numbers come back: a new socket has a new ctime
             await asyncio.to_thread(self.cluster.real.restart_kubelet)
+
+            async def registered() -> bool:
+                return socket.exists() and socket.stat().st_ctime_ns != before and await self.allocatable() > 0
+
         else:
-            await self.cluster.kubelets[self.node].restart()
+            simulated = self.cluster.kubelets[self.node]
+            await simulated.restart()
+
+            async def registered() -> bool:
+                return simulated.registered and await self.allocatable() > 0
+
+        await wait_for(registered, 90, "the plugin registered again", 0.2)
 
     async def allocatable(self) -> int:
         assert self.cluster.api is not None
@@ -232,7 +246,7 @@ async def test_a_kubelet_crash_keeps_every_allocation_and_the_plugin_registers_a
         running_as = await kubelet.container_ids(ns, "before")
 
         await kubelet.crash()
-        await wait_for(kubelet.allocatable_is(2 * SLOTS_PER_CARD), 90, "the plugin registered again", 0.2)
+        assert await kubelet.allocatable() == 2 * SLOTS_PER_CARD
 
         after = await cluster.run(pod("after", ns, share(1024), node=kubelet.node))
         assert after.node == kubelet.node and after.env["app"]["GPULEDGER_MEMORY_LIMIT_MIB"] == "1024"

@@ -173,6 +173,15 @@ class RealNode:
             old.stop()
         self._spawn("kubelet", self._kubelet_argv())
 
+    def restart_containerd(self) -> None:
+        """Stop containerd as an upgrade does and start it again; the shims keep the containers."""
+        assert self.bins is not None
+        old = self.processes.pop("containerd", None)
+        if old is not None:
+            old.stop(timeout=20)
+        process = self._spawn("containerd", [str(self.bins.containerd), "--config", str(self.root / "containerd.toml")])
+        self._wait(process, lambda: self._ctr_ok("version"), "containerd")
+
     # --- containerd ---
 
     def _start_containerd(self) -> None:

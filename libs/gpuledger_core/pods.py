@@ -36,6 +36,7 @@ class PodAsk:
     policy: str = ""  # the pod's own policy (annotation), empty for the service's
     cpu_milli: int = 0
     memory_mib: int = 0
+    claims: bool = False  # the pod asks for devices through ResourceClaims (DRA decides those)
 
     @property
     def wants_cards(self) -> bool:

@@ -202,6 +202,7 @@ def pod_ask_from(pod: Mapping[str, Any]) -> PodAsk:
         _policy(annotations.get(POLICY_ANNOTATION)),
         cpu_milli,
         memory_mib,
+        claims=bool(spec.get("resourceClaims")),
     )
 
 

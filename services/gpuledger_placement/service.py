@@ -148,27 +148,29 @@ class PlacementService:
 
     def _guarded(self, pod: PodAsk, names: Sequence[str]) -> Filtered:
         """A pod that takes no card: every node that is not a GPU node, and each GPU node that
-        is not stale and where it leaves the CPU and memory the guard keeps for the node's free cards."""
+        is not stale and where it leaves the CPU and memory the guard keeps for the node's free cards.
+        A pod with ResourceClaims is not guarded (its claims may be for cards, which DRA allocates
+        and the ledger checks): only a stale GPU node fails it."""
         ask = Ask(None, pod.cpu_milli, pod.memory_mib, pod.owner.describe())
         now = self.view.clock()
         fits: list[str] = []
         failed: dict[str, str] = {}
         for name in names:
-            why = self._cpu_only_problem(name, ask, now)
+            why = self._cpu_only_problem(name, ask, now, guarded=not pod.claims)
             if why:
                 failed[name] = why
             else:
                 fits.append(name)
         return Filtered(tuple(fits), failed, {})
 
-    def _cpu_only_problem(self, name: str, ask: Ask, now: float) -> str:
+    def _cpu_only_problem(self, name: str, ask: Ask, now: float, guarded: bool = True) -> str:
         """Why a pod that takes no card may not go to node ``name`` ("" where it may)."""
         entry = self.view.entries.get(name)
         if entry is None:  # no cards here to strand
             return ""
         if self.view.stale_after_s and self.view.stale(name, now):
             return STALE
-        if self.guard is None or self.hosts is None:
+        if self.guard is None or self.hosts is None or not guarded:
             return ""
         free = self.hosts.free(name)
         if free is None:

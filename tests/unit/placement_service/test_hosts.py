@@ -71,6 +71,26 @@ def test_the_guard_keeps_cpu_and_memory_for_a_gpu_nodes_free_cards() -> None:
     assert built.service.filter(cpu_only(10000), ["rtx-0"]).fits == ("rtx-0",)
 
 
+def test_a_pod_asking_through_resource_claims_is_not_guarded() -> None:
+    """Its claims may be for cards (DRA allocates them, the ledger checks them): the guard that keeps
+    a GPU node's CPU for its free cards must not keep it from the pod that takes them."""
+    usage = HostUsage()
+    usage.replace([node("rtx-0", "16", "64Gi")], [])
+    built = parts(guard="4:32", hosts=usage)
+    claiming = PodAsk(Owner(OwnerKind.POD, "uid-dra", "ns", "dra"), (), cpu_milli=14000, memory_mib=1024, claims=True)
+    assert built.service.filter(claiming, ["rtx-0"]).fits == ("rtx-0",)
+    assert built.service.filter(cpu_only(14000), ["rtx-0"]).failed["rtx-0"].startswith("guard: CPU left")
+
+
+def test_a_pod_with_resource_claims_says_so() -> None:
+    from gpuledger_placement.convert import pod_ask_from
+
+    body = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": {"containers": [{"name": "c"}]}}
+    assert not pod_ask_from(body).claims
+    body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "claim"}]  # type: ignore[index]
+    assert pod_ask_from(body).claims
+
+
 def test_without_the_guard_every_node_passes_a_pod_that_takes_no_card() -> None:
     usage = HostUsage()
     usage.replace([node("rtx-0", "16", "64Gi")], [])

@@ -1,0 +1,101 @@
+"""DRA mode on a real kubelet: the DRA plugin registers with kubelet v1.36's plugin manager,
+kubelet has it prepare each claim, containerd applies the claim's CDI spec, and the container's
+own output shows the claim's cards and limits; unprepare after the pod ends removes the spec."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from gpuledger_dev.fleet import load_fleet
+from gpuledger_dev.local_stack import Stack, running_stack
+from gpuledger_dev.natsserver import free_port
+from gpuledger_dev.real_cluster import NAMESPACE, RealCluster
+from gpuledger_dev.scenario import UNIT_MIB
+from gpuledger_dev.scenario_dra import CLAIMS, cards, claim_and_run, share
+from tests.e2e.helpers import ledger
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+FLEET = Path(__file__).with_name("real_fleet.yaml")
+REAL = "real-p4"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def dra_stack() -> AsyncIterator[Stack]:
+    fleet = load_fleet(FLEET)
+    async with running_stack(fleet, free_port(), free_port(), _say, "real", "dra", real_node=REAL) as stack:
+        yield stack
+
+
+def _say(message: str) -> None:
+    print(f"[real-node DRA stack] {message}", flush=True)
+
+
+def cluster_of(stack: Stack) -> RealCluster:
+    assert isinstance(stack.cluster, RealCluster) and stack.cluster.api is not None
+    return stack.cluster
+
+
+async def cleared(stack: Stack, name: str) -> None:
+    """The pod and its claim deleted, and the ledger holding nothing of the claim (the next test
+    finds both cards free)."""
+    cluster = cluster_of(stack)
+    assert cluster.api is not None
+    await cluster.delete(NAMESPACE, name)
+    await cluster.api.delete(f"{CLAIMS}/{name}")
+
+    async def released() -> bool:
+        held = [a for a in (await ledger(stack))[REAL].live() if a.owner.name == name]
+        return not held
+
+    await wait_for(released, 60, f"the claim {name} released in the ledger", 0.2)
+
+
+def card_nodes(dev: tuple[str, ...]) -> list[str]:
+    return sorted(d for d in dev if d.startswith("nvidia") and d[len("nvidia") :].isdigit())
+
+
+async def minor_of(stack: Stack, uuid: str) -> int:
+    node = (await ledger(stack))[REAL].node
+    card = next(c for c in node.cards if c.uuid == uuid)
+    return card.minor if card.minor is not None else card.index
+
+
+@pytest.mark.timeout(300)
+async def test_a_shared_claim_reaches_the_container_through_kubelet_and_the_runtime(dra_stack: Stack) -> None:
+    cluster = cluster_of(dra_stack)
+    outcome = await claim_and_run(cluster, "real-share", share(4), REAL)
+    assert outcome.node == REAL, outcome
+    env, dev = outcome.env["app"], outcome.dev["app"]
+    assert env["GPULEDGER_CLAIM"] == f"{NAMESPACE}/real-share"
+    assert env["GPULEDGER_MEMORY_LIMIT_MIB"] == str(4 * UNIT_MIB)
+    assert env["GPULEDGER_EXCLUSIVE"] == "false"
+    uuid = env["NVIDIA_VISIBLE_DEVICES"]
+    assert card_nodes(dev) == [f"nvidia{await minor_of(dra_stack, uuid)}"]
+    assert {"nvidiactl", "nvidia-uvm"} <= set(dev)
+    assert env["HOSTNAME"] == "real-share"  # printed by the container itself
+    await cleared(dra_stack, "real-share")
+
+
+@pytest.mark.timeout(300)
+async def test_unprepare_after_the_pod_ends_removes_the_claims_spec(dra_stack: Stack) -> None:
+    cluster = cluster_of(dra_stack)
+    assert cluster.api is not None and cluster.real is not None
+    request, constraints = cards(2)
+    outcome = await claim_and_run(cluster, "real-both", request, REAL, constraints)
+    assert outcome.node == REAL, outcome
+    assert card_nodes(outcome.dev["app"]) == ["nvidia0", "nvidia1"]
+    claim = await cluster.api.get(f"{CLAIMS}/real-both")
+    spec = next(cluster.real.cdi_dir.glob(f"*{claim['metadata']['uid']}*.json"))
+    await cluster.delete(NAMESPACE, "real-both")
+
+    async def removed() -> bool:
+        return not spec.exists()
+
+    await wait_for(removed, 60, f"{spec.name} removed by NodeUnprepareResources", 0.2)
+    await cleared(dra_stack, "real-both")

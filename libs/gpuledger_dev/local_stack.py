@@ -121,9 +121,11 @@ def _cluster_started(cluster: Cluster, kubelets: int) -> str:
         return f"simulated API server on {cluster.apiserver.url}, {kubelets} simulated kubelet(s)"
     access = cluster.control_plane.access
     server = access.server if access else "?"
+    kwok = kubelets - bool(cluster.real_node)
+    real = f", and {cluster.real_node} a real node (kubelet and containerd)" if cluster.real_node else ""
     return (
-        f"kube-apiserver on {server}, kube-controller-manager, kwok with {kubelets} node(s) and simulated "
-        f"kubelets; try: {kubectl_of(cluster)} --kubeconfig {cluster.kubeconfig} get pods -A -o wide"
+        f"kube-apiserver on {server}, kube-controller-manager, kwok with {kwok} node(s) and simulated "
+        f"kubelets{real}; try: {kubectl_of(cluster)} --kubeconfig {cluster.kubeconfig} get pods -A -o wide"
     )
 
 

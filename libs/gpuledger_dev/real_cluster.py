@@ -306,14 +306,19 @@ REPORT = (
 )
 
 
+STAY = "; trap 'exit 0' TERM; while true; do sleep 1; done"
+
+
 def reporting(spec: dict[str, Any]) -> dict[str, Any]:
     """The pod spec with every container running the workload image built here and reporting
-    what it got; the app containers then sleep until the pod is deleted."""
+    what it got; the app containers then wait until the pod is deleted, and end at once on its
+    SIGTERM, as a well-behaved workload does (a shell that ``exec``s sleep as PID 1 ignores it,
+    and the pod's cards would be held for its whole grace period)."""
 
     def container(found: dict[str, Any], then: str) -> dict[str, Any]:
         return {**found, "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never", "command": ["sh", "-c", REPORT + then]}
 
-    changed = {**spec, "containers": [container(c, "; exec sleep 2147483647") for c in spec["containers"]]}
+    changed = {**spec, "containers": [container(c, STAY) for c in spec["containers"]]}
     if spec.get("initContainers"):
         changed["initContainers"] = [container(c, "") for c in spec["initContainers"]]
     return changed

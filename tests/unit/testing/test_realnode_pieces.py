@@ -9,7 +9,7 @@ import json
 import tarfile
 from typing import Any
 
-from gpuledger_dev.real_cluster import REPORT_DEV, REPORT_END, REPORT_ENV, parse_report, reporting
+from gpuledger_dev.real_cluster import REPORT_DEV, REPORT_END, REPORT_ENV, STAY, parse_report, reporting
 from gpuledger_dev.realnode.images import WORKLOAD_IMAGE, _layer, oci_archive
 
 
@@ -56,5 +56,5 @@ def test_every_container_reports_and_only_app_containers_stay() -> None:
     (app,), (setup,) = changed["containers"], changed["initContainers"]
     assert app["image"] == setup["image"] == WORKLOAD_IMAGE and app["imagePullPolicy"] == "Never"
     assert app["resources"] == spec["containers"][0]["resources"]  # what it asks for is kept
-    assert app["command"][-1].endswith("exec sleep 2147483647") and "sleep" not in setup["command"][-1]
+    assert app["command"][-1].endswith(STAY) and "sleep" not in setup["command"][-1]
     assert spec["containers"][0]["image"] == "cuda"  # the caller's spec is left as it was

@@ -4,6 +4,8 @@ own output shows the claim's cards and limits; unprepare after the pod ends remo
 
 from __future__ import annotations
 
+import asyncio
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -99,3 +101,30 @@ async def test_unprepare_after_the_pod_ends_removes_the_claims_spec(dra_stack: S
 
     await wait_for(removed, 60, f"{spec.name} removed by NodeUnprepareResources", 0.2)
     await cleared(dra_stack, "real-both")
+
+
+def prepared_count(stack: Stack, name: str) -> int:
+    """How often the real node's DRA plugin prepared the claim ``name`` (its log says each time)."""
+    log = stack.supervisor.run_dir / f"plugin-{REAL}.log"
+    said = re.compile(rf"(?<![a-z])prepared ResourceClaim {NAMESPACE}/{re.escape(name)} ")  # not "unprepared"
+    return sum(1 for line in log.read_text().splitlines() if said.search(line))
+
+
+@pytest.mark.timeout(300)
+async def test_a_kubelet_restart_prepares_nothing_twice_and_keeps_the_container(dra_stack: Stack) -> None:
+    cluster = cluster_of(dra_stack)
+    assert cluster.api is not None and cluster.real is not None
+    await claim_and_run(cluster, "real-kept", share(4), REAL)
+    assert prepared_count(dra_stack, "real-kept") == 1
+    found = await cluster.api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/real-kept")
+    running_as = found["status"]["containerStatuses"][0]["containerID"]
+
+    await asyncio.to_thread(cluster.real.restart_kubelet)
+    after = await claim_and_run(cluster, "real-after", share(4), REAL)  # kubelet and plugin at work again
+    assert after.node == REAL and after.env["app"]["GPULEDGER_CLAIM"] == f"{NAMESPACE}/real-after"
+    found = await cluster.api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/real-kept")
+    status = found["status"]["containerStatuses"][0]
+    assert status["containerID"] == running_as and status["restartCount"] == 0
+    assert prepared_count(dra_stack, "real-kept") == 1
+    await cleared(dra_stack, "real-after")
+    await cleared(dra_stack, "real-kept")

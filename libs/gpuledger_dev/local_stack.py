@@ -76,11 +76,13 @@ async def running_stack(
     kubernetes: str = "fake",
     mode: str = "classic",
     real_node: str = "",
+    topology_policy: str = "none",
 ) -> AsyncIterator[Stack]:
     """The whole stack; ``kubernetes`` is ``sim`` (simulated API server, scheduler and kubelets) or
     ``real`` (a real control plane built from Go modules, kwok nodes and simulated kubelets);
     ``mode`` ``dra`` (real only) runs every node in DRA mode (docs/dra.md); ``real_node`` (real
-    only) names the fleet's node that runs a real kubelet and container runtime."""
+    only) names the fleet's node that runs a real kubelet and container runtime, with
+    ``topology_policy`` as its Topology Manager policy."""
     if real_node and kubernetes != "real":
         raise ValueError(f"a real node ({real_node}) needs the real control plane, not {kubernetes}")
     if kubernetes not in KUBERNETES:
@@ -91,7 +93,9 @@ async def running_stack(
     supervisor = Supervisor(run_dir)
     names = [str(n.node.name) for n in fleet.nodes]
     cluster: Cluster = (
-        FakeCluster(run_dir, names) if kubernetes == "fake" else RealCluster(run_dir, fleet, mode, real_node)
+        FakeCluster(run_dir, names)
+        if kubernetes == "fake"
+        else RealCluster(run_dir, fleet, mode, real_node, topology_policy)
     )
     say(f"logs and sockets in {run_dir}")
     try:

@@ -72,14 +72,16 @@ def node_object(name: str, cpu_milli: int = 0, memory_mib: int = 0) -> dict[str,
 
 
 class RealCluster:
-    def __init__(self, run_dir: Path, fleet: Fleet, mode: str = "classic", real_node: str = "") -> None:
+    def __init__(
+        self, run_dir: Path, fleet: Fleet, mode: str = "classic", real_node: str = "", topology_policy: str = "none"
+    ) -> None:
         if mode not in (*MODES, BOTH):
             raise ValueError(f"mode must be one of {'|'.join((*MODES, BOTH))}, got {mode!r}")
         self.run_dir, self.fleet, self.mode = run_dir, fleet, mode
         self.nodes = [str(n.node.name) for n in fleet.nodes]
         if real_node and real_node not in self.nodes:
             raise ValueError(f"the real node {real_node!r} is not in the fleet ({', '.join(self.nodes)})")
-        self.real_node = real_node
+        self.real_node, self.topology_policy = real_node, topology_policy
         self.real: RealNode | None = None
         self.control_plane = ControlPlane(run_dir / "cp")
         self.kubelets: dict[str, KwokKubelet] = {}
@@ -172,7 +174,12 @@ class RealCluster:
         node = str(member.node.name)
         minors = [card.minor if card.minor is not None else card.index for card in member.node.cards]
         make_device_nodes(self.device_dir(node), minors)
-        self.real = RealNode(self.control_plane, name=node, workdir=self.run_dir / "real-node")
+        self.real = RealNode(
+            self.control_plane,
+            name=node,
+            topology_manager_policy=self.topology_policy,
+            workdir=self.run_dir / "real-node",
+        )
         await asyncio.to_thread(self.real.start)
 
     async def use_extender(self, url: str, pki: ExtenderPki) -> None:

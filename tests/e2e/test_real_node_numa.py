@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from gpuledger_core.model import Card
 from gpuledger_dev.fleet import load_fleet
 from gpuledger_dev.local_stack import Stack, running_stack
 from gpuledger_dev.natsserver import free_port
@@ -43,7 +44,7 @@ def _say(message: str) -> None:
 async def test_two_card_pods_get_two_cards_of_one_numa_node(numa_stack: Stack) -> None:
     cluster = numa_stack.cluster
     assert isinstance(cluster, RealCluster) and cluster.api is not None and cluster.real is not None
-    cards = {c.uuid: c for c in (await ledger(numa_stack))[NODE].node.cards}
+    cards: dict[str, Card] = {c.uuid: c for c in (await ledger(numa_stack))[NODE].node.cards}
     async with namespace(cluster.api, "numa", numa_stack) as ns:
         seen: list[set[int]] = []
         for name in ("first", "second"):

@@ -90,7 +90,7 @@ class AnswerPolicy:
                 "device_list_strategy",
                 f"strategies {list(self.strategies)}: "
                 f"{'unknown ' + ', '.join(map(repr, unknown)) if unknown else 'none given'}; "
-                f"choose from {', '.join(STRATEGIES)}"
+                f"choose from {', '.join(STRATEGIES)}",
             )
 
 

@@ -66,6 +66,7 @@ async def running(settings: PluginSettings, stop: asyncio.Event | None = None) -
         link = KubeletLink(_registration(settings), handler, on_registered=wake.set)
         tasks = await lifecycle.task_group(stack)
         lifecycle.background(stack, tasks, service.follow_ledger())
+        lifecycle.background(stack, tasks, service.bind_unbound_forever())
         lifecycle.background(stack, tasks, link.run())
         lifecycle.background(stack, tasks, service.reconcile_forever(settings.reconcile_interval_s, wake))
         ops = ops_app(lambda: _not_ready(nc, service, link))
@@ -90,7 +91,15 @@ def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> Plugin
     placement = NatsPreferred(nc, settings.placement_timeout_s)
     ledger = StoreLedger(store, settings.node)
     return PluginService(
-        settings.node, ledger, placement, pods, policy, settings.slots_per_card, gone_after_s=settings.gone_after_s
+        settings.node,
+        ledger,
+        placement,
+        pods,
+        policy,
+        settings.slots_per_card,
+        gone_after_s=settings.gone_after_s,
+        preferred_wait_s=settings.preferred_wait_s,
+        allocate_wait_s=settings.allocate_wait_s,
     )
 
 

@@ -61,9 +61,7 @@ class KubeletLink:
                         self.on_registered()
                     await self._until_restart()
                     self.restarts += 1
-                    log.info(
-                        "kubelet restarted (or our socket vanished): serving and registering again"
-                    )
+                    log.info("kubelet restarted (or our socket vanished): serving and registering again")
             finally:
                 self.registered.clear()
                 server.close()

@@ -97,9 +97,7 @@ def _check(
     if own.ids == ids:
         if own.allocation.state is AllocState.RESERVED:
             aid = own.allocation.id
-            return Finding(
-                "unbound", pod, container, "reserved", f"{shown} admitted", _commit(aid, now)
-            )
+            return Finding("unbound", pod, container, "reserved", f"{shown} admitted", _commit(aid, now))
         return ref
     if ref in handled:
         return ref
@@ -111,9 +109,7 @@ def _check(
         return Finding("swapped", pod, container, side, shown, _swap(ref, own, others[0]))
     holders = holders_of_ids(ledger)
     if any(holders.get(i, own.allocation.id) != own.allocation.id for i in ids):
-        return Finding(
-            "conflict", pod, container, mine, f"{shown} (partly reserved for another pod)"
-        )
+        return Finding("conflict", pod, container, mine, f"{shown} (partly reserved for another pod)")
     handled.add(ref)
     return Finding("moved", pod, container, mine, shown, _rehome(ref, own.ids, ids))
 
@@ -122,9 +118,7 @@ def _own_slot(ledger: NodeLedger, pod: PodKey, container: str) -> Slot | None:
     for allocation in pod_allocations(ledger):
         if (allocation.owner.namespace, allocation.owner.name) != pod:
             continue
-        named = [
-            i for i, g in enumerate(allocation.grants) if g.container == container and g.device_ids
-        ]
+        named = [i for i, g in enumerate(allocation.grants) if g.container == container and g.device_ids]
         named.sort(key=lambda i: allocation.grants[i].init)  # app containers before init ones
         if named:
             return Slot(allocation, named[0])

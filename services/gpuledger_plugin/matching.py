@@ -93,13 +93,9 @@ def pending(ledger: NodeLedger, served: Served) -> tuple[Slot, ...]:
 def signature(slot: Slot, node: Node) -> tuple[object, ...]:
     """What a container would notice if it got another reservation instead of its own."""
     models = {c.uuid: c.model for c in node.cards}
-    shares = sorted(
-        (models.get(s.uuid, ""), s.mem_mib, s.core_milli, s.exclusive) for s in slot.grant.cards
-    )
+    shares = sorted((models.get(s.uuid, ""), s.mem_mib, s.core_milli, s.exclusive) for s in slot.grant.cards)
     indexes = sorted(s.index for s in slot.grant.cards)
-    links = sorted(
-        (ln.nvlinks, int(ln.pcie)) for a, b in combinations(indexes, 2) if (ln := node.link(a, b))
-    )
+    links = sorted((ln.nvlinks, int(ln.pcie)) for a, b in combinations(indexes, 2) if (ln := node.link(a, b)))
     return (slot.allocation.isolation, tuple(shares), tuple(links))
 
 
@@ -107,9 +103,7 @@ def interchangeable(slots: Iterable[Slot], node: Node) -> bool:
     return len({signature(s, node) for s in slots}) <= 1
 
 
-def choose(
-    candidates: tuple[Slot, ...], node: Node, admitting: Collection[PodKey] | None
-) -> Decision:
+def choose(candidates: tuple[Slot, ...], node: Node, admitting: Collection[PodKey] | None) -> Decision:
     """One of several reservations that fit, or Ambiguous if choosing could swap limits."""
     if len(candidates) == 1:
         return Found(candidates[0], tuple(sorted(candidates[0].ids)))
@@ -149,9 +143,7 @@ def _steer_within_pod(
     holders = holders_of_ids(ledger)
     owners = {holders[i] for i in must if i in holders}
     if len(owners) != 1:
-        return Refused(
-            f"devices {sorted(must)} are reserved for {len(owners)} allocations, not one"
-        )
+        return Refused(f"devices {sorted(must)} are reserved for {len(owners)} allocations, not one")
     slot = _next_of_size(ledger.get(owners.pop()), served, size)
     if slot is None:
         return Refused(f"no container of that pod has {size} reserved device(s) left to admit")
@@ -199,16 +191,12 @@ def resolve(
     owners = {holders[i] for i in ids if i in holders}
     if len(owners) > 1:
         names = sorted(_describe(ledger, o) for o in owners)
-        return Refused(
-            f"devices {list(ordered)} are reserved for different pods: {', '.join(names)}"
-        )
+        return Refused(f"devices {list(ordered)} are reserved for different pods: {', '.join(names)}")
     if owners:
         return _within_pod(ledger, served, ids, owners.pop(), holders)
     fits = tuple(s for s in pending(ledger, served) if len(s.ids) == len(ids))
     if not fits:
-        return Refused(
-            f"no container on {ledger.node.name} has a reservation for {len(ids)} device(s)"
-        )
+        return Refused(f"no container on {ledger.node.name} has a reservation for {len(ids)} device(s)")
     decided = choose(fits, ledger.node, admitting)
     if isinstance(decided, Found):
         return Found(decided.slot, ordered, rehome=True, guessed=decided.guessed)
@@ -242,14 +230,10 @@ def _within_pod(
     return Found(slot, ordered, rehome=frozenset(ids) != slot.ids)
 
 
-def _confirm(
-    ledger: NodeLedger, served: Served, match: Slot, admitting: Collection[PodKey] | None
-) -> Decision:
+def _confirm(ledger: NodeLedger, served: Served, match: Slot, admitting: Collection[PodKey] | None) -> Decision:
     """An exact match that kubelet was not steered to: check no other pod could be meant."""
     rivals = tuple(
-        s
-        for s in pending(ledger, served)
-        if s.allocation.id != match.allocation.id and len(s.ids) == len(match.ids)
+        s for s in pending(ledger, served) if s.allocation.id != match.allocation.id and len(s.ids) == len(match.ids)
     )
     if not rivals or interchangeable((match, *rivals), ledger.node):
         return Found(match, tuple(sorted(match.ids)))

@@ -34,7 +34,10 @@ RECONCILE_REPAIRS = Counter(
     "Mismatches repaired in the ledger, by kind and outcome",
     ["kind", "outcome"],
 )
-REGISTRATIONS = Counter(
-    "gpuledger_plugin_registrations_total", "Registrations with kubelet, by outcome", ["outcome"]
-)
+REGISTRATIONS = Counter("gpuledger_plugin_registrations_total", "Registrations with kubelet, by outcome", ["outcome"])
 DEVICES = Gauge("gpuledger_plugin_devices", "Devices advertised to kubelet, by health", ["health"])
+
+UNBOUND_LOST = Counter(
+    "gpuledger_plugin_unbound_lost_total",
+    "Containers admitted from the node's last known ledger whose reservation was gone when the ledger came back",
+)

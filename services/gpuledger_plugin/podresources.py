@@ -39,11 +39,6 @@ def view_of(response: pr.ListPodResourcesResponse, resource_name: str) -> Kubele
     for pod in response.pod_resources:
         containers = view.setdefault((pod.namespace, pod.name), {})
         for container in pod.containers:
-            ids = {
-                i
-                for d in container.devices
-                if d.resource_name == resource_name
-                for i in d.device_ids
-            }
+            ids = {i for d in container.devices if d.resource_name == resource_name for i in d.device_ids}
             containers[container.name] = frozenset(ids)
     return view

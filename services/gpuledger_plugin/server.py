@@ -58,15 +58,11 @@ class DevicePlugin(dp.DevicePluginBase):  # type: ignore[misc]  # generated base
         async for devices in self.service.board.stream():
             yield dp.ListAndWatchResponse(devices=[device_of(d) for d in devices])
 
-    async def get_preferred_allocation(
-        self, request: dp.PreferredAllocationRequest
-    ) -> dp.PreferredAllocationResponse:
+    async def get_preferred_allocation(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
         started = time.perf_counter()
         answers = []
         for ask in request.container_requests:
-            work = self.service.preferred(
-                ask.available_device_i_ds, ask.must_include_device_i_ds, ask.allocation_size
-            )
+            work = self.service.preferred(ask.available_device_i_ds, ask.must_include_device_i_ds, ask.allocation_size)
             ids = await self._bounded("GetPreferredAllocation", work)
             answers.append(dp.ContainerPreferredAllocationResponse(device_i_ds=ids))
         PREFERRED_SECONDS.observe(time.perf_counter() - started)
@@ -83,9 +79,7 @@ class DevicePlugin(dp.DevicePluginBase):  # type: ignore[misc]  # generated base
         ALLOCATE_SECONDS.observe(time.perf_counter() - started)
         return dp.AllocateResponse(container_responses=answers)
 
-    async def pre_start_container(
-        self, request: dp.PreStartContainerRequest
-    ) -> dp.PreStartContainerResponse:
+    async def pre_start_container(self, request: dp.PreStartContainerRequest) -> dp.PreStartContainerResponse:
         return dp.PreStartContainerResponse()
 
     async def _bounded(self, call: str, work: Awaitable[T]) -> T:
@@ -118,9 +112,7 @@ def _status(err: GpuledgerError) -> Status:
 
 
 def device_of(device: Advertised) -> dp.Device:
-    topology = (
-        dp.TopologyInfo(nodes=[dp.NumaNode(id=device.numa)]) if device.numa is not None else None
-    )
+    topology = dp.TopologyInfo(nodes=[dp.NumaNode(id=device.numa)]) if device.numa is not None else None
     return dp.Device(id=device.id, health=device.health, topology=topology)
 
 
@@ -128,9 +120,7 @@ def response_of(answer: Answer) -> dp.ContainerAllocateResponse:
     return dp.ContainerAllocateResponse(
         envs=dict(answer.envs),
         mounts=[dp.Mount(m.container_path, m.host_path, m.read_only) for m in answer.mounts],
-        devices=[
-            dp.DeviceSpec(d.container_path, d.host_path, d.permissions) for d in answer.devices
-        ],
+        devices=[dp.DeviceSpec(d.container_path, d.host_path, d.permissions) for d in answer.devices],
         annotations=dict(answer.annotations),
         cdi_devices=[dp.CdiDevice(name=n) for n in answer.cdi_devices],
     )

@@ -25,7 +25,7 @@ from gpuledger_plugin.answer import Answer, AnswerPolicy, answer
 from gpuledger_plugin.devices import HEALTHY, Advertised, advertised
 from gpuledger_plugin.kubelet_findings import GONE_AFTER_S, Comparison, Finding, compare, gone
 from gpuledger_plugin.ledger_port import NodeLedgerPort
-from gpuledger_plugin.metrics import DEVICES, IDENTITY, RECONCILE_MISMATCHES, RECONCILE_REPAIRS
+from gpuledger_plugin.metrics import DEVICES, IDENTITY, RECONCILE_MISMATCHES, RECONCILE_REPAIRS, UNBOUND_LOST
 from gpuledger_plugin.podresources import PodResourcesPort
 from gpuledger_plugin.preferred import Placement
 from gpuledger_plugin.transitions import GrantRef, bind
@@ -33,6 +33,12 @@ from gpuledger_plugin.transitions import GrantRef, bind
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# GetPreferredAllocation waits this long for the ledger, then steers from the watch's copy: kubelet
+# fails the pod on an error there, and the hint is checked by Allocate anyway.
+PREFERRED_WAIT_S = 5.0
+# Allocate waits this long for the ledger (a JetStream leader election takes a few seconds), then
+# admits a container whose reservation the watch already brought, and binds it once the ledger is back.
+ALLOCATE_WAIT_S = 5.0
 OUTAGE_PAUSE_S, OUTAGE_PAUSE_MAX_S = 0.05, 1.0  # between tries of a ledger away or refusing writes
 
 
@@ -86,10 +92,16 @@ class PluginService:
         slots_per_card: int,
         clock: Callable[[], float] = time.time,
         gone_after_s: float = GONE_AFTER_S,
+        preferred_wait_s: float = PREFERRED_WAIT_S,
+        allocate_wait_s: float = ALLOCATE_WAIT_S,
     ) -> None:
         self.node, self.ledger, self.placement, self.pods = node, ledger, placement, pods
         self.policy, self.slots_per_card, self.clock = policy, slots_per_card, clock
         self.gone_after_s = gone_after_s  # how long a bound allocation's pod must be missing from kubelet
+        self.preferred_wait_s, self.allocate_wait_s = preferred_wait_s, allocate_wait_s
+        self.seen: NodeLedger | None = None  # the node's ledger as the watch last brought it
+        self.unbound: dict[GrantRef, tuple[frozenset[str], tuple[str, ...]]] = {}  # admitted from the copy
+        self._unbound_added = asyncio.Event()
         self.board = DeviceBoard()
         self.inventory: Node | None = None
         self.served: dict[AllocationId, set[int]] = {}
@@ -107,6 +119,7 @@ class PluginService:
                 await self._seen(ledger)
 
     async def _seen(self, ledger: NodeLedger | None) -> None:
+        self.seen = ledger
         node = ledger.node if ledger is not None else None
         if node != self.inventory or not self.board.version:
             self.inventory = node
@@ -127,10 +140,16 @@ class PluginService:
     async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         async with self._lock:
             try:  # kubelet follows the hint: one made without the ledger takes others' devices
-                ledger = await _waiting("GetPreferredAllocation", self._read)
-            except GpuledgerError as err:
-                log.warning("preferred allocation without the ledger: %s", err)
-                return await self._by_topology(available, must_include, size)
+                async with asyncio.timeout(self.preferred_wait_s):
+                    ledger = await _waiting("GetPreferredAllocation", self._read)
+            except (GpuledgerError, TimeoutError) as err:
+                # kubelet fails the pod on any error here: steer from the node's last known ledger
+                # (placement wrote the reservation before the bind: the watch has usually brought it).
+                if self.seen is None:
+                    log.warning("preferred allocation without the ledger: %s", err or "no answer")
+                    return await self._by_topology(available, must_include, size)
+                log.warning("preferred allocation from the node's last known ledger: %s", err or "no answer in time")
+                ledger = self.seen
             decision = m.steer(ledger, self.served, available, must_include, size)
             if isinstance(decision, m.Ambiguous):
                 admitting = await self._admitting(ledger)
@@ -158,7 +177,73 @@ class PluginService:
         reached or would not take the write (see ``_waiting``)."""
         async with self._lock:
             what = f"Allocate for {sorted(device_ids)}"
-            return await _waiting(what, lambda: self._allocate(device_ids))
+            try:
+                async with asyncio.timeout(self.allocate_wait_s):
+                    return await _waiting(what, lambda: self._allocate(device_ids))
+            except TimeoutError:
+                found = self._from_copy(device_ids)
+                if found is None:
+                    raise Unavailable(
+                        f"the ledger did not answer within {self.allocate_wait_s:g}s, and the node's last known "
+                        f"ledger holds no reservation for devices {sorted(device_ids)}"
+                    ) from None
+                return found
+
+    def _from_copy(self, device_ids: Sequence[str]) -> Outcome | None:
+        """The container's answer from the node's last known ledger, when it holds a live
+        reservation for exactly these devices (placement writes it before the bind); its bind is
+        written by ``bind_unbound_forever`` once the ledger answers again. None otherwise."""
+        ledger, now = self.seen, self.clock()
+        if ledger is None or self.inventory is None:
+            return None
+        decision = m.resolve(ledger, self.served, device_ids, None, None)
+        if not isinstance(decision, m.Found) or decision.rehome or decision.guessed:
+            return None
+        slot = decision.slot
+        if not slot.allocation.held_at(now):
+            return None
+        self._check_device_nodes(slot)
+        ref = (slot.allocation.id, slot.index)
+        self.unbound[ref] = (frozenset(slot.ids), decision.ids)
+        self._unbound_added.set()
+        self.served.setdefault(slot.allocation.id, set()).add(slot.index)
+        grant = slot.allocation.grants[slot.index]
+        IDENTITY.labels("unbound").inc()
+        log.warning(
+            "admitted %s container %r from the node's last known ledger (the ledger does not answer): cards %s; "
+            "its bind is written when the ledger is back",
+            slot.allocation.owner.describe(),
+            grant.container,
+            ",".join(s.uuid for s in grant.cards),
+            extra={"allocation": slot.allocation.id, "node": self.node},
+        )
+        return Outcome(
+            answer(self.inventory, slot.allocation, grant, self.policy), slot.allocation.id, grant.container, "unbound"
+        )
+
+    async def bind_unbound_forever(self) -> None:
+        """Write the binds of containers admitted from the node's last known ledger, as soon as the
+        ledger takes them; a reservation that is gone by then is said loudly (its cards may have
+        gone to another pod while this node could not reach the ledger)."""
+        while True:
+            await self._unbound_added.wait()
+            self._unbound_added.clear()
+            while self.unbound:
+                ref = next(iter(self.unbound))
+                await self._bind_unbound(ref, *self.unbound[ref])
+                self.unbound.pop(ref, None)
+
+    async def _bind_unbound(self, ref: GrantRef, expected: frozenset[str], ids: tuple[str, ...]) -> None:
+        now = self.clock()
+        try:
+            await _waiting(
+                f"the bind of {ref[0]}", lambda: self.ledger.mutate(lambda got: bind(got, ref, expected, ids, now))
+            )
+        except GpuledgerError as err:
+            UNBOUND_LOST.inc()
+            log.error("could not bind %s container %d, admitted while the ledger was away: %s", ref[0], ref[1], err)
+            return
+        log.info("bound %s container %d, admitted while the ledger was away", ref[0], ref[1])
 
     async def _allocate(self, device_ids: Sequence[str]) -> Outcome:
         ledger = await self._read()

@@ -10,6 +10,7 @@ from gpuledger_common.store.outage import RETRY_S
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_plugin.answer import STRATEGIES
 from gpuledger_plugin.kubelet_findings import GONE_AFTER_S
+from gpuledger_plugin.service import ALLOCATE_WAIT_S, PREFERRED_WAIT_S
 
 RESOURCE_NAME = "gpuledger.io/gpu"
 
@@ -19,13 +20,9 @@ class PluginSettings(NatsClientSettings):
     """gpuledger-plugin: the kubelet device plugin that hands containers their ledger cards."""
 
     node: str = option("", "this node's name, as in the ledger (required)")
-    device_plugin_dir: str = option(
-        "/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory"
-    )
+    device_plugin_dir: str = option("/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory")
     socket_name: str = option("gpuledger.sock", "the plugin's socket file in the device-plugin dir")
-    pod_resources_socket: str = option(
-        "/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources socket"
-    )
+    pod_resources_socket: str = option("/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources socket")
     slots_per_card: int = option(DEFAULT_SLOTS_PER_CARD, "kubelet devices advertised per card (containers sharing it)")
     device_list_strategy: str = option(
         "volume-mounts",
@@ -41,13 +38,9 @@ class PluginSettings(NatsClientSettings):
         "the host directory holding the cards' device nodes (nvidia<minor>, nvidiactl, nvidia-uvm); "
         "containers see them under /dev whatever it is",
     )
-    default_isolation: str = option(
-        "none", "isolation for shared cards that asked for none: none or mps"
-    )
+    default_isolation: str = option("none", "isolation for shared cards that asked for none: none or mps")
     mps_pipe_dir: str = option("/tmp/nvidia-mps", "CUDA_MPS_PIPE_DIRECTORY inside containers")
-    mps_host_pipe_dir: str = option(
-        "/run/nvidia/mps", "the MPS daemon's pipe directory on the host"
-    )
+    mps_host_pipe_dir: str = option("/run/nvidia/mps", "the MPS daemon's pipe directory on the host")
     mps_host_shm_dir: str = option(
         "", "the MPS daemon's /dev/shm on the host, mounted at /dev/shm in MPS containers (empty: not mounted)"
     )
@@ -60,6 +53,17 @@ class PluginSettings(NatsClientSettings):
         "call reads again (GetPreferredAllocation and Allocate keep trying until answer_timeout_s)",
     )
     placement_timeout_s: float = option(0.2, "how long GetPreferredAllocation waits for placement")
+    allocate_wait_s: float = option(
+        ALLOCATE_WAIT_S,
+        "how long Allocate waits for the ledger (a leader election takes a few seconds) before it admits a "
+        "container whose reservation the node's last known ledger holds, binding it when the ledger is back; "
+        "with no such reservation it then fails with the reason",
+    )
+    preferred_wait_s: float = option(
+        PREFERRED_WAIT_S,
+        "how long GetPreferredAllocation waits for the ledger before it steers from the node's last known "
+        "ledger (kubelet fails the pod on any error there; Allocate checks the hint against the ledger)",
+    )
     pod_resources_timeout_s: float = option(1.0, "how long to wait for kubelet's PodResources List")
     reconcile_interval_s: float = option(30.0, "how often to compare the ledger with kubelet")
     gone_after_s: float = option(
@@ -104,10 +108,14 @@ class PluginSettings(NatsClientSettings):
             require(not path or path.startswith("/"), name, f"must be an absolute path, got {path!r}")
         require(self.device_dir.startswith("/"), "device_dir", f"must be an absolute path, got {self.device_dir!r}")
         require("/" in self.cdi_kind, "cdi_kind", "must be vendor/class, e.g. nvidia.com/gpu")
-        require(
-            self.default_isolation in ("none", "mps"), "default_isolation", "must be none or mps"
-        )
-        for name in ("answer_timeout_s", "placement_timeout_s", "pod_resources_timeout_s"):
+        require(self.default_isolation in ("none", "mps"), "default_isolation", "must be none or mps")
+        for name in (
+            "answer_timeout_s",
+            "placement_timeout_s",
+            "pod_resources_timeout_s",
+            "preferred_wait_s",
+            "allocate_wait_s",
+        ):
             require(getattr(self, name) > 0, name, "must be positive")
         require(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be positive")
         require(self.gone_after_s >= 0, "gone_after_s", "must not be negative")

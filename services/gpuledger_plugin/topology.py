@@ -20,9 +20,7 @@ from gpuledger_core.slots import card_of
 EXHAUSTIVE_LIMIT = 5000  # card sets scored exactly; beyond this, grow a set greedily
 
 
-def preferred(
-    node: Node, available: Collection[str], must_include: Collection[str], size: int
-) -> list[str]:
+def preferred(node: Node, available: Collection[str], must_include: Collection[str], size: int) -> list[str]:
     by_card = _ids_by_card(node, available, must_include)
     cards = {c.uuid: c for c in node.cards if c.uuid in by_card}
     fixed = [cards[u] for u in {card_of(i) for i in must_include} if u in cards]
@@ -54,9 +52,7 @@ def _best(node: Node, fixed: list[Card], spare: list[Card], wanted: int) -> list
     return chosen
 
 
-def _ids_by_card(
-    node: Node, available: Collection[str], must: Collection[str]
-) -> dict[CardUuid, list[str]]:
+def _ids_by_card(node: Node, available: Collection[str], must: Collection[str]) -> dict[CardUuid, list[str]]:
     known = {c.uuid for c in node.cards}
     found: dict[CardUuid, list[str]] = {}
     for raw in sorted({*available, *must}):

@@ -77,9 +77,7 @@ def swap(ledger: NodeLedger | None, one: GrantRef, other: GrantRef) -> NodeLedge
 
 def _move(node: Node, grant: Grant, ids: Collection[str]) -> tuple[CardShare, ...]:
     if len(ids) != len(grant.cards):
-        raise InvalidArgument(
-            "device_ids", f"{len(ids)} devices for a container of {len(grant.cards)} card(s)"
-        )
+        raise InvalidArgument("device_ids", f"{len(ids)} devices for a container of {len(grant.cards)} card(s)")
     arriving = sorted({card_of(i) for i in ids} - {s.uuid for s in grant.cards})
     leaving = [s for s in grant.cards if s.uuid not in {card_of(i) for i in ids}]
     if len(arriving) != len(leaving):
@@ -92,9 +90,7 @@ def _move(node: Node, grant: Grant, ids: Collection[str]) -> tuple[CardShare, ..
         if target is None:
             raise NotFound(f"card {moves[share.uuid]} is not on node {node.name}")
         if source is not None and source.model != target.model:
-            raise FailedPrecondition(
-                f"card {target.uuid} is a {target.model}, not a {source.model}"
-            )
+            raise FailedPrecondition(f"card {target.uuid} is a {target.model}, not a {source.model}")
         shares.append(replace(share, uuid=target.uuid, index=target.index))
     return tuple(shares)
 
@@ -105,12 +101,8 @@ def _ordered(grant: Grant, ids: Collection[str]) -> tuple[str, ...]:
     return (*kept, *sorted(by_card.values()))
 
 
-def _replace_grants(
-    ledger: NodeLedger, allocation: Allocation, grants: dict[int, Grant]
-) -> NodeLedger:
-    changed = replace(
-        allocation, grants=tuple(grants.get(i, g) for i, g in enumerate(allocation.grants))
-    )
+def _replace_grants(ledger: NodeLedger, allocation: Allocation, grants: dict[int, Grant]) -> NodeLedger:
+    changed = replace(allocation, grants=tuple(grants.get(i, g) for i, g in enumerate(allocation.grants)))
     kept = tuple(changed if a.id == allocation.id else a for a in ledger.allocations)
     return replace(ledger, allocations=kept)
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +23,12 @@ import pytest
 import pytest_asyncio
 
 from gpuledger_common import bus, inventory_api
-from gpuledger_core.model import Allocation, Grant
+from gpuledger_core.model import Allocation, AllocState, Grant
 from gpuledger_dev.fake_cluster import Outcome
 from gpuledger_dev.fleet import load_fleet
 from gpuledger_dev.local_stack import Stack, running_stack
 from gpuledger_dev.natsserver import free_port
-from gpuledger_dev.real_cluster import RealCluster
+from gpuledger_dev.real_cluster import RealCluster, reporting
 from gpuledger_dev.realnode.devices import make_device_nodes
 from gpuledger_dev.realnode.residue import DEVICE_PLUGIN_DIR
 from gpuledger_plugin.podresources import PodResourcesClient
@@ -311,3 +314,60 @@ async def test_a_card_whose_device_node_is_missing_fails_the_pod_with_the_plugin
             await released(real.stack, found["metadata"]["uid"])  # the failed pod's reservation is given back
     finally:
         make_device_nodes(cluster.device_dir(REAL), [1])
+
+
+@pytest.mark.timeout(300)
+async def test_a_pod_whose_reservation_the_node_saw_is_admitted_while_nats_is_frozen(real: Kubelet) -> None:
+    """kubelet calls GetPreferredAllocation and Allocate with no deadline and fails the pod on an
+    error from either: with nats-server frozen after the bind, each answers from the node's last
+    known ledger within its wait (5 s), the pod runs, and its bind is written once NATS is back."""
+    cluster, stack = real.cluster, real.stack
+    assert cluster.api is not None and cluster.real is not None and stack.nats.process is not None
+    kubelet, nats = cluster.real.processes["kubelet"].popen, stack.nats.process
+    assert kubelet is not None
+    async with namespace(cluster.api, "real-outage", stack) as ns:
+        os.kill(kubelet.pid, signal.SIGSTOP)  # the bind goes through; the admission waits
+        try:
+            body = pod("frozen", ns, share(512), node=REAL)
+            body["spec"] = reporting(body["spec"])
+            await cluster.api.create(f"/api/v1/namespaces/{ns}/pods", body)
+            await wait_for(bound_to_node(cluster, ns, "frozen"), 60, "the pod bound", 0.1)
+            await asyncio.sleep(1.0)  # the plugin's watch brings the reservation
+            os.kill(nats.pid, signal.SIGSTOP)
+        finally:
+            os.kill(kubelet.pid, signal.SIGCONT)
+        started = time.monotonic()
+        try:
+            found = await wait_for(phase_of(cluster, ns, "frozen", {"Running", "Failed"}), 60, "admitted", 0.1)
+            took = time.monotonic() - started
+        finally:
+            os.kill(nats.pid, signal.SIGCONT)
+        assert found["status"]["phase"] == "Running", found["status"]
+        assert took < 30, took  # two answers of at most 5 s each, and the container's start
+        uid = found["metadata"]["uid"]
+
+        async def bound() -> bool:
+            held = [a for a in (await ledger(stack))[REAL].live() if a.owner.id == uid]
+            return bool(held) and all(a.state is AllocState.BOUND for a in held)
+
+        await wait_for(bound, 60, "the bind written once NATS is back", 0.5)
+
+
+def bound_to_node(cluster: RealCluster, ns: str, name: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        assert cluster.api is not None
+        found = await cluster.api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        return bool(found["spec"].get("nodeName"))
+
+    return check
+
+
+def phase_of(
+    cluster: RealCluster, ns: str, name: str, phases: set[str]
+) -> Callable[[], Awaitable[dict[str, Any] | None]]:
+    async def check() -> dict[str, Any] | None:
+        assert cluster.api is not None
+        found = await cluster.api.get(f"/api/v1/namespaces/{ns}/pods/{name}")
+        return found if found.get("status", {}).get("phase") in phases else None
+
+    return check

@@ -52,8 +52,11 @@ def _refs(claims: list[dra.Claim] | list[dra_beta.Claim]) -> list[ClaimRef]:
 def _prepared_v1(outcome: Outcome) -> dra.NodePrepareResourceResponse:
     devices = [
         dra.Device(
-            request_names=[d.device.request], pool_name=d.device.pool, device_name=d.device.device,
-            cdi_device_ids=list(d.cdi_ids), share_id=d.device.share_id,
+            request_names=[d.device.request],
+            pool_name=d.device.pool,
+            device_name=d.device.device,
+            cdi_device_ids=list(d.cdi_ids),
+            share_id=d.device.share_id,
         )
         for d in outcome.devices
     ]
@@ -63,7 +66,9 @@ def _prepared_v1(outcome: Outcome) -> dra.NodePrepareResourceResponse:
 def _prepared_v1beta1(outcome: Outcome) -> dra_beta.NodePrepareResourceResponse:
     devices = [
         dra_beta.Device(
-            request_names=[d.device.request], pool_name=d.device.pool, device_name=d.device.device,
+            request_names=[d.device.request],
+            pool_name=d.device.pool,
+            device_name=d.device.device,
             cdi_device_ids=list(d.cdi_ids),
         )
         for d in outcome.devices

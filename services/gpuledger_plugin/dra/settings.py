@@ -52,7 +52,8 @@ class DraSettings(KubeClientSettings):
         require(self.kube != "off", "kube", "the DRA plugin reads claims from the API server and needs Kubernetes")
         require(
             len(self.driver) <= 63 and bool(_DNS_SUBDOMAIN.fullmatch(self.driver)),
-            "driver", "must be a DNS subdomain of at most 63 characters",
+            "driver",
+            "must be a DNS subdomain of at most 63 characters",
         )
         for name in ("registry_dir", "plugin_dir", "cdi_dir", "mps_pipe_dir", "mps_host_pipe_dir", "device_dir"):
             require(getattr(self, name).startswith("/"), name, "must be an absolute path")

@@ -4,6 +4,7 @@ fake ledger port, no NATS. The server's deadline (not here) bounds the wait."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Callable
 
 import pytest
@@ -78,6 +79,53 @@ async def test_preferred_waits_for_the_ledger_rather_than_ranking_cards_without_
     hint = await service_of(ledger).preferred(OFFERED, [], 1)
     assert hint == list(ids_of(ledger.ledger, "p"))
     assert not ledger.reads
+
+
+async def test_preferred_steers_from_the_last_known_ledger_when_the_ledger_does_not_answer_in_time() -> None:
+    """kubelet fails the pod on an error from GetPreferredAllocation (seen on the real kubelet): after
+    ``preferred_wait_s`` the hint comes from the watch's copy of the node's ledger."""
+    ledger = reserved()
+    ledger.reads = [OUTAGE] * 10_000
+    service = PluginService("n1", ledger, LocalPlacement(), NoPods(), AnswerPolicy(), SLOTS, preferred_wait_s=0.05)
+    await service._seen(ledger.ledger)  # what the watch brought before the outage
+    hint = await service.preferred(OFFERED, [], 1)
+    assert hint == list(ids_of(ledger.ledger, "p"))
+    assert ledger.reads  # it stopped asking the ledger
+
+
+async def test_allocate_admits_from_the_last_known_ledger_and_binds_once_the_ledger_is_back() -> None:
+    """The reservation was written before the bind and the watch brought it: with the ledger away
+    past ``allocate_wait_s`` the container is admitted with its cards, and bound when it answers."""
+    ledger = reserved()
+    ledger.reads = [OUTAGE] * 10_000
+    service = PluginService("n1", ledger, LocalPlacement(), NoPods(), AnswerPolicy(), SLOTS, allocate_wait_s=0.05)
+    await service._seen(ledger.ledger)
+    ids = ids_of(ledger.ledger, "p")
+    outcome = await service.allocate(ids)
+    assert (outcome.allocation_id, outcome.how) == ("a-p", "unbound")
+    assert outcome.answer.envs["CUDA_VISIBLE_DEVICES"] == "GPU-3"
+    allocation = ledger.ledger.get(outcome.allocation_id)
+    assert allocation is not None and allocation.state is AllocState.RESERVED  # not written yet
+
+    ledger.writes = [OUTAGE] * 3  # still away for a moment, then back
+    binding = asyncio.ensure_future(service.bind_unbound_forever())
+    try:
+        for _ in range(200):
+            bound = ledger.ledger.get(outcome.allocation_id)
+            if bound is not None and bound.state is AllocState.BOUND:
+                break
+            await asyncio.sleep(0.01)
+        assert bound is not None and bound.state is AllocState.BOUND and not service.unbound
+    finally:
+        binding.cancel()
+
+
+async def test_allocate_without_the_ledger_or_a_known_reservation_fails_in_time_with_the_reason() -> None:
+    ledger = reserved()
+    ledger.reads = [OUTAGE] * 10_000
+    service = PluginService("n1", ledger, LocalPlacement(), NoPods(), AnswerPolicy(), SLOTS, allocate_wait_s=0.05)
+    with pytest.raises(Unavailable, match=r"did not answer within 0\.05s, and the node's last known ledger holds no"):
+        await service.allocate(["GPU-0::0"])
 
 
 @pytest.mark.parametrize("error", [OUTAGE, REFUSED_WRITE], ids=["unavailable", "conflict"])

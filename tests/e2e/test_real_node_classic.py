@@ -371,3 +371,41 @@ def phase_of(
         return found if found.get("status", {}).get("phase") in phases else None
 
     return check
+
+
+@pytest.mark.timeout(300)
+async def test_a_kubelet_killed_mid_admission_leaves_the_plugin_serving_and_the_pod_runs(real: Kubelet) -> None:
+    """kubelet is killed while the plugin waits for a frozen ledger in the middle of a pod's
+    admission; the plugin serves on (the same process), the restarted kubelet admits the pod, and
+    its bind is written once NATS is back."""
+    cluster, stack = real.cluster, real.stack
+    assert cluster.api is not None and cluster.real is not None and stack.nats.process is not None
+    kubelet, nats = cluster.real.processes["kubelet"].popen, stack.nats.process
+    plugin = stack.supervisor.get(f"plugin-{REAL}").process
+    assert kubelet is not None and plugin is not None
+    async with namespace(cluster.api, "real-mid-admission", stack) as ns:
+        os.kill(kubelet.pid, signal.SIGSTOP)
+        try:
+            body = pod("cut", ns, share(512), node=REAL)
+            body["spec"] = reporting(body["spec"])
+            await cluster.api.create(f"/api/v1/namespaces/{ns}/pods", body)
+            await wait_for(bound_to_node(cluster, ns, "cut"), 60, "the pod bound", 0.1)
+            await asyncio.sleep(1.0)  # the plugin's watch brings the reservation
+            os.kill(nats.pid, signal.SIGSTOP)
+        finally:
+            os.kill(kubelet.pid, signal.SIGCONT)
+        try:
+            await asyncio.sleep(2.0)  # kubelet is admitting: the plugin waits for the ledger
+            await asyncio.to_thread(cluster.real.restart_kubelet)  # SIGKILL mid-call, then again
+            found = await wait_for(phase_of(cluster, ns, "cut", {"Running", "Failed"}), 90, "admitted", 0.1)
+        finally:
+            os.kill(nats.pid, signal.SIGCONT)
+        assert found["status"]["phase"] == "Running", found["status"]
+        assert plugin.returncode is None  # the same plugin process served both kubelets
+        uid = found["metadata"]["uid"]
+
+        async def bound() -> bool:
+            held = [a for a in (await ledger(stack))[REAL].live() if a.owner.id == uid]
+            return bool(held) and all(a.state is AllocState.BOUND for a in held)
+
+        await wait_for(bound, 60, "the bind written once NATS is back", 0.5)

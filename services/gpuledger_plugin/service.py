@@ -181,7 +181,7 @@ class PluginService:
                 async with asyncio.timeout(self.allocate_wait_s):
                     return await _waiting(what, lambda: self._allocate(device_ids))
             except TimeoutError:
-                found = self._from_copy(device_ids)
+                found = await self._from_copy(device_ids)
                 if found is None:
                     raise Unavailable(
                         f"the ledger did not answer within {self.allocate_wait_s:g}s, and the node's last known "
@@ -189,14 +189,17 @@ class PluginService:
                     ) from None
                 return found
 
-    def _from_copy(self, device_ids: Sequence[str]) -> Outcome | None:
+    async def _from_copy(self, device_ids: Sequence[str]) -> Outcome | None:
         """The container's answer from the node's last known ledger, when it holds a live
         reservation for exactly these devices (placement writes it before the bind); its bind is
         written by ``bind_unbound_forever`` once the ledger answers again. None otherwise."""
         ledger, now = self.seen, self.clock()
         if ledger is None or self.inventory is None:
             return None
-        decision = m.resolve(ledger, self.served, device_ids, None, None)
+        steered = _slot_of(ledger, self.steered.get(frozenset(device_ids)))  # the hint kubelet took
+        decision = m.resolve(ledger, self.served, device_ids, None, steered)
+        if isinstance(decision, m.Ambiguous):  # kubelet's PodResources needs no ledger
+            decision = m.resolve(ledger, self.served, device_ids, await self._admitting(ledger), steered)
         if not isinstance(decision, m.Found) or decision.rehome or decision.guessed:
             return None
         slot = decision.slot
@@ -207,6 +210,7 @@ class PluginService:
         self.unbound[ref] = (frozenset(slot.ids), decision.ids)
         self._unbound_added.set()
         self.served.setdefault(slot.allocation.id, set()).add(slot.index)
+        self.steered.pop(frozenset(device_ids), None)
         grant = slot.allocation.grants[slot.index]
         IDENTITY.labels("unbound").inc()
         log.warning(

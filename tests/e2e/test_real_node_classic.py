@@ -321,21 +321,10 @@ async def test_a_pod_whose_reservation_the_node_saw_is_admitted_while_nats_is_fr
     """kubelet calls GetPreferredAllocation and Allocate with no deadline and fails the pod on an
     error from either: with nats-server frozen after the bind, each answers from the node's last
     known ledger within its wait (5 s), the pod runs, and its bind is written once NATS is back."""
-    cluster, stack = real.cluster, real.stack
-    assert cluster.api is not None and cluster.real is not None and stack.nats.process is not None
-    kubelet, nats = cluster.real.processes["kubelet"].popen, stack.nats.process
-    assert kubelet is not None
+    cluster, stack, nats = real.cluster, real.stack, real.stack.nats.process
+    assert cluster.api is not None and nats is not None
     async with namespace(cluster.api, "real-outage", stack) as ns:
-        os.kill(kubelet.pid, signal.SIGSTOP)  # the bind goes through; the admission waits
-        try:
-            body = pod("frozen", ns, share(512), node=REAL)
-            body["spec"] = reporting(body["spec"])
-            await cluster.api.create(f"/api/v1/namespaces/{ns}/pods", body)
-            await wait_for(bound_to_node(cluster, ns, "frozen"), 60, "the pod bound", 0.1)
-            await asyncio.sleep(1.0)  # the plugin's watch brings the reservation
-            os.kill(nats.pid, signal.SIGSTOP)
-        finally:
-            os.kill(kubelet.pid, signal.SIGCONT)
+        await bound_then_frozen(real, ns, "frozen")
         started = time.monotonic()
         try:
             found = await wait_for(phase_of(cluster, ns, "frozen", {"Running", "Failed"}), 60, "admitted", 0.1)
@@ -344,13 +333,35 @@ async def test_a_pod_whose_reservation_the_node_saw_is_admitted_while_nats_is_fr
             os.kill(nats.pid, signal.SIGCONT)
         assert found["status"]["phase"] == "Running", found["status"]
         assert took < 30, took  # two answers of at most 5 s each, and the container's start
-        uid = found["metadata"]["uid"]
+        await wait_for(bound_in_the_ledger(stack, found["metadata"]["uid"]), 60, "bound once NATS is back", 0.5)
 
-        async def bound() -> bool:
-            held = [a for a in (await ledger(stack))[REAL].live() if a.owner.id == uid]
-            return bool(held) and all(a.state is AllocState.BOUND for a in held)
 
-        await wait_for(bound, 60, "the bind written once NATS is back", 0.5)
+async def bound_then_frozen(real: Kubelet, ns: str, name: str) -> None:
+    """A pod for 512 MiB of a card on the real node, bound while kubelet is paused (the reservation
+    is written before the bind, and the plugin's watch brings it); then nats-server is frozen and
+    kubelet resumed: it admits the pod with the ledger out of reach."""
+    cluster, nats = real.cluster, real.stack.nats.process
+    assert cluster.api is not None and cluster.real is not None and nats is not None
+    kubelet = cluster.real.processes["kubelet"].popen
+    assert kubelet is not None
+    os.kill(kubelet.pid, signal.SIGSTOP)
+    try:
+        body = pod(name, ns, share(512), node=REAL)
+        body["spec"] = reporting(body["spec"])
+        await cluster.api.create(f"/api/v1/namespaces/{ns}/pods", body)
+        await wait_for(bound_to_node(cluster, ns, name), 60, "the pod bound", 0.1)
+        await asyncio.sleep(1.0)  # the plugin's watch brings the reservation
+        os.kill(nats.pid, signal.SIGSTOP)
+    finally:
+        os.kill(kubelet.pid, signal.SIGCONT)
+
+
+def bound_in_the_ledger(stack: Stack, uid: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        held = [a for a in (await ledger(stack))[REAL].live() if a.owner.id == uid]
+        return bool(held) and all(a.state is AllocState.BOUND for a in held)
+
+    return check
 
 
 def bound_to_node(cluster: RealCluster, ns: str, name: str) -> Callable[[], Awaitable[bool]]:
@@ -378,22 +389,11 @@ async def test_a_kubelet_killed_mid_admission_leaves_the_plugin_serving_and_the_
     """kubelet is killed while the plugin waits for a frozen ledger in the middle of a pod's
     admission; the plugin serves on (the same process), the restarted kubelet admits the pod, and
     its bind is written once NATS is back."""
-    cluster, stack = real.cluster, real.stack
-    assert cluster.api is not None and cluster.real is not None and stack.nats.process is not None
-    kubelet, nats = cluster.real.processes["kubelet"].popen, stack.nats.process
+    cluster, stack, nats = real.cluster, real.stack, real.stack.nats.process
     plugin = stack.supervisor.get(f"plugin-{REAL}").process
-    assert kubelet is not None and plugin is not None
+    assert cluster.api is not None and cluster.real is not None and nats is not None and plugin is not None
     async with namespace(cluster.api, "real-mid-admission", stack) as ns:
-        os.kill(kubelet.pid, signal.SIGSTOP)
-        try:
-            body = pod("cut", ns, share(512), node=REAL)
-            body["spec"] = reporting(body["spec"])
-            await cluster.api.create(f"/api/v1/namespaces/{ns}/pods", body)
-            await wait_for(bound_to_node(cluster, ns, "cut"), 60, "the pod bound", 0.1)
-            await asyncio.sleep(1.0)  # the plugin's watch brings the reservation
-            os.kill(nats.pid, signal.SIGSTOP)
-        finally:
-            os.kill(kubelet.pid, signal.SIGCONT)
+        await bound_then_frozen(real, ns, "cut")
         try:
             await asyncio.sleep(2.0)  # kubelet is admitting: the plugin waits for the ledger
             await asyncio.to_thread(cluster.real.restart_kubelet)  # SIGKILL mid-call, then again
@@ -402,10 +402,4 @@ async def test_a_kubelet_killed_mid_admission_leaves_the_plugin_serving_and_the_
             os.kill(nats.pid, signal.SIGCONT)
         assert found["status"]["phase"] == "Running", found["status"]
         assert plugin.returncode is None  # the same plugin process served both kubelets
-        uid = found["metadata"]["uid"]
-
-        async def bound() -> bool:
-            held = [a for a in (await ledger(stack))[REAL].live() if a.owner.id == uid]
-            return bool(held) and all(a.state is AllocState.BOUND for a in held)
-
-        await wait_for(bound, 60, "the bind written once NATS is back", 0.5)
+        await wait_for(bound_in_the_ledger(stack, found["metadata"]["uid"]), 60, "bound once NATS is back", 0.5)

@@ -20,6 +20,7 @@ from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, 
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Node
+from gpuledger_core.slots import card_of
 from gpuledger_plugin import matching as m
 from gpuledger_plugin.answer import Answer, AnswerPolicy, answer
 from gpuledger_plugin.devices import HEALTHY, Advertised, advertised
@@ -191,8 +192,9 @@ class PluginService:
 
     async def _from_copy(self, device_ids: Sequence[str]) -> Outcome | None:
         """The container's answer from the node's last known ledger, when it holds a live
-        reservation for exactly these devices (placement writes it before the bind); its bind is
-        written by ``bind_unbound_forever`` once the ledger answers again. None otherwise."""
+        reservation for these devices, or for other slots of the same cards (a restarted kubelet
+        may have taken the reserved ones for the pod already); placement writes it before the bind.
+        Its bind is written by ``bind_unbound_forever`` once the ledger answers again. None otherwise."""
         ledger, now = self.seen, self.clock()
         if ledger is None or self.inventory is None:
             return None
@@ -200,9 +202,11 @@ class PluginService:
         decision = m.resolve(ledger, self.served, device_ids, None, steered)
         if isinstance(decision, m.Ambiguous):  # kubelet's PodResources needs no ledger
             decision = m.resolve(ledger, self.served, device_ids, await self._admitting(ledger), steered)
-        if not isinstance(decision, m.Found) or decision.rehome or decision.guessed:
+        if not isinstance(decision, m.Found) or decision.guessed:
             return None
         slot = decision.slot
+        if decision.rehome and sorted(map(card_of, decision.ids)) != sorted(map(card_of, slot.ids)):
+            return None  # other cards than reserved: only the ledger may move a grant across cards
         if not slot.allocation.held_at(now):
             return None
         self._check_device_nodes(slot)

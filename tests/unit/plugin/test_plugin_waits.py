@@ -120,6 +120,21 @@ async def test_allocate_admits_from_the_last_known_ledger_and_binds_once_the_led
         binding.cancel()
 
 
+async def test_allocate_from_the_last_known_ledger_takes_other_slots_of_the_reserved_card_not_other_cards() -> None:
+    """A restarted kubelet may give the pod other slots of its card: admitted, and the bind moves the
+    grant onto them; other cards than reserved are the ledger's to give."""
+    ledger = reserved()  # card 3, slot 0
+    ledger.reads = [OUTAGE] * 10_000
+    service = PluginService("n1", ledger, LocalPlacement(), NoPods(), AnswerPolicy(), SLOTS, allocate_wait_s=0.05)
+    await service._seen(ledger.ledger)
+    with pytest.raises(Unavailable, match="holds no reservation"):
+        await service.allocate(["GPU-0::1"])
+    outcome = await service.allocate(["GPU-3::1"])
+    assert outcome.how == "unbound" and outcome.answer.envs["CUDA_VISIBLE_DEVICES"] == "GPU-3"
+    ((ref, (expected, ids)),) = service.unbound.items()
+    assert ref == ("a-p", 0) and expected == frozenset(ids_of(ledger.ledger, "p")) and ids == ("GPU-3::1",)
+
+
 async def test_allocate_without_the_ledger_or_a_known_reservation_fails_in_time_with_the_reason() -> None:
     ledger = reserved()
     ledger.reads = [OUTAGE] * 10_000

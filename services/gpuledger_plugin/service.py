@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -40,6 +41,7 @@ PREFERRED_WAIT_S = 5.0
 # Allocate waits this long for the ledger (a JetStream leader election takes a few seconds), then
 # admits a container whose reservation the watch already brought, and binds it once the ledger is back.
 ALLOCATE_WAIT_S = 5.0
+UNBOUND_CONFLICTS = 10  # refusals of such a bind's write before it is given up as lost
 OUTAGE_PAUSE_S, OUTAGE_PAUSE_MAX_S = 0.05, 1.0  # between tries of a ledger away or refusing writes
 
 
@@ -242,16 +244,30 @@ class PluginService:
                 self.unbound.pop(ref, None)
 
     async def _bind_unbound(self, ref: GrantRef, expected: frozenset[str], ids: tuple[str, ...]) -> None:
-        now = self.clock()
-        try:
-            await _waiting(
-                f"the bind of {ref[0]}", lambda: self.ledger.mutate(lambda got: bind(got, ref, expected, ids, now))
-            )
-        except GpuledgerError as err:
-            UNBOUND_LOST.inc()
-            log.error("could not bind %s container %d, admitted while the ledger was away: %s", ref[0], ref[1], err)
-            return
+        """Kept while the ledger is away (``Unavailable``); given up after a few refusals of the
+        write (``Conflict``: lost races, or the reservation changed) or any other error."""
+        pause, conflicts = OUTAGE_PAUSE_S, 0
+        while True:
+            try:
+                await self.ledger.mutate(functools.partial(bind, ref=ref, expected=expected, ids=ids, now=self.clock()))
+                break
+            except Unavailable:
+                pass
+            except Conflict as err:
+                conflicts += 1
+                if conflicts >= UNBOUND_CONFLICTS:
+                    self._unbound_lost(ref, err)
+                    return
+            except GpuledgerError as err:
+                self._unbound_lost(ref, err)
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
         log.info("bound %s container %d, admitted while the ledger was away", ref[0], ref[1])
+
+    def _unbound_lost(self, ref: GrantRef, err: GpuledgerError) -> None:
+        UNBOUND_LOST.inc()
+        log.error("could not bind %s container %d, admitted while the ledger was away: %s", ref[0], ref[1], err)
 
     async def _allocate(self, device_ids: Sequence[str]) -> Outcome:
         ledger = await self._read()

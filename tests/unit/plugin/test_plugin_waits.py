@@ -10,11 +10,12 @@ from collections.abc import AsyncGenerator, Callable
 import pytest
 
 from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, Unavailable
-from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import AllocState, Grant
 from gpuledger_plugin import service as service_module
 from gpuledger_plugin.answer import AnswerPolicy
 from gpuledger_plugin.kubelet_findings import KubeletView
+from gpuledger_plugin.metrics import UNBOUND_LOST
 from gpuledger_plugin.preferred import LocalPlacement
 from gpuledger_plugin.service import PluginService
 
@@ -133,6 +134,25 @@ async def test_allocate_from_the_last_known_ledger_takes_other_slots_of_the_rese
     assert outcome.how == "unbound" and outcome.answer.envs["CUDA_VISIBLE_DEVICES"] == "GPU-3"
     ((ref, (expected, ids)),) = service.unbound.items()
     assert ref == ("a-p", 0) and expected == frozenset(ids_of(ledger.ledger, "p")) and ids == ("GPU-3::1",)
+
+
+async def test_a_bind_whose_reservation_is_gone_when_the_ledger_is_back_is_given_up_and_counted() -> None:
+    ledger = reserved()
+    ledger.reads = [OUTAGE] * 10_000
+    service = PluginService("n1", ledger, LocalPlacement(), NoPods(), AnswerPolicy(), SLOTS, allocate_wait_s=0.05)
+    await service._seen(ledger.ledger)
+    outcome = await service.allocate(ids_of(ledger.ledger, "p"))
+    ledger.ledger = release(ledger.ledger, outcome.allocation_id, 0.0, "lease ran out while the node was cut off")
+    before = UNBOUND_LOST._value.get()
+    binding = asyncio.ensure_future(service.bind_unbound_forever())
+    try:
+        for _ in range(200):
+            if not service.unbound:
+                break
+            await asyncio.sleep(0.01)
+        assert not service.unbound and UNBOUND_LOST._value.get() == before + 1
+    finally:
+        binding.cancel()
 
 
 async def test_allocate_without_the_ledger_or_a_known_reservation_fails_in_time_with_the_reason() -> None:

@@ -200,10 +200,7 @@ class PluginService:
         ledger, now = self.seen, self.clock()
         if ledger is None or self.inventory is None:
             return None
-        steered = _slot_of(ledger, self.steered.get(frozenset(device_ids)))  # the hint kubelet took
-        decision = m.resolve(ledger, self.served, device_ids, None, steered)
-        if isinstance(decision, m.Ambiguous):  # kubelet's PodResources needs no ledger
-            decision = m.resolve(ledger, self.served, device_ids, await self._admitting(ledger), steered)
+        decision = await self._resolved(ledger, device_ids)  # kubelet's PodResources needs no ledger
         if not isinstance(decision, m.Found) or decision.guessed:
             return None
         slot = decision.slot
@@ -211,13 +208,14 @@ class PluginService:
             return None  # other cards than reserved: only the ledger may move a grant across cards
         if not slot.allocation.held_at(now):
             return None
-        self._check_device_nodes(slot)
+        grant = slot.allocation.grants[slot.index]
+        found = answer(self.inventory, slot.allocation, grant, self.policy)
+        self._check_device_nodes(found, slot)
         ref = (slot.allocation.id, slot.index)
         self.unbound[ref] = (frozenset(slot.ids), decision.ids)
         self._unbound_added.set()
         self.served.setdefault(slot.allocation.id, set()).add(slot.index)
         self.steered.pop(frozenset(device_ids), None)
-        grant = slot.allocation.grants[slot.index]
         IDENTITY.labels("unbound").inc()
         log.warning(
             "admitted %s container %r from the node's last known ledger (the ledger does not answer): cards %s; "
@@ -227,9 +225,7 @@ class PluginService:
             ",".join(s.uuid for s in grant.cards),
             extra={"allocation": slot.allocation.id, "node": self.node},
         )
-        return Outcome(
-            answer(self.inventory, slot.allocation, grant, self.policy), slot.allocation.id, grant.container, "unbound"
-        )
+        return Outcome(found, slot.allocation.id, grant.container, "unbound")
 
     async def bind_unbound_forever(self) -> None:
         """Write the binds of containers admitted from the node's last known ledger, as soon as the
@@ -274,12 +270,7 @@ class PluginService:
         return await self._bind(await self._identify(ledger, device_ids))
 
     async def _identify(self, ledger: NodeLedger, device_ids: Sequence[str]) -> m.Found:
-        ref = self.steered.get(frozenset(device_ids))
-        steered = _slot_of(ledger, ref)
-        decision = m.resolve(ledger, self.served, device_ids, None, steered)
-        if isinstance(decision, m.Ambiguous):
-            admitting = await self._admitting(ledger)
-            decision = m.resolve(ledger, self.served, device_ids, admitting, steered)
+        decision = await self._resolved(ledger, device_ids)
         if isinstance(decision, m.Ambiguous):
             IDENTITY.labels("refused").inc()
             raise FailedPrecondition(_ambiguity(decision))
@@ -288,9 +279,20 @@ class PluginService:
             raise FailedPrecondition(decision.reason)
         return decision
 
+    async def _resolved(self, ledger: NodeLedger, device_ids: Sequence[str]) -> m.Decision:
+        """The container whose reservation these device IDs belong to (the hint kubelet took
+        first), asking kubelet's PodResources which pod it admits where reservations look alike."""
+        steered = _slot_of(ledger, self.steered.get(frozenset(device_ids)))
+        decision = m.resolve(ledger, self.served, device_ids, None, steered)
+        if isinstance(decision, m.Ambiguous):
+            decision = m.resolve(ledger, self.served, device_ids, await self._admitting(ledger), steered)
+        return decision
+
     async def _bind(self, found: m.Found) -> Outcome:
         slot, ref = found.slot, (found.slot.allocation.id, found.slot.index)
-        self._check_device_nodes(slot)
+        if self.policy.device_specs and self.inventory is not None:  # the answer names device nodes
+            planned = answer(self.inventory, slot.allocation, slot.allocation.grants[slot.index], self.policy)
+            self._check_device_nodes(planned, slot)
         now = self.clock()
         written = await self.ledger.mutate(lambda ledger: bind(ledger, ref, slot.ids, found.ids, now))
         allocation = written.get(ref[0]) if written is not None else None
@@ -317,12 +319,9 @@ class PluginService:
             how,
         )
 
-    def _check_device_nodes(self, slot: m.Slot) -> None:
+    def _check_device_nodes(self, planned: Answer, slot: m.Slot) -> None:
         """Refuse, before binding, an answer naming device nodes this node lacks: the runtime
         would fail the container with a message that names no card, or start it without them."""
-        if not self.policy.device_specs or self.inventory is None:
-            return
-        planned = answer(self.inventory, slot.allocation, slot.allocation.grants[slot.index], self.policy)
         missing = [d.host_path for d in planned.devices if not os.path.exists(d.host_path)]
         if missing:
             raise FailedPrecondition(

@@ -98,14 +98,18 @@ class RealCluster:
         """The nodes run the device plugin."""
         return self.mode in ("classic", BOTH)
 
+    def _real(self, node: str) -> RealNode | None:
+        """The started real node, if ``node`` is it."""
+        return self.real if node == self.real_node else None
+
     def plugin_dir(self, node: str) -> Path:
         if node == self.real_node:
             return DEVICE_PLUGIN_DIR  # kubelet's, whatever its root directory
         return self.run_dir / node / "device-plugins"
 
     def pod_resources(self, node: str) -> Path:
-        if self.real is not None and node == self.real_node:
-            return self.real.pod_resources_socket
+        if (real := self._real(node)) is not None:
+            return real.pod_resources_socket
         return self.run_dir / node / "pod-resources.sock"
 
     def device_dir(self, node: str) -> Path:
@@ -122,20 +126,20 @@ class RealCluster:
 
     def registry_dir(self, node: str) -> Path:
         """DRA mode: kubelet's plugins_registry of the node."""
-        if self.real is not None and node == self.real_node:
-            return self.real.plugins_registry_dir
+        if (real := self._real(node)) is not None:
+            return real.plugins_registry_dir
         return self.run_dir / node / "reg"
 
     def dra_plugin_dir(self, node: str) -> Path:
         """DRA mode: where the node's DRA plugin serves its socket (``<dir>/<driver>/dra.sock``)."""
-        if self.real is not None and node == self.real_node:
-            return self.real.plugins_dir
+        if (real := self._real(node)) is not None:
+            return real.plugins_dir
         return self.run_dir / node / "plugins"
 
     def cdi_dir(self, node: str) -> Path:
         """DRA mode: where the DRA plugin writes CDI specs (the real node's runtime reads them there)."""
-        if self.real is not None and node == self.real_node:
-            return self.real.cdi_dir
+        if (real := self._real(node)) is not None:
+            return real.cdi_dir
         return self.run_dir / node / "cdi"
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from gpuledger_core.ledger import NodeLedger
@@ -39,6 +39,11 @@ def pod(
         "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
         "spec": spec,
     }
+
+
+def card_nodes(dev: Iterable[str]) -> list[str]:
+    """The cards' device nodes (``nvidia<minor>``) among a real node's container's /dev entries."""
+    return sorted(d for d in dev if d.startswith("nvidia") and d[len("nvidia") :].isdigit())
 
 
 def share(mib: int, cards: int = 1) -> dict[str, str]:

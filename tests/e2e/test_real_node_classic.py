@@ -32,7 +32,7 @@ from gpuledger_dev.real_cluster import RealCluster, reporting
 from gpuledger_dev.realnode.devices import make_device_nodes
 from gpuledger_dev.realnode.residue import DEVICE_PLUGIN_DIR
 from gpuledger_plugin.podresources import PodResourcesClient
-from tests.e2e.helpers import SLOTS_PER_CARD, ledger, namespace, pod, released, share
+from tests.e2e.helpers import SLOTS_PER_CARD, card_nodes, ledger, namespace, pod, released, share
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -168,10 +168,6 @@ def sees_exactly(outcome: Outcome, grant: Grant, minors: dict[str, int]) -> None
     assert card_nodes(dev) == sorted(f"nvidia{minors[u]}" for u in uuids), dev
     assert {"nvidiactl", "nvidia-uvm"} <= set(dev), dev
     assert sorted(d.split("/", 1)[1] for d in dev if d.startswith("nvidia-container-devices/")) == sorted(uuids)
-
-
-def card_nodes(dev: tuple[str, ...]) -> list[str]:
-    return sorted(d for d in dev if d.startswith("nvidia") and d[len("nvidia") :].isdigit())
 
 
 def two_containers_and_an_init(name: str, ns: str, node: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from gpuledger_dev.natsserver import free_port
 from gpuledger_dev.real_cluster import NAMESPACE, RealCluster
 from gpuledger_dev.scenario import UNIT_MIB
 from gpuledger_dev.scenario_dra import CLAIMS, cards, claim_and_run, share
-from tests.e2e.helpers import ledger
+from tests.e2e.helpers import card_nodes, ledger
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -56,10 +56,6 @@ async def cleared(stack: Stack, name: str) -> None:
         return not held
 
     await wait_for(released, 60, f"the claim {name} released in the ledger", 0.2)
-
-
-def card_nodes(dev: tuple[str, ...]) -> list[str]:
-    return sorted(d for d in dev if d.startswith("nvidia") and d[len("nvidia") :].isdigit())
 
 
 async def minor_of(stack: Stack, uuid: str) -> int:

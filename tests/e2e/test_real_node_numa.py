@@ -19,7 +19,7 @@ from gpuledger_dev.fleet import load_fleet
 from gpuledger_dev.local_stack import Stack, running_stack
 from gpuledger_dev.natsserver import free_port
 from gpuledger_dev.real_cluster import RealCluster
-from tests.e2e.helpers import ledger, namespace, pod
+from tests.e2e.helpers import card_nodes, ledger, namespace, pod
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -52,8 +52,7 @@ async def test_two_card_pods_get_two_cards_of_one_numa_node(numa_stack: Stack) -
             assert outcome.node == NODE, outcome
             got = [cards[u] for u in outcome.env["app"]["CUDA_VISIBLE_DEVICES"].split(",")]
             assert len({c.numa for c in got}) == 1, got  # one NUMA node
-            devices = {d for d in outcome.dev["app"] if d.startswith("nvidia") and d[6:].isdigit()}
-            assert devices == {f"nvidia{c.minor}" for c in got}
+            assert card_nodes(outcome.dev["app"]) == sorted(f"nvidia{c.minor}" for c in got)
             seen.append({c.index for c in got})
         assert seen[0].isdisjoint(seen[1])
     log = (cluster.real.root / "logs" / "kubelet.log").read_text()

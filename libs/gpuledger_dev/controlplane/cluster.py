@@ -69,13 +69,16 @@ class Process:
     name: str
     argv: list[str]
     log_path: Path
+    env: Mapping[str, str] | None = None  # the environment it starts with (None: this process's)
     popen: subprocess.Popen[bytes] | None = None
     _log: IO[bytes] | None = None
 
     def start(self) -> None:
         self._log = self.log_path.open("ab")
         # Its own process group (a kill reaches whatever it starts), and it dies with this process.
-        self.popen = children.popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.popen = children.popen(
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env
+        )
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None

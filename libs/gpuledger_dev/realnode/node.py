@@ -20,6 +20,7 @@ directory, deletes the pod bridge and removes the cgroups; ``leftovers`` says wh
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -256,8 +257,6 @@ class RealNode:
         }
         directory = self.root / "cni" / "net.d"
         directory.mkdir(parents=True, exist_ok=True)
-        import json
-
         (directory / "10-gpuledger.conflist").write_text(json.dumps(conf, indent=2))
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -398,10 +397,9 @@ class RealNode:
 
     def _spawn(self, name: str, argv: list[str]) -> Process:
         assert self.bins is not None
-        process = Process(name, argv, self.root / "logs" / f"{name}.log")
         path = f"{self.bins.runtime_dir}:{self.bins.runc.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-        with _env(PATH=path):
-            process.start()
+        process = Process(name, argv, self.root / "logs" / f"{name}.log", {**os.environ, "PATH": path})
+        process.start()
         self.processes[name] = process
         return process
 
@@ -427,17 +425,3 @@ class RealNode:
         """Delete the work directory (logs included); only once nothing is mounted under it."""
         if self.workdir is not None and not self.residue.mounts():
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _env(**values: str) -> Any:
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

@@ -120,6 +120,12 @@ class FakeApiServer:
         found.setdefault("status", {})["phase"] = phase
         self._touch(found)
 
+    def annotate(self, namespace: str, name: str, key: str, value: str) -> None:
+        """Set one annotation as a write would: a new version, which open watches send."""
+        found = self.pods[(namespace, name)]
+        found["metadata"].setdefault("annotations", {})[key] = value
+        self._touch(found)
+
     def delete_pod(self, namespace: str, name: str) -> None:
         del self.pods[(namespace, name)]
         self._version += 1

@@ -71,7 +71,8 @@ async def placed_pod(
     )  # fmt: skip
     await store.mutate(NODE, lambda current: reserve(current, allocation) if current else None)
     assert await store.claim_owner(owner, allocation.id, NODE) is not None
-    pod["metadata"]["annotations"][ALLOCATION_ANNOTATION] = convert.allocation_annotation(allocation)
+    # written as bind writes it: a watch that sent the pod before sees this change too
+    apiserver.annotate("default", name, ALLOCATION_ANNOTATION, convert.allocation_annotation(allocation))
     return allocation
 
 

@@ -12,7 +12,7 @@ service runs without labelling; in DRA mode it needs Kubernetes and says so at s
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 from gpuledger_common.kuberaw import RawKube
@@ -59,6 +59,7 @@ class SliceApi(Protocol):
     async def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
     async def replace_slice(self, body: Mapping[str, Any]) -> dict[str, Any]: ...
     async def delete_slice(self, name: str) -> None: ...
+    def watch_slices(self, node: str, driver: str) -> AsyncIterator[dict[str, Any]]: ...
     async def close(self) -> None: ...
 
 
@@ -95,6 +96,12 @@ class KubeSliceApi:
             await self._raw.call(f"ResourceSlice {name}", "DELETE", f"{SLICES}/{name}")
         except NotFound:
             return  # gone already: what was wanted
+
+    def watch_slices(self, node: str, driver: str) -> AsyncIterator[dict[str, Any]]:
+        """The events of the node's slices of ``driver`` from now on (the API server first sends
+        those there as ADDED), until the API server ends the watch."""
+        selector = f"spec.nodeName={node},spec.driver={driver}"
+        return self._raw.watch(SLICES, {"fieldSelector": selector})
 
     async def close(self) -> None:
         await self._raw.close()

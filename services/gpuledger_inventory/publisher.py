@@ -3,7 +3,9 @@
 ``poke()`` after every inventory publication; the loop builds the desired slices from the node's
 state and writes only when they differ from what it last wrote, or every ``resync_s`` (kubelet
 deletes its node's slices when it starts, and a driver's 30 s after the driver's kubelet plugin
-went away: the slices come back within ``resync_s``). A write reads the node's slices of the
+went away). ``follow()`` watches the node's slices of the driver: one deleted by someone else is
+written again at once (kube-scheduler can place no claim on the node while its slices are gone);
+the resync mends what the watch missed (a deletion between two watches). A write reads the node's slices of the
 driver first, so a restart (or another writer) is taken into account; a conflict reads again.
 Every answer of the API server is checked against what was sent: a dropped field is logged as an
 error naming it, counted, and the write is tried again later (an operator must turn the gate on).
@@ -70,6 +72,8 @@ class SlicePublisher:
         self.generation = 0  # the pool generation last written (0: none yet)
         self.last_error = ""
         self._poked = asyncio.Event()
+        self._deleted = False  # the watch saw one of the node's slices deleted: write them again
+        self.watching = False  # the watch of the slices is open (it has sent its first event)
         self._written: Slices | None = None
         self._owner: dict[str, Any] | None = None
         self._roots: dict[str, str | None] = {}
@@ -112,6 +116,7 @@ class SlicePublisher:
             except TimeoutError:
                 due = True  # read the API server's slices again, whatever we wrote last
             self._poked.clear()
+            due, self._deleted = due or self._deleted, False
             wanted = self.wanted()
             if wanted is None or (wanted == self._written and not due):
                 continue
@@ -123,6 +128,24 @@ class SlicePublisher:
                 log.error("cannot publish the ResourceSlices of %s: %s", self.state.name, err)
                 await asyncio.sleep(self.retry_s)
                 self._poked.set()
+
+    async def follow(self) -> None:
+        """Watch the node's slices of the driver, and have a deleted one written again at once."""
+        while True:
+            try:
+                async for event in self.api.watch_slices(self.state.name, self.config.driver):
+                    self.watching = True
+                    if event.get("type") == "DELETED":
+                        name = (event.get("object") or {}).get("metadata", {}).get("name", "?")
+                        log.info("ResourceSlice %s of %s was deleted: writing the slices again", name, self.state.name)
+                        self._deleted = True
+                        self.poke()
+                self.watching = False
+                await asyncio.sleep(1.0)  # the API server ended it (its timeout): watch again, never in a spin
+            except GpuledgerError as err:
+                self.watching = False
+                log.warning("the watch of the ResourceSlices of %s broke: %s", self.state.name, err)
+                await asyncio.sleep(self.retry_s)
 
     async def sync(self, wanted: Slices) -> Plan:
         """Write ``wanted``; a lost race (409) reads the slices again, up to three times."""

@@ -100,6 +100,7 @@ class Inventory:
                 tg.create_task(self._label_loop(self.node_api), name="labels")
             if self.slices is not None:
                 tg.create_task(self.slices.run(), name="slices")
+                tg.create_task(self.slices.follow(), name="slices-watch")
                 tg.create_task(self._holders_loop(self.slices), name="holders")
 
     async def close(self) -> None:

@@ -18,6 +18,7 @@ from gpuledger_dev.controlplane.api import ApiError, KubeApi
 from gpuledger_dev.controlplane.cluster import KWOK_NODE_LABEL, ControlPlane
 from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.app import Running, serve
+from gpuledger_inventory.kube import SliceApi
 from gpuledger_inventory.publisher import SlicePublisher
 from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.slices import DRIVER
@@ -47,10 +48,16 @@ class DraNode:
 
 @contextlib.asynccontextmanager
 async def dra_node(
-    cp: ControlPlane, nats: NatsServer, profile: str = "h100-sxm-8", pods: int = 20, **overrides: Any
+    cp: ControlPlane,
+    nats: NatsServer,
+    profile: str = "h100-sxm-8",
+    pods: int = 20,
+    slice_api: SliceApi | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[DraNode]:
     """A kwok node (room for ``pods`` pods) and its inventory in DRA mode on the fake NVML (the fleet
-    file's one node); ``overrides``: more of the inventory's settings."""
+    file's one node); ``overrides``: more of the inventory's settings; ``slice_api``: the
+    inventory's way to the ResourceSlices (the real API server's, from the settings, by default)."""
     assert cp.access is not None and cp.admin_kubeconfig is not None
     name = f"dra-{uuid.uuid4().hex[:6]}"
     work = Path(tempfile.mkdtemp(prefix="gl-dra-"))
@@ -76,7 +83,7 @@ async def dra_node(
         await api.create("/api/v1/nodes", body)
         stop = asyncio.Event()
         started: asyncio.Future[Running] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(serve(settings, stop=stop, on_started=started.set_result))
+        task = asyncio.create_task(serve(settings, slice_api=slice_api, stop=stop, on_started=started.set_result))
         try:
             running = await asyncio.wait_for(asyncio.shield(started), 30)
             yield DraNode(name, api, running)

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from gpuledger_common.kubeconfig import from_file
+from gpuledger_core.errors import Unavailable
 from gpuledger_dev.controlplane.cluster import ControlPlane, plain_scheduler_config
 from gpuledger_dev.natsserver import NatsServer
+from gpuledger_inventory.kube import KubeSliceApi
 from gpuledger_inventory.slices import DRIVER, differences, manifest
 from tests.e2e.dra_helpers import (
     CLAIMS,
@@ -77,22 +82,52 @@ async def test_an_unhealthy_card_bumps_the_generation_and_is_tainted_not_removed
         assert all("taints" not in d for d in healed["spec"]["devices"])
 
 
-async def test_slices_deleted_behind_the_inventorys_back_come_back_and_binding_conditions_are_kept(
+async def test_slices_deleted_behind_the_inventorys_back_come_back_at_once_and_binding_conditions_are_kept(
     control_plane: ControlPlane, nats_server: NatsServer
 ) -> None:
-    """kubelet deletes its node's slices when it starts: the inventory reads them back every
-    dra_resync_s and writes them again, at a later generation."""
+    """kubelet deletes its node's slices when it starts: the inventory's watch of them sees it and
+    writes them again, at a later generation, long before a resync would."""
     async with dra_node(
-        control_plane, nats_server, "tesla-p4-2", dra_resync_s=0.5, dra_binding_conditions=True
+        control_plane, nats_server, "tesla-p4-2", dra_resync_s=600.0, dra_binding_conditions=True
     ) as node:
         (found,) = await published(node)
+
+        async def watching() -> bool:
+            return node.publisher.watching
+
+        await wait_for(watching, 30, "the watch of the slices open", 0.05)
+        started = asyncio.get_running_loop().time()
         device = found["spec"]["devices"][0]
         assert device["bindingConditions"] == ["gpuledger.io/committed"]
         assert device["bindingFailureConditions"] == ["gpuledger.io/rejected"]
         await node.api.delete(f"{SLICES}/{found['metadata']['name']}")
         (back,) = await published(node, 2)
+        assert asyncio.get_running_loop().time() - started < 30
         assert back["metadata"]["uid"] != found["metadata"]["uid"]
         assert back["spec"]["devices"] == found["spec"]["devices"]
+
+
+class Unwatched(KubeSliceApi):
+    """The real API server's slices, with a watch that breaks at once each time it is opened."""
+
+    def watch_slices(self, node: str, driver: str) -> AsyncIterator[dict[str, Any]]:
+        return self._broken()
+
+    async def _broken(self) -> AsyncIterator[dict[str, Any]]:
+        raise Unavailable("the watch of the slices broke (as the test has it)")
+        yield {}  # an async generator
+
+
+async def test_a_deletion_the_watch_missed_is_mended_by_the_resync(
+    control_plane: ControlPlane, nats_server: NatsServer
+) -> None:
+    assert control_plane.admin_kubeconfig is not None
+    api = Unwatched(await from_file(str(control_plane.admin_kubeconfig)))
+    async with dra_node(control_plane, nats_server, "tesla-p4-2", slice_api=api, dra_resync_s=0.5) as node:
+        (found,) = await published(node)
+        await node.api.delete(f"{SLICES}/{found['metadata']['name']}")
+        (back,) = await published(node, 2)
+        assert back["metadata"]["uid"] != found["metadata"]["uid"]
 
 
 async def test_an_api_server_that_drops_a_field_is_an_error_naming_it(nats_server: NatsServer) -> None:

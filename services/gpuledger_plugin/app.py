@@ -100,6 +100,7 @@ def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> Plugin
         gone_after_s=settings.gone_after_s,
         preferred_wait_s=settings.preferred_wait_s,
         allocate_wait_s=settings.allocate_wait_s,
+        unreachable_wait_s=settings.unreachable_wait_s,
     )
 
 

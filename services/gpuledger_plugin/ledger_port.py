@@ -24,6 +24,11 @@ class NodeLedgerPort(Protocol):
 
     def watch(self) -> AsyncGenerator[NodeLedger | None, None]: ...
 
+    def answered_at(self) -> float:
+        """``time.monotonic()`` when the ledger last answered a request, even "not now" (JetStream
+        electing a leader says so at once; a server that is gone or frozen says nothing)."""
+        ...
+
 
 class StoreLedger:
     """One node's key in the ledger bucket."""
@@ -41,3 +46,6 @@ class StoreLedger:
     def watch(self) -> AsyncGenerator[NodeLedger | None, None]:
         """The node's ledger now and after every change; watches again after NATS trouble."""
         return node_ledger(self.store, self.node, self.retry_s)
+
+    def answered_at(self) -> float:
+        return self.store.outage.answered_at

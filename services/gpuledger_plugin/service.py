@@ -38,11 +38,21 @@ T = TypeVar("T")
 # GetPreferredAllocation waits this long for the ledger, then steers from the watch's copy: kubelet
 # fails the pod on an error there, and the hint is checked by Allocate anyway.
 PREFERRED_WAIT_S = 5.0
-# Allocate waits this long for the ledger (a JetStream leader election takes a few seconds), then
-# admits a container whose reservation the watch already brought, and binds it once the ledger is back.
-ALLOCATE_WAIT_S = 5.0
+# Allocate waits this long for the ledger while a NATS server answers (a JetStream leader election
+# after a crash took 4-10 s here), then admits a container whose reservation the watch already
+# brought, and binds it once the ledger is back; kubelet fails a pod for good on an error.
+ALLOCATE_WAIT_S = 12.0
+# Both stop waiting once the ledger has answered nothing for this long, not even "not now" (as
+# JetStream does while it elects a leader): a server that is gone or frozen will not answer soon.
+# One request waits 2 s for its answer (``outage.ATTEMPT_S``).
+UNREACHABLE_WAIT_S = 3.0
+REACH_POLL_S = 0.1
 UNBOUND_CONFLICTS = 10  # refusals of such a bind's write before it is given up as lost
 OUTAGE_PAUSE_S, OUTAGE_PAUSE_MAX_S = 0.05, 1.0  # between tries of a ledger away or refusing writes
+
+
+class NotNow(Unavailable):
+    """The ledger did not answer while the call could wait for it (the reason in the message)."""
 
 
 class DeviceBoard:
@@ -97,11 +107,13 @@ class PluginService:
         gone_after_s: float = GONE_AFTER_S,
         preferred_wait_s: float = PREFERRED_WAIT_S,
         allocate_wait_s: float = ALLOCATE_WAIT_S,
+        unreachable_wait_s: float = UNREACHABLE_WAIT_S,
     ) -> None:
         self.node, self.ledger, self.placement, self.pods = node, ledger, placement, pods
         self.policy, self.slots_per_card, self.clock = policy, slots_per_card, clock
         self.gone_after_s = gone_after_s  # how long a bound allocation's pod must be missing from kubelet
         self.preferred_wait_s, self.allocate_wait_s = preferred_wait_s, allocate_wait_s
+        self.unreachable_wait_s = unreachable_wait_s
         self.seen: NodeLedger | None = None  # the node's ledger as the watch last brought it
         self.unbound: dict[GrantRef, tuple[frozenset[str], tuple[str, ...]]] = {}  # admitted from the copy
         self._unbound_added = asyncio.Event()
@@ -143,15 +155,14 @@ class PluginService:
     async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
         async with self._lock:
             try:  # kubelet follows the hint: one made without the ledger takes others' devices
-                async with asyncio.timeout(self.preferred_wait_s):
-                    ledger = await _waiting("GetPreferredAllocation", self._read)
-            except (GpuledgerError, TimeoutError) as err:
+                ledger = await self._patiently("GetPreferredAllocation", self._read, self.preferred_wait_s)
+            except GpuledgerError as err:
                 # kubelet fails the pod on any error here: steer from the node's last known ledger
                 # (placement wrote the reservation before the bind: the watch has usually brought it).
                 if self.seen is None:
-                    log.warning("preferred allocation without the ledger: %s", err or "no answer")
+                    log.warning("preferred allocation without the ledger: %s", err)
                     return await self._by_topology(available, must_include, size)
-                log.warning("preferred allocation from the node's last known ledger: %s", err or "no answer in time")
+                log.warning("preferred allocation from the node's last known ledger: %s", err)
                 ledger = self.seen
             decision = m.steer(ledger, self.served, available, must_include, size)
             if isinstance(decision, m.Ambiguous):
@@ -181,16 +192,38 @@ class PluginService:
         async with self._lock:
             what = f"Allocate for {sorted(device_ids)}"
             try:
-                async with asyncio.timeout(self.allocate_wait_s):
-                    return await _waiting(what, lambda: self._allocate(device_ids))
-            except TimeoutError:
+                return await self._patiently(what, lambda: self._allocate(device_ids), self.allocate_wait_s)
+            except NotNow as err:
                 found = await self._from_copy(device_ids)
                 if found is None:
                     raise Unavailable(
-                        f"the ledger did not answer within {self.allocate_wait_s:g}s, and the node's last known "
-                        f"ledger holds no reservation for devices {sorted(device_ids)}"
+                        f"{err}, and the node's last known ledger holds no reservation for devices {sorted(device_ids)}"
                     ) from None
                 return found
+
+    async def _patiently(self, what: str, work: Callable[[], Awaitable[T]], wait_s: float) -> T:
+        """``work()``, tried again while the ledger is away (``_waiting``) for up to ``wait_s``, or
+        ``NotNow`` saying why not: sooner once the ledger has answered nothing for
+        ``unreachable_wait_s`` (a leader election is worth waiting for; a server gone or frozen, not)."""
+        started = time.monotonic()
+        task = asyncio.ensure_future(_waiting(what, work))
+        try:
+            while True:
+                await asyncio.wait({task}, timeout=REACH_POLL_S)
+                if task.done():
+                    return task.result()
+                now = time.monotonic()
+                if now - started >= wait_s:
+                    said = "JetStream said not now: an election, a lost quorum"
+                    raise NotNow(f"the ledger did not answer within {wait_s:g}s ({said})")
+                silent = now - max(started, self.ledger.answered_at())
+                if silent >= self.unreachable_wait_s:
+                    raise NotNow(f"NATS has answered nothing for {silent:.1f}s (the ledger is unreachable)")
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _from_copy(self, device_ids: Sequence[str]) -> Outcome | None:
         """The container's answer from the node's last known ledger, when it holds a live

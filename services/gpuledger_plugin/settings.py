@@ -10,7 +10,7 @@ from gpuledger_common.store.outage import RETRY_S
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_plugin.answer import STRATEGIES
 from gpuledger_plugin.kubelet_findings import GONE_AFTER_S
-from gpuledger_plugin.service import ALLOCATE_WAIT_S, PREFERRED_WAIT_S
+from gpuledger_plugin.service import ALLOCATE_WAIT_S, PREFERRED_WAIT_S, UNREACHABLE_WAIT_S
 
 RESOURCE_NAME = "gpuledger.io/gpu"
 
@@ -55,9 +55,14 @@ class PluginSettings(NatsClientSettings):
     placement_timeout_s: float = option(0.2, "how long GetPreferredAllocation waits for placement")
     allocate_wait_s: float = option(
         ALLOCATE_WAIT_S,
-        "how long Allocate waits for the ledger (a leader election takes a few seconds) before it admits a "
-        "container whose reservation the node's last known ledger holds, binding it when the ledger is back; "
-        "with no such reservation it then fails with the reason",
+        "how long Allocate waits for the ledger while a NATS server answers (a leader election takes 4-10 s) "
+        "before it admits a container whose reservation the node's last known ledger holds, binding it when "
+        "the ledger is back; with no such reservation it then fails with the reason",
+    )
+    unreachable_wait_s: float = option(
+        UNREACHABLE_WAIT_S,
+        "how long GetPreferredAllocation and Allocate wait for a ledger that answers nothing, not even "
+        "'not now' as JetStream does while it elects a leader, before they go on without it as above",
     )
     preferred_wait_s: float = option(
         PREFERRED_WAIT_S,
@@ -115,8 +120,13 @@ class PluginSettings(NatsClientSettings):
             "pod_resources_timeout_s",
             "preferred_wait_s",
             "allocate_wait_s",
+            "unreachable_wait_s",
         ):
             require(getattr(self, name) > 0, name, "must be positive")
+        for name in ("preferred_wait_s", "allocate_wait_s"):
+            wait = getattr(self, name)
+            limit = self.answer_timeout_s
+            require(wait < limit, name, f"must be below answer_timeout_s ({limit:g}), got {wait:g}")
         require(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be positive")
         require(self.gone_after_s >= 0, "gone_after_s", "must not be negative")
         require(0 <= self.ledger_retry_s <= 60, "ledger_retry_s", "must be 0..60 seconds")

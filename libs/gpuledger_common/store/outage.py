@@ -116,6 +116,9 @@ class OutageStats:
     retries: int = 0  # requests that failed in an outage and were tried again
     ridden_out: int = 0  # calls that succeeded after waiting out an outage
     gave_up: int = 0  # calls refused as unavailable after their window
+    # time.monotonic() when JetStream last answered a request, even "not now" (a leader election
+    # under way); a request that times out or finds NATS disconnected leaves it as it was
+    answered_at: float = float("-inf")
 
 
 async def ride_out(
@@ -140,10 +143,14 @@ async def ride_out(
                 async with asyncio.timeout(max(end - loop.time(), MIN_ATTEMPT_S)):
                     result = await attempt()
             except Exception as err:
-                if outage_of(err) is None:
+                kind = outage_of(err)
+                if kind is not Outage.UNKNOWN:  # a refusal, a conflict, a missing key: all answers
+                    stats.answered_at = time.monotonic()
+                if kind is None:
                     raise
                 reason = describe(err)
             else:
+                stats.answered_at = time.monotonic()
                 if reason:
                     stats.ridden_out += 1
                     OUTAGE_WAITED.observe(loop.time() - started)

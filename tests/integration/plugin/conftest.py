@@ -143,6 +143,8 @@ def settings_for(dirs: Path, nats_url: str, **extra: object) -> PluginSettings:
         "kubelet_poll_s": 0.05,
         "reconcile_interval_s": 3600.0,
         "answer_timeout_s": 1.5,
+        "preferred_wait_s": 1.0,  # each below answer_timeout_s
+        "allocate_wait_s": 1.0,
         "placement_timeout_s": 0.05,
     }
     values.update(extra)

@@ -13,6 +13,7 @@ from gpuledger_core.model import AllocState
 from gpuledger_dev.fake_kubelet import AdmissionError, FakeContainer
 from gpuledger_dev.natsserver import NatsServer
 from gpuledger_plugin.metrics import RECONCILE_MISMATCHES
+from tests.support.waiting import wait_for
 
 from .conftest import Stack, plugin_stack, pod, share
 
@@ -122,17 +123,29 @@ async def test_a_pod_kubelet_did_not_list_for_two_quick_rounds_keeps_its_allocat
 
 
 async def test_every_call_answers_within_the_bound_when_nats_is_down(stack: Stack) -> None:
+    """With nats-server gone, a pod whose reservation the plugin's watch had brought is admitted
+    from that copy, and one with no reservation is refused naming why; each call within its bound."""
     p = pod("p", FakeContainer("main", gpus=1))
-    await stack.reserve(p, {"main": (share(0),)})
+    allocation = await stack.reserve(p, {"main": (share(0),)})
+
+    async def seen() -> bool:
+        known = stack.plugin.service.seen
+        return known is not None and known.get(allocation.id) is not None
+
+    await wait_for(seen, what="the reservation in the plugin's copy")
     await stack.nats.kill()
     started = time.monotonic()
+    admitted = await stack.kubelet.admit(p)
+    assert time.monotonic() - started < 2 * 1.5 + 1.0  # GetPreferredAllocation then Allocate, each bounded by 1.5 s
+    assert admitted.env("main")["GPULEDGER_ALLOCATION_ID"] == allocation.id
+    stranger = pod("q", FakeContainer("main", gpus=1))
+    started = time.monotonic()
     with pytest.raises(AdmissionError) as refused:
-        await stack.kubelet.admit(p)
-    elapsed = time.monotonic() - started
-    assert elapsed < 2 * 1.5 + 1.0  # GetPreferredAllocation then Allocate, each bounded by 1.5 s
+        await stack.kubelet.admit(stranger)
+    assert time.monotonic() - started < 2 * 1.5 + 1.0
     message = str(refused.value)
     assert "gpuledger-plugin on node n1" in message
-    assert "NATS" in message or "ledger" in message
+    assert "the node's last known ledger holds no reservation" in message
 
 
 async def test_allocate_rides_out_a_nats_restart(dirs: Path, nats_server: NatsServer) -> None:

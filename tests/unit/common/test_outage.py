@@ -74,6 +74,28 @@ async def test_an_outage_is_waited_out() -> None:
     assert (attempt.calls, stats.retries, stats.ridden_out, stats.gave_up) == (4, 3, 1, 0)
 
 
+async def test_answered_at_moves_with_every_answer_even_not_now_but_not_with_silence() -> None:
+    """What the plugin tells an election (JetStream says "not now") from a server gone or frozen by."""
+    stats = OutageStats()
+    with pytest.raises(Unavailable):
+        await ride_out(client(FakeClient()), "read x", Failing(*[NatsTimeout()] * 1000), 0.2, stats)
+    assert stats.answered_at == float("-inf")  # timeouts only: nothing answered
+    before = time.monotonic()
+    with pytest.raises(Unavailable):
+        await ride_out(client(FakeClient()), "read x", Failing(*[NoRespondersError()] * 1000), 0.2, stats)
+    refused_at = stats.answered_at
+    assert refused_at >= before  # "not now" is an answer
+    with pytest.raises(Unavailable):
+        await ride_out(client(FakeClient(is_connected=False)), "read x", Failing(), 0.2, stats)
+    assert stats.answered_at == refused_at  # disconnected: nothing asked, nothing answered
+    assert await ride_out(client(FakeClient()), "read x", Failing(), 0.2, stats) == "done"
+    assert stats.answered_at > refused_at
+    answered_at = stats.answered_at
+    with pytest.raises(KeyNotFoundError):  # no outage, and an answer
+        await ride_out(client(FakeClient()), "read x", Failing(KeyNotFoundError()), 0.2, stats)
+    assert stats.answered_at > answered_at
+
+
 async def test_a_conflict_is_raised_at_once() -> None:
     attempt = Failing(KeyWrongLastSequenceError())
     with pytest.raises(KeyWrongLastSequenceError):

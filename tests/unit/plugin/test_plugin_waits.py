@@ -5,10 +5,12 @@ fake ledger port, no NATS. The server's deadline (not here) bounds the wait."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, Callable
 
 import pytest
 
+from gpuledger_common.settings import SettingsError, load
 from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, Unavailable
 from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import AllocState, Grant
@@ -18,6 +20,7 @@ from gpuledger_plugin.kubelet_findings import KubeletView
 from gpuledger_plugin.metrics import UNBOUND_LOST
 from gpuledger_plugin.preferred import LocalPlacement
 from gpuledger_plugin.service import PluginService
+from gpuledger_plugin.settings import PluginSettings
 
 from .plugin_fixtures import SLOTS, ids_of, ledger_with, pod, share
 
@@ -33,6 +36,10 @@ class FlakyLedger:
         self.ledger = ledger
         self.reads: list[GpuledgerError] = []
         self.writes: list[GpuledgerError] = []
+        self.answering = True  # its failures are JetStream's "not now", not silence
+
+    def answered_at(self) -> float:
+        return time.monotonic() if self.answering else float("-inf")
 
     async def read(self) -> NodeLedger | None:
         if self.reads:
@@ -155,11 +162,53 @@ async def test_a_bind_whose_reservation_is_gone_when_the_ledger_is_back_is_given
         binding.cancel()
 
 
+async def test_allocate_waits_out_an_election_longer_than_a_lost_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JetStream answers "not now" (a leader election): Allocate waits for the ledger past
+    ``unreachable_wait_s`` and binds through it, not from the copy."""
+    monkeypatch.setattr(service_module, "OUTAGE_PAUSE_S", 0.01)
+    monkeypatch.setattr(service_module, "OUTAGE_PAUSE_MAX_S", 0.01)
+    ledger = reserved()
+    ledger.reads = [OUTAGE] * 40
+    service = PluginService(
+        "n1", ledger, LocalPlacement(), NoPods(), AnswerPolicy(), SLOTS, allocate_wait_s=4.0, unreachable_wait_s=0.05
+    )
+    await service._seen(ledger.ledger)
+    started = asyncio.get_running_loop().time()
+    outcome = await service.allocate(ids_of(ledger.ledger, "p"))
+    assert asyncio.get_running_loop().time() - started > 0.2  # it did wait (40 tries, 10 ms apart at least)
+    assert outcome.how != "unbound" and not ledger.reads
+    bound = ledger.ledger.get(outcome.allocation_id)
+    assert bound is not None and bound.state is AllocState.BOUND
+
+
+async def test_with_nothing_answering_allocate_and_preferred_go_on_without_the_ledger_soon() -> None:
+    """Nothing answers, not even JetStream's "not now": waiting ``allocate_wait_s`` for an election
+    would only hold up kubelet's admissions. After ``unreachable_wait_s`` the hint and the answer come from
+    the node's last known ledger, and a container it holds no reservation for is refused, naming why."""
+    ledger = reserved()
+    ledger.reads = [OUTAGE] * 1_000_000
+    ledger.answering = False
+    service = PluginService(
+        "n1", ledger, LocalPlacement(), NoPods(), AnswerPolicy(), SLOTS,
+        preferred_wait_s=4.0, allocate_wait_s=4.0, unreachable_wait_s=0.2,
+    )  # fmt: skip
+    await service._seen(ledger.ledger)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    hint = await service.preferred(OFFERED, [], 1)
+    assert hint == list(ids_of(ledger.ledger, "p")) and loop.time() - started < 2.0
+    started = loop.time()
+    outcome = await service.allocate(hint)
+    assert outcome.how == "unbound" and loop.time() - started < 2.0
+    with pytest.raises(Unavailable, match=r"NATS has answered nothing for \d\.\ds .*holds no reservation"):
+        await service.allocate(["GPU-0::0"])
+
+
 async def test_allocate_without_the_ledger_or_a_known_reservation_fails_in_time_with_the_reason() -> None:
     ledger = reserved()
     ledger.reads = [OUTAGE] * 10_000
     service = PluginService("n1", ledger, LocalPlacement(), NoPods(), AnswerPolicy(), SLOTS, allocate_wait_s=0.05)
-    with pytest.raises(Unavailable, match=r"did not answer within 0\.05s, and the node's last known ledger holds no"):
+    with pytest.raises(Unavailable, match=r"did not answer within 0\.05s .*, and the node's last known ledger"):
         await service.allocate(["GPU-0::0"])
 
 
@@ -181,3 +230,11 @@ async def test_allocate_refuses_at_once_what_waiting_does_not_mend() -> None:
     with pytest.raises(FailedPrecondition, match="no container on n1 has a reservation"):
         await service_of(ledger).allocate(["GPU-0::0", "GPU-1::0"])
     assert ledger.writes == [OUTAGE]  # nothing was written, nor tried
+
+
+def test_a_wait_as_long_as_the_answer_deadline_is_refused_by_name() -> None:
+    """A wait that the deadline would cut short leaves no time to answer from the copy."""
+    with pytest.raises(SettingsError, match=r"^allocate_wait_s: must be below answer_timeout_s \(10\), got 12"):
+        load(PluginSettings, ["--node", "n1", "--answer-timeout-s", "10"], {})
+    settings = load(PluginSettings, ["--node", "n1", "--answer-timeout-s", "10", "--allocate-wait-s", "8"], {})
+    assert (settings.preferred_wait_s, settings.allocate_wait_s, settings.unreachable_wait_s) == (5.0, 8.0, 3.0)

@@ -10,8 +10,9 @@ looks) and kubelet resumed. kubelet admits the pod: GetPreferredAllocation and A
 plugin with no deadline. The round measures how long until the pod is Running, or Failed with
 kubelet's reason, then thaws nats-server. Medians of the rounds are printed, with what kubelet
 said. Each round also checks that the admitted pod is bound in the ledger once nats-server answers again.
-The plugin waits ``preferred_wait_s`` and ``allocate_wait_s`` (5 s each) for the ledger, then
-answers from its copy of the node's ledger key; ``answer_timeout_s`` (30 s) bounds every answer.
+The plugin waits for a ledger that answers nothing (a frozen server) ``unreachable_wait_s`` (3 s)
+in each call, then answers from its copy of the node's ledger key; ``answer_timeout_s`` (30 s)
+bounds every answer.
 """
 
 from __future__ import annotations

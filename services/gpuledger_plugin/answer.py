@@ -42,6 +42,7 @@ from gpuledger_core.model import Allocation, CardShare, Grant, Isolation, Node
 
 NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/gpuledger_"
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # containerd's and CRI-O's defaults
 DEVICE_LIST_MOUNT_ROOT = "/var/run/nvidia-container-devices"  # the toolkit's DeviceListAsVolumeMountsRoot
 DEVICE_LIST_MOUNT_SOURCE = "/dev/null"  # the only mount source the toolkit takes as a device request
 MPS_SHM_DIR = "/dev/shm"
@@ -82,6 +83,7 @@ class AnswerPolicy:
     mps_pipe_dir: str = "/tmp/nvidia-mps"
     mps_host_pipe_dir: str = "/run/nvidia/mps"
     mps_host_shm_dir: str = ""  # the MPS daemon's /dev/shm on the host; empty: not mounted
+    cdi_spec_dirs: tuple[str, ...] = CDI_SPEC_DIRS  # where the runtime reads CDI specs (cdi_specs.py)
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.strategies if s not in STRATEGIES]
@@ -92,6 +94,12 @@ class AnswerPolicy:
                 f"{'unknown ' + ', '.join(map(repr, unknown)) if unknown else 'none given'}; "
                 f"choose from {', '.join(STRATEGIES)}",
             )
+
+
+    @property
+    def names_devices(self) -> bool:
+        """Whether answers name device nodes or CDI devices, which the node must have."""
+        return self.device_specs or any(s.startswith("cdi-") for s in self.strategies)
 
 
 def answer(node: Node, allocation: Allocation, grant: Grant, policy: AnswerPolicy) -> Answer:

@@ -86,6 +86,7 @@ def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> Plugin
         mps_pipe_dir=settings.mps_pipe_dir,
         mps_host_pipe_dir=settings.mps_host_pipe_dir,
         mps_host_shm_dir=settings.mps_host_shm_dir,
+        cdi_spec_dirs=settings.cdi_dirs,
     )
     pods = PodResourcesClient(settings.pod_resources_socket, RESOURCE_NAME, settings.pod_resources_timeout_s)
     placement = NatsPreferred(nc, settings.placement_timeout_s)

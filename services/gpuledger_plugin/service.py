@@ -24,6 +24,7 @@ from gpuledger_core.model import Node
 from gpuledger_core.slots import card_of
 from gpuledger_plugin import matching as m
 from gpuledger_plugin.answer import Answer, AnswerPolicy, answer
+from gpuledger_plugin.cdi_specs import CdiSpecs
 from gpuledger_plugin.devices import HEALTHY, Advertised, advertised
 from gpuledger_plugin.kubelet_findings import GONE_AFTER_S, Comparison, Finding, compare, gone
 from gpuledger_plugin.ledger_port import NodeLedgerPort
@@ -123,6 +124,7 @@ class PluginService:
         self.steered: dict[frozenset[str], GrantRef] = {}
         self._absent: dict[AllocationId, float] = {}  # bound, its pod not listed by kubelet: since when
         self._lock = asyncio.Lock()
+        self.cdi = CdiSpecs(policy.cdi_spec_dirs)
 
     # --- the device list ---
 
@@ -243,7 +245,7 @@ class PluginService:
             return None
         grant = slot.allocation.grants[slot.index]
         found = answer(self.inventory, slot.allocation, grant, self.policy)
-        self._check_device_nodes(found, slot)
+        self._check_appliable(found, slot)
         ref = (slot.allocation.id, slot.index)
         self.unbound[ref] = (frozenset(slot.ids), decision.ids)
         self._unbound_added.set()
@@ -323,9 +325,9 @@ class PluginService:
 
     async def _bind(self, found: m.Found) -> Outcome:
         slot, ref = found.slot, (found.slot.allocation.id, found.slot.index)
-        if self.policy.device_specs and self.inventory is not None:  # the answer names device nodes
+        if self.policy.names_devices and self.inventory is not None:  # device nodes or CDI devices
             planned = answer(self.inventory, slot.allocation, slot.allocation.grants[slot.index], self.policy)
-            self._check_device_nodes(planned, slot)
+            self._check_appliable(planned, slot)
         now = self.clock()
         written = await self.ledger.mutate(lambda ledger: bind(ledger, ref, slot.ids, found.ids, now))
         allocation = written.get(ref[0]) if written is not None else None
@@ -352,14 +354,25 @@ class PluginService:
             how,
         )
 
-    def _check_device_nodes(self, planned: Answer, slot: m.Slot) -> None:
-        """Refuse, before binding, an answer naming device nodes this node lacks: the runtime
-        would fail the container with a message that names no card, or start it without them."""
+    def _check_appliable(self, planned: Answer, slot: m.Slot) -> None:
+        """Refuse, before binding, an answer the runtime cannot apply: device nodes this node
+        lacks, or CDI devices no spec on it defines. kubelet would admit the pod and the runtime
+        fail its container afterwards with a message that names no card (or, for a device node,
+        start it without one); refused here, kubelet fails the pod with this message."""
+        who = slot.allocation.owner.describe()
         missing = [d.host_path for d in planned.devices if not os.path.exists(d.host_path)]
         if missing:
             raise FailedPrecondition(
-                f"{slot.allocation.owner.describe()}: the device nodes {', '.join(missing)} do not exist on "
+                f"{who}: the device nodes {', '.join(missing)} do not exist on "
                 f"this node (is the NVIDIA driver loaded? device_dir is {self.policy.device_dir})"
+            )
+        named = [*planned.cdi_devices, *(n for v in planned.annotations.values() for n in v.split(",") if n)]
+        unknown = self.cdi.unresolved(named) if named else []
+        if unknown:
+            raise FailedPrecondition(
+                f"{who}: no CDI spec in {', '.join(self.cdi.dirs)} defines the devices {', '.join(unknown)} "
+                "(has the NVIDIA container toolkit written its spec, e.g. with nvidia-ctk cdi generate? "
+                "cdi_spec_dirs must be the runtime's)"
             )
 
     # --- which pod is kubelet admitting ---

@@ -8,7 +8,7 @@ from gpuledger_common.natscreds import NatsClientSettings
 from gpuledger_common.settings import option, require
 from gpuledger_common.store.outage import RETRY_S
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
-from gpuledger_plugin.answer import STRATEGIES
+from gpuledger_plugin.answer import CDI_SPEC_DIRS, STRATEGIES
 from gpuledger_plugin.kubelet_findings import GONE_AFTER_S
 from gpuledger_plugin.service import ALLOCATE_WAIT_S, PREFERRED_WAIT_S, UNREACHABLE_WAIT_S
 
@@ -32,6 +32,11 @@ class PluginSettings(NatsClientSettings):
         "unprivileged containers)",
     )
     cdi_kind: str = option("nvidia.com/gpu", "CDI vendor/class of the card devices")
+    cdi_spec_dirs: str = option(
+        ",".join(CDI_SPEC_DIRS),
+        "the container runtime's CDI spec directories, comma-separated: Allocate refuses CDI devices no "
+        "spec there defines (cdi-cri, cdi-annotations)",
+    )
     device_specs: bool = option(False, "also pass /dev/nvidia* device nodes in Allocate answers")
     device_dir: str = option(
         "/dev",
@@ -113,6 +118,9 @@ class PluginSettings(NatsClientSettings):
             require(not path or path.startswith("/"), name, f"must be an absolute path, got {path!r}")
         require(self.device_dir.startswith("/"), "device_dir", f"must be an absolute path, got {self.device_dir!r}")
         require("/" in self.cdi_kind, "cdi_kind", "must be vendor/class, e.g. nvidia.com/gpu")
+        relative = [d for d in self.cdi_dirs if not d.startswith("/")]
+        require(bool(self.cdi_dirs), "cdi_spec_dirs", "name at least one directory")
+        require(not relative, "cdi_spec_dirs", f"must be absolute paths, got {relative}")
         require(self.default_isolation in ("none", "mps"), "default_isolation", "must be none or mps")
         for name in (
             "answer_timeout_s",
@@ -134,6 +142,10 @@ class PluginSettings(NatsClientSettings):
         require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")
         require(self.log_format in ("text", "json"), "log_format", "must be text or json")
         require(self.log_level in ("debug", "info", "warning", "error"), "log_level", "bad level")
+
+    @property
+    def cdi_dirs(self) -> tuple[str, ...]:
+        return tuple(d.strip() for d in self.cdi_spec_dirs.split(",") if d.strip())
 
     @property
     def strategies(self) -> tuple[str, ...]:

@@ -1,0 +1,81 @@
+"""Which CDI device names the node's container runtime can resolve: those in the CDI specs of its
+spec directories (containerd's and CRI-O's defaults are /etc/cdi and /var/run/cdi), as NVIDIA's
+container toolkit writes them (``nvidia-ctk cdi generate``). A name is ``<kind>=<device name>``.
+
+The plugin refuses, before binding, an Allocate answer naming a CDI device that no spec here
+has: kubelet would admit the pod, and the runtime fail its container afterwards with a message
+that names neither the pod's cards nor the plugin. The specs are read again whenever a file of
+the directories changed (its name, size or modification time); a file that cannot be read or is
+no CDI spec is skipped, as the runtime skips it, and logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+SUFFIXES = (".json", ".yaml", ".yml")
+Stamp = tuple[tuple[str, int, int], ...]
+
+
+class CdiSpecs:
+    def __init__(self, dirs: Sequence[str]) -> None:
+        self.dirs = tuple(dirs)
+        self._stamp: Stamp | None = None
+        self._names: frozenset[str] = frozenset()
+        self._warned: set[tuple[str, int, int]] = set()
+
+    def unresolved(self, names: Iterable[str]) -> list[str]:
+        """The names among ``names`` that no spec in the directories defines."""
+        known = self.names()
+        return [n for n in names if n not in known]
+
+    def names(self) -> frozenset[str]:
+        stamp = self._files()
+        if stamp != self._stamp:
+            self._names = frozenset(name for entry in stamp for name in self._read(entry))
+            self._stamp = stamp
+        return self._names
+
+    def _files(self) -> Stamp:
+        found: list[tuple[str, int, int]] = []
+        for directory in self.dirs:
+            try:
+                entries = list(os.scandir(directory))
+            except OSError:
+                continue  # a directory that does not exist holds no spec
+            for entry in entries:
+                if entry.name.endswith(SUFFIXES):
+                    try:
+                        info = entry.stat()
+                    except OSError:
+                        continue
+                    found.append((entry.path, info.st_size, info.st_mtime_ns))
+        return tuple(sorted(found))
+
+    def _read(self, entry: tuple[str, int, int]) -> list[str]:
+        path = entry[0]
+        try:
+            spec = yaml.safe_load(Path(path).read_text())  # JSON is YAML too
+            return _device_names(spec)
+        except (OSError, yaml.YAMLError, ValueError) as err:
+            if entry not in self._warned:
+                self._warned.add(entry)
+                log.warning("CDI spec %s skipped: %s", path, err)
+            return []
+
+
+def _device_names(spec: Any) -> list[str]:
+    if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str) or "/" not in spec["kind"]:
+        raise ValueError("no CDI spec (it names no vendor/class kind)")
+    devices = spec.get("devices")
+    if not isinstance(devices, list):
+        raise ValueError("no CDI spec (its devices are not a list)")
+    kind = spec["kind"]
+    return [f"{kind}={d['name']}" for d in devices if isinstance(d, dict) and isinstance(d.get("name"), str)]

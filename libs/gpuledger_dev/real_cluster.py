@@ -43,6 +43,8 @@ from gpuledger_dev.realnode.node import RealNode
 from gpuledger_dev.realnode.residue import DEVICE_PLUGIN_DIR
 
 NAMESPACE = "demo"
+TOOLKIT_SPEC = "gpuledger-dev-toolkit.json"  # the real node's stand-in for NVIDIA's CDI spec
+CDI_ENV_PREFIX = "GPULEDGER_DEV_CDI_"
 SCHEDULER = "gpuledger-scheduler"
 DEFAULT_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "110"}
 OUTCOME_S = 60.0
@@ -117,8 +119,13 @@ class RealCluster:
         return self.run_dir / node / "dev"
 
     def plugin_flags(self, node: str) -> list[str]:
-        """What the real node's plugin adds to its flags: device nodes in every answer, from device_dir."""
-        return ["--device-specs", "--device-dir", str(self.device_dir(node))] if node == self.real_node else []
+        """What the real node's plugin adds to its flags: device nodes in every answer, from
+        device_dir, and the cards as CDI devices, which containerd resolves with the stand-in for
+        the NVIDIA container toolkit's spec (``toolkit_spec``)."""
+        if node != self.real_node:
+            return []
+        device = ["--device-specs", "--device-dir", str(self.device_dir(node))]
+        return [*device, "--device-list-strategy", "volume-mounts,cdi-cri", "--cdi-spec-dirs", str(self.cdi_dir(node))]
 
     def dra_plugin_flags(self, node: str) -> list[str]:
         """What the real node's DRA plugin adds: its CDI specs name the device nodes in device_dir."""
@@ -185,6 +192,7 @@ class RealCluster:
             workdir=self.run_dir / "real-node",
         )
         await asyncio.to_thread(self.real.start)
+        toolkit_spec(self.real.cdi_dir, member)
 
     async def use_extender(self, url: str, pki: ExtenderPki) -> None:
         """Start kube-scheduler with gpuledger's configuration from deploy/, pointed at ``url``,
@@ -363,6 +371,21 @@ def find_device_classes() -> Path:
         if (directory / DEVICE_CLASSES).is_file():
             return directory / DEVICE_CLASSES
     raise ControlPlaneError(f"cannot find {DEVICE_CLASSES} from {Path.cwd()}: run from the gpuledger checkout")
+
+
+def toolkit_spec(cdi_dir: Path, member: FleetNode) -> Path:
+    """The real node's stand-in for the spec NVIDIA's container toolkit writes (``nvidia-ctk cdi
+    generate``): kind ``nvidia.com/gpu``, a device per card named by its UUID. Where the toolkit's
+    devices add the card's device node (the plugin's device specs do that here), each sets
+    ``GPULEDGER_DEV_CDI_<minor>`` to the UUID, so a container's environment shows which CDI
+    devices the runtime applied."""
+    devices = []
+    for card in member.node.cards:
+        minor = card.minor if card.minor is not None else card.index
+        devices.append({"name": card.uuid, "containerEdits": {"env": [f"{CDI_ENV_PREFIX}{minor}={card.uuid}"]}})
+    path = cdi_dir / TOOLKIT_SPEC
+    path.write_text(json.dumps({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices}, indent=1))
+    return path
 
 
 def cdi_env(cdi_dir: Path, ids: set[str]) -> dict[str, str]:

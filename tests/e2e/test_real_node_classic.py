@@ -28,7 +28,7 @@ from gpuledger_dev.fake_cluster import Outcome
 from gpuledger_dev.fleet import load_fleet
 from gpuledger_dev.local_stack import Stack, running_stack
 from gpuledger_dev.natsserver import free_port
-from gpuledger_dev.real_cluster import RealCluster, reporting
+from gpuledger_dev.real_cluster import CDI_ENV_PREFIX, TOOLKIT_SPEC, RealCluster, reporting
 from gpuledger_dev.realnode.devices import make_device_nodes
 from gpuledger_dev.realnode.residue import DEVICE_PLUGIN_DIR
 from gpuledger_plugin.podresources import PodResourcesClient
@@ -168,6 +168,8 @@ def sees_exactly(outcome: Outcome, grant: Grant, minors: dict[str, int]) -> None
     assert card_nodes(dev) == sorted(f"nvidia{minors[u]}" for u in uuids), dev
     assert {"nvidiactl", "nvidia-uvm"} <= set(dev), dev
     assert sorted(d.split("/", 1)[1] for d in dev if d.startswith("nvidia-container-devices/")) == sorted(uuids)
+    applied = {k: v for k, v in env.items() if k.startswith(CDI_ENV_PREFIX)}  # the CDI devices containerd applied
+    assert applied == {f"{CDI_ENV_PREFIX}{minors[u]}": u for u in uuids}, applied
 
 
 def two_containers_and_an_init(name: str, ns: str, node: str) -> dict[str, Any]:
@@ -310,6 +312,29 @@ async def test_a_card_whose_device_node_is_missing_fails_the_pod_with_the_plugin
             await released(real.stack, found["metadata"]["uid"])  # the failed pod's reservation is given back
     finally:
         make_device_nodes(cluster.device_dir(REAL), [1])
+
+
+@pytest.mark.timeout(300)
+async def test_a_card_no_cdi_spec_defines_fails_the_pod_with_the_plugins_reason(real: Kubelet) -> None:
+    """The plugin names the cards as CDI devices too; with the toolkit's spec gone, containerd
+    could not resolve them and would fail the container after admission. The plugin refuses
+    instead, and kubelet fails the pod with its reason."""
+    cluster = real.cluster
+    assert cluster.api is not None and cluster.real is not None
+    spec = cluster.real.cdi_dir / TOOLKIT_SPEC
+    kept = spec.read_text()
+    spec.unlink()
+    try:
+        async with namespace(cluster.api, "real-no-cdi", real.stack) as ns:
+            outcome = await cluster.run(pod("unresolved", ns, {GPU: "1"}, node=REAL))
+            assert outcome.node == REAL and outcome.pending.startswith("kubelet refused it"), outcome
+            assert f"gpuledger-plugin on node {REAL}" in outcome.pending, outcome.pending
+            assert "no CDI spec in" in outcome.pending and "nvidia.com/gpu=GPU-" in outcome.pending, outcome.pending
+            found = await cluster.api.get(f"/api/v1/namespaces/{ns}/pods/unresolved")
+            assert found["status"]["reason"] == "UnexpectedAdmissionError"
+            await released(real.stack, found["metadata"]["uid"])
+    finally:
+        spec.write_text(kept)
 
 
 @pytest.mark.timeout(300)

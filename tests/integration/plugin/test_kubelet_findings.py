@@ -8,14 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from gpuledger_common import bus
+from gpuledger_common.store import LedgerStore
 from gpuledger_core.ledger import NodeLedger, commit
 from gpuledger_core.model import AllocState
-from gpuledger_dev.fake_kubelet import AdmissionError, FakeContainer
+from gpuledger_dev.fake_kubelet import AdmissionError, FakeContainer, FakeKubelet
 from gpuledger_dev.natsserver import NatsServer
+from gpuledger_plugin.app import running
 from gpuledger_plugin.metrics import RECONCILE_MISMATCHES
 from tests.support.waiting import wait_for
 
-from .conftest import Stack, plugin_stack, pod, share
+from .conftest import CARDS, NODE, SLOTS, Stack, make_node, plugin_stack, pod, settings_for, share
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -164,3 +167,46 @@ async def test_allocate_rides_out_a_nats_restart(dirs: Path, nats_server: NatsSe
         bound = (await stack.ledger()).get(allocation.id)
         assert bound is not None
         assert bound.state is AllocState.BOUND
+
+
+async def test_a_container_admitted_from_the_copy_is_bound_by_the_plugin_restarted_before_nats(
+    dirs: Path, nats_server: NatsServer
+) -> None:
+    """The plugin admitted a container from its copy of the ledger while NATS was down, and was
+    restarted before NATS came back: the bind it meant to write went with it, kubelet's record of
+    the container did not. The restarted plugin's first reconciliation (right after it registers
+    with kubelet) binds the reservation."""
+    nc = await bus.connect(nats_server.url, "test")
+    store = await LedgerStore.open(nc)
+    await store.mutate(NODE, lambda _: NodeLedger(make_node()))
+    kubelet = FakeKubelet(str(dirs / "dp"), str(dirs / "pr.sock"))
+    await kubelet.start()
+    settings = settings_for(dirs, nats_server.url, answer_timeout_s=20.0)
+    try:
+        async with running(settings) as plugin:
+            await kubelet.wait_for(lambda k: len(k.healthy()) == CARDS * SLOTS)
+            stack = Stack(nats_server, nc, store, kubelet, plugin, dirs)
+            p = pod("p", FakeContainer("main", gpus=1))
+            allocation = await stack.reserve(p, {"main": (share(0),)})
+
+            async def seen() -> bool:
+                known = plugin.service.seen
+                return known is not None and known.get(allocation.id) is not None
+
+            await wait_for(seen, what="the reservation in the plugin's copy")
+            await nats_server.kill()
+            admitted = await kubelet.admit(p)
+            assert admitted.env("main")["GPULEDGER_ALLOCATION_ID"] == allocation.id
+            assert plugin.service.unbound  # its bind waits for the ledger
+        await nats_server.start()
+        async with running(settings):
+
+            async def bound() -> bool:
+                ledger, _ = await store.read(NODE)
+                found = ledger.get(allocation.id) if ledger is not None else None
+                return found is not None and found.state is AllocState.BOUND
+
+            await wait_for(bound, timeout=30, what="the reservation bound by the restarted plugin")
+    finally:
+        await kubelet.stop()
+        await nc.close()

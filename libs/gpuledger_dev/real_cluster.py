@@ -171,7 +171,8 @@ class RealCluster:
             if self.dra:
                 for path in (self.registry_dir(node), self.dra_plugin_dir(node), self.cdi_dir(node)):
                     path.mkdir(parents=True, exist_ok=True)
-                dra = KwokDraSettings(str(self.registry_dir(node)), str(self.cdi_dir(node)))
+                # kubelet deletes the node's ResourceSlices at every start (the real node's does)
+                dra = KwokDraSettings(str(self.registry_dir(node)), str(self.cdi_dir(node)), wipe_slices=True)
             access = self.control_plane.access
             kubelet = KwokKubelet(node, self.plugin_dir(node), self.pod_resources(node), access, dra=dra)
             await kubelet.__aenter__()

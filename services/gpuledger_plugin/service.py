@@ -325,11 +325,17 @@ class PluginService:
 
     async def _bind(self, found: m.Found) -> Outcome:
         slot, ref = found.slot, (found.slot.allocation.id, found.slot.index)
-        if self.policy.names_devices and self.inventory is not None:  # device nodes or CDI devices
-            planned = answer(self.inventory, slot.allocation, slot.allocation.grants[slot.index], self.policy)
-            self._check_appliable(planned, slot)
-        now = self.clock()
-        written = await self.ledger.mutate(lambda ledger: bind(ledger, ref, slot.ids, found.ids, now))
+        now, inventory = self.clock(), self.inventory
+
+        def bound(ledger: NodeLedger | None) -> NodeLedger:
+            new = bind(ledger, ref, slot.ids, found.ids, now)
+            if self.policy.names_devices and inventory is not None:  # on the cards it binds (a rehome moves them)
+                allocation = new.get(ref[0])
+                assert allocation is not None
+                self._check_appliable(answer(inventory, allocation, allocation.grants[ref[1]], self.policy), slot)
+            return new
+
+        written = await self.ledger.mutate(bound)
         allocation = written.get(ref[0]) if written is not None else None
         if allocation is None or self.inventory is None:
             raise Conflict(f"allocation {ref[0]} vanished while answering")

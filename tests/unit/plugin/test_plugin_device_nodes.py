@@ -46,3 +46,17 @@ async def test_a_missing_device_node_is_refused_before_anything_is_bound(tmp_pat
         await service_of(ledger, tmp_path).allocate(ids_of(ledger.ledger, "p"))
     (allocation,) = ledger.ledger.allocations
     assert allocation.state is AllocState.RESERVED  # nothing bound
+
+
+async def test_a_grant_moved_to_another_card_is_checked_on_the_card_it_moves_to(tmp_path: Path) -> None:
+    """kubelet gave other devices than the hint (a card of its own choice): the ledger moves the
+    grant there, and the device nodes checked are that card's, not the reserved one's."""
+    make(tmp_path, "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia3")  # the reserved card's only
+    ledger = reserved()  # card 3
+    with pytest.raises(FailedPrecondition, match=f"device nodes {tmp_path / 'nvidia0'} do not exist"):
+        await service_of(ledger, tmp_path).allocate(["GPU-0::0"])
+    (allocation,) = ledger.ledger.allocations
+    assert allocation.state is AllocState.RESERVED and allocation.grants[0].cards[0].index == 3  # nothing moved
+    make(tmp_path, "nvidia0")
+    outcome = await service_of(ledger, tmp_path).allocate(["GPU-0::0"])
+    assert outcome.how == "rehomed" and str(tmp_path / "nvidia0") in {d.host_path for d in outcome.answer.devices}

@@ -156,7 +156,7 @@ def isolation_of(raw: Mapping[str, Any], driver: str, devices: Sequence[Allocate
             opaque = config.get("opaque") or {}
             if opaque.get("driver") != driver or not _applies(config.get("requests") or [], device):
                 continue
-            chosen = _sharing(opaque.get("parameters"), ref_of(raw))
+            chosen = sharing(opaque.get("parameters"), ref_of(raw))
         found.add(chosen)
     if len(found) > 1:
         raise InvalidArgument("config", f"{ref_of(raw).describe()}: its devices ask for isolation none and mps at once")
@@ -167,7 +167,7 @@ def _applies(requests: Sequence[str], device: AllocatedDevice) -> bool:
     return not requests or device.request in requests or (bool(device.chosen) and device.chosen in requests)
 
 
-def _sharing(parameters: Any, ref: ClaimRef) -> Isolation:
+def sharing(parameters: Any, ref: ClaimRef) -> Isolation:
     """The isolation of one ``SharingConfig`` (``gpuledger.io/v1alpha1``)."""
     where = f"{ref.describe()}: opaque config of {SHARING_API}"
     if not isinstance(parameters, Mapping):

@@ -1,0 +1,99 @@
+"""Where a ResourceClaim goes (pure): the node and cards for a ``ClaimAsk`` on the ledger, by the
+policy code of a classic pod (DRA mode C, docs/dra-mode-c.md).
+
+The claim is planned as a pod whose containers are the claim's requests (``pods.plan``: the same
+per-card fit, slots and isolation tiers), on every node whose host the caller accepts (its CPU,
+memory, taints: ``host``), and the node is chosen by the policy's score of the request that wants
+the most cards, as the extender scores a pod's nodes, the name breaking ties. A
+``firstAvailable`` request tries its subrequests in order: the first combination that fits
+somewhere wins. Requests linked by an NVLink ``matchAttribute`` must get cards that are all
+connected by NVLink with each other; a node whose plan does not is passed over.
+
+The result is the claim's allocation as the ledger will hold it (owned by the claim, one grant
+per request, committed: the claim says so once written), on the slices' grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gpuledger_core.claim_asks import ClaimAsk
+from gpuledger_core.errors import Exhausted
+from gpuledger_core.fit import ContainerAsk
+from gpuledger_core.ids import AllocationId, NodeName
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Allocation, AllocState, Grant, Node
+from gpuledger_core.packing import Policy, from_ledger, rate
+from gpuledger_core.pods import PodAsk, plan
+
+Host = Callable[[NodeName], str]  # why the claim's pod cannot run on the node's host; empty: it can
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPlan:
+    allocation: Allocation
+    chosen: dict[str, str]  # request -> the result's request name (``main/sub`` for a firstAvailable choice)
+
+
+def place_claim(
+    ledgers: Sequence[NodeLedger],
+    ask: ClaimAsk,
+    policy: Policy,
+    allocation_id: AllocationId,
+    now: float,
+    *,
+    slots_per_card: int | None,
+    host: Host = lambda _: "",
+    mix_isolation: bool = False,
+) -> ClaimPlan:
+    """The claim's allocation on the best node, or ``Exhausted`` naming why each node was not."""
+    reasons: dict[str, str] = {}
+    for combo in itertools.product(*(range(len(r.choices)) for r in ask.requests)):
+        picked = [r.choices[i] for r, i in zip(ask.requests, combo, strict=True)]
+        containers = tuple(ContainerAsk(r.name, request) for r, (_, request) in zip(ask.requests, picked, strict=True))
+        pod = PodAsk(ask.ref.owner, containers, ask.isolation)
+        best: tuple[float, str, NodeLedger, tuple[Grant, ...]] | None = None
+        for ledger in ledgers:
+            name = str(ledger.node.name)
+            why = host(ledger.node.name)
+            if why:
+                reasons[name] = why
+                continue
+            try:
+                grants = plan(ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
+            except Exhausted as err:
+                reasons[name] = str(err).removeprefix(f"{name}: ")
+                continue
+            unlinked = _unlinked(ledger.node, grants, ask.linked)
+            if unlinked:
+                reasons[name] = unlinked
+                continue
+            main = pod.main()
+            state = from_ledger(ledger, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
+            score = (rate(state, main, policy) if main is not None else None) or 0.0
+            if best is None or score > best[0] or (score == best[0] and name < best[1]):
+                best = (score, name, ledger, grants)
+        if best is not None:
+            _, _, ledger, grants = best
+            chosen = {r.name: result for r, (result, _) in zip(ask.requests, picked, strict=True)}
+            requests = tuple(c.request for c in containers)
+            allocation = Allocation(
+                allocation_id, ask.ref.owner, ledger.node.name, grants, AllocState.BOUND,
+                isolation=ask.isolation, created_at=now, updated_at=now, requests=requests,
+            )  # fmt: skip
+            return ClaimPlan(allocation, chosen)
+    shown = "; ".join(f"{node}: {why}" for node, why in sorted(reasons.items())[:5]) or "no node"
+    raise Exhausted(f"{ask.ref.describe()} fits on no node: {shown}")
+
+
+def _unlinked(node: Node, grants: Sequence[Grant], linked: Sequence[Sequence[str]]) -> str:
+    """Why the cards of requests that must share an NVLink group do not; empty when they do."""
+    connected = {(link.a, link.b) for link in node.links if link.nvlinks > 0}
+    for group in linked:
+        cards = sorted({s.index for g in grants if g.container in group for s in g.cards})
+        apart = [(a, b) for a, b in itertools.combinations(cards, 2) if (a, b) not in connected]
+        if apart:
+            return f"cards {', '.join(map(str, cards))} for {', '.join(group)} are not all linked by NVLink"
+    return ""

@@ -1,0 +1,123 @@
+"""Where a claim goes (gpuledger_core.claim_placement): the classic policy's choice of node and
+cards, firstAvailable in order, NVLink-linked requests, the host's say, and every node's reason
+when none takes it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuledger_core.claim_asks import ClaimAsk, RequestAsk
+from gpuledger_core.claim_placement import place_claim
+from gpuledger_core.claims import ClaimRef
+from gpuledger_core.errors import Exhausted
+from gpuledger_core.ids import AllocationId, NodeName
+from gpuledger_core.ledger import NodeLedger, reserve
+from gpuledger_core.model import Allocation, AllocState, CardShare, Grant, Link, Node, Owner, OwnerKind, Request
+from gpuledger_core.packing import Ask, Decision, from_ledger, make_policy, place
+from tests.unit.core.builders import card
+
+REF = ClaimRef("ns", "c", "uid-1")
+ID = AllocationId("c-planned")
+
+
+def node_of(name: str, *memories: int, links: tuple[Link, ...] = ()) -> Node:
+    return Node(NodeName(name), tuple(card(i, m) for i, m in enumerate(memories)), links)
+
+
+def held(ledger: NodeLedger, index: int, mem_mib: int, name: str = "other") -> NodeLedger:
+    c = ledger.node.cards[index]
+    owner = Owner(OwnerKind.POD, f"uid-{name}-{index}", "ns", name)
+    allocation = Allocation(
+        AllocationId(f"a-{name}-{ledger.node.name}-{index}"), owner, ledger.node.name,
+        (Grant("main", (CardShare(c.uuid, index, mem_mib, 100),)),), AllocState.BOUND,
+    )  # fmt: skip
+    return reserve(ledger, allocation)
+
+
+def one(request: Request, name: str = "gpu") -> ClaimAsk:
+    return ClaimAsk(REF, (RequestAsk(name, ((name, request),)),))
+
+
+def test_binpack_puts_a_share_beside_the_fullest_card_on_any_node() -> None:
+    a = held(NodeLedger(node_of("a", 16000, 16000)), 1, 4000)
+    b = held(NodeLedger(node_of("b", 16000, 16000)), 0, 10000)
+    found = place_claim([a, b], one(Request(1, 4000, 250)), make_policy("binpack"), ID, 5.0, slots_per_card=8)
+    allocation = found.allocation
+    assert allocation.node == "b" and [s.index for s in allocation.shares()] == [0]
+    assert allocation.owner == REF.owner and allocation.state is AllocState.BOUND and allocation.created_at == 5.0
+    assert found.chosen == {"gpu": "gpu"}
+
+
+def test_first_available_takes_the_first_subrequest_that_fits_anywhere() -> None:
+    ask = ClaimAsk(REF, (RequestAsk("gpu", (("gpu/pair", Request(2)), ("gpu/one", Request(1)))),))
+    found = place_claim([NodeLedger(node_of("a", 16000))], ask, make_policy("default"), ID, 0.0, slots_per_card=8)
+    assert found.chosen == {"gpu": "gpu/one"} and len(found.allocation.shares()) == 1
+
+
+def test_linked_requests_go_where_their_cards_are_connected_by_nvlink() -> None:
+    linked = (Link(0, 1, 12),)
+    plain, nvlinked = NodeLedger(node_of("a", 16000, 16000)), NodeLedger(node_of("b", 16000, 16000, links=linked))
+    ask = ClaimAsk(REF, (RequestAsk("gpu", (("gpu", Request(2)),)),), linked=(("gpu",),))
+    found = place_claim([plain, nvlinked], ask, make_policy("default"), ID, 0.0, slots_per_card=8)
+    assert found.allocation.node == "b"
+    with pytest.raises(Exhausted, match="a: cards 0, 1 for gpu are not all linked by NVLink"):
+        place_claim([plain], ask, make_policy("default"), ID, 0.0, slots_per_card=8)
+
+
+def test_no_node_names_each_nodes_reason_the_hosts_included() -> None:
+    full = held(NodeLedger(node_of("a", 16000)), 0, 16000)
+    busy = NodeLedger(node_of("b", 16000))
+
+    def host(name: NodeName) -> str:
+        return "needs 4 CPUs, 1 free" if name == "b" else ""
+
+    with pytest.raises(Exhausted) as refused:
+        place_claim([full, busy], one(Request(1, 8000, 500)), make_policy("default"), ID, 0.0, slots_per_card=8,
+                    host=host)  # fmt: skip
+    said = str(refused.value)
+    assert said.startswith("ResourceClaim ns/c (uid uid-1) fits on no node: a: ") and "b: needs 4 CPUs, 1 free" in said
+
+
+memories = st.sampled_from([8000, 16000, 24000, 40000])
+
+
+@st.composite
+def cluster(draw: Any) -> list[NodeLedger]:
+    ledgers = []
+    for n in range(draw(st.integers(1, 4))):
+        ledger = NodeLedger(node_of(f"n{n}", *draw(st.lists(memories, min_size=1, max_size=4))))
+        for index, c in enumerate(ledger.node.cards):
+            used = draw(st.sampled_from([0, 0, 1000, 4000, c.memory_mib]))
+            if used:
+                ledger = held(ledger, index, used)
+        ledgers.append(ledger)
+    return ledgers
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ledgers=cluster(),
+    request=st.one_of(
+        st.builds(Request, st.integers(1, 2)),
+        st.builds(Request, st.just(1), st.sampled_from([1000, 4000, 9000]), st.sampled_from([100, 500, 1000])),
+    ),
+    policy=st.sampled_from(["default", "binpack", "bestfit", "spread"]),
+)
+def test_a_one_request_claim_lands_where_the_classic_path_would_put_the_pod(
+    ledgers: list[NodeLedger], request: Request, policy: str
+) -> None:
+    """The same node and cards as classic placement's choice for a pod asking the same (the
+    policy's best node, the first of equals), or no node for both."""
+    chosen = make_policy(policy)
+    classic = place([from_ledger(x, slots_per_card=8) for x in ledgers], Ask(request), chosen)
+    try:
+        found = place_claim(ledgers, one(request), chosen, ID, 0.0, slots_per_card=8).allocation
+    except Exhausted:
+        assert not isinstance(classic, Decision)
+        return
+    assert isinstance(classic, Decision)
+    assert (found.node, tuple(s.index for s in found.shares())) == (classic.node, classic.cards)

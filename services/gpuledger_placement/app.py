@@ -26,6 +26,7 @@ from gpuledger_core.packing import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
 from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.binder import Binder
+from gpuledger_placement.claim_allocator import ClaimAllocator
 from gpuledger_placement.claims import ClaimsController
 from gpuledger_placement.hosts import HostUsage, follow
 from gpuledger_placement.http2 import ExtenderServer, Verb
@@ -203,6 +204,9 @@ async def _serve(
         if settings.dra_claims != "off":  # the ledger decides DRA allocations
             claims = ClaimsController(pods, store, parts.view, memory_step_mib=settings.dra_memory_step_mib)
             lifecycle.background(stack, tasks, claims.run(optional=settings.dra_claims == "auto"))
+            if settings.dra_allocation == "on":  # mode C: the ledger allocates the claims of gated pods
+                allocator = ClaimAllocator(pods, claims, parts.view, parts.service.current_policy, hosts)
+                lifecycle.background(stack, tasks, allocator.run())
     stack.push_async_callback(parts.view.stop_listening)
     await parts.view.listen(nc)
     for responder in await serve_nats(nc, parts.service, settings.nats_queue):

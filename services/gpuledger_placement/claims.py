@@ -25,6 +25,7 @@ Claims are handled one at a time per uid (the latest version wins), several uids
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import time
@@ -53,6 +54,7 @@ LIST = f"{RESOURCE}/resourceclaims"
 RETRY_S = 1.0
 GRACE_S = 30.0  # an entry younger than this survives a listing that does not show its claim
 CONFLICT_ROUNDS = 5
+ALLOCATED_BY_LEDGER = "gpuledger.io/allocation"  # the finalizer of the claims mode C allocated
 ABSENT_RETRY_S = 60.0  # dra_claims=auto without DRA: how often to look again
 
 
@@ -82,6 +84,9 @@ class ClaimsController:
     _refs: dict[str, ClaimRef] = field(default_factory=dict)
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _slots: asyncio.Semaphore = field(init=False)
+    # claim uids whose ledger entry mode C reserved and whose allocation it is writing: a version of
+    # the claim from before that write must not release the entry (claim_allocator.py)
+    allocating: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -173,10 +178,19 @@ class ClaimsController:
     async def settle(self, raw: Mapping[str, Any]) -> None:
         """Make the ledger and the claim's device status agree with its allocation."""
         ref = claims.ref_of(raw)
+        if await self._unfinalized(raw):
+            return
         for _ in range(CONFLICT_ROUNDS):
             devices = claims.results_of(raw, self.driver)
             if not devices:
-                await self._gone(ref)
+                if ref.uid in self.allocating or ref.owner.key not in self.view.holders:
+                    return  # mode C is writing its allocation, or there is nothing to release
+                fresh = await self._fresh(ref)  # this version may predate mode C's write
+                if fresh is not None and claims.results_of(fresh, self.driver) and ref.uid not in self.allocating:
+                    raw = fresh
+                    continue
+                if ref.uid not in self.allocating:
+                    await self._gone(ref)
                 return
             decided = _decided(raw, self.driver, devices)
             if decided == REJECTED:
@@ -208,6 +222,38 @@ class ClaimsController:
                 return
             raw = await self._fresh(ref) or {}  # changed meanwhile: decide on its newest version
         raise Conflict(f"{ref.describe()} kept changing while its status was written")
+
+    async def reserve(
+        self, ref: ClaimRef, devices: tuple[AllocatedDevice, ...], isolation: Isolation = Isolation.NONE
+    ) -> Allocation:
+        """The claim's ``devices`` in its node's ledger (one compare-and-set; ``Exhausted`` when the
+        ledger refuses them): what mode B records after kube-scheduler allocated, and what mode C
+        commits before it writes the allocation (claim_allocator.py)."""
+        return await self._reserve(ref, devices, isolation)
+
+    async def release(self, ref: ClaimRef, reason: str) -> None:
+        """Release the claim's ledger entry, wherever the view says it is."""
+        node = self.view.holders.get(ref.owner.key)
+        if node:
+            await self._release_on(NodeName(node), ref, reason)
+
+    async def _unfinalized(self, raw: Mapping[str, Any]) -> bool:
+        """A claim allocated by the ledger (mode C: gpuledger's finalizer) that is being deleted and
+        reserved for no pod: its ledger entry released and the finalizer removed, so that the API
+        server deletes it (kube-controller-manager leaves the claims it did not allocate alone)."""
+        meta = raw.get("metadata") or {}
+        if not meta.get("deletionTimestamp") or ALLOCATED_BY_LEDGER not in (meta.get("finalizers") or []):
+            return False
+        if (raw.get("status") or {}).get("reservedFor"):
+            return True  # still in use: the pod's end clears reservedFor, and the claim comes back
+        ref = claims.ref_of(raw)
+        await self.release(ref, "the claim was deleted")
+        body = copy.deepcopy(dict(raw))
+        body["metadata"]["finalizers"] = [f for f in meta["finalizers"] if f != ALLOCATED_BY_LEDGER]
+        with contextlib.suppress(NotFound):
+            await self.api.replace_object(claim_path(ref), body)
+        log.info("claims: %s deleted: its ledger entry released, gpuledger's finalizer removed", ref.describe())
+        return True
 
     async def _reserve(
         self, ref: ClaimRef, devices: tuple[AllocatedDevice, ...], isolation: Isolation = Isolation.NONE

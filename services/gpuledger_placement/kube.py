@@ -110,6 +110,14 @@ class KubePodApi:
         """PUT ``body`` (its resourceVersion is the precondition: 409 ``Conflict`` if it changed)."""
         return _object(await self._raw.call(f"update {path}", "PUT", path, body), path)
 
+    async def patch_object(self, path: str, body: Any, content_type: str) -> dict[str, Any]:
+        """PATCH ``path`` (a JSON patch's ``test`` operations are its preconditions: 422 if one fails)."""
+        return _object(await self._raw.call(f"patch {path}", "PATCH", path, body, content_type), path)
+
+    async def create_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to the collection ``path``."""
+        return _object(await self._raw.call(f"create in {path}", "POST", path, body), path)
+
     async def _call(self, what: str, method: str, path: str, body: Any = None, content_type: str = JSON) -> Any:
         return await self._raw.call(what, method, path, body, content_type)
 

@@ -44,6 +44,10 @@ ORPHAN_RELEASE_FAILURES = Counter(
     "the next listing of the claims)",
     ["code"],
 )
+CLAIMS_ALLOCATED = Counter(
+    "gpuledger_placement_claims_allocated_total",
+    "ResourceClaims of gated pods allocated by the ledger (DRA mode C: docs/dra-mode-c.md)",
+)
 CLAIM_COMMIT_SECONDS = Histogram(
     "gpuledger_placement_claim_commit_seconds",
     "From a claim's allocationTimestamp to its gpuledger.io/committed condition written",

@@ -213,6 +213,10 @@ class PlacementService:
                 unresolvable[name] = why
         return Filtered(tuple(fits), failed, unresolvable)
 
+    def current_policy(self) -> Policy:
+        """The service's policy as built now (DRA mode C places claims with it)."""
+        return self.policies.get(self.policy)[1]
+
     def _assume_best(self, pod: PodAsk, fits: Sequence[str], caller: str) -> str | None:
         """Choose the best of ``fits``, plan the pod there (cards and device IDs, beside the pods
         already assumed there) and assume it there; None if it could be planned on none."""

@@ -74,6 +74,11 @@ class PlacementSettings(KubeClientSettings):
         "the claims controller (the ledger decides every ResourceClaim allocation of driver gpu.gpuledger.io, "
         "docs/dra.md): on, off, or auto (on where Kubernetes is reached and ResourceClaims may be listed)",
     )
+    dra_allocation: str = option(
+        "on",
+        "DRA mode C (docs/dra-mode-c.md): with the claims controller, allocate the claims of pods gated "
+        "gpuledger.io/allocate with the ledger's policy and lift the gate: on or off (such pods then wait)",
+    )
     dra_memory_step_mib: int = option(256, "the inventory's dra_memory_step_mib: the slices' memory grid")
     nats_queue: str = option("placement", "NATS queue group of the placement subjects")
     stop_timeout_s: float = option(10.0, "how long in-flight requests may take to finish at shutdown")
@@ -130,6 +135,8 @@ class PlacementSettings(KubeClientSettings):
         claims_modes = ("auto", "on", "off")
         require(self.dra_claims in claims_modes, "dra_claims", f"must be auto, on or off, got {self.dra_claims!r}")
         require(self.dra_claims != "on" or self.kube != "off", "dra_claims", "on needs Kubernetes access (kube is off)")
+        allocation = self.dra_allocation
+        require(allocation in ("on", "off"), "dra_allocation", f"must be on or off, got {allocation!r}")
         require(1 <= self.dra_memory_step_mib <= 65536, "dra_memory_step_mib", "must be 1..65536")
         require(self.stale_after_s >= 0, "stale_after_s", "must not be negative")
         require(self.workload_window >= 1, "workload_window", "must be at least 1")

@@ -44,8 +44,10 @@ async def ledger_side(server: NatsServer, kubeconfig: Path) -> AsyncIterator[tup
         yield allocator, placement
 
 
-def placement_with_claims(server: NatsServer, kubeconfig: Path) -> contextlib.AbstractAsyncContextManager[Any]:
-    return running_placement(server.url, kube="kubeconfig", kubeconfig=str(kubeconfig), dra_claims="on")
+def placement_with_claims(
+    server: NatsServer, kubeconfig: Path, **settings: Any
+) -> contextlib.AbstractAsyncContextManager[Any]:
+    return running_placement(server.url, kube="kubeconfig", kubeconfig=str(kubeconfig), dra_claims="on", **settings)
 
 
 async def ledger_of(server: NatsServer, node: str) -> NodeLedger | None:
@@ -107,16 +109,17 @@ class World:
 
 @contextlib.asynccontextmanager
 async def gated_world(
-    cp: ControlPlane, server: NatsServer, kubeconfig: Path, profile: str, placement: bool = True
+    cp: ControlPlane, server: NatsServer, kubeconfig: Path, profile: str, placement: bool = True, **settings: Any
 ) -> AsyncIterator[World]:
     """kube-scheduler (a profile without the extender), the allocator and, unless not
-    ``placement``, placement with the claims controller; a gated DRA node of ``profile``, its
-    slices published and its ledger written; the DeviceClasses; a namespace of the node's name."""
+    ``placement``, placement with the claims controller (and ``settings``); a gated DRA node of
+    ``profile``, its slices published and its ledger written; the DeviceClasses; a namespace of the
+    node's name."""
     await asyncio.to_thread(cp.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
     async with contextlib.AsyncExitStack() as stack:
         allocator = await stack.enter_async_context(running_allocator(server.url))
         if placement:
-            await stack.enter_async_context(placement_with_claims(server, kubeconfig))
+            await stack.enter_async_context(placement_with_claims(server, kubeconfig, **settings))
         node = await stack.enter_async_context(gated_node(cp, server, profile))
         ns = await stack.enter_async_context(namespace(node.api, node.name))
         await published(node)

@@ -1,0 +1,338 @@
+"""DRA mode C: the ledger allocates the claims of gated pods (docs/dra-mode-c.md).
+
+A pod created with the scheduling gate ``gpuledger.io/allocate`` (added by the
+MutatingAdmissionPolicy of ``deploy/kubernetes/dra/allocation-gate.yaml`` in opted-in namespaces)
+waits for this controller. For each such pod, once every claim it names exists:
+
+1. each claim that is not allocated yet and asks for gpuledger's mode-C DeviceClasses
+   (``claim_asks``) is placed with the classic policy (``claim_placement``: the node where the
+   pod's CPU and memory fit, the cards the policy picks), committed in the ledger with one
+   compare-and-set (the claims controller's ``reserve``: the same entry mode B would record), given
+   gpuledger's finalizer, and written as kube-scheduler writes an allocation (``claim_status``,
+   with no binding conditions: kube-scheduler then binds at once). A write the API server refuses
+   releases the ledger entry;
+2. the gate is lifted (a JSON patch whose ``test`` makes sure it removes that gate, no other).
+
+A claim mode C does not allocate (``InvalidArgument``: a CEL selector in the claim, say) gets an
+event naming why and is left to kube-scheduler (mode B): the gate is lifted. A claim that fits
+nowhere now gets an event naming each node's reason and the pod stays gated; it is tried again
+every ``retry_s``. Pods are handled one at a time per uid, several at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from gpuledger_core import claims
+from gpuledger_core.claim_asks import claim_ask
+from gpuledger_core.claim_placement import place_claim
+from gpuledger_core.claim_status import allocation_status
+from gpuledger_core.claims import ClaimRef
+from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
+from gpuledger_core.ids import AllocationId, NodeName
+from gpuledger_core.model import Allocation
+from gpuledger_core.packing import Policy
+from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, RESOURCE, ClaimsController, claim_path
+from gpuledger_placement.convert import pod_ask_from
+from gpuledger_placement.hosts import HostUsage
+from gpuledger_placement.metrics import CLAIMS_ALLOCATED
+from gpuledger_placement.view import FleetView
+
+log = logging.getLogger(__name__)
+GATE = "gpuledger.io/allocate"
+FINALIZER = ALLOCATED_BY_LEDGER
+CLASS_CHOICE = "gpuledger.io/allocation"  # a DeviceClass annotated "scheduler" stays mode B
+PODS = "/api/v1/pods"
+CLASSES = f"{RESOURCE}/deviceclasses"
+JSON_PATCH = "application/json-patch+json"
+RETRY_S = 5.0
+CLASSES_TTL_S = 10.0
+
+
+class AllocatorApi(Protocol):
+    async def list_objects(self, path: str, params: Mapping[str, str], timeout_s: float = 60.0) -> dict[str, Any]: ...
+    def watch(
+        self, path: str, params: Mapping[str, str], timeout_s: float = 300.0
+    ) -> AsyncIterator[dict[str, Any]]: ...
+    async def get_object(self, path: str) -> dict[str, Any]: ...
+    async def replace_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def patch_object(self, path: str, body: Any, content_type: str) -> dict[str, Any]: ...
+    async def create_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+def gated(pod: Mapping[str, Any]) -> bool:
+    return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+@dataclass(slots=True)
+class ClaimAllocator:
+    api: AllocatorApi
+    claims: ClaimsController
+    view: FleetView
+    policy: Callable[[], Policy]
+    hosts: HostUsage | None = None  # the cluster's Nodes (CPU, memory); None: not followed
+    clock: Callable[[], float] = time.time
+    retry_s: float = RETRY_S
+    concurrency: int = 16
+    _latest: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)  # pod uid -> newest (None: gone)
+    _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _classes: tuple[float, dict[str, Mapping[str, Any]]] = (float("-inf"), {})
+    _slots: asyncio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._slots = asyncio.Semaphore(self.concurrency)
+
+    async def run(self) -> None:
+        """List and watch unscheduled pods, and allocate the claims of the gated ones; again after
+        any failure."""
+        await self.view.ready.wait()
+        while True:
+            try:
+                listed = await self.api.list_objects(PODS, {"fieldSelector": "spec.nodeName="})
+                for pod in listed["items"]:
+                    self.offer(pod)
+                await self._watch(str((listed.get("metadata") or {}).get("resourceVersion") or ""))
+            except GpuledgerError as err:
+                log.warning("allocation: following pods failed (%s); listing again in %gs", err, self.retry_s)
+            await asyncio.sleep(self.retry_s)
+
+    async def _watch(self, version: str) -> None:
+        while True:
+            params = {"fieldSelector": "spec.nodeName=", "resourceVersion": version}
+            async for event in self.api.watch(PODS, params):
+                obj = event.get("object") or {}
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    self.offer(obj)
+                elif event.get("type") == "DELETED":
+                    self.offer(obj, gone=True)
+
+    def offer(self, pod: Mapping[str, Any], gone: bool = False) -> None:
+        """Take the pod's newest version; a gated pod is settled (one at a time per uid)."""
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
+        if not uid or (not gone and not gated(pod)) or (gone and uid not in self._busy):
+            return
+        self._latest[uid] = None if gone else pod
+        if uid not in self._busy:
+            self._busy[uid] = asyncio.create_task(self._drain(uid))
+
+    async def idle(self) -> None:
+        while self._busy:
+            await asyncio.gather(*list(self._busy.values()), return_exceptions=True)
+
+    async def _drain(self, uid: str) -> None:
+        try:
+            async with self._slots:
+                while uid in self._latest:
+                    pod = self._latest.pop(uid)
+                    if pod is None:
+                        return
+                    try:
+                        done = await self.settle(pod)
+                    except GpuledgerError as err:
+                        log.warning("allocation: pod %s not settled (%s); tried again", _describe(pod), err)
+                        done = False
+                    if not done:  # again on the pod's next change (its generated claim named), or after retry_s
+                        deadline = asyncio.get_running_loop().time() + self.retry_s
+                        while uid not in self._latest and asyncio.get_running_loop().time() < deadline:
+                            await asyncio.sleep(0.05)
+                        if uid not in self._latest:
+                            self._latest[uid] = await self._fresh(pod)
+        finally:
+            del self._busy[uid]
+
+    async def _fresh(self, pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        meta = pod.get("metadata") or {}
+        try:
+            found = await self.api.get_object(f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}")
+        except NotFound:
+            return None
+        return found if (found.get("metadata") or {}).get("uid") == meta.get("uid") and gated(found) else None
+
+    async def settle(self, pod: Mapping[str, Any]) -> bool:
+        """Allocate the pod's claims and lift its gate; False to try again later (a claim not
+        created yet, or one that fits nowhere now)."""
+        names = claim_names(pod)
+        if names is None:
+            return False  # a template's claim is not created yet: its pod will change
+        namespace = str(pod["metadata"]["namespace"])
+        classes = await self._mode_c_classes()
+        for name in names:
+            raw = await self.api.get_object(claim_path(ClaimRef(namespace, name, "")))
+            if (raw.get("status") or {}).get("allocation"):
+                continue  # allocated already (a shared claim, or an earlier round)
+            try:
+                ask = claim_ask(raw, classes, self.claims.driver, self.claims.memory_step_mib)
+            except InvalidArgument as err:
+                await self._event(pod, "GpuledgerLeftToScheduler", f"{err}; kube-scheduler allocates it")
+                continue
+            if ask is None:
+                continue
+            try:
+                await self._allocate(pod, raw, ask, classes)
+            except Exhausted as err:
+                await self._event(pod, "GpuledgerUnschedulable", str(err))
+                return False
+        await self._lift(pod)
+        return True
+
+    async def _allocate(self, pod: Mapping[str, Any], raw: Mapping[str, Any], ask: Any, classes: Any) -> None:
+        ref, now = ask.ref, self.clock()
+        host = self._host(pod)
+        ledgers = [e.ledger for name, e in sorted(self.view.entries.items()) if not self.view.stale(name)]
+        plan = place_claim(
+            ledgers, ask, self.policy(), AllocationId("c-planned"), now,
+            slots_per_card=self.view.slots_per_card, host=host, mix_isolation=self.view.mix_isolation,
+        )  # fmt: skip
+        node = self.view.entries[str(plan.allocation.node)].ledger.node
+        status = allocation_status(
+            plan.allocation, node, self.claims.driver, now, shareable=self.view.slots_per_card > 1,
+            chosen=plan.chosen, configs=_configs(raw, classes, self.claims.driver),
+        )  # fmt: skip
+        devices = claims.results_of({"metadata": raw["metadata"], "status": {"allocation": status}}, self.claims.driver)
+        self.claims.allocating.add(ref.uid)
+        try:
+            allocation = await self._commit(ref, raw, devices, ask, status)
+        finally:
+            self.claims.allocating.discard(ref.uid)
+        CLAIMS_ALLOCATED.inc()
+        log.info(
+            "allocation: %s allocated on %s (cards %s) for pod %s",
+            ref.describe(), allocation.node, ",".join(str(s.index) for s in allocation.shares()), _describe(pod),
+        )  # fmt: skip
+
+    async def _commit(
+        self, ref: ClaimRef, raw: Mapping[str, Any], devices: Any, ask: Any, status: dict[str, Any]
+    ) -> Allocation:
+        """The entry in the ledger, then the claim's finalizer and allocation; the entry released if
+        the API server refuses either."""
+        allocation = await self.claims.reserve(ref, devices, ask.isolation)
+        try:
+            body = copy.deepcopy(dict(raw))
+            finalizers = body["metadata"].setdefault("finalizers", [])
+            if FINALIZER not in finalizers:
+                finalizers.append(FINALIZER)
+                body = await self.api.replace_object(claim_path(ref), body)
+            body["status"] = {**(body.get("status") or {}), "allocation": status}
+            await self.api.replace_object(f"{claim_path(ref)}/status", body)
+        except GpuledgerError:
+            await self.claims.release(ref, "the claim's allocation could not be written")
+            raise
+        return allocation
+
+    def _host(self, pod: Mapping[str, Any]) -> Callable[[NodeName], str]:
+        asked = pod_ask_from(pod)
+
+        def why(node: NodeName) -> str:
+            if self.hosts is not None and self.hosts.synced.is_set() and str(node) not in self.hosts.allocatable:
+                return "no Node of that name in Kubernetes"
+            known = self.view.hosts(str(node))
+            if known is None:
+                return ""  # untracked: kube-scheduler checks it (and deallocates if it does not fit)
+            cpu_free, mem_free, _, _ = known
+            if asked.cpu_milli > cpu_free:
+                return f"the pod needs {asked.cpu_milli}m CPU, {cpu_free}m free"
+            if asked.memory_mib > mem_free:
+                return f"the pod needs {asked.memory_mib} MiB of memory, {mem_free} MiB free"
+            return ""
+
+        return why
+
+    async def _mode_c_classes(self) -> dict[str, Mapping[str, Any]]:
+        at, found = self._classes
+        if self.clock() - at < CLASSES_TTL_S:
+            return found
+        listed = await self.api.list_objects(CLASSES, {})
+        found = {
+            str(c["metadata"]["name"]): c
+            for c in listed["items"]
+            if _of_driver(c, self.claims.driver)
+            and ((c["metadata"].get("annotations") or {}).get(CLASS_CHOICE) or "ledger") != "scheduler"
+        }
+        self._classes = (self.clock(), found)
+        return found
+
+    async def _lift(self, pod: Mapping[str, Any]) -> None:
+        gates = (pod.get("spec") or {}).get("schedulingGates") or []
+        at = next((i for i, g in enumerate(gates) if g.get("name") == GATE), None)
+        if at is None:
+            return
+        meta = pod["metadata"]
+        patch = [
+            {"op": "test", "path": f"/spec/schedulingGates/{at}/name", "value": GATE},
+            {"op": "remove", "path": f"/spec/schedulingGates/{at}"},
+        ]
+        try:
+            path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+            await self.api.patch_object(path, patch, JSON_PATCH)
+        except InvalidArgument as err:  # the gates moved meanwhile: the pod's next version is settled
+            raise Conflict(f"the scheduling gates of pod {_describe(pod)} changed: {err}") from err
+
+    async def _event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        meta = pod["metadata"]
+        now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": meta["namespace"],
+                               "name": meta["name"], "uid": meta["uid"]},
+            "reason": reason, "message": message[:1024], "type": "Warning",
+            "source": {"component": "gpuledger-placement"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }  # fmt: skip
+        try:
+            await self.api.create_object(f"/api/v1/namespaces/{meta['namespace']}/events", body)
+        except GpuledgerError as err:
+            log.warning("allocation: cannot record the event %s for pod %s: %s", reason, _describe(pod), err)
+        log.info("allocation: pod %s: %s: %s", _describe(pod), reason, message)
+
+
+def claim_names(pod: Mapping[str, Any]) -> list[str] | None:
+    """The names of the pod's claims; None while a template's claim is not created yet."""
+    listed = (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    statuses = {s.get("name"): s.get("resourceClaimName") for s in listed}
+    names = []
+    for claim in (pod.get("spec") or {}).get("resourceClaims") or []:
+        if claim.get("resourceClaimName"):
+            names.append(str(claim["resourceClaimName"]))
+        elif claim.get("resourceClaimTemplateName"):
+            generated = statuses.get(claim.get("name"))
+            if not generated:
+                return None
+            names.append(str(generated))
+    return names
+
+
+def _of_driver(device_class: Mapping[str, Any], driver: str) -> bool:
+    """Whether the class selects devices of ``driver`` (its CEL selectors name it)."""
+    selectors = (device_class.get("spec") or {}).get("selectors") or []
+    return any(f'device.driver == "{driver}"' in str((s.get("cel") or {}).get("expression", "")) for s in selectors)
+
+
+def _configs(raw: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], driver: str) -> list[dict[str, Any]]:
+    """The configuration kube-scheduler copies into the allocation: each request's class's
+    (``FromClass``), then the claim's own (``FromClaim``), for our driver."""
+    out: list[dict[str, Any]] = []
+    devices = (raw.get("spec") or {}).get("devices") or {}
+    for request in devices.get("requests") or []:
+        names = [request["exactly"]["deviceClassName"]] if request.get("exactly") else [
+            s.get("deviceClassName") for s in request.get("firstAvailable") or []]  # fmt: skip
+        for name in dict.fromkeys(names):
+            for config in ((classes.get(str(name)) or {}).get("spec") or {}).get("config") or []:
+                if (config.get("opaque") or {}).get("driver") == driver:
+                    out.append({"source": "FromClass", "requests": [request["name"]], "opaque": config["opaque"]})
+    for config in devices.get("config") or []:
+        if (config.get("opaque") or {}).get("driver") == driver:
+            out.append({"source": "FromClaim", **({"requests": config["requests"]} if config.get("requests") else {}),
+                        "opaque": config["opaque"]})  # fmt: skip
+    return out
+
+
+def _describe(pod: Mapping[str, Any]) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"

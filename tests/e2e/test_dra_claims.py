@@ -48,9 +48,11 @@ from tests.support.waiting import wait_for
 pytestmark = [pytest.mark.timeout(360), pytest.mark.asyncio(loop_scope="session")]
 
 
-async def test_placement_may_write_the_status_of_our_driver_only(
+async def test_placement_may_write_the_status_of_our_driver_only_and_allocations(
     control_plane: ControlPlane, placement_kubeconfig: Path
 ) -> None:
+    """The claims controller writes the device status of our driver alone; mode C's allocator
+    writes allocations (resourceclaims/binding) and its finalizer (update), and nothing else."""
     def can_i(*args: str) -> bool:
         done = control_plane.kubectl(
             "auth", "can-i", *args, "--all-namespaces", "--as=system:serviceaccount:gpuledger:gpuledger-placement",
@@ -64,9 +66,13 @@ async def test_placement_may_write_the_status_of_our_driver_only(
     assert not can_i(
         "arbitrary-node:update", "resourceclaims.resource.k8s.io/nic.example.com", "--subresource", "driver"
     )
-    assert not can_i("update", "resourceclaims.resource.k8s.io", "--subresource", "binding")
-    assert not can_i("update", "resourceclaims.resource.k8s.io")
+    assert can_i("update", "resourceclaims.resource.k8s.io", "--subresource", "binding")  # mode C
+    assert can_i("update", "resourceclaims.resource.k8s.io")  # mode C's finalizer
+    assert not can_i("patch", "resourceclaims.resource.k8s.io", "--subresource", "binding")
     assert not can_i("delete", "resourceclaims.resource.k8s.io")
+    assert not can_i("create", "resourceclaims.resource.k8s.io")
+    assert not can_i("update", "deviceclasses.resource.k8s.io")
+    assert not can_i("delete", "pods")
 
 
 async def test_the_ledger_commits_a_share_and_the_scheduler_binds_the_pod_then_deleting_releases(

@@ -43,6 +43,7 @@ from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, RESOURCE, ClaimsCont
 from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.metrics import CLAIMS_ALLOCATED
+from gpuledger_placement.node_fit import node_refusal
 from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ class ClaimAllocator:
             try:
                 await self._allocate(pod, raw, ask, classes)
             except Exhausted as err:
-                await self._event(pod, "GpuledgerUnschedulable", str(err))
+                await self._event(pod, "GpuledgerUnschedulable", f"the ledger cannot allocate the claim now: {err}")
                 return False
         await self._lift(pod)
         return True
@@ -231,8 +232,13 @@ class ClaimAllocator:
         asked = pod_ask_from(pod)
 
         def why(node: NodeName) -> str:
-            if self.hosts is not None and self.hosts.synced.is_set() and str(node) not in self.hosts.allocatable:
-                return "no Node of that name in Kubernetes"
+            hosts = self.hosts
+            if hosts is not None and hosts.synced.is_set():
+                if str(node) not in hosts.allocatable:
+                    return "no Node of that name in Kubernetes"
+                refusal = node_refusal(pod, str(node), hosts.labels.get(node, {}), hosts.taints.get(node, []))
+                if refusal:
+                    return refusal
             known = self.view.hosts(str(node))
             if known is None:
                 return ""  # untracked: kube-scheduler checks it (and deallocates if it does not fit)

@@ -44,6 +44,8 @@ class HostUsage:
     """Each node's allocatable CPU (millicores) and memory (MiB), and what its pods request."""
 
     allocatable: dict[str, tuple[int, int]] = field(default_factory=dict)
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> its labels
+    taints: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # node -> spec.taints
     pods: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # uid -> node, CPU, memory
     used: dict[str, tuple[int, int]] = field(default_factory=dict)
     synced: asyncio.Event = field(default_factory=asyncio.Event)
@@ -74,6 +76,9 @@ class HostUsage:
 
     def set_node(self, raw: Mapping[str, Any]) -> None:
         name = str(raw.get("metadata", {}).get("name") or "")
+        if name:
+            self.labels[name] = {str(k): str(v) for k, v in (raw.get("metadata", {}).get("labels") or {}).items()}
+            self.taints[name] = [dict(t) for t in (raw.get("spec") or {}).get("taints") or []]
         allocatable = raw.get("status", {}).get("allocatable") or {}
         try:
             cpu = int(convert.quantity(allocatable.get("cpu", 0), "allocatable.cpu") * 1000)
@@ -88,6 +93,8 @@ class HostUsage:
 
     def drop_node(self, raw: Mapping[str, Any]) -> None:
         name = str(raw.get("metadata", {}).get("name") or "")
+        self.labels.pop(name, None)
+        self.taints.pop(name, None)
         if self.allocatable.pop(name, None) is not None:
             self._changed(name)
 
@@ -130,6 +137,8 @@ class HostUsage:
     def replace(self, nodes: list[Any], pods: list[Any]) -> None:
         """Start again from full lists."""
         self.allocatable.clear()
+        self.labels.clear()
+        self.taints.clear()
         self.pods.clear()
         self.used.clear()
         for node in nodes:

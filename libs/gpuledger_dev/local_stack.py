@@ -77,12 +77,15 @@ async def running_stack(
     mode: str = "classic",
     real_node: str = "",
     topology_policy: str = "none",
+    dra_allocation: str = "ledger",
 ) -> AsyncIterator[Stack]:
     """The whole stack; ``kubernetes`` is ``sim`` (simulated API server, scheduler and kubelets) or
     ``real`` (a real control plane built from Go modules, kwok nodes and simulated kubelets);
     ``mode`` ``dra`` (real only) runs every node in DRA mode (docs/dra.md); ``real_node`` (real
     only) names the fleet's node that runs a real kubelet and container runtime, with
-    ``topology_policy`` as its Topology Manager policy."""
+    ``topology_policy`` as its Topology Manager policy; ``dra_allocation``: in DRA mode, whether
+    the ledger allocates the claims of the stack's pods (``ledger``, mode C) or kube-scheduler
+    does and the ledger commits them (``scheduler``, mode B)."""
     if real_node and kubernetes != "real":
         raise ValueError(f"a real node ({real_node}) needs the real control plane, not {kubernetes}")
     if kubernetes not in KUBERNETES:
@@ -95,7 +98,7 @@ async def running_stack(
     cluster: Cluster = (
         FakeCluster(run_dir, names)
         if kubernetes == "fake"
-        else RealCluster(run_dir, fleet, mode, real_node, topology_policy)
+        else RealCluster(run_dir, fleet, mode, real_node, topology_policy, dra_allocation)
     )
     say(f"logs and sockets in {run_dir}")
     try:

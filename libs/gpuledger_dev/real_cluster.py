@@ -50,6 +50,10 @@ DEFAULT_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "110"}
 OUTCOME_S = 60.0
 DRIVER = "gpu.gpuledger.io"
 DEVICE_CLASSES = Path("deploy") / "kubernetes" / "dra" / "deviceclass.yaml"
+ALLOCATION_GATE = Path("deploy") / "kubernetes" / "dra" / "allocation-gate.yaml"
+ALLOCATION_LABEL = "gpuledger.io/allocation"  # a namespace labelled "ledger" gets mode C's gate
+DRA_ALLOCATIONS = ("ledger", "scheduler")
+UNSCHEDULABLE = ("FailedScheduling", "GpuledgerUnschedulable")  # kube-scheduler's, and mode C's for a gated pod
 MODES = ("classic", "dra")  # what dev up offers
 BOTH = "both"  # classic and DRA on every node: the same nodes for benchmarks of the two paths
 
@@ -75,10 +79,21 @@ def node_object(name: str, cpu_milli: int = 0, memory_mib: int = 0) -> dict[str,
 
 class RealCluster:
     def __init__(
-        self, run_dir: Path, fleet: Fleet, mode: str = "classic", real_node: str = "", topology_policy: str = "none"
+        self,
+        run_dir: Path,
+        fleet: Fleet,
+        mode: str = "classic",
+        real_node: str = "",
+        topology_policy: str = "none",
+        dra_allocation: str = "ledger",
     ) -> None:
         if mode not in (*MODES, BOTH):
             raise ValueError(f"mode must be one of {'|'.join((*MODES, BOTH))}, got {mode!r}")
+        if dra_allocation not in DRA_ALLOCATIONS:
+            raise ValueError(f"dra_allocation must be one of {'|'.join(DRA_ALLOCATIONS)}, got {dra_allocation!r}")
+        # DRA: "ledger" gates the pods of the stack's namespace, whose claims the ledger allocates
+        # (mode C, docs/dra-mode-c.md); "scheduler" leaves allocation to kube-scheduler (mode B)
+        self.dra_allocation = dra_allocation
         self.run_dir, self.fleet, self.mode = run_dir, fleet, mode
         self.nodes = [str(n.node.name) for n in fleet.nodes]
         if real_node and real_node not in self.nodes:
@@ -159,7 +174,8 @@ class RealCluster:
         await asyncio.to_thread(self.control_plane.start)
         assert self.control_plane.access is not None
         self.api = await KubeApi(self.control_plane.access).__aenter__()
-        await self.api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        labels = {ALLOCATION_LABEL: "ledger"} if self.dra and self.dra_allocation == "ledger" else {}
+        await self.api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE, "labels": labels}})
         for member in self.fleet.nodes:
             node = str(member.node.name)
             if node == self.real_node:
@@ -178,8 +194,12 @@ class RealCluster:
             await kubelet.__aenter__()
             self.kubelets[node] = kubelet
         if self.dra:
-            for body in yaml.safe_load_all(find_device_classes().read_text()):
+            for body in yaml.safe_load_all(find_deploy(DEVICE_CLASSES).read_text()):
                 await self.api.create("/apis/resource.k8s.io/v1/deviceclasses", body)
+            for body in yaml.safe_load_all(find_deploy(ALLOCATION_GATE).read_text()):  # mode C's gate, as shipped
+                kind = "mutatingadmissionpolicies" if body["kind"] == "MutatingAdmissionPolicy" else (
+                    "mutatingadmissionpolicybindings")  # fmt: skip
+                await self.api.create(f"/apis/admissionregistration.k8s.io/v1/{kind}", body)
         return self.kubeconfig
 
     async def _start_real(self, member: FleetNode) -> None:
@@ -300,12 +320,12 @@ class RealCluster:
         raise TimeoutError(f"container {container} of {namespace}/{name} printed no report within {OUTCOME_S:g}s")
 
     async def scheduling_failure(self, namespace: str, name: str, uid: str) -> str:
-        """The message of the pod's latest FailedScheduling event ('' if none)."""
+        """The message of the pod's latest FailedScheduling event, or in DRA mode C of the ledger's
+        GpuledgerUnschedulable (its pod is gated: kube-scheduler says nothing), '' if none."""
         assert self.api is not None
-        events = await self.api.get(
-            f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.uid={uid},reason=FailedScheduling"
-        )
-        items = sorted(events.get("items", []), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        events = await self.api.get(f"/api/v1/namespaces/{namespace}/events", fieldSelector=f"involvedObject.uid={uid}")
+        found = [e for e in events.get("items", []) if e.get("reason") in UNSCHEDULABLE]
+        items = sorted(found, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
         return str(items[-1].get("message", "")) if items else ""
 
     async def delete(self, namespace: str, name: str) -> None:
@@ -365,13 +385,13 @@ def _on_nodes(nodes: list[str]) -> dict[str, Any]:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def find_device_classes() -> Path:
-    """deploy/kubernetes/dra/deviceclass.yaml of the checkout: the first found from the working
+def find_deploy(relative: Path) -> Path:
+    """A file of deploy/ in the checkout (``relative`` to it): the first found from the working
     directory upwards, or beside this source tree (tox and dev.py run from the checkout)."""
     for directory in (Path.cwd(), *Path.cwd().parents, *Path(__file__).resolve().parents):
-        if (directory / DEVICE_CLASSES).is_file():
-            return directory / DEVICE_CLASSES
-    raise ControlPlaneError(f"cannot find {DEVICE_CLASSES} from {Path.cwd()}: run from the gpuledger checkout")
+        if (directory / relative).is_file():
+            return directory / relative
+    raise ControlPlaneError(f"cannot find {relative} from {Path.cwd()}: run from the gpuledger checkout")
 
 
 def toolkit_spec(cdi_dir: Path, member: FleetNode) -> Path:

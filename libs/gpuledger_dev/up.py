@@ -25,7 +25,7 @@ from gpuledger_dev.fleet import FleetError, load_fleet
 from gpuledger_dev.local_stack import KUBERNETES, Stack, kubectl_of, running_stack
 from gpuledger_dev.natsserver import free_port
 from gpuledger_dev.processes import ServiceDied
-from gpuledger_dev.real_cluster import MODES, RealCluster
+from gpuledger_dev.real_cluster import DRA_ALLOCATIONS, MODES, RealCluster
 from gpuledger_dev.realnode.images import ImageError
 from gpuledger_dev.realnode.node import NodeError
 from gpuledger_dev.scenario import run_scenario
@@ -63,6 +63,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="run this node of the fleet with a real kubelet and containerd, its pods as real containers (as "
         "root; needs --kubernetes real; kubelet, containerd and runc are built from Go modules on first use)",
     )
+    up.add_argument(
+        "--dra-allocation",
+        choices=DRA_ALLOCATIONS,
+        default="ledger",
+        help="with --mode dra: ledger (mode C: the ledger allocates the claims with its policy, docs/dra-mode-c.md) "
+        "or scheduler (mode B: kube-scheduler allocates first-fit, the ledger commits or refuses)",
+    )
     up.set_defaults(run=dev_up)
 
 
@@ -88,7 +95,10 @@ async def dev_up(args: argparse.Namespace) -> int:
             print(f"gpuledger dev up: --real-node {args.real_node}: not in the fleet ({names})", file=sys.stderr)
             return 2
         ports = args.dashboard_port or free_port(), args.grpc_port or free_port()
-        async with running_stack(fleet, *ports, say, args.kubernetes, args.mode, args.real_node) as stack:
+        stack_cm = running_stack(
+            fleet, *ports, say, args.kubernetes, args.mode, args.real_node, dra_allocation=args.dra_allocation
+        )
+        async with stack_cm as stack:
             return await _run(stack, args.once, stop)
     except ServiceDied as err:
         print(f"gpuledger dev up: {err}", file=sys.stderr)

@@ -67,6 +67,8 @@ async def _demo(dra_stack: Stack) -> None:
     assert isinstance(cluster, RealCluster) and cluster.api is not None
     claims = (await cluster.api.get(CLAIMS))["items"]
     allocated = {c["metadata"]["uid"]: c for c in claims if c.get("status", {}).get("allocation")}
+    # the stack's namespace is mode C's (dev up's default): the ledger allocated every claim itself
+    assert allocated and all("gpuledger.io/allocation" in c["metadata"]["finalizers"] for c in allocated.values())
     held = {a.owner.id: (node, a) for node, found in (await ledger(dra_stack)).items() for a in found.live()}
     assert {owner: node for owner, (node, _) in held.items()} == {
         uid: c["status"]["allocation"]["devices"]["results"][0]["pool"] for uid, c in allocated.items()

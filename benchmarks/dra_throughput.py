@@ -12,7 +12,11 @@ manager and kubelet's DRA side. Paths:
   makes each pod's claim, kube-scheduler (a profile without the extender) allocates it and waits at
   PreBind until the claims controller has committed it in the ledger, then binds; the kubelet has
   the DRA plugin prepare the claim (CDI spec) before the pod runs;
-- ``dra-ungated``: the same with the slices published without the binding condition (every
+- ``dra-ledger``: DRA mode C (docs/dra-mode-c.md): the same pods in a namespace labelled
+  ``gpuledger.io/allocation=ledger``, so that the shipped admission policy gates them; placement's
+  claim allocator allocates each generated claim with the ledger's policy, writes it and lifts the
+  gate, and kube-scheduler binds at once (no binding-condition wait);
+- ``dra-ungated``: the same as ``dra`` with the slices published without the binding condition (every
   inventory restarted with ``GPULEDGER_DRA_BINDING_CONDITIONS=false`` for these bursts, and back
   after): kube-scheduler binds at once and the claims controller only mirrors the allocation. The
   difference to ``dra`` is what the ledger's veto costs.
@@ -50,8 +54,14 @@ from tests.support.ledger_check import read_ledger
 from tests.support.waiting import wait_for
 
 NAMESPACE = "bench"
+NAMESPACE_C = "bench-ledger"  # labelled for mode C: its claim pods are gated and the ledger allocates
 DRA_SCHEDULER = "dra-scheduler"  # a kube-scheduler profile with no extender: DRA pods need none
 TEMPLATE = "one-card"
+PATHS = ("classic", "dra", "dra-ledger", "dra-ungated")
+
+
+def namespace_of(kind: str) -> str:
+    return NAMESPACE_C if kind == "dra-ledger" else NAMESPACE
 
 
 def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
@@ -68,14 +78,14 @@ def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
             spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}]
             container["resources"] = {"claims": [{"name": "gpu"}]}
         spec["containers"] = [container]
-        meta = {"name": f"{kind}-{round_no}-{i:04d}", "namespace": NAMESPACE, "labels": {"bench": kind}}
+        meta = {"name": f"{kind}-{round_no}-{i:04d}", "namespace": namespace_of(kind), "labels": {"bench": kind}}
         out.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
     return out
 
 
 async def burst(api: KubeApi, kind: str, count: int, round_no: int) -> tuple[float, float, list[float]]:
     """Seconds until every pod was bound, until every pod ran, and each pod's creation to Running."""
-    path = f"/api/v1/namespaces/{NAMESPACE}/pods"
+    path = f"/api/v1/namespaces/{namespace_of(kind)}/pods"
     selector = f"bench={kind}"
     version = (await api.get(path, labelSelector=selector, limit="1"))["metadata"]["resourceVersion"]
     created: dict[str, float] = {}
@@ -111,15 +121,16 @@ async def burst(api: KubeApi, kind: str, count: int, round_no: int) -> tuple[flo
 
 
 async def clear(api: KubeApi, stack: Stack, kind: str) -> None:
+    namespace = namespace_of(kind)
     await api.call(
         "DELETE",
-        f"/api/v1/namespaces/{NAMESPACE}/pods",
+        f"/api/v1/namespaces/{namespace}/pods",
         params={"labelSelector": f"bench={kind}", "gracePeriodSeconds": "0"},
     )
 
     async def gone() -> bool:
-        found = await api.get(f"/api/v1/namespaces/{NAMESPACE}/pods", labelSelector=f"bench={kind}")
-        claims = await api.get(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims")
+        found = await api.get(f"/api/v1/namespaces/{namespace}/pods", labelSelector=f"bench={kind}")
+        claims = await api.get(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims")
         return not found["items"] and not claims["items"]
 
     await wait_for(gone, 180, f"{kind} pods and claims gone", interval=0.2)
@@ -172,15 +183,20 @@ async def run(args: argparse.Namespace) -> int:
         assert isinstance(cluster, RealCluster) and cluster.api is not None
         api = cluster.api
         await api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+        labelled = {"name": NAMESPACE_C, "labels": {"gpuledger.io/allocation": "ledger"}}
+        await api.create("/api/v1/namespaces", {"metadata": labelled})
         request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
         template = {"metadata": {"name": TEMPLATE}, "spec": {"spec": {"devices": {"requests": [request]}}}}
-        await api.create(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates", template)
+        for namespace in (NAMESPACE, NAMESPACE_C):
+            await api.create(f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates", template)
         await asyncio.to_thread(
             cluster.control_plane.start_scheduler, DRA_SCHEDULER, plain_scheduler_config(DRA_SCHEDULER)
         )
         metrics = f"{stack.placement_ops}/metrics"
         await asyncio.sleep(2.0)
-        kinds = ("classic", "dra", "dra-ungated")
+        kinds = tuple(args.paths.split(","))
+        if kinds[0] != "classic" or not set(kinds) <= set(PATHS):
+            raise SystemExit(f"--paths: classic first, then any of {', '.join(PATHS[1:])}; got {args.paths}")
         to_bound: dict[str, list[float]] = {k: [] for k in kinds}
         to_run: dict[str, list[float]] = {k: [] for k in kinds}
         latency: dict[str, list[float]] = {k: [] for k in kinds}
@@ -199,7 +215,8 @@ async def run(args: argparse.Namespace) -> int:
                     if after[1] > before[1]:
                         commit.append((after[0] - before[0]) / (after[1] - before[1]))
                 print(
-                    f"round {round_no} {kind:7s}: {args.pods} pods bound in {bound_s:.2f} s, running in {run_s:.2f} s; "
+                    f"round {round_no} {kind:11s}: {args.pods} pods bound in {bound_s:.2f} s, "
+                    f"running in {run_s:.2f} s; "
                     f"creation to Running median {statistics.median(each):.2f} s",
                     flush=True,
                 )
@@ -215,15 +232,16 @@ async def run(args: argparse.Namespace) -> int:
             f"| {kind} | {statistics.median(to_bound[kind]):.1f} | {statistics.median(to_run[kind]):.1f} | "
             f"{statistics.median(values):.2f} / {pct(values, 0.9):.2f} |"
         )
-    for kind in ("dra", "dra-ungated"):
+    for kind in kinds[1:]:
         ratio = statistics.median(to_run[kind]) / statistics.median(to_run["classic"])
         extra = statistics.median(latency[kind]) - statistics.median(latency["classic"])
         print(
             f"{kind} / classic, pods/s Running: {ratio:.2f}; "
             f"median creation to Running, {kind} less classic: {extra:.2f} s"
         )
-    veto = statistics.median(latency["dra"]) - statistics.median(latency["dra-ungated"])
-    print(f"what the binding condition adds to the median creation to Running: {veto:.2f} s")
+    if "dra" in kinds and "dra-ungated" in kinds:
+        veto = statistics.median(latency["dra"]) - statistics.median(latency["dra-ungated"])
+        print(f"what the binding condition adds to the median creation to Running: {veto:.2f} s")
     if commit:
         print(
             f"claims controller, allocation to committed (mean per burst, s): {', '.join(f'{c:.3f}' for c in commit)}"
@@ -236,6 +254,9 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=8, help="kwok nodes of 8 H100 (default 8)")
     parser.add_argument("--pods", type=int, default=48, help="one-card pods per burst (default 48)")
     parser.add_argument("--rounds", type=int, default=3, help="bursts of each path (default 3)")
+    parser.add_argument(
+        "--paths", default=",".join(PATHS), help=f"comma-separated, classic first (default {','.join(PATHS)})"
+    )
     args = parser.parse_args()
     if args.pods > args.nodes * 8:
         parser.error(f"--pods {args.pods} is more than the {args.nodes * 8} cards of --nodes {args.nodes}")

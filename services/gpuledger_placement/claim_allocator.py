@@ -23,22 +23,25 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from gpuledger_core import claims
-from gpuledger_core.claim_asks import claim_ask
+from gpuledger_core.claim_asks import ClaimAsk, claim_ask
 from gpuledger_core.claim_placement import place_claim
 from gpuledger_core.claim_status import allocation_status
 from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
-from gpuledger_core.model import Allocation
+from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.packing import Policy
+from gpuledger_core.slots import slot_problem
 from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, RESOURCE, ClaimsController, claim_path
 from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.hosts import HostUsage
@@ -55,6 +58,7 @@ CLASSES = f"{RESOURCE}/deviceclasses"
 JSON_PATCH = "application/json-patch+json"
 RETRY_S = 5.0
 CLASSES_TTL_S = 10.0
+CHOICE_ROUNDS = 8  # nodes tried for a claim before it waits for retry_s
 
 
 class AllocatorApi(Protocol):
@@ -130,22 +134,22 @@ class ClaimAllocator:
 
     async def _drain(self, uid: str) -> None:
         try:
-            async with self._slots:
-                while uid in self._latest:
-                    pod = self._latest.pop(uid)
-                    if pod is None:
-                        return
+            while uid in self._latest:
+                pod = self._latest.pop(uid)
+                if pod is None:
+                    return
+                async with self._slots:  # a pod that waits (below) holds no slot
                     try:
                         done = await self.settle(pod)
                     except GpuledgerError as err:
                         log.warning("allocation: pod %s not settled (%s); tried again", _describe(pod), err)
                         done = False
-                    if not done:  # again on the pod's next change (its generated claim named), or after retry_s
-                        deadline = asyncio.get_running_loop().time() + self.retry_s
-                        while uid not in self._latest and asyncio.get_running_loop().time() < deadline:
-                            await asyncio.sleep(0.05)
-                        if uid not in self._latest:
-                            self._latest[uid] = await self._fresh(pod)
+                if not done:  # again on the pod's next change (its generated claim named), or after retry_s
+                    deadline = asyncio.get_running_loop().time() + self.retry_s
+                    while uid not in self._latest and asyncio.get_running_loop().time() < deadline:
+                        await asyncio.sleep(0.05)
+                    if uid not in self._latest:
+                        self._latest[uid] = await self._fresh(pod)
         finally:
             del self._busy[uid]
 
@@ -184,37 +188,74 @@ class ClaimAllocator:
         await self._lift(pod)
         return True
 
-    async def _allocate(self, pod: Mapping[str, Any], raw: Mapping[str, Any], ask: Any, classes: Any) -> None:
-        ref, now = ask.ref, self.clock()
-        host = self._host(pod)
-        ledgers = [e.ledger for name, e in sorted(self.view.entries.items()) if not self.view.stale(name)]
-        plan = place_claim(
-            ledgers, ask, self.policy(), AllocationId("c-planned"), now,
-            slots_per_card=self.view.slots_per_card, host=host, mix_isolation=self.view.mix_isolation,
-        )  # fmt: skip
-        node = self.view.entries[str(plan.allocation.node)].ledger.node
-        status = allocation_status(
-            plan.allocation, node, self.claims.driver, now, shareable=self.view.slots_per_card > 1,
-            chosen=plan.chosen, configs=_configs(raw, classes, self.claims.driver),
-        )  # fmt: skip
-        devices = claims.results_of({"metadata": raw["metadata"], "status": {"allocation": status}}, self.claims.driver)
+    async def _allocate(self, pod: Mapping[str, Any], raw: Mapping[str, Any], ask: ClaimAsk, classes: Any) -> None:
+        """The node chosen on the view (every node's fresh enough for that); the cards chosen again
+        inside the compare-and-set on the node's ledger as it is, so that claims placed at once on
+        one node do not refuse each other's cards (as the extender's bind plans a pod again)."""
+        ref, now, policy, host = ask.ref, self.clock(), self.policy(), self._host(pod)
+        configs = _configs(raw, classes, self.claims.driver)
+        planned: dict[str, Any] = {}
+
+        def transition(ledger: NodeLedger | None) -> NodeLedger:
+            if ledger is None:
+                raise NotFound(f"node {node} is not in the ledger")
+            plan = place_claim(
+                [ledger], ask, policy, AllocationId("c-planned"), now,
+                slots_per_card=self.view.slots_per_card, mix_isolation=self.view.mix_isolation,
+            )  # fmt: skip
+            status = allocation_status(
+                plan.allocation, ledger.node, self.claims.driver, now, shareable=self.view.slots_per_card > 1,
+                chosen=plan.chosen, configs=configs, share_id=_share_ids(ref),
+            )  # fmt: skip
+            written_claim = {"metadata": raw["metadata"], "status": {"allocation": status}}
+            devices = claims.results_of(written_claim, self.claims.driver)
+            allocation = claims.ledger_allocation(
+                ref, devices, ledger.node, now, self.claims.memory_step_mib, ask.isolation
+            )
+            planned.update(status=status, allocation=allocation)
+            held = ledger.of_owner(ref.owner.key)
+            if held is not None and held.id == allocation.id:
+                return ledger  # written already (an answer lost on the way back)
+            if held is not None:
+                ledger = release(ledger, held.id, now, "the claim is allocated again")
+            problem = slot_problem(ledger, allocation, self.view.slots_per_card)
+            if problem:
+                raise Exhausted(problem)
+            return reserve(ledger, allocation, mix_isolation=self.view.mix_isolation)
+
         self.claims.allocating.add(ref.uid)
         try:
-            allocation = await self._commit(ref, raw, devices, ask, status)
+            for _ in range(CHOICE_ROUNDS):  # claims placed at once fill a node the view still shows free
+                ledgers = [e.ledger for name, e in sorted(self.view.entries.items()) if not self.view.stale(name)]
+                chosen = place_claim(
+                    ledgers, ask, policy, AllocationId("c-planned"), now,
+                    slots_per_card=self.view.slots_per_card, host=host, mix_isolation=self.view.mix_isolation,
+                )  # fmt: skip
+                node = chosen.allocation.node
+                try:
+                    written = await self.claims.store.mutate(node, transition)
+                except Exhausted:
+                    fresh, revision = await self.claims.store.read(node)  # the view learns what took it
+                    self.view.apply(node, fresh, revision)
+                    continue
+                if written.new is not None:
+                    self.view.apply(node, written.new, written.revision)
+                break
+            else:
+                raise Exhausted(f"{ref.describe()}: the nodes chosen for it kept filling up before it was written")
+            await self._write(ref, raw, planned["status"])
         finally:
             self.claims.allocating.discard(ref.uid)
+        allocation = planned["allocation"]
         CLAIMS_ALLOCATED.inc()
         log.info(
             "allocation: %s allocated on %s (cards %s) for pod %s",
             ref.describe(), allocation.node, ",".join(str(s.index) for s in allocation.shares()), _describe(pod),
         )  # fmt: skip
 
-    async def _commit(
-        self, ref: ClaimRef, raw: Mapping[str, Any], devices: Any, ask: Any, status: dict[str, Any]
-    ) -> Allocation:
-        """The entry in the ledger, then the claim's finalizer and allocation; the entry released if
-        the API server refuses either."""
-        allocation = await self.claims.reserve(ref, devices, ask.isolation)
+    async def _write(self, ref: ClaimRef, raw: Mapping[str, Any], status: dict[str, Any]) -> None:
+        """The claim's finalizer, then its allocation; the ledger entry released if the API server
+        refuses either."""
         try:
             body = copy.deepcopy(dict(raw))
             finalizers = body["metadata"].setdefault("finalizers", [])
@@ -226,7 +267,6 @@ class ClaimAllocator:
         except GpuledgerError:
             await self.claims.release(ref, "the claim's allocation could not be written")
             raise
-        return allocation
 
     def _host(self, pod: Mapping[str, Any]) -> Callable[[NodeName], str]:
         asked = pod_ask_from(pod)
@@ -296,6 +336,13 @@ class ClaimAllocator:
         except GpuledgerError as err:
             log.warning("allocation: cannot record the event %s for pod %s: %s", reason, _describe(pod), err)
         log.info("allocation: pod %s: %s: %s", _describe(pod), reason, message)
+
+
+def _share_ids(ref: ClaimRef) -> Callable[[], str]:
+    """The share IDs of the claim's results, in order: derived from the claim's uid, so that the
+    same plan gives the same IDs (and the same ledger allocation id) however often it is made."""
+    counter = itertools.count()
+    return lambda: str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpuledger.io/claims/{ref.uid}/{next(counter)}"))
 
 
 def claim_names(pod: Mapping[str, Any]) -> list[str] | None:

@@ -223,14 +223,6 @@ class ClaimsController:
             raw = await self._fresh(ref) or {}  # changed meanwhile: decide on its newest version
         raise Conflict(f"{ref.describe()} kept changing while its status was written")
 
-    async def reserve(
-        self, ref: ClaimRef, devices: tuple[AllocatedDevice, ...], isolation: Isolation = Isolation.NONE
-    ) -> Allocation:
-        """The claim's ``devices`` in its node's ledger (one compare-and-set; ``Exhausted`` when the
-        ledger refuses them): what mode B records after kube-scheduler allocated, and what mode C
-        commits before it writes the allocation (claim_allocator.py)."""
-        return await self._reserve(ref, devices, isolation)
-
     async def release(self, ref: ClaimRef, reason: str) -> None:
         """Release the claim's ledger entry, wherever the view says it is."""
         node = self.view.holders.get(ref.owner.key)

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuledger_core.claims import MEMORY_STEP_MIB, ClaimRef, ref_of, sharing
+from gpuledger_core.claims import MEMORY_STEP_MIB, ClaimRef, isolation_among, ref_of
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.model import MAX_CARDS_PER_REQUEST, Isolation, Request
 from gpuledger_core.quantity import MIB, whole_up
@@ -158,14 +158,7 @@ def _isolation(
             class_name = _class_of(raw_requests[request.name], chosen)
             class_configs = ((classes.get(class_name) or {}).get("spec") or {}).get("config") or []
             configs = [*class_configs, *claim_configs]
-            isolation = Isolation.NONE
-            for config in configs:
-                opaque = config.get("opaque") or {}
-                applies = config.get("requests") or [request.name]
-                if opaque.get("driver") != driver or not {request.name, chosen} & set(applies):
-                    continue
-                isolation = sharing(opaque.get("parameters"), ref_of(claim))
-            found.add(isolation)
+            found.add(isolation_among(configs, driver, {request.name, chosen}, ref_of(claim)))
     if len(found) > 1:
         raise InvalidArgument("spec.devices.config", f"{where}: its requests ask for isolation none and mps at once")
     return found.pop() if found else Isolation.NONE

@@ -149,22 +149,24 @@ def isolation_of(raw: Mapping[str, Any], driver: str, devices: Sequence[Allocate
     ordered = [c for c in configs if c.get("source") == "FromClass"] + [
         c for c in configs if c.get("source") != "FromClass"
     ]
-    found: set[Isolation] = set()
-    for device in devices:
-        chosen = Isolation.NONE
-        for config in ordered:
-            opaque = config.get("opaque") or {}
-            if opaque.get("driver") != driver or not _applies(config.get("requests") or [], device):
-                continue
-            chosen = sharing(opaque.get("parameters"), ref_of(raw))
-        found.add(chosen)
+    ref = ref_of(raw)
+    found = {isolation_among(ordered, driver, {device.request, device.chosen} - {""}, ref) for device in devices}
     if len(found) > 1:
-        raise InvalidArgument("config", f"{ref_of(raw).describe()}: its devices ask for isolation none and mps at once")
+        raise InvalidArgument("config", f"{ref.describe()}: its devices ask for isolation none and mps at once")
     return found.pop() if found else Isolation.NONE
 
 
-def _applies(requests: Sequence[str], device: AllocatedDevice) -> bool:
-    return not requests or device.request in requests or (bool(device.chosen) and device.chosen in requests)
+def isolation_among(configs: Sequence[Mapping[str, Any]], driver: str, names: set[str], ref: ClaimRef) -> Isolation:
+    """The isolation a request known by ``names`` (its name, and ``main/sub`` for a firstAvailable
+    choice) gets from ``configs`` in order: the last opaque ``SharingConfig`` of ``driver`` that
+    applies to it (one naming no requests applies to all), ``none`` where none does."""
+    chosen = Isolation.NONE
+    for config in configs:
+        opaque = config.get("opaque") or {}
+        applies = config.get("requests") or []
+        if opaque.get("driver") == driver and (not applies or names & set(applies)):
+            chosen = sharing(opaque.get("parameters"), ref)
+    return chosen
 
 
 def sharing(parameters: Any, ref: ClaimRef) -> Isolation:

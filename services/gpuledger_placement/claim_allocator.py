@@ -27,7 +27,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -42,7 +42,7 @@ from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.packing import Policy
 from gpuledger_core.slots import slot_problem
-from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, RESOURCE, ClaimsController, claim_path
+from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, RESOURCE, ClaimApi, ClaimsController, claim_path
 from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.metrics import CLAIMS_ALLOCATED
@@ -61,13 +61,9 @@ CLASSES_TTL_S = 10.0
 CHOICE_ROUNDS = 8  # nodes tried for a claim before it waits for retry_s
 
 
-class AllocatorApi(Protocol):
-    async def list_objects(self, path: str, params: Mapping[str, str], timeout_s: float = 60.0) -> dict[str, Any]: ...
-    def watch(
-        self, path: str, params: Mapping[str, str], timeout_s: float = 300.0
-    ) -> AsyncIterator[dict[str, Any]]: ...
-    async def get_object(self, path: str) -> dict[str, Any]: ...
-    async def replace_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+class AllocatorApi(ClaimApi, Protocol):
+    """The claims controller's calls, and a pod's gate patched and an event created."""
+
     async def patch_object(self, path: str, body: Any, content_type: str) -> dict[str, Any]: ...
     async def create_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
 

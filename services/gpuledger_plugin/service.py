@@ -335,7 +335,10 @@ class PluginService:
                 self._check_appliable(answer(inventory, allocation, allocation.grants[ref[1]], self.policy), slot)
             return new
 
-        written = await self.ledger.mutate(bound)
+        try:
+            written = await self.ledger.mutate(bound)
+        except NotFound as err:  # released since it was identified (a bind retried elsewhere, say)
+            raise Conflict(f"{err} while it was being bound: the container is identified again") from err
         allocation = written.get(ref[0]) if written is not None else None
         if allocation is None or self.inventory is None:
             raise Conflict(f"allocation {ref[0]} vanished while answering")

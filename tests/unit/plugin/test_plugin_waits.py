@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import replace
 
 import pytest
 
 from gpuledger_common.settings import SettingsError, load
 from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, Unavailable
-from gpuledger_core.ledger import NodeLedger, release
+from gpuledger_core.ids import AllocationId
+from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.model import AllocState, Grant
+from gpuledger_core.slots import assign_device_ids
 from gpuledger_plugin import service as service_module
 from gpuledger_plugin.answer import AnswerPolicy
 from gpuledger_plugin.kubelet_findings import KubeletView
@@ -238,3 +241,28 @@ def test_a_wait_as_long_as_the_answer_deadline_is_refused_by_name() -> None:
         load(PluginSettings, ["--node", "n1", "--answer-timeout-s", "10"], {})
     settings = load(PluginSettings, ["--node", "n1", "--answer-timeout-s", "10", "--allocate-wait-s", "8"], {})
     assert (settings.preferred_wait_s, settings.allocate_wait_s, settings.unreachable_wait_s) == (5.0, 8.0, 3.0)
+
+
+async def test_a_reservation_released_while_it_is_bound_is_identified_again_on_the_fresh_ledger() -> None:
+    """The reservation the device IDs belonged to is released between the read and the bind (its
+    pod's bind was done again, under another allocation): the container is identified again on
+    the ledger as it is now, and gets the reservation that is there, instead of a NotFound that
+    kubelet turns into a failed pod."""
+    first = reserved()  # pod "p" on card 3
+    ids = ids_of(first.ledger, "p")
+    again = pod("p", Grant("main", (share(1),)))
+    again = replace(again, id=AllocationId("a-p-again"))
+    released = release(first.ledger, AllocationId("a-p"), 0.0, "bound again elsewhere")
+    moved = reserve(released, assign_device_ids(released, again, SLOTS))
+
+    class Racing(FlakyLedger):
+        async def mutate(self, transition: Callable[[NodeLedger | None], NodeLedger | None]) -> NodeLedger | None:
+            if self.ledger is not moved:
+                self.ledger = moved  # the release lands just before this write
+            return await super().mutate(transition)
+
+    ledger = Racing(first.ledger)
+    outcome = await service_of(ledger).allocate(ids)
+    assert outcome.allocation_id == "a-p-again"
+    bound = ledger.ledger.get(AllocationId("a-p-again"))
+    assert bound is not None and bound.state is AllocState.BOUND and sorted(bound.grants[0].device_ids) == sorted(ids)

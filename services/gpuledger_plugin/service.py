@@ -32,28 +32,12 @@ from gpuledger_plugin.metrics import DEVICES, IDENTITY, RECONCILE_MISMATCHES, RE
 from gpuledger_plugin.podresources import PodResourcesPort
 from gpuledger_plugin.preferred import Placement
 from gpuledger_plugin.transitions import GrantRef, bind
+from gpuledger_plugin.waits import ALLOCATE_WAIT_S, PREFERRED_WAIT_S, UNREACHABLE_WAIT_S, NotNow, patiently, pauses
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# GetPreferredAllocation waits this long for the ledger, then steers from the watch's copy: kubelet
-# fails the pod on an error there, and the hint is checked by Allocate anyway.
-PREFERRED_WAIT_S = 5.0
-# Allocate waits this long for the ledger while a NATS server answers (a JetStream leader election
-# after a crash took 4-10 s here), then admits a container whose reservation the watch already
-# brought, and binds it once the ledger is back; kubelet fails a pod for good on an error.
-ALLOCATE_WAIT_S = 12.0
-# Both stop waiting once the ledger has answered nothing for this long, not even "not now" (as
-# JetStream does while it elects a leader): a server that is gone or frozen will not answer soon.
-# One request waits 2 s for its answer (``outage.ATTEMPT_S``).
-UNREACHABLE_WAIT_S = 3.0
-REACH_POLL_S = 0.1
 UNBOUND_CONFLICTS = 10  # refusals of such a bind's write before it is given up as lost
-OUTAGE_PAUSE_S, OUTAGE_PAUSE_MAX_S = 0.05, 1.0  # between tries of a ledger away or refusing writes
-
-
-class NotNow(Unavailable):
-    """The ledger did not answer while the call could wait for it (the reason in the message)."""
 
 
 class DeviceBoard:
@@ -190,7 +174,7 @@ class PluginService:
 
     async def allocate(self, device_ids: Sequence[str]) -> Outcome:
         """Bind the reservation these device IDs belong to, waiting for a ledger that cannot be
-        reached or would not take the write (see ``_waiting``)."""
+        reached or would not take the write (see ``waits``)."""
         async with self._lock:
             what = f"Allocate for {sorted(device_ids)}"
             try:
@@ -204,28 +188,7 @@ class PluginService:
                 return found
 
     async def _patiently(self, what: str, work: Callable[[], Awaitable[T]], wait_s: float) -> T:
-        """``work()``, tried again while the ledger is away (``_waiting``) for up to ``wait_s``, or
-        ``NotNow`` saying why not: sooner once the ledger has answered nothing for
-        ``unreachable_wait_s`` (a leader election is worth waiting for; a server gone or frozen, not)."""
-        started = time.monotonic()
-        task = asyncio.ensure_future(_waiting(what, work))
-        try:
-            while True:
-                await asyncio.wait({task}, timeout=REACH_POLL_S)
-                if task.done():
-                    return task.result()
-                now = time.monotonic()
-                if now - started >= wait_s:
-                    said = "JetStream said not now: an election, a lost quorum"
-                    raise NotNow(f"the ledger did not answer within {wait_s:g}s ({said})")
-                silent = now - max(started, self.ledger.answered_at())
-                if silent >= self.unreachable_wait_s:
-                    raise NotNow(f"NATS has answered nothing for {silent:.1f}s (the ledger is unreachable)")
-        finally:
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        return await patiently(what, work, wait_s, self.unreachable_wait_s, self.ledger.answered_at)
 
     async def _from_copy(self, device_ids: Sequence[str]) -> Outcome | None:
         """The container's answer from the node's last known ledger, when it holds a live
@@ -277,8 +240,8 @@ class PluginService:
     async def _bind_unbound(self, ref: GrantRef, expected: frozenset[str], ids: tuple[str, ...]) -> None:
         """Kept while the ledger is away (``Unavailable``); given up after a few refusals of the
         write (``Conflict``: lost races, or the reservation changed) or any other error."""
-        pause, conflicts = OUTAGE_PAUSE_S, 0
-        while True:
+        conflicts = 0
+        for pause in pauses():
             try:
                 await self.ledger.mutate(functools.partial(bind, ref=ref, expected=expected, ids=ids, now=self.clock()))
                 break
@@ -293,7 +256,6 @@ class PluginService:
                 self._unbound_lost(ref, err)
                 return
             await asyncio.sleep(pause)
-            pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
         log.info("bound %s container %d, admitted while the ledger was away", ref[0], ref[1])
 
     def _unbound_lost(self, ref: GrantRef, err: GpuledgerError) -> None:
@@ -477,22 +439,6 @@ class PluginService:
                 async with asyncio.timeout(interval_s):  # not wait_for: it can swallow a cancel
                     await wake.wait()
             wake.clear()
-
-
-async def _waiting(what: str, work: Callable[[], Awaitable[T]]) -> T:
-    """``work()``, tried again after a pause (doubling, up to 1 s) while the ledger cannot be
-    reached (``Unavailable``: NATS restarting, a leader election) or would not take the write
-    (``Conflict``: a lost race, or a stream leader that has lost its quorum and refuses every
-    write to the key while an earlier one is in flight). kubelet gives its calls no deadline and
-    fails the pod for good on an error; the server's ``answer_timeout_s`` bounds the wait."""
-    pause = OUTAGE_PAUSE_S
-    while True:
-        try:
-            return await work()
-        except (Unavailable, Conflict) as err:
-            log.info("%s waits for the ledger: %s", what, err)
-        await asyncio.sleep(pause)
-        pause = min(pause * 2, OUTAGE_PAUSE_MAX_S)
 
 
 def _slot_of(ledger: NodeLedger, ref: GrantRef | None) -> m.Slot | None:

@@ -10,7 +10,7 @@ from gpuledger_common.store.outage import RETRY_S
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_plugin.answer import CDI_SPEC_DIRS, STRATEGIES
 from gpuledger_plugin.kubelet_findings import GONE_AFTER_S
-from gpuledger_plugin.service import ALLOCATE_WAIT_S, PREFERRED_WAIT_S, UNREACHABLE_WAIT_S
+from gpuledger_plugin.waits import ALLOCATE_WAIT_S, PREFERRED_WAIT_S, UNREACHABLE_WAIT_S
 
 RESOURCE_NAME = "gpuledger.io/gpu"
 

@@ -17,7 +17,7 @@ from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.model import AllocState, Grant
 from gpuledger_core.slots import assign_device_ids
-from gpuledger_plugin import service as service_module
+from gpuledger_plugin import waits as waits_module
 from gpuledger_plugin.answer import AnswerPolicy
 from gpuledger_plugin.kubelet_findings import KubeletView
 from gpuledger_plugin.metrics import UNBOUND_LOST
@@ -68,8 +68,8 @@ class NoPods:
 
 @pytest.fixture(autouse=True)
 def short_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service_module, "OUTAGE_PAUSE_S", 0.001)
-    monkeypatch.setattr(service_module, "OUTAGE_PAUSE_MAX_S", 0.001)
+    monkeypatch.setattr(waits_module, "OUTAGE_PAUSE_S", 0.001)
+    monkeypatch.setattr(waits_module, "OUTAGE_PAUSE_MAX_S", 0.001)
 
 
 def service_of(ledger: FlakyLedger) -> PluginService:
@@ -168,8 +168,8 @@ async def test_a_bind_whose_reservation_is_gone_when_the_ledger_is_back_is_given
 async def test_allocate_waits_out_an_election_longer_than_a_lost_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """JetStream answers "not now" (a leader election): Allocate waits for the ledger past
     ``unreachable_wait_s`` and binds through it, not from the copy."""
-    monkeypatch.setattr(service_module, "OUTAGE_PAUSE_S", 0.01)
-    monkeypatch.setattr(service_module, "OUTAGE_PAUSE_MAX_S", 0.01)
+    monkeypatch.setattr(waits_module, "OUTAGE_PAUSE_S", 0.01)
+    monkeypatch.setattr(waits_module, "OUTAGE_PAUSE_MAX_S", 0.01)
     ledger = reserved()
     ledger.reads = [OUTAGE] * 40
     service = PluginService(

@@ -15,8 +15,10 @@ The isolation is the class's, then the claim's, opaque ``SharingConfig`` (as
 What mode C does not allocate is refused with ``InvalidArgument`` naming the field (the caller
 leaves such a claim to kube-scheduler, mode B): ``allocationMode: All``, CEL selectors, admin
 access or tolerations in the claim, a capacity other than ``memory``, ``compute`` and
-``slots: 1``, ``compute`` without ``memory``, another constraint, or a class that is not one of
-gpuledger's mode-C classes beside one that is. A claim none of whose classes is gpuledger's is
+``slots: 1``, ``compute`` without ``memory``, another constraint, a class that is not one of
+gpuledger's mode-C classes beside one that is, or a class whose CEL selectors test more than the
+ledger decides by itself (``class_problem``: the driver, and the isolation tier a ``tenancy`` test
+keeps apart, which the ledger keeps apart too). A claim none of whose classes is gpuledger's is
 not ours (``None``).
 """
 
@@ -68,11 +70,36 @@ def claim_ask(
     if foreign:
         problem = f"{where}: device classes {', '.join(foreign)} beside gpuledger's"
         raise InvalidArgument("spec.devices.requests", problem)
+    for name in sorted(used):
+        problem = class_problem(classes[name], driver)
+        if problem:
+            raise InvalidArgument("spec.devices.requests", f"{where}: {problem}")
     requests = tuple(_request(r, i, where, memory_step_mib) for i, r in enumerate(raw_requests))
     names = [r.name for r in requests]
     linked = tuple(_constraint(c, i, names, driver, where) for i, c in enumerate(devices.get("constraints") or []))
     isolation = _isolation(claim, requests, classes, driver, where)
     return ClaimAsk(ref, requests, isolation, linked)
+
+
+def class_problem(device_class: Mapping[str, Any], driver: str) -> str:
+    """What in the class's CEL selectors mode C would not honour; empty when nothing. A selector is
+    a conjunction (``&&``) of tests, each of which must be one the ledger decides as well: the
+    device's driver, or the card's ``tenancy`` tier (the ledger keeps isolation tiers apart by
+    itself). Anything else (a model, a memory size, an attribute of another driver) would be
+    silently ignored by the ledger's choice, so its claims are left to kube-scheduler."""
+    known = {
+        f'device.driver == "{driver}"',
+        f'device.attributes["{driver}"].tenancy != "mps"',
+        f'device.attributes["{driver}"].tenancy != "none"',
+    }
+    name = (device_class.get("metadata") or {}).get("name", "")
+    for selector in (device_class.get("spec") or {}).get("selectors") or []:
+        expression = str((selector.get("cel") or {}).get("expression", ""))
+        for test in expression.split("&&"):
+            said = " ".join(test.split())
+            if said not in known:
+                return f"device class {name} selects by {said!r}, which gpuledger's choice does not evaluate"
+    return ""
 
 
 def _classes_of(request: Mapping[str, Any]) -> list[str]:

@@ -120,3 +120,38 @@ def test_what_mode_c_leaves_to_kube_scheduler_is_refused_by_name(
 def test_another_class_beside_ours_is_refused() -> None:
     with pytest.raises(InvalidArgument, match=r"device classes gpu\.example\.com beside gpuledger's"):
         claim_ask(claim(exactly("a"), exactly("b", klass="gpu.example.com")), CLASSES, DRIVER)
+
+
+def selecting(expression: str) -> dict[str, Any]:
+    return {"metadata": {"name": "picky"}, "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        f'device.driver == "{DRIVER}"',
+        f'device.driver == "{DRIVER}" &&\n  device.attributes["{DRIVER}"].tenancy != "mps"',  # a line break
+        f'device.driver == "{DRIVER}"  &&  device.attributes["{DRIVER}"].tenancy != "none"',
+    ],
+)
+def test_the_shipped_selectors_are_the_ledger_s_own_decisions(expression: str) -> None:
+    classes = {**CLASSES, "picky": selecting(expression)}
+    assert claim_ask(claim(exactly(klass="picky")), classes, DRIVER) is not None
+
+
+@pytest.mark.parametrize(
+    ("expression", "said"),
+    [
+        (f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].productName == "A100"', "productName"),
+        (f'device.driver == "{DRIVER}" || device.driver == "other"', "||"),
+        (f'device.driver == "{DRIVER}" && device.capacity["{DRIVER}"].memory.compareTo(quantity("40Gi")) >= 0', "40Gi"),
+        (f'!(device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].tenancy != "mps")', "!("),
+    ],
+)
+def test_a_class_selecting_by_what_the_ledger_does_not_weigh_is_refused(expression: str, said: str) -> None:
+    """The ledger's choice would ignore such a test: the claim is refused (kube-scheduler allocates
+    it), naming the class and the test, never placed as if the class asked nothing more."""
+    classes = {**CLASSES, "picky": selecting(expression)}
+    with pytest.raises(InvalidArgument, match="device class picky selects by") as refused:
+        claim_ask(claim(exactly(klass="picky")), classes, DRIVER)
+    assert said in str(refused.value) and "ResourceClaim ns/c" in str(refused.value)

@@ -15,8 +15,11 @@ waits for this controller. For each such pod, once every claim it names exists:
 
 A claim mode C does not allocate (``InvalidArgument``: a CEL selector in the claim, say) gets an
 event naming why and is left to kube-scheduler (mode B): the gate is lifted. A claim that fits
-nowhere now gets an event naming each node's reason and the pod stays gated; it is tried again
-every ``retry_s``. Pods are handled one at a time per uid, several at once.
+nowhere now gets an event naming each node's reason (the same reason again only after
+``EVENT_REPEAT_S``) and the pod stays gated; it is tried again as soon as a node's ledger or host
+changes, as kube-scheduler requeues a pod on a cluster event, with a back-off as kube-scheduler's
+(``CHANGE_RETRY_S`` after the first try, doubling up to ``retry_s``), and every ``retry_s`` in any
+case. Pods are handled one at a time per uid, several at once.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ PODS = "/api/v1/pods"
 CLASSES = f"{RESOURCE}/deviceclasses"
 JSON_PATCH = "application/json-patch+json"
 RETRY_S = 5.0
+CHANGE_RETRY_S = 0.5  # the first back-off of a waiting pod, doubled on each try up to retry_s
+EVENT_REPEAT_S = 60.0  # the same event on the same pod, at most this often
 CLASSES_TTL_S = 10.0
 CHOICE_ROUNDS = 8  # nodes tried for a claim before it waits for retry_s
 
@@ -86,9 +91,15 @@ class ClaimAllocator:
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _classes: tuple[float, dict[str, Mapping[str, Any]]] = (float("-inf"), {})
     _slots: asyncio.Semaphore = field(init=False)
+    _changes: int = 0  # the view's changes so far: a waiting pod is tried again after one
+    _told: dict[str, tuple[str, float]] = field(default_factory=dict)  # pod uid -> its last event's reason, when
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
+        self.view.watch(self._changed)
+
+    def _changed(self, node: str) -> None:
+        self._changes += 1
 
     async def run(self) -> None:
         """List and watch unscheduled pods, and allocate the claims of the gated ones; again after
@@ -129,6 +140,7 @@ class ClaimAllocator:
             await asyncio.gather(*list(self._busy.values()), return_exceptions=True)
 
     async def _drain(self, uid: str) -> None:
+        backoff = CHANGE_RETRY_S
         try:
             while uid in self._latest:
                 pod = self._latest.pop(uid)
@@ -140,14 +152,24 @@ class ClaimAllocator:
                     except GpuledgerError as err:
                         log.warning("allocation: pod %s not settled (%s); tried again", _describe(pod), err)
                         done = False
-                if not done:  # again on the pod's next change (its generated claim named), or after retry_s
-                    deadline = asyncio.get_running_loop().time() + self.retry_s
-                    while uid not in self._latest and asyncio.get_running_loop().time() < deadline:
-                        await asyncio.sleep(0.05)
+                if not done:
+                    await self._wait(uid, backoff)
+                    backoff = min(backoff * 2, self.retry_s)
                     if uid not in self._latest:
                         self._latest[uid] = await self._fresh(pod)
         finally:
             del self._busy[uid]
+            self._told.pop(uid, None)
+
+    async def _wait(self, uid: str, backoff: float) -> None:
+        """Until the pod's next version (its generated claim named), a change of a node's ledger or
+        host once ``backoff`` has passed, or ``retry_s``."""
+        loop = asyncio.get_running_loop()
+        seen, started = self._changes, loop.time()
+        while uid not in self._latest and loop.time() < started + self.retry_s:
+            if self._changes != seen and loop.time() >= started + backoff:
+                return
+            await asyncio.sleep(0.05)
 
     async def _fresh(self, pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
         meta = pod.get("metadata") or {}
@@ -239,7 +261,7 @@ class ClaimAllocator:
                 break
             else:
                 raise Exhausted(f"{ref.describe()}: the nodes chosen for it kept filling up before it was written")
-            await self._write(ref, raw, planned["status"])
+            await self._write(ref, raw, planned["status"], pod)
         finally:
             self.claims.allocating.discard(ref.uid)
         allocation = planned["allocation"]
@@ -249,16 +271,23 @@ class ClaimAllocator:
             ref.describe(), allocation.node, ",".join(str(s.index) for s in allocation.shares()), _describe(pod),
         )  # fmt: skip
 
-    async def _write(self, ref: ClaimRef, raw: Mapping[str, Any], status: dict[str, Any]) -> None:
-        """The claim's finalizer, then its allocation; the ledger entry released if the API server
-        refuses either."""
+    async def _write(
+        self, ref: ClaimRef, raw: Mapping[str, Any], status: dict[str, Any], pod: Mapping[str, Any]
+    ) -> None:
+        """The claim's finalizer, then its allocation, reserved for the pod as kube-scheduler's
+        PreBind would reserve it (which then finds nothing to write); the ledger entry released if
+        the API server refuses either. kube-controller-manager keeps the reservation while the pod
+        may still run, and drops it once the pod is gone or deleted before being scheduled."""
         try:
             body = copy.deepcopy(dict(raw))
             finalizers = body["metadata"].setdefault("finalizers", [])
             if FINALIZER not in finalizers:
                 finalizers.append(FINALIZER)
                 body = await self.api.replace_object(claim_path(ref), body)
-            body["status"] = {**(body.get("status") or {}), "allocation": status}
+            meta = pod["metadata"]
+            reserved = [r for r in (body.get("status") or {}).get("reservedFor") or [] if r.get("uid") != meta["uid"]]
+            reserved.append({"resource": "pods", "name": meta["name"], "uid": meta["uid"]})
+            body["status"] = {**(body.get("status") or {}), "allocation": status, "reservedFor": reserved}
             await self.api.replace_object(f"{claim_path(ref)}/status", body)
         except GpuledgerError:
             await self.claims.release(ref, "the claim's allocation could not be written")
@@ -319,6 +348,11 @@ class ClaimAllocator:
 
     async def _event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         meta = pod["metadata"]
+        said, at = self._told.get(meta["uid"], ("", float("-inf")))
+        if said == reason and self.clock() - at < EVENT_REPEAT_S:
+            log.debug("allocation: pod %s: %s again: %s", _describe(pod), reason, message)
+            return  # tried again on a ledger change: the pod's events say it once a minute
+        self._told[meta["uid"]] = (reason, self.clock())
         now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},

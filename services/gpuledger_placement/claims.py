@@ -18,6 +18,11 @@ allocated with devices of our driver:
 3. releases the claim's ledger entry when its allocation is cleared or the claim is deleted, and
    after every (re)listing releases the entries of claims that no longer hold one (older than a
    grace period, so an entry another replica wrote for a claim allocated after the listing stays).
+4. for a claim mode C allocated (gpuledger's finalizer): once it is deleted and reserved for no
+   pod, releases its entry and removes the finalizer; once its last consumer went (reserved for no
+   pod, and no pod waiting to be scheduled names it), deallocates it as kube-controller-manager
+   does the claims kube-scheduler allocated (status cleared, finalizer removed) and releases its
+   entry.
 
 Claims are handled one at a time per uid (the latest version wins), several uids at once.
 """
@@ -56,6 +61,8 @@ GRACE_S = 30.0  # an entry younger than this survives a listing that does not sh
 CONFLICT_ROUNDS = 5
 ALLOCATED_BY_LEDGER = "gpuledger.io/allocation"  # the finalizer of the claims mode C allocated
 ABSENT_RETRY_S = 60.0  # dra_claims=auto without DRA: how often to look again
+UNUSED_AFTER_S = 10.0  # a mode-C claim reserved for no pod is deallocated no sooner after its allocation
+DONE = ("Succeeded", "Failed")
 
 
 class ClaimApi(Protocol):
@@ -83,6 +90,7 @@ class ClaimsController:
     _latest: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)  # uid -> newest (None: deleted)
     _refs: dict[str, ClaimRef] = field(default_factory=dict)
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _rechecks: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # uid -> a later look at an unused claim
     _slots: asyncio.Semaphore = field(init=False)
     # claim uids whose ledger entry mode C reserved and whose allocation it is writing: a version of
     # the claim from before that write must not release the entry (claim_allocator.py)
@@ -178,7 +186,7 @@ class ClaimsController:
     async def settle(self, raw: Mapping[str, Any]) -> None:
         """Make the ledger and the claim's device status agree with its allocation."""
         ref = claims.ref_of(raw)
-        if await self._unfinalized(raw):
+        if await self._unfinalized(raw) or await self._unused(raw):
             return
         for _ in range(CONFLICT_ROUNDS):
             devices = claims.results_of(raw, self.driver)
@@ -246,6 +254,74 @@ class ClaimsController:
             await self.api.replace_object(claim_path(ref), body)
         log.info("claims: %s deleted: its ledger entry released, gpuledger's finalizer removed", ref.describe())
         return True
+
+    async def _unused(self, raw: Mapping[str, Any]) -> bool:
+        """A claim mode C allocated whose last consumer went: reserved for no pod (kube-controller-
+        manager takes a pod out of ``reservedFor`` once it is done with the claim), and named by no
+        pod waiting to be scheduled (one just created is on its way to kube-scheduler, which will
+        reserve the claim for it). Its allocation is cleared and the finalizer removed (with the
+        claim's resourceVersion: a reservation made meanwhile wins), then its ledger entry
+        released. A claim allocated less than ``UNUSED_AFTER_S`` ago, or named by a waiting pod, is
+        looked at again after ``UNUSED_AFTER_S`` (nothing about the claim itself may change)."""
+        meta, status = raw.get("metadata") or {}, raw.get("status") or {}
+        if ALLOCATED_BY_LEDGER not in (meta.get("finalizers") or []) or meta.get("deletionTimestamp"):
+            return False
+        if not status.get("allocation") or status.get("reservedFor"):
+            return False
+        ref = claims.ref_of(raw)
+        if ref.uid in self.allocating:
+            return False
+        if self.clock() - _allocated_at(raw) < UNUSED_AFTER_S or await self._awaited_by_a_pod(raw):
+            self._look_again(ref)
+            return False
+        body = copy.deepcopy(dict(raw))
+        body["status"] = {k: v for k, v in status.items() if k not in ("allocation", "devices")}
+        try:
+            written = await self.api.replace_object(f"{claim_path(ref)}/status", body)
+        except (Conflict, NotFound):
+            return True  # changed meanwhile: its next version is settled
+        await self.release(ref, "the claim's last consumer went")
+        written["metadata"]["finalizers"] = [f for f in written["metadata"].get("finalizers") or []
+                                             if f != ALLOCATED_BY_LEDGER]  # fmt: skip
+        with contextlib.suppress(Conflict, NotFound):
+            await self.api.replace_object(claim_path(ref), written)
+        CLAIMS.labels("deallocated").inc()
+        log.info("claims: %s deallocated: no pod uses it any more; its ledger entry released", ref.describe())
+        return True
+
+    async def _awaited_by_a_pod(self, raw: Mapping[str, Any]) -> bool:
+        """Whether a pod not scheduled yet, not ended and not being deleted names the claim."""
+        meta = raw["metadata"]
+        listed = await self.api.list_objects(f"/api/v1/namespaces/{meta['namespace']}/pods", {})
+        for pod in listed.get("items") or []:
+            spec, status = pod.get("spec") or {}, pod.get("status") or {}
+            if (
+                spec.get("nodeName")
+                or status.get("phase") in DONE
+                or (pod.get("metadata") or {}).get("deletionTimestamp")
+            ):
+                continue
+            named = {c.get("resourceClaimName") for c in spec.get("resourceClaims") or []}
+            named |= {c.get("resourceClaimName") for c in status.get("resourceClaimStatuses") or []}
+            if meta["name"] in named:
+                return True
+        return False
+
+    def _look_again(self, ref: ClaimRef) -> None:
+        """The claim read afresh and settled again after ``UNUSED_AFTER_S`` (once at a time per claim)."""
+        if ref.uid in self._rechecks:
+            return
+
+        async def later() -> None:
+            try:
+                await asyncio.sleep(UNUSED_AFTER_S)
+                fresh = await self._fresh(ref)
+                if fresh is not None:
+                    self.offer(fresh)
+            finally:
+                self._rechecks.pop(ref.uid, None)
+
+        self._rechecks[ref.uid] = asyncio.create_task(later())
 
     async def _reserve(
         self, ref: ClaimRef, devices: tuple[AllocatedDevice, ...], isolation: Isolation = Isolation.NONE

@@ -7,6 +7,7 @@ does not allocate is left to kube-scheduler with an event saying why."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER
 from tests.e2e.dra_helpers import CLAIMS, claim_pod, share_claim
 from tests.e2e.dra_ledger import COMMITTED, claim_entry, conditions, gated_world, ledger_of
+from tests.e2e.dra_ledger import bound as pod_bound
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.asyncio(loop_scope="session")]
@@ -125,3 +127,136 @@ async def test_a_claim_mode_c_does_not_allocate_is_left_to_kube_scheduler_with_a
         await wait_for(bound, 60, "the pod bound through mode B", 0.2)
         found = await api.get(f"{CLAIMS.format(ns=ns)}/picky")
         assert conditions(found)[COMMITTED]["status"] == "True"  # kube-scheduler allocated, the ledger committed
+
+
+async def label_for_ledger(api: Any, ns: str) -> None:
+    await api.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"gpuledger.io/allocation": "ledger"}}})
+
+
+def unallocated_and_released(api: Any, server: NatsServer, node: str, ns: str, name: str, uid: str) -> Any:
+    """Whether the claim is still there, deallocated, without gpuledger's finalizer, and holds nothing
+    in the ledger."""
+
+    async def check() -> bool:
+        found = await api.get(f"{CLAIMS.format(ns=ns)}/{name}")
+        return (
+            not found.get("status", {}).get("allocation")
+            and "gpuledger.io/allocation" not in (found["metadata"].get("finalizers") or [])
+            and await claim_entry(server, node, uid) is None
+        )
+
+    return check
+
+
+async def test_a_claim_no_pod_will_use_any_more_is_deallocated_and_released(
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Any
+) -> None:
+    """A named claim whose pod ran and went, and one whose pod was deleted before kube-scheduler
+    placed it (a pod of a scheduler that does not run: allocated by the ledger, never bound), are
+    deallocated and their entries released, as kube-controller-manager deallocates the claims
+    kube-scheduler allocated; the claims themselves stay for their next pod."""
+    async with gated_world(control_plane, nats_server, placement_kubeconfig, "tesla-p4-2") as world:
+        api, ns, node = world.api, world.ns, world.node.name
+        await label_for_ledger(api, ns)
+        await api.create(CLAIMS.format(ns=ns), share_claim("used", "2Gi", "25"))
+        await api.create(f"/api/v1/namespaces/{ns}/pods", unbound_pod("ran", "used"))
+        await api.create(CLAIMS.format(ns=ns), share_claim("waited", "2Gi", "25"))
+        stuck = unbound_pod("stuck", "waited")
+        stuck["spec"]["schedulerName"] = "no-such-scheduler"
+        await api.create(f"/api/v1/namespaces/{ns}/pods", stuck)
+
+        async def reserved(name: str, pod: str) -> dict[str, Any] | None:
+            found = await api.get(f"{CLAIMS.format(ns=ns)}/{name}")
+            reservations = [r["name"] for r in found.get("status", {}).get("reservedFor") or []]
+            return found if found["status"].get("allocation") and reservations == [pod] else None
+
+        used = await wait_for(lambda: reserved("used", "ran"), 60, "the used claim allocated for its pod", 0.2)
+        waited = await wait_for(
+            lambda: reserved("waited", "stuck"), 60, "the waited claim allocated by the ledger", 0.2
+        )
+        for found in (used, waited):
+            assert await claim_entry(nats_server, node, found["metadata"]["uid"]) is not None
+        pod = await api.get(f"/api/v1/namespaces/{ns}/pods/stuck")
+        assert not pod["spec"].get("nodeName") and not pod["spec"].get("schedulingGates")  # lifted, never bound
+
+        await api.delete(f"/api/v1/namespaces/{ns}/pods/ran", grace_s=0)
+        await api.delete(f"/api/v1/namespaces/{ns}/pods/stuck", grace_s=0)
+        for name, found in (("used", used), ("waited", waited)):
+            uid = found["metadata"]["uid"]
+            gone = unallocated_and_released(api, nats_server, node, ns, name, uid)
+            await wait_for(gone, 60, f"claim {name} deallocated and released", 0.2)
+
+        # The claim serves its next pod: allocated again by the ledger.
+        await api.create(f"/api/v1/namespaces/{ns}/pods", unbound_pod("next", "used"))
+        again = await wait_for(lambda: reserved("used", "next"), 60, "the used claim allocated again", 0.2)
+        assert await claim_entry(nats_server, node, again["metadata"]["uid"]) is not None
+
+
+REFUSE_ONE = {
+    "apiVersion": "admissionregistration.k8s.io/v1",
+    "kind": "ValidatingAdmissionPolicy",
+    "metadata": {"name": "refuse-one-allocation"},
+    "spec": {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "resourceRules": [
+                {
+                    "apiGroups": ["resource.k8s.io"],
+                    "apiVersions": ["v1"],
+                    "operations": ["UPDATE"],
+                    "resources": ["resourceclaims/status"],
+                }
+            ]
+        },
+        "validations": [
+            {
+                "expression": "object.metadata.name != 'refused' || !has(object.status.allocation)",
+                "message": "this test refuses the allocation of claim refused",
+            }
+        ],
+    },
+}
+
+
+async def test_an_allocation_the_api_server_refuses_is_rolled_back_in_the_ledger(
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Any
+) -> None:
+    """An admission policy refuses the write of one claim's allocation: the ledger entry placement
+    committed first is released each time (nothing stays held for a claim that is not allocated),
+    the pod stays gated, and once the policy goes the claim is allocated."""
+    async with gated_world(control_plane, nats_server, placement_kubeconfig, "tesla-p4-2") as world:
+        api, ns, node = world.api, world.ns, world.node.name
+        policies = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+        bindings = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+        await api.create(policies, REFUSE_ONE)
+        binding = {
+            "metadata": {"name": "refuse-one-allocation"},
+            "spec": {"policyName": "refuse-one-allocation", "validationActions": ["Deny"]},
+        }
+        await api.create(bindings, binding)
+        try:
+            await label_for_ledger(api, ns)
+            await asyncio.sleep(2)  # the API server loads the policy
+            created = await api.create(CLAIMS.format(ns=ns), share_claim("refused", "2Gi", "25"))
+            uid = created["metadata"]["uid"]
+            await api.create(f"/api/v1/namespaces/{ns}/pods", unbound_pod("app", "refused"))
+            await api.create(CLAIMS.format(ns=ns), share_claim("fine", "2Gi", "25"))
+            await api.create(f"/api/v1/namespaces/{ns}/pods", unbound_pod("other", "fine"))
+            await pod_bound(api, ns, "other")  # placement is at work; the refused claim has been tried by now
+            samples = []
+            for _ in range(20):
+                samples.append(await claim_entry(nats_server, node, uid))
+                await asyncio.sleep(0.25)
+            assert sum(1 for s in samples if s is not None) <= 2, samples  # released after each refusal
+            found = await api.get(f"{CLAIMS.format(ns=ns)}/refused")
+            assert not found.get("status", {}).get("allocation")
+            pod = await api.get(f"/api/v1/namespaces/{ns}/pods/app")
+            assert {"name": GATE} in pod["spec"].get("schedulingGates", [])
+        finally:
+            await api.delete(f"{bindings}/refuse-one-allocation")
+            await api.delete(f"{policies}/refuse-one-allocation")
+        await pod_bound(api, ns, "app")
+        found = await api.get(f"{CLAIMS.format(ns=ns)}/refused")
+        entry = await claim_entry(nats_server, node, uid)
+        devices = claims.results_of(found, DRIVER)
+        assert entry is not None and entry.id == claims.allocation_id(claims.ref_of(found), devices)

@@ -11,8 +11,13 @@ CDI spec.
   allocator and of nats-server (each restarted), and a restart of a node's kubelet. Afterwards
   every pod runs or is unbound with the scheduler's reason, no card is over capacity, and the
   ledger's claim entries are exactly the claims' allocations.
-- Classic pods and claims at once on the same nodes and cards: no card over capacity, the ledger
-  equal to the classic pods and to the committed claims."""
+- The same in mode C (a namespace labelled for the ledger's allocation): a burst of 200 claims with
+  a second placement replica racing the first, and the burst with placement or nats-server killed
+  in its middle. Afterwards no card is over capacity, every claim the ledger allocated once, every
+  bound pod's claim allocated by the ledger (none by kube-scheduler while placement was down), every
+  pod running or gated with gpuledger's reason, and the ledger's entries exactly the allocations.
+- Classic pods, mode-B claims and mode-C claims at once on the same nodes and cards: no card over
+  capacity, the ledger equal to the classic pods and to the claims."""
 
 from __future__ import annotations
 
@@ -170,6 +175,87 @@ async def test_a_fault_mid_burst_of_claims_leaves_the_ledger_equal_to_the_claims
         await api.delete(f"/api/v1/namespaces/{ns}")
 
 
+async def second_placement(stack: Stack) -> None:
+    """A second placement replica beside the first (its own ports, the same ledger and cluster):
+    both claim allocators race for every gated pod."""
+    args = list(stack.supervisor.get("placement").args)
+    for flag in ("--http-port", "--extender-port"):
+        args[args.index(flag) + 1] = str(free_port())
+    await stack.supervisor.start("placement-2", "gpuledger_placement", args)
+
+
+MODE_C_FAULTS: dict[str, tuple[int, Callable[[Stack], Awaitable[None]]]] = {
+    "two-placements": (200, second_placement),  # 88 slots on the 11 cards: most of the burst waits, gated
+    "placement-sigkill": (BURST, lambda stack: kill_service(stack, "placement")),
+    "nats-server-sigkill": (BURST, kill_nats),
+}
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("fault", list(MODE_C_FAULTS))
+async def test_a_burst_of_claims_in_mode_c_leaves_the_ledger_equal_to_the_allocations(
+    dra_stack: Stack, fault: str
+) -> None:
+    cluster = dra_stack.cluster
+    assert isinstance(cluster, RealCluster) and cluster.api is not None
+    api, (burst, act) = cluster.api, MODE_C_FAULTS[fault]
+    ns = f"dra-c-{fault}"
+    await api.create("/api/v1/namespaces", {"metadata": {"name": ns, "labels": {"gpuledger.io/allocation": "ledger"}}})
+    try:
+        claims_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+        request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER,
+                   "capacity": {"requests": {"memory": "1Gi", "compute": "1"}}}}  # fmt: skip
+
+        async def create_all() -> None:
+            for i in range(burst):
+                await api.create(
+                    claims_path, {"metadata": {"name": f"c{i}"}, "spec": {"devices": {"requests": [request]}}}
+                )
+                await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod(f"p{i}", f"c{i}"))
+
+        creating = asyncio.ensure_future(create_all())
+        if fault == "two-placements":
+            await act(dra_stack)
+        else:
+            await wait_for(lambda: _bound_at_least(api, ns, burst // 4), 120, f"{burst // 4} pods bound", 0.2)
+            await act(dra_stack)
+        await creating
+        await wait_for(_steady(api, ns, "GpuledgerUnschedulable"), 300, "every pod running, or gated with a reason", 1)
+        dra_stack.supervisor.check()
+        claims = (await api.get(claims_path))["items"]
+        found = await ledger(dra_stack)
+        report = check(found.values(), [], 8, time.time())
+        assert report.findings == [], report.findings
+        allocated = {c["metadata"]["uid"]: c for c in claims if c.get("status", {}).get("allocation")}
+        assert all("gpuledger.io/allocation" in c["metadata"]["finalizers"] for c in allocated.values())
+        assert not any(conditions(c) for c in allocated.values())  # none allocated by kube-scheduler (mode B)
+        held = {
+            a.owner.id: sorted(f"gpu-{s.index}" for s in a.shares())
+            for entries in found.values()
+            for a in entries.live()
+            if a.owner.kind is OwnerKind.CLAIM and a.owner.namespace == ns
+        }
+        assert held == {
+            uid: sorted(r["device"] for r in c["status"]["allocation"]["devices"]["results"])
+            for uid, c in allocated.items()
+        }
+        pods = (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+        by_claim = {c["metadata"]["name"]: c for c in claims}
+        for bound_pod in (p for p in pods if p["spec"].get("nodeName")):
+            claim = by_claim[bound_pod["spec"]["resourceClaims"][0]["resourceClaimName"]]
+            assert claim["metadata"]["uid"] in allocated, bound_pod["metadata"]["name"]
+        running = sum(1 for p in pods if p["status"].get("phase") == "Running")
+        print(f"\n  mode C, {fault}: {running} of {burst} pods running, {len(held)} claims held", flush=True)
+        assert running >= min(burst * 3 // 4, 72), f"only {running} of {burst} pods run after {fault}"
+    finally:
+        if fault == "two-placements":
+            second = dra_stack.supervisor.get("placement-2")
+            await second.stop()
+            dra_stack.supervisor.services.remove(second)  # the stack's own services are checked on
+        await _delete_all(dra_stack, ns)
+        await api.delete(f"/api/v1/namespaces/{ns}")
+
+
 def claim_pod(name: str, claim: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name},
@@ -196,20 +282,20 @@ async def _decided(api: KubeApi, claims_path: str) -> bool:
     return True
 
 
-def _steady(api: KubeApi, ns: str) -> Callable[[], Awaitable[bool]]:
-    """Every pod Running, or unbound with a FailedScheduling event, for good (``helpers.steady``)."""
+def _steady(api: KubeApi, ns: str, reason: str = "FailedScheduling") -> Callable[[], Awaitable[bool]]:
+    """Every pod Running, or unbound with an event of ``reason``, for good (``helpers.steady``)."""
 
     async def running_if_settled() -> int | None:
         pods = (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
-        if not await _settled(api, ns, pods):
+        if not await _settled(api, ns, pods, reason):
             return None
         return sum(1 for p in pods if p["status"].get("phase") == "Running")
 
     return steady(running_if_settled)
 
 
-async def _settled(api: KubeApi, ns: str, pods: list[dict[str, Any]]) -> bool:
-    """Every pod Running, or unbound with a FailedScheduling event."""
+async def _settled(api: KubeApi, ns: str, pods: list[dict[str, Any]], reason: str = "FailedScheduling") -> bool:
+    """Every pod Running, or unbound with an event of ``reason``."""
     for found in pods:
         if found["status"].get("phase") == "Running":
             continue
@@ -217,7 +303,7 @@ async def _settled(api: KubeApi, ns: str, pods: list[dict[str, Any]]) -> bool:
             return False
         uid = found["metadata"]["uid"]
         events = await api.get(
-            f"/api/v1/namespaces/{ns}/events", fieldSelector=f"involvedObject.uid={uid},reason=FailedScheduling"
+            f"/api/v1/namespaces/{ns}/events", fieldSelector=f"involvedObject.uid={uid},reason={reason}"
         )
         if not events["items"]:
             return False
@@ -229,9 +315,13 @@ async def test_classic_pods_and_claims_at_once_on_the_same_cards_never_over_comm
     cluster = dra_stack.cluster
     assert isinstance(cluster, RealCluster) and cluster.api is not None
     api = cluster.api
-    ns = "mixed"
+    ns, ns_c = "mixed", "mixed-c"  # mode B (kube-scheduler allocates, the ledger commits), mode C (the ledger)
     await api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+    await api.create(
+        "/api/v1/namespaces", {"metadata": {"name": ns_c, "labels": {"gpuledger.io/allocation": "ledger"}}}
+    )
     claims_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
+    claims_c = f"/apis/resource.k8s.io/v1/namespaces/{ns_c}/resourceclaims"
     request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER,
                "capacity": {"requests": {"memory": "2Gi", "compute": "1"}}}}  # fmt: skip
     try:
@@ -248,20 +338,30 @@ async def test_classic_pods_and_claims_at_once_on_the_same_cards_never_over_comm
                 body["spec"]["tolerations"] = [{"operator": "Exists"}]
                 await api.create(f"/api/v1/namespaces/{ns}/pods", body)
 
-        await asyncio.gather(claims_and_pods(), classic_pods())
+        async def ledger_claims_and_pods() -> None:
+            for i in range(16):
+                body = {"metadata": {"name": f"c{i}"}, "spec": {"devices": {"requests": [request]}}}
+                await api.create(claims_c, body)
+                await api.create(f"/api/v1/namespaces/{ns_c}/pods", claim_pod(f"dra-c-{i}", f"c{i}"))
+
+        await asyncio.gather(claims_and_pods(), classic_pods(), ledger_claims_and_pods())
         await wait_for(_steady(api, ns), 240, "every pod running, or unbound with a reason, for good", 1.0)
+        await wait_for(_steady(api, ns_c, "GpuledgerUnschedulable"), 120, "every mode-C pod running or gated", 1.0)
         await wait_for(lambda: _decided(api, claims_path), 60, "every allocated claim committed or rejected", 0.5)
         report = await consistent(cluster, dra_stack)  # the ledger equals the classic pods, no card over capacity
         assert report.ok, report
         found = await ledger(dra_stack)
         claims = (await api.get(claims_path))["items"]
         committed = {c["metadata"]["uid"] for c in claims if conditions(c).get(COMMITTED, {}).get("status") == "True"}
+        by_ledger = {c["metadata"]["uid"] for c in (await api.get(claims_c))["items"] if c["status"].get("allocation")}
         held = {a.owner.id for e in found.values() for a in e.live() if a.owner.kind is OwnerKind.CLAIM}
-        assert held == committed
+        assert held == committed | by_ledger
         pods = (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+        pods += (await api.get(f"/api/v1/namespaces/{ns_c}/pods"))["items"]
         running = sum(1 for p in pods if p["status"].get("phase") == "Running")
         print(f"\n  mixed: {running} of {len(pods)} pods running, {len(held)} claims held", flush=True)
-        assert running >= 36, f"only {running} of 48 pods run"
+        assert running >= 48, f"only {running} of 64 pods run"
     finally:
-        await _delete_all(dra_stack, ns)
-        await api.delete(f"/api/v1/namespaces/{ns}")
+        for each in (ns, ns_c):
+            await _delete_all(dra_stack, each)
+            await api.delete(f"/api/v1/namespaces/{each}")

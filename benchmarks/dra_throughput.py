@@ -192,6 +192,8 @@ async def run(args: argparse.Namespace) -> int:
         await asyncio.to_thread(
             cluster.control_plane.start_scheduler, DRA_SCHEDULER, plain_scheduler_config(DRA_SCHEDULER)
         )
+        if args.controller_qps is not None:
+            await asyncio.to_thread(cluster.control_plane.start_controller_manager, args.controller_qps)
         metrics = f"{stack.placement_ops}/metrics"
         await asyncio.sleep(2.0)
         kinds = tuple(args.paths.split(","))
@@ -249,6 +251,13 @@ async def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def qps_pair(raw: str) -> tuple[int, int]:
+    qps, sep, burst = raw.partition(":")
+    if not (sep and qps.isdigit() and burst.isdigit() and int(qps) > 0 and int(burst) > 0):
+        raise argparse.ArgumentTypeError(f"must be QPS:BURST, two positive whole numbers, got {raw!r}")
+    return int(qps), int(burst)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=8, help="kwok nodes of 8 H100 (default 8)")
@@ -256,6 +265,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="bursts of each path (default 3)")
     parser.add_argument(
         "--paths", default=",".join(PATHS), help=f"comma-separated, classic first (default {','.join(PATHS)})"
+    )
+    parser.add_argument(
+        "--controller-qps",
+        type=qps_pair,
+        metavar="QPS:BURST",
+        help="kube-controller-manager's client limits (default its own, 20:30): it creates every templated claim",
     )
     args = parser.parse_args()
     if args.pods > args.nodes * 8:

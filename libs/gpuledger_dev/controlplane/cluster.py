@@ -288,10 +288,21 @@ class ControlPlane:
         self.admin_kubeconfig = self.access.kubeconfig(self.workdir / "admin.kubeconfig")
         self._wait(process, lambda: self._api_ok("/readyz"), "kube-apiserver /readyz")
 
-    def _start_controller_manager(self) -> None:
+    def start_controller_manager(self, qps: tuple[int, int] | None = None) -> Process:
+        """Start kube-controller-manager again, its client limited to ``qps`` (queries per second,
+        burst) instead of its defaults (20, 30): kube-controller-manager creates the claim of every
+        pod with a ResourceClaimTemplate, so its limit bounds the rate of such pods."""
+        old = self.processes.pop("kube-controller-manager", None)
+        if old is not None:
+            old.stop()
+        process = self._start_controller_manager(qps)
+        assert process is not None, "no controllers to run"
+        return process
+
+    def _start_controller_manager(self, qps: tuple[int, int] | None = None) -> Process | None:
         assert self.bins is not None and self.admin_kubeconfig is not None
         if not self.controllers:
-            return
+            return None
         argv = [
             str(self.bins.kube_controller_manager),
             "--kubeconfig",
@@ -301,10 +312,13 @@ class ControlPlane:
             "--leader-elect=false",
             "--secure-port=0",
         ]
+        if qps is not None:
+            argv += ["--kube-api-qps", str(qps[0]), "--kube-api-burst", str(qps[1])]
         if self.feature_gates:
             argv += ["--feature-gates", _gates(self.feature_gates)]
         process = self._spawn("kube-controller-manager", argv)
         self._wait(process, lambda: True, "kube-controller-manager")
+        return process
 
     def _start_kwok(self) -> None:
         assert self.bins is not None and self.admin_kubeconfig is not None

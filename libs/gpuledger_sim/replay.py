@@ -5,6 +5,10 @@ pods are appended until GPU requests would pass ``tune`` x the cluster's GPU cap
 tried once, in that order, and nothing ever departs. Node ties go to the node first in a seeded
 permutation (the simulator's scheduler takes the smallest of randomly prefixed node names).
 Figures are taken when arrived GPU requests first reach 90 % and 100 % of capacity, and at the end.
+
+Two placement paths replay the same arrival order and node order into the same figures: this
+module's classic one (``NodeChooser`` over flat node states), and DRA mode C's (``dra``: each pod a
+ResourceClaim allocated through the ledger). Both go through ``prepare``, ``Tally`` and ``drive``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class Summary:
     tune: float
     nodes: int
     gpus: int
+    path: str = "classic"  # the placement path: classic, or dra (DRA mode C's allocation)
     pods: int = 0
     placed: int = 0
     failed: int = 0
@@ -66,9 +71,7 @@ def ask_of(pod: TracePod) -> Ask:
     if pod.num_gpu == 0:
         return Ask(None, pod.cpu_milli, pod.memory_mib, pod.name)
     core = None if pod.gpu_milli >= WHOLE else pod.gpu_milli
-    return Ask(
-        Request(pod.num_gpu, None, core, pod.models), pod.cpu_milli, pod.memory_mib, pod.name
-    )
+    return Ask(Request(pod.num_gpu, None, core, pod.models), pod.cpu_milli, pod.memory_mib, pod.name)
 
 
 def typical_of(pod: TracePod) -> TypicalPod:
@@ -76,9 +79,7 @@ def typical_of(pod: TracePod) -> TypicalPod:
     return TypicalPod(pod.cpu_milli, pod.num_gpu, milli, pod.models, pod.memory_mib)
 
 
-def arrival_order(
-    pods: Sequence[TracePod], rng: Random, tune: float, capacity: int
-) -> list[TracePod]:
+def arrival_order(pods: Sequence[TracePod], rng: Random, tune: float, capacity: int) -> list[TracePod]:
     """The trace shuffled, then tuned up with random copies (the simulator's own stop rule:
     it stops before a copy whose *per-card* share would pass the target)."""
     ordered = sorted(pods, key=lambda p: p.name)
@@ -97,12 +98,46 @@ def arrival_order(
     return shuffled
 
 
-def node_states(nodes: Sequence[TraceNode], rng: Random) -> list[NodeState]:
+def tie_order(nodes: Sequence[TraceNode], rng: Random) -> list[TraceNode]:
     """The nodes in tie-break order: a seeded permutation of their names' order (the simulator
     prefixes each name with such a permutation and prefers the smallest name on equal scores)."""
     ordered = sorted(nodes, key=lambda n: n.name)
     rng.shuffle(ordered)
-    return [flat_node(n.name, n.model, n.gpus, n.cpu_milli, n.memory_mib) for n in ordered]
+    return ordered
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """What every placement path replays: the pods in arrival order, the nodes in tie-break order,
+    the typical pods the policies measure fragmentation against, and the seeded generator, drawn
+    from in that order (a randomized policy draws on from it)."""
+
+    order: list[TracePod]
+    nodes: list[TraceNode]
+    typical: list[TypicalPod]
+    rng: Random
+    capacity: int  # GPU, per-mille of a card
+
+
+def prepare(nodes: Sequence[TraceNode], pods: Sequence[TracePod], config: Config) -> Setting:
+    rng = Random(config.seed)
+    capacity = sum(n.gpus for n in nodes) * WHOLE
+    order = arrival_order(pods, rng, config.tune, capacity)
+    return Setting(order, tie_order(nodes, rng), [typical_of(p) for p in pods], rng, capacity)
+
+
+Placer = Callable[[TracePod], tuple[int, tuple[int, ...]] | None]  # position in tie-break order, cards
+
+
+def drive(setting: Setting, tally: Tally, place: Placer, on_attempt: Callable[[Attempt], None] | None) -> None:
+    """Every pod tried once, in arrival order; ``place`` commits it and tells ``tally`` of the node
+    it changed, or says that it fits nowhere."""
+    for seq, pod in enumerate(setting.order):
+        found = place(pod)
+        tally.attempted(pod, found is not None)
+        if on_attempt is not None:
+            node, cards = (None, ()) if found is None else (setting.nodes[found[0]].name, found[1])
+            on_attempt(Attempt(seq, pod, node, cards))
 
 
 def commit(node: NodeState, ask: Ask, cards: tuple[int, ...]) -> NodeState:
@@ -127,38 +162,30 @@ def replay(
     on_attempt: Callable[[Attempt], None] | None = None,
 ) -> Summary:
     started = time.perf_counter()
-    rng = Random(config.seed)
-    capacity = sum(n.gpus for n in nodes) * WHOLE
-    typical = [typical_of(p) for p in pods]
-    order = arrival_order(pods, rng, config.tune, capacity)
-    states = node_states(nodes, rng)
-    chooser = NodeChooser(states, make_policy(config.policy, typical), guard_for(config, typical), rng)
-    run = _Run(
-        Summary(config.policy, config.seed, config.tune, len(states), capacity // WHOLE),
-        capacity,
-        FragMeter(Workload.of(without_memory(typical))),
-        states,
-    )
-    for seq, pod in enumerate(order):
+    setting = prepare(nodes, pods, config)
+    states = [flat_node(n.name, n.model, n.gpus, n.cpu_milli, n.memory_mib) for n in setting.nodes]
+    policy = make_policy(config.policy, setting.typical)
+    chooser = NodeChooser(states, policy, guard_for(config, setting.typical), setting.rng)
+    tally = Tally.of(config, setting, states, "classic")
+
+    def place(pod: TracePod) -> tuple[int, tuple[int, ...]] | None:
         ask = ask_of(pod)
         found = chooser.choose(ask)
-        node: str | None = None
-        cards: tuple[int, ...] = ()
-        if found is not None:
-            at, option = found
-            chooser.update(at, commit(chooser.nodes[at], ask, option.cards))
-            run.changed(at, chooser.nodes[at])
-            node, cards = chooser.nodes[at].name, option.cards
-        run.attempted(pod, node is not None)
-        if on_attempt is not None:
-            on_attempt(Attempt(seq, pod, node, cards))
-    return run.finish(time.perf_counter() - started)
+        if found is None:
+            return None
+        at, option = found
+        chooser.update(at, commit(chooser.nodes[at], ask, option.cards))
+        tally.changed(at, chooser.nodes[at])
+        return at, option.cards
+
+    drive(setting, tally, place, on_attempt)
+    return tally.finish(time.perf_counter() - started)
 
 
-class _Run:
+class Tally:
     """Running totals and the figures taken at the milestones."""
 
-    def __init__(self, summary: Summary, capacity: int, meter: FragMeter, states: list[NodeState]):
+    def __init__(self, summary: Summary, capacity: int, meter: FragMeter, states: Sequence[NodeState]):
         self.summary = summary
         self.capacity = capacity
         self.meter = meter
@@ -167,6 +194,13 @@ class _Run:
         self.idle = sum(s.gpu_room for s in states)
         self.arrived = 0
         self.allocated = 0
+
+    @staticmethod
+    def of(config: Config, setting: Setting, states: Sequence[NodeState], path: str) -> Tally:
+        """The tally of a replay over ``states`` (the nodes as they start, in tie-break order)."""
+        gpus = setting.capacity // WHOLE
+        summary = Summary(config.policy, config.seed, config.tune, len(states), gpus, path)
+        return Tally(summary, setting.capacity, FragMeter(Workload.of(without_memory(setting.typical))), states)
 
     def changed(self, at: int, node: NodeState) -> None:
         new = self.meter.node(node)

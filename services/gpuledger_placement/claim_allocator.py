@@ -43,6 +43,7 @@ from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release, reserve
+from gpuledger_core.model import Allocation
 from gpuledger_core.packing import Policy
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, RESOURCE, ClaimApi, ClaimsController, claim_path
@@ -261,7 +262,7 @@ class ClaimAllocator:
                 break
             else:
                 raise Exhausted(f"{ref.describe()}: the nodes chosen for it kept filling up before it was written")
-            await self._write(ref, raw, planned["status"], pod)
+            await self._write(ref, raw, planned["status"], pod, planned["allocation"])
         finally:
             self.claims.allocating.discard(ref.uid)
         allocation = planned["allocation"]
@@ -272,12 +273,14 @@ class ClaimAllocator:
         )  # fmt: skip
 
     async def _write(
-        self, ref: ClaimRef, raw: Mapping[str, Any], status: dict[str, Any], pod: Mapping[str, Any]
+        self, ref: ClaimRef, raw: Mapping[str, Any], status: dict[str, Any], pod: Mapping[str, Any], held: Allocation
     ) -> None:
         """The claim's finalizer, then its allocation, reserved for the pod as kube-scheduler's
-        PreBind would reserve it (which then finds nothing to write); the ledger entry released if
-        the API server refuses either. kube-controller-manager keeps the reservation while the pod
-        may still run, and drops it once the pod is gone or deleted before being scheduled."""
+        PreBind would reserve it (which then finds nothing to write). kube-controller-manager keeps
+        the reservation while the pod may still run, and drops it once the pod is gone or deleted
+        before being scheduled. If the API server refuses either write, the claim as it is now
+        decides (``ClaimsController.withdraw``): this entry is released unless the claim was
+        allocated meanwhile (by another replica: the ledger then follows that allocation)."""
         try:
             body = copy.deepcopy(dict(raw))
             finalizers = body["metadata"].setdefault("finalizers", [])
@@ -290,7 +293,7 @@ class ClaimAllocator:
             body["status"] = {**(body.get("status") or {}), "allocation": status, "reservedFor": reserved}
             await self.api.replace_object(f"{claim_path(ref)}/status", body)
         except GpuledgerError:
-            await self.claims.release(ref, "the claim's allocation could not be written")
+            await self.claims.withdraw(ref, held.node, held.id, "the claim's allocation could not be written")
             raise
 
     def _host(self, pod: Mapping[str, Any]) -> Callable[[NodeName], str]:

@@ -43,7 +43,7 @@ from gpuledger_common.store import LedgerStore
 from gpuledger_core import claims
 from gpuledger_core.claims import AllocatedDevice, ClaimRef
 from gpuledger_core.errors import Conflict, Exhausted, FailedPrecondition, GpuledgerError, InvalidArgument, NotFound
-from gpuledger_core.ids import NodeName
+from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.model import Allocation, Isolation, OwnerKind
 from gpuledger_core.slots import slot_problem
@@ -237,6 +237,26 @@ class ClaimsController:
         if node:
             await self._release_on(NodeName(node), ref, reason)
 
+    async def withdraw(self, ref: ClaimRef, node: NodeName, allocation: AllocationId, reason: str) -> None:
+        """After mode C's write of an allocation failed: the claim as the API server holds it now
+        decides. Allocated (by another placement replica, say), it is settled as any allocated
+        claim, so that the ledger holds exactly that allocation; else only ``allocation`` is
+        released (not an entry another replica wrote meanwhile). Where the claim cannot be read,
+        the entry is released and the claim looked at again later, in case the write went through
+        and only its answer was lost."""
+        try:
+            fresh = await self.api.get_object(claim_path(ref))
+        except NotFound:
+            fresh = {}
+        except GpuledgerError as err:
+            log.warning("claims: %s could not be read after its write failed (%s)", ref.describe(), err)
+            fresh = None
+            self._look_again(ref)
+        if fresh and claims.ref_of(fresh).uid == ref.uid and claims.results_of(fresh, self.driver):
+            self.offer(fresh)
+            return
+        await self._release_on(node, ref, reason, only=allocation)
+
     async def _unfinalized(self, raw: Mapping[str, Any]) -> bool:
         """A claim allocated by the ledger (mode C: gpuledger's finalizer) that is being deleted and
         reserved for no pod: its ledger entry released and the finalizer removed, so that the API
@@ -385,13 +405,16 @@ class ClaimsController:
         if node:
             await self._release_on(NodeName(node), ref, "the claim's allocation was cleared or the claim deleted")
 
-    async def _release_on(self, node: NodeName, ref: ClaimRef, reason: str) -> None:
+    async def _release_on(self, node: NodeName, ref: ClaimRef, reason: str, only: AllocationId | None = None) -> None:
+        """Release the claim's entry on ``node`` (only if it is ``only``, when given)."""
         owner = ref.owner
         now = self.clock()
 
         def transition(ledger: NodeLedger | None) -> NodeLedger | None:
             held = ledger.of_owner(owner.key) if ledger is not None else None
-            return release(ledger, held.id, now, reason) if ledger is not None and held is not None else ledger
+            if ledger is None or held is None or (only is not None and held.id != only):
+                return ledger
+            return release(ledger, held.id, now, reason)
 
         written = await self.store.mutate(node, transition)
         if written.new is not None:

@@ -5,15 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import TextIO
 
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.packing import POLICIES, Guard
+from gpuledger_sim.dra import replay_dra
 from gpuledger_sim.replay import Attempt, Config, Summary, replay
 from gpuledger_sim.trace import TraceNode, TracePod, read_nodes, read_pods
+
+Replay = Callable[[Sequence[TraceNode], Sequence[TracePod], Config, Callable[[Attempt], None] | None], Summary]
+PATHS: dict[str, Replay] = {"classic": replay, "dra": replay_dra}  # --path: how pods' cards are placed
 
 
 def parser() -> argparse.ArgumentParser:
@@ -24,6 +28,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=Path, required=True, help="openb_node_list_*.csv")
     p.add_argument("--pods", type=Path, required=True, help="openb_pod_list_*.csv")
     p.add_argument("--policy", choices=POLICIES, default="default")
+    p.add_argument(
+        "--path",
+        choices=tuple(PATHS),
+        default="classic",
+        help="classic: the placement engine over node states; dra: each pod's cards as a ResourceClaim "
+        "allocated through DRA mode C's path (the ledger); default classic",
+    )
     p.add_argument("--seed", type=int, default=42, help="shuffles arrival order (default 42)")
     p.add_argument(
         "--tune",
@@ -41,8 +52,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--bound",
         action="store_true",
-        help="also prove a lower bound on unallocated GPU %% at 100%% arrived (needs highspy: "
-        "the 'bound' extra)",
+        help="also prove a lower bound on unallocated GPU %% at 100%% arrived (needs highspy: the 'bound' extra)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
@@ -80,9 +90,8 @@ def human(summary: Summary) -> str:
     s = summary
     return "\n".join(
         [
-            f"policy {s.policy}, seed {s.seed}, tune {s.tune}: {s.nodes} nodes, {s.gpus} GPUs",
-            f"pods tried {s.pods}: placed {s.placed}, failed {s.failed} "
-            f"({s.failed_gpu_pods} wanting GPUs)",
+            f"{s.path} path, policy {s.policy}, seed {s.seed}, tune {s.tune}: {s.nodes} nodes, {s.gpus} GPUs",
+            f"pods tried {s.pods}: placed {s.placed}, failed {s.failed} ({s.failed_gpu_pods} wanting GPUs)",
             f"unallocated GPU at 100% arrived: {_pct(s.unallocated_gpu_pct_at_100)}",
             f"fragmentation / capacity at 90% arrived: {_pct(s.frag_total_pct_at_90)}",
             f"at the end: arrived {s.arrived_gpu_pct_final:.2f}%, allocated "
@@ -122,8 +131,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     config = Config(args.policy, args.seed, args.tune, None if auto else parse_guard(args.guard), auto)
     nodes, pods = read_nodes(args.nodes), read_pods(args.pods)
     seen: list[Attempt] = []
+    replay_with = PATHS[args.path]
     if args.placements is None:
-        summary = replay(nodes, pods, config, seen.append if args.bound else None)
+        summary = replay_with(nodes, pods, config, seen.append if args.bound else None)
     else:
         with args.placements.open("w") as sink:
             write = _writer(sink)
@@ -133,7 +143,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                 if args.bound:
                     seen.append(attempt)
 
-            summary = replay(nodes, pods, config, both)
+            summary = replay_with(nodes, pods, config, both)
     if args.bound:
         _add_bound(summary, nodes, pods, config, seen)
     print(json.dumps(asdict(summary), indent=2) if args.json else human(summary), file=out)

@@ -64,6 +64,7 @@ RETRY_S = 5.0
 CHANGE_RETRY_S = 0.5  # the first back-off of a waiting pod, doubled on each try up to retry_s
 EVENT_REPEAT_S = 60.0  # the same event on the same pod, at most this often
 CLASSES_TTL_S = 10.0
+WRITING_S = 30.0  # an entry of an unallocated claim this young is another replica's, still writing the claim
 CHOICE_ROUNDS = 8  # nodes tried for a claim before it waits for retry_s
 
 
@@ -235,7 +236,9 @@ class ClaimAllocator:
             held = ledger.of_owner(ref.owner.key)
             if held is not None and held.id == allocation.id:
                 return ledger  # written already (an answer lost on the way back)
-            if held is not None:
+            if held is not None and now - held.created_at < WRITING_S:
+                raise Conflict(f"{ref.describe()} holds ledger entry {held.id}: another placement replica allocates it")
+            if held is not None:  # left by a replica that died before it wrote the claim
                 ledger = release(ledger, held.id, now, "the claim is allocated again")
             problem = slot_problem(ledger, allocation, self.view.slots_per_card)
             if problem:

@@ -1,0 +1,174 @@
+"""The claims controller's part in DRA mode C, against a real nats-server: a claim the ledger
+allocated that no pod will use any more is deallocated and released (and one a waiting pod names is
+not); a failed write of mode C's allocation releases only that replica's entry, and none when the
+claim was allocated meanwhile by another replica. The API server is a double holding claims and
+pods by path (its contract with the real one is the e2e suite's: tests/e2e/test_dra_mode_c.py)."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from gpuledger_common.store import LedgerStore
+from gpuledger_core import claims
+from gpuledger_core.claims import AllocatedDevice, ClaimRef
+from gpuledger_core.errors import Conflict, NotFound
+from gpuledger_core.ids import AllocationId
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Node
+from gpuledger_dev.fleet import Fleet
+from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, DRIVER, ClaimsController, claim_path
+from gpuledger_placement.view import FleetView
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+NS = "ns"
+
+
+class Objects:
+    """Claims and pods by path, with resourceVersions; a write with a stale one is a Conflict."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, dict[str, Any]] = {}
+        self.version = 0
+
+    def put(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        stored = copy.deepcopy(dict(body))
+        stored["metadata"]["resourceVersion"] = str(self.version)
+        self.items[path] = stored
+        return copy.deepcopy(stored)
+
+    async def list_objects(self, path: str, params: Mapping[str, str], timeout_s: float = 60.0) -> dict[str, Any]:
+        found = [copy.deepcopy(v) for k, v in self.items.items() if k.startswith(f"{path}/")]
+        return {"items": found, "metadata": {"resourceVersion": str(self.version)}}
+
+    async def watch(
+        self, path: str, params: Mapping[str, str], timeout_s: float = 300.0
+    ) -> AsyncIterator[dict[str, Any]]:
+        raise AssertionError("not watched here")
+        yield {}
+
+    async def get_object(self, path: str) -> dict[str, Any]:
+        if path not in self.items:
+            raise NotFound(f"{path} not found")
+        return copy.deepcopy(self.items[path])
+
+    async def replace_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        main = path.removesuffix("/status")
+        if main not in self.items:
+            raise NotFound(f"{main} not found")
+        if body["metadata"].get("resourceVersion") != self.items[main]["metadata"]["resourceVersion"]:
+            raise Conflict(f"{main} changed")
+        merged = copy.deepcopy(self.items[main])
+        if path.endswith("/status"):
+            merged["status"] = copy.deepcopy(body.get("status") or {})
+        else:
+            merged["metadata"] = copy.deepcopy(dict(body["metadata"]))
+        return self.put(main, merged)
+
+
+def stamp(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+async def allocated_by_ledger(
+    api: Objects, store: LedgerStore, view: FleetView, fleet: Fleet, name: str, device: str, age_s: float
+) -> tuple[dict[str, Any], AllocationId]:
+    """Claim ``name`` allocated by mode C ``age_s`` ago on the first node's ``device``, reserved for
+    no pod, with gpuledger's finalizer; its entry in the ledger and the view."""
+    node = big(fleet)
+    ref = ClaimRef(NS, name, f"uid-{name}")
+    result = {"request": "gpu", "driver": DRIVER, "pool": str(node.name), "device": device}
+    body = {
+        "metadata": {"namespace": NS, "name": name, "uid": ref.uid, "finalizers": [ALLOCATED_BY_LEDGER]},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        "status": {"allocation": {"devices": {"results": [result]}, "allocationTimestamp": stamp(time.time() - age_s)}},
+    }
+    stored = api.put(claim_path(ref), body)
+    devices = [AllocatedDevice("gpu", node.name, device)]
+    entry = claims.ledger_allocation(ref, devices, node, time.time() - age_s)
+
+    def add(ledger: NodeLedger | None) -> NodeLedger:
+        held = ledger.allocations if ledger is not None else ()
+        return NodeLedger(node, (*held, entry))
+
+    written = await store.mutate(node.name, add)
+    assert written.new is not None
+    view.apply(node.name, written.new, written.revision)
+    return stored, entry.id
+
+
+def big(fleet: Fleet) -> Node:
+    """The fleet's node with the most cards."""
+    return max((m.node for m in fleet.nodes), key=lambda n: len(n.cards))
+
+
+async def world(nc: Client) -> tuple[Objects, LedgerStore, FleetView, ClaimsController]:
+    api = Objects()
+    store = await LedgerStore.open(nc, retry_s=0.5)
+    view = FleetView(store, stale_after_s=0, slots_per_card=8)
+    view.ready.set()
+    return api, store, view, ClaimsController(api, store, view)
+
+
+async def held(store: LedgerStore, fleet: Fleet, uid: str) -> AllocationId | None:
+    ledger, _ = await store.read(big(fleet).name)
+    found = ledger.of_owner(f"claim:{uid}") if ledger is not None else None
+    return found.id if found is not None else None
+
+
+async def test_a_claim_no_pod_will_use_is_deallocated_its_entry_released_and_its_finalizer_removed(
+    nc: Client, fleet: Fleet
+) -> None:
+    api, store, view, controller = await world(nc)
+    claim, _ = await allocated_by_ledger(api, store, view, fleet, "unused", "gpu-0", age_s=60)
+    await controller.settle(claim)
+    after = await api.get_object(claim_path(claims.ref_of(claim)))
+    assert "allocation" not in after["status"]
+    assert ALLOCATED_BY_LEDGER not in after["metadata"]["finalizers"]
+    assert await held(store, fleet, "uid-unused") is None
+
+
+async def test_a_claim_a_waiting_pod_names_or_a_young_one_stays_allocated(nc: Client, fleet: Fleet) -> None:
+    api, store, view, controller = await world(nc)
+    awaited, awaited_id = await allocated_by_ledger(api, store, view, fleet, "awaited", "gpu-0", age_s=60)
+    young, young_id = await allocated_by_ledger(api, store, view, fleet, "young", "gpu-1", age_s=1)
+    waiting = {"resourceClaims": [{"name": "gpu", "resourceClaimName": "awaited"}], "containers": []}
+    api.put(f"/api/v1/namespaces/{NS}/pods/next", {"metadata": {"name": "next", "namespace": NS}, "spec": waiting})
+    ran = {"nodeName": "n", "resourceClaims": [{"name": "gpu", "resourceClaimName": "young"}], "containers": []}
+    api.put(f"/api/v1/namespaces/{NS}/pods/ran", {"metadata": {"name": "ran", "namespace": NS}, "spec": ran})
+    for claim in (awaited, young):
+        await controller.settle(claim)
+    for claim, entry in ((awaited, awaited_id), (young, young_id)):
+        after = await api.get_object(claim_path(claims.ref_of(claim)))
+        assert after["status"].get("allocation") and ALLOCATED_BY_LEDGER in after["metadata"]["finalizers"]
+        assert await held(store, fleet, claims.ref_of(claim).uid) == entry
+    assert set(controller._rechecks) == {"uid-awaited", "uid-young"}  # each looked at again later
+    for task in controller._rechecks.values():
+        task.cancel()
+
+
+async def test_a_failed_write_releases_only_this_replicas_entry_and_none_of_a_claim_allocated_meanwhile(
+    nc: Client, fleet: Fleet
+) -> None:
+    api, store, view, controller = await world(nc)
+    node = big(fleet).name
+    # Allocated meanwhile (another replica's write won): its entry stays, whatever this replica says.
+    theirs, theirs_id = await allocated_by_ledger(api, store, view, fleet, "theirs", "gpu-0", age_s=0)
+    await controller.withdraw(claims.ref_of(theirs), node, AllocationId("c-mine"), "test")
+    await controller.idle()
+    assert await held(store, fleet, "uid-theirs") == theirs_id
+    # Not allocated: only this replica's entry goes, not one another replica wrote.
+    bare, bare_id = await allocated_by_ledger(api, store, view, fleet, "bare", "gpu-1", age_s=0)
+    path = claim_path(claims.ref_of(bare))
+    api.items[path]["status"] = {}
+    await controller.withdraw(claims.ref_of(bare), node, AllocationId("c-not-this-one"), "test")
+    assert await held(store, fleet, "uid-bare") == bare_id
+    await controller.withdraw(claims.ref_of(bare), node, bare_id, "test")
+    assert await held(store, fleet, "uid-bare") is None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+import yaml
 
 from gpuledger_dev.controlplane.api import KubeApi
 from gpuledger_dev.controlplane.cluster import Access, ControlPlane
@@ -67,17 +68,21 @@ async def nats_server() -> AsyncIterator[NatsServer]:
 
 
 DRA_DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "dra"
+ADMISSION = DRA_DEPLOY.parent / "base" / "admission.yaml"
+POD_POLICY = "gpuledger-placement-pod-patches"  # the policy and its binding
 
 
 @pytest.fixture(scope="session")
 def placement_kubeconfig(control_plane: ControlPlane) -> Path:
     """A kubeconfig of placement's service account holding only what deploy/kubernetes/dra grants it
-    (applied as shipped, by the real kubectl): the claims controller's writes in the DRA tests
-    prove that RBAC is enough."""
+    (applied as shipped, by the real kubectl), under the base's policy on its pod patches: the
+    claims controller's and mode C's writes in the DRA tests prove that they are enough."""
     cp = control_plane
     cp.kubectl("create", "namespace", "gpuledger", check=False)
     cp.kubectl("create", "serviceaccount", "gpuledger-placement", "-n", "gpuledger", check=False)
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(DRA_DEPLOY))
+    policy = [o for o in yaml.safe_load_all(ADMISSION.read_text()) if o and o["metadata"]["name"] == POD_POLICY]
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=yaml.safe_dump_all(policy))
     token = cp.kubectl("create", "token", "gpuledger-placement", "-n", "gpuledger", "--duration=2h").stdout.strip()
     assert cp.access is not None
     return Access(cp.access.server, cp.access.ca_pem, token).kubeconfig(cp.workdir / "placement-dra.kubeconfig")

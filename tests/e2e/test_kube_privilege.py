@@ -276,3 +276,74 @@ async def test_the_central_workloads_pass_pod_security_restricted(cluster: RealC
     finally:
         with contextlib.suppress(ApiError):
             await cluster.api.delete(f"/api/v1/namespaces/{ns}")
+
+
+@contextlib.asynccontextmanager
+async def placement_of(cluster: RealCluster) -> AsyncIterator[KubeApi]:
+    """The API as placement's service account sees it (a token of its own)."""
+    assert cluster.api is not None and cluster.control_plane.access is not None
+    path = f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/gpuledger-placement/token"
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}}
+    token = await cluster.api.create(path, body)
+    access = cluster.control_plane.access
+    async with KubeApi(Access(access.server, access.ca_pem, token["status"]["token"])) as api:
+        yield api
+
+
+@pytest.mark.timeout(180)
+async def test_placement_may_patch_a_pod_only_for_its_annotations_and_its_own_gate(
+    cluster: RealCluster, applied: list[dict[str, Any]]
+) -> None:
+    """RBAC lets placement patch any pod; the policy lets it write its gpuledger.io/ annotations and
+    lift its gate gpuledger.io/allocate, and nothing else (a gated pod's node selector is mutable:
+    a compromised placement must not steer it)."""
+    assert cluster.api is not None
+    ns, name = "placement-probe", f"gated-{secrets.token_hex(3)}"
+    with contextlib.suppress(ApiError):
+        await cluster.api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
+    gated = {
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": "probe"}},
+        "spec": {
+            "schedulingGates": [{"name": "example.com/other"}, {"name": "gpuledger.io/allocate"}],
+            "containers": [{"name": "probe", "image": "none"}],
+        },
+    }
+    await cluster.api.create(f"/api/v1/namespaces/{ns}/pods", gated)
+    path = f"/api/v1/namespaces/{ns}/pods/{name}"
+    json_patch = "application/json-patch+json"
+
+    async def refused(body: Any, content_type: str = "application/merge-patch+json") -> str:
+        with pytest.raises(ApiError) as caught:
+            await api.patch(path, body, content_type)
+        assert caught.value.status in (403, 422), caught.value
+        return str(caught.value)
+
+    async with placement_of(cluster) as api:
+
+        async def in_force() -> bool:
+            try:
+                await api.patch(path, {"metadata": {"labels": {"app": "steered"}}})
+            except ApiError as err:
+                if err.status in (403, 422) and "gpuledger-placement" in str(err):
+                    return True
+                raise
+            await cluster.api.patch(path, {"metadata": {"labels": {"app": "probe"}}})  # type: ignore[union-attr]
+            return False
+
+        await wait_for(in_force, 30, "placement's pod policy in force", 0.5)
+        await api.patch(path, {"metadata": {"annotations": {"gpuledger.io/allocation": "a-1"}}})
+        assert "only gpuledger.io/ annotations" in await refused({"metadata": {"annotations": {"note": "x"}}})
+        assert "only gpuledger.io/ annotations" in await refused({"metadata": {"labels": {"app": "steered"}}})
+        why = await refused({"spec": {"nodeSelector": {"kubernetes.io/hostname": OTHER}}})
+        assert "may not change a pod's containers, node selector" in why
+        other = [{"op": "test", "path": "/spec/schedulingGates/0/name", "value": "example.com/other"},
+                 {"op": "remove", "path": "/spec/schedulingGates/0"}]  # fmt: skip
+        assert "only its own scheduling gate" in await refused(other, json_patch)
+        ours = [{"op": "test", "path": "/spec/schedulingGates/1/name", "value": "gpuledger.io/allocate"},
+                {"op": "remove", "path": "/spec/schedulingGates/1"}]  # fmt: skip
+        await api.patch(path, ours, json_patch)
+    found = await cluster.api.get(path)
+    assert [g["name"] for g in found["spec"]["schedulingGates"]] == ["example.com/other"]
+    assert found["metadata"]["annotations"]["gpuledger.io/allocation"] == "a-1"
+    assert found["metadata"]["labels"] == {"app": "probe"} and not found["spec"].get("nodeSelector")
+    await cluster.api.delete(path, grace_s=0)

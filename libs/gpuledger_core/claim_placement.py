@@ -2,9 +2,11 @@
 policy code of a classic pod (DRA mode C, docs/dra-mode-c.md).
 
 The claim is planned as a pod whose containers are the claim's requests (``pods.plan``: the same
-per-card fit, slots and isolation tiers), on every node whose host the caller accepts (its CPU,
-memory, taints: ``host``), and the node is chosen by the policy's score of the request that wants
-the most cards, as the extender scores a pod's nodes, the name breaking ties. A
+per-card fit, slots and isolation tiers) and whose CPU and memory are its pod's, on every node whose
+host the caller accepts (its CPU, memory, taints: ``host``), and the node is chosen by the policy's
+score of the request that wants the most cards, as the extender scores a pod's nodes: on the node's
+state with its host's free CPU and memory where the caller knows them (``state``: the policies
+weigh them, as the balance term and bestfit's CPU left do), the name breaking ties. A
 ``firstAvailable`` request tries its subrequests in order: the first combination that fits
 somewhere wins. Requests linked by an NVLink ``matchAttribute`` must get cards that are all
 connected by NVLink with each other; a node whose plan does not is passed over.
@@ -25,7 +27,7 @@ from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, AllocState, Grant, Node
-from gpuledger_core.packing import Policy, from_ledger, rate
+from gpuledger_core.packing import NodeState, Policy, from_ledger, rate
 from gpuledger_core.pods import PodAsk, plan
 
 Host = Callable[[NodeName], str]  # why the claim's pod cannot run on the node's host; empty: it can
@@ -47,13 +49,16 @@ def place_claim(
     slots_per_card: int | None,
     host: Host = lambda _: "",
     mix_isolation: bool = False,
+    cpu_milli: int = 0,
+    memory_mib: int = 0,
+    state: Callable[[NodeLedger], NodeState] | None = None,
 ) -> ClaimPlan:
     """The claim's allocation on the best node, or ``Exhausted`` naming why each node was not."""
     reasons: dict[str, str] = {}
     for combo in itertools.product(*(range(len(r.choices)) for r in ask.requests)):
         picked = [r.choices[i] for r, i in zip(ask.requests, combo, strict=True)]
         containers = tuple(ContainerAsk(r.name, request) for r, (_, request) in zip(ask.requests, picked, strict=True))
-        pod = PodAsk(ask.ref.owner, containers, ask.isolation)
+        pod = PodAsk(ask.ref.owner, containers, ask.isolation, cpu_milli=cpu_milli, memory_mib=memory_mib)
         best: tuple[float, str, NodeLedger, tuple[Grant, ...]] | None = None
         for ledger in ledgers:
             name = str(ledger.node.name)
@@ -71,8 +76,12 @@ def place_claim(
                 reasons[name] = unlinked
                 continue
             main = pod.main()
-            state = from_ledger(ledger, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
-            score = (rate(state, main, policy) if main is not None else None) or 0.0
+            scored = (
+                state(ledger)
+                if state is not None
+                else from_ledger(ledger, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
+            )
+            score = (rate(scored, main, policy) if main is not None else None) or 0.0
             if best is None or score > best[0] or (score == best[0] and name < best[1]):
                 best = (score, name, ledger, grants)
         if best is not None:

@@ -44,7 +44,7 @@ from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidAr
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.model import Allocation
-from gpuledger_core.packing import Policy
+from gpuledger_core.packing import NodeState, Policy
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, RESOURCE, ClaimApi, ClaimsController, claim_path
 from gpuledger_placement.convert import pod_ask_from
@@ -213,6 +213,8 @@ class ClaimAllocator:
         inside the compare-and-set on the node's ledger as it is, so that claims placed at once on
         one node do not refuse each other's cards (as the extender's bind plans a pod again)."""
         ref, now, policy, host = ask.ref, self.clock(), self.policy(), self._host(pod)
+        asked = pod_ask_from(pod)  # the pod's CPU and memory: the policies weigh them as for a classic pod
+        sizes = {"cpu_milli": asked.cpu_milli, "memory_mib": asked.memory_mib}
         configs = _configs(raw, classes, self.claims.driver)
         planned: dict[str, Any] = {}
 
@@ -252,6 +254,7 @@ class ClaimAllocator:
                 chosen = place_claim(
                     ledgers, ask, policy, AllocationId("c-planned"), now,
                     slots_per_card=self.view.slots_per_card, host=host, mix_isolation=self.view.mix_isolation,
+                    state=self._state, **sizes,
                 )  # fmt: skip
                 node = chosen.allocation.node
                 try:
@@ -298,6 +301,13 @@ class ClaimAllocator:
         except GpuledgerError:
             await self.claims.withdraw(ref, held.node, held.id, "the claim's allocation could not be written")
             raise
+
+    def _state(self, ledger: NodeLedger) -> NodeState:
+        """The node's state with its host, the view's own where it holds this very ledger."""
+        entry = self.view.entries.get(ledger.node.name)
+        if entry is not None and entry.ledger is ledger:
+            return entry.state
+        return self.view.state_of(ledger.node.name, ledger)
 
     def _host(self, pod: Mapping[str, Any]) -> Callable[[NodeName], str]:
         asked = pod_ask_from(pod)

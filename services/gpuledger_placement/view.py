@@ -97,7 +97,7 @@ class FleetView:
         else:
             if known is None:
                 self.order[node] = next(self._added)
-            self.entries[node] = NodeEntry(ledger, revision, self._state(node, ledger))
+            self.entries[node] = NodeEntry(ledger, revision, self.state_of(node, ledger))
             self._count(ledger, 1)
         for changed in self._watchers:
             changed(node)
@@ -120,11 +120,12 @@ class FleetView:
         known = self.entries.get(node)
         if known is None:
             return
-        self.entries[node] = NodeEntry(known.ledger, known.revision, self._state(node, known.ledger))
+        self.entries[node] = NodeEntry(known.ledger, known.revision, self.state_of(node, known.ledger))
         for changed in self._watchers:
             changed(node)
 
-    def _state(self, node: str, ledger: NodeLedger) -> NodeState:
+    def state_of(self, node: str, ledger: NodeLedger) -> NodeState:
+        """The node's state for the policies: its ledger, and its host's CPU and memory where followed."""
         host = self.hosts(node)
         if host is None:
             return from_ledger(ledger, slots_per_card=self.slots_per_card, mix_isolation=self.mix_isolation)

@@ -17,7 +17,7 @@ from gpuledger_core.errors import Exhausted
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, AllocState, CardShare, Grant, Link, Node, Owner, OwnerKind, Request
-from gpuledger_core.packing import Ask, Decision, from_ledger, make_policy, place
+from gpuledger_core.packing import Ask, Decision, NodeState, from_ledger, make_policy, place
 from tests.unit.core.builders import card
 
 REF = ClaimRef("ns", "c", "uid-1")
@@ -106,16 +106,36 @@ def cluster(draw: Any) -> list[NodeLedger]:
         st.builds(Request, st.just(1), st.sampled_from([1000, 4000, 9000]), st.sampled_from([100, 500, 1000])),
     ),
     policy=st.sampled_from(["default", "binpack", "bestfit", "spread"]),
+    hosts=st.lists(st.tuples(st.sampled_from([2000, 8000, 32000]), st.sampled_from([4096, 65536])), min_size=4),
+    pod=st.tuples(st.sampled_from([0, 1000, 6000]), st.sampled_from([0, 2048, 32768])),
 )
 def test_a_one_request_claim_lands_where_the_classic_path_would_put_the_pod(
-    ledgers: list[NodeLedger], request: Request, policy: str
+    ledgers: list[NodeLedger],
+    request: Request,
+    policy: str,
+    hosts: list[tuple[int, int]],
+    pod: tuple[int, int],
 ) -> None:
-    """The same node and cards as classic placement's choice for a pod asking the same (the
-    policy's best node, the first of equals), or no node for both."""
+    """The same node and cards as classic placement's choice for a pod asking the same cards, CPU
+    and memory on nodes with the same free CPU and memory (the policy's best node, the first of
+    equals), or no node for both."""
     chosen = make_policy(policy)
-    classic = place([from_ledger(x, slots_per_card=8) for x in ledgers], Ask(request), chosen)
+    free = {x.node.name: hosts[i] for i, x in enumerate(ledgers)}
+
+    def state(ledger: NodeLedger) -> NodeState:
+        cpu, mem = free[ledger.node.name]
+        return from_ledger(ledger, cpu_free=cpu, mem_free=mem, cpu_total=64000, mem_total=262144, slots_per_card=8)
+
+    def host(node: str) -> str:
+        cpu, mem = free[node]
+        return "" if pod[0] <= cpu and pod[1] <= mem else "no room on the host"
+
+    classic = place([state(x) for x in ledgers], Ask(request, pod[0], pod[1]), chosen)
     try:
-        found = place_claim(ledgers, one(request), chosen, ID, 0.0, slots_per_card=8).allocation
+        found = place_claim(
+            ledgers, one(request), chosen, ID, 0.0, slots_per_card=8,
+            host=host, cpu_milli=pod[0], memory_mib=pod[1], state=state,
+        ).allocation  # fmt: skip
     except Exhausted:
         assert not isinstance(classic, Decision)
         return

@@ -11,14 +11,14 @@ it). One step keeps compute, the one dimension the trace has, the one that decid
 classic replay: a card (``CARD_MEMORY_MIB`` here, every model alike) holds 64 such steps, more
 sharers than the trace's smallest share (5 %) lets on it.
 
-Each claim goes the claim allocator's way (``ClaimAllocator._allocate``): ``claim_ask``,
-``place_claim`` over every node's ledger (the pod's CPU and memory checked by the host rule, as
-the allocator's ``host`` checks them), the allocation written as kube-scheduler writes it
+Each claim goes the claim allocator's way (``ClaimAllocator._allocate``): ``claim_ask``;
+``place_claim`` over every node's ledger for the node, with the pod's CPU and memory and each
+node's state with its host's (the allocator's view), the pod's host fit checked by the host rule
+(the allocator's ``host``); ``place_claim`` again on that node's ledger alone, as the allocator's
+compare-and-set ``transition`` plans the cards; the allocation written as kube-scheduler writes it
 (``allocation_status``), read back (``claims.results_of``, ``claims.ledger_allocation``) and
-reserved in the node's ledger. The allocator plans again inside the compare-and-set on the chosen
-node's ledger; here nothing changes that ledger in between, so the plan is made once. Cards are
-shareable and their slots not counted (the classic replay lets as many sharers on a card as its
-compute takes).
+reserved in the node's ledger. Cards are shareable and their slots not counted (the classic replay
+lets as many sharers on a card as its compute takes).
 
 The ledger's nodes are named ``<position>-<trace name>``, position in the tie-break order, so that
 ``place_claim``'s tie-break (the smallest name) is the classic replay's (the first in that order),
@@ -48,9 +48,10 @@ from gpuledger_core.errors import Exhausted, InvalidArgument
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, Card, Node
-from gpuledger_core.packing import Ask, NodeChooser, Policy, from_ledger, make_policy
+from gpuledger_core.packing import Ask, NodeChooser, NodeState, Policy, from_ledger, make_policy
 from gpuledger_core.packing.fit import problem
-from gpuledger_sim.replay import Attempt, Config, Summary, Tally, ask_of, commit, drive, guard_for, prepare
+from gpuledger_core.packing.state import charge
+from gpuledger_sim.replay import Attempt, Config, Summary, Tally, ask_of, drive, guard_for, prepare
 from gpuledger_sim.trace import WHOLE, TraceNode, TracePod
 
 DRIVER = "gpu.gpuledger.io"
@@ -101,14 +102,19 @@ def claim_of(pod: TracePod) -> dict[str, Any]:
     }
 
 
-def allocate(claim: dict[str, Any], ledgers: Sequence[NodeLedger], policy: Policy, host: Host) -> Allocated:
-    """The claim allocated as the claim allocator allocates it (its ``transition``); ``Exhausted``
-    when it fits nowhere."""
+def allocate(claim: dict[str, Any], ledgers: Sequence[NodeLedger], policy: Policy, pod: Pod) -> Allocated:
+    """The claim of ``pod`` allocated as the claim allocator allocates it: the node chosen, then
+    its ``transition``; ``Exhausted`` when it fits nowhere."""
     ask = claim_ask(claim, CLASSES, DRIVER, MEMORY_STEP_MIB)
     if ask is None:
         raise InvalidArgument("spec.devices.requests", f"{claims.ref_of(claim).describe()} asks for no class of ours")
-    plan = place_claim(ledgers, ask, policy, PLANNED, NOW, slots_per_card=None, host=host)
-    node = next(ledger.node for ledger in ledgers if ledger.node.name == plan.allocation.node)
+    chosen = place_claim(
+        ledgers, ask, policy, PLANNED, NOW, slots_per_card=None, host=pod.host, cpu_milli=pod.cpu_milli,
+        memory_mib=pod.memory_mib, state=pod.state,
+    )  # fmt: skip
+    ledger = next(ledger for ledger in ledgers if ledger.node.name == chosen.allocation.node)
+    plan = place_claim([ledger], ask, policy, PLANNED, NOW, slots_per_card=None)
+    node = ledger.node
     status = allocation_status(
         plan.allocation, node, DRIVER, NOW, shareable=True, chosen=plan.chosen, share_id=_share_ids(ask.ref.uid)
     )
@@ -116,6 +122,16 @@ def allocate(claim: dict[str, Any], ledgers: Sequence[NodeLedger], policy: Polic
     devices = claims.results_of(written, DRIVER)
     allocation = claims.ledger_allocation(ask.ref, devices, node, NOW, MEMORY_STEP_MIB, ask.isolation)
     return Allocated(plan, status, allocation)
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """What the claim allocator knows of the claim's pod and the nodes' hosts."""
+
+    cpu_milli: int
+    memory_mib: int
+    host: Host  # why the pod cannot run on a node's host; empty: it can
+    state: Callable[[NodeLedger], NodeState]  # the node's state, with its host's free CPU and memory
 
 
 def _share_ids(uid: str) -> Callable[[], str]:
@@ -144,7 +160,8 @@ def ledger_of(node: TraceNode, position: int, width: int) -> NodeLedger:
 @dataclass(slots=True)
 class _Cluster:
     """The nodes in tie-break order: their ledgers (the cards), and their states (the ledger's
-    cards, the host's CPU and memory) that the chooser of card-less pods and the tally read."""
+    cards, the host's CPU and memory) that the claims are scored on, as the allocator's view
+    holds them, and the chooser of card-less pods and the tally read."""
 
     ledgers: list[NodeLedger]
     chooser: NodeChooser
@@ -161,7 +178,7 @@ class _Cluster:
             found = self.chooser.choose(ask)
             return None if found is None else self._charge(found[0], ask, ())
         try:
-            done = allocate(claim_of(pod), self.ledgers, self.chooser.policy, self._host(ask))
+            done = allocate(claim_of(pod), self.ledgers, self.chooser.policy, self._pod(ask))
         except Exhausted:
             return None
         if self.on_allocated is not None:
@@ -171,17 +188,23 @@ class _Cluster:
         return self._charge(at, ask, tuple(share.index for share in done.allocation.shares()))
 
     def _charge(self, at: int, ask: Ask, cards: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
-        """The classic replay's transition for the host and the tags; the ledger's for the cards."""
-        after = commit(self.chooser.nodes[at], ask, cards)
+        """The host charged with the pod, as the classic replay charges it; the cards as the ledger
+        holds them."""
+        after = charge(self.chooser.nodes[at], ask.cpu_milli, ask.memory_mib)
         if cards:
             after = replace(after, cards=from_ledger(self.ledgers[at]).cards)
         self.chooser.update(at, after)
         self.tally.changed(at, after)
         return at, cards
 
-    def _host(self, ask: Ask) -> Host:
+    def _pod(self, ask: Ask) -> Pod:
         on_host = Ask(None, ask.cpu_milli, ask.memory_mib, ask.name)
-        return lambda node: problem(self.chooser.nodes[self.position[node]], on_host)
+        return Pod(
+            ask.cpu_milli,
+            ask.memory_mib,
+            lambda node: problem(self.chooser.nodes[self.position[node]], on_host),
+            lambda ledger: self.chooser.nodes[self.position[ledger.node.name]],
+        )
 
 
 def replay_dra(

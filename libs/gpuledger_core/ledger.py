@@ -147,6 +147,16 @@ def release(
     return ledger._swap(gone)
 
 
+def forget(ledger: NodeLedger, allocation_id: AllocationId) -> NodeLedger:
+    """The record of a released allocation dropped, so that its id can be reserved again (a
+    ResourceClaim allocated again exactly as before: its id derives from the claim and its devices).
+    A live allocation, or an id the ledger does not hold, leaves the ledger as it is."""
+    found = ledger.get(allocation_id)
+    if found is None or found.live:
+        return ledger
+    return NodeLedger(ledger.node, tuple(a for a in ledger.allocations if a.id != allocation_id))
+
+
 def expire(ledger: NodeLedger, now: float) -> NodeLedger:
     """Release every reservation whose lease has run out."""
     for allocation in ledger.allocations:

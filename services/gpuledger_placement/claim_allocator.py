@@ -42,7 +42,7 @@ from gpuledger_core.claim_status import allocation_status
 from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
-from gpuledger_core.ledger import NodeLedger, release, reserve
+from gpuledger_core.ledger import NodeLedger, forget, release, reserve
 from gpuledger_core.model import Allocation
 from gpuledger_core.packing import NodeState, Policy
 from gpuledger_core.slots import slot_problem
@@ -245,7 +245,7 @@ class ClaimAllocator:
             problem = slot_problem(ledger, allocation, self.view.slots_per_card)
             if problem:
                 raise Exhausted(problem)
-            return reserve(ledger, allocation, mix_isolation=self.view.mix_isolation)
+            return reserve(forget(ledger, allocation.id), allocation, mix_isolation=self.view.mix_isolation)
 
         self.claims.allocating.add(ref.uid)
         try:

@@ -44,7 +44,7 @@ from gpuledger_core import claims
 from gpuledger_core.claims import AllocatedDevice, ClaimRef
 from gpuledger_core.errors import Conflict, Exhausted, FailedPrecondition, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
-from gpuledger_core.ledger import NodeLedger, release, reserve
+from gpuledger_core.ledger import NodeLedger, forget, release, reserve
 from gpuledger_core.model import Allocation, Isolation, OwnerKind
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement.metrics import CLAIM_COMMIT_SECONDS, CLAIMS, ORPHAN_RELEASE_FAILURES
@@ -366,7 +366,7 @@ class ClaimsController:
             problem = slot_problem(ledger, allocation, self.view.slots_per_card)
             if problem:
                 raise Exhausted(problem)
-            return reserve(ledger, allocation, mix_isolation=self.view.mix_isolation)
+            return reserve(forget(ledger, wanted), allocation, mix_isolation=self.view.mix_isolation)
 
         written = await self.store.mutate(node, transition)
         found = written.new.get(wanted) if written.new is not None else None

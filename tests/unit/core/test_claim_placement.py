@@ -120,10 +120,10 @@ def test_a_one_request_claim_lands_where_the_classic_path_would_put_the_pod(
     and memory on nodes with the same free CPU and memory (the policy's best node, the first of
     equals), or no node for both."""
     chosen = make_policy(policy)
-    free = {x.node.name: hosts[i] for i, x in enumerate(ledgers)}
+    free = {str(x.node.name): hosts[i] for i, x in enumerate(ledgers)}
 
     def state(ledger: NodeLedger) -> NodeState:
-        cpu, mem = free[ledger.node.name]
+        cpu, mem = free[str(ledger.node.name)]
         return from_ledger(ledger, cpu_free=cpu, mem_free=mem, cpu_total=64000, mem_total=262144, slots_per_card=8)
 
     def host(node: str) -> str:

@@ -13,6 +13,7 @@ from gpuledger_core.ledger import (
     NodeLedger,
     commit,
     expire,
+    forget,
     next_lease_expiry,
     prune,
     release,
@@ -98,6 +99,17 @@ def test_reserve_counts_init_containers_as_the_larger_share() -> None:
     pod = allocation("a", Grant("init", (share(0, 6000),), init=True), Grant("app", (share(0, 5000),)))
     after = reserve(ledger(8000), pod)
     assert after.use()[uuid_of(0)].mem_mib == 6000
+
+
+def test_a_forgotten_released_allocation_can_be_reserved_again_under_its_id() -> None:
+    """A claim allocated again exactly as before gets the same id: its released record is dropped."""
+    full = reserve(ledger(8000), holding("a", whole(card(0, 8000))))
+    freed = release(full, A, now=5.0)
+    with pytest.raises(FailedPrecondition):
+        reserve(freed, holding("a", whole(card(0, 8000))))
+    again = reserve(forget(freed, A), holding("a", whole(card(0, 8000))))
+    assert again.get(A) is not None and again.get(A).live  # type: ignore[union-attr]
+    assert forget(full, A) is full and forget(full, B) is full  # live or unknown: untouched
 
 
 def test_released_allocations_free_their_cards() -> None:

@@ -301,10 +301,11 @@ async def test_placement_may_patch_a_pod_only_for_its_annotations_and_its_own_ga
     ns, name = "placement-probe", f"gated-{secrets.token_hex(3)}"
     with contextlib.suppress(ApiError):
         await cluster.api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
-    gated = {
+    gated = {  # its claim never comes: the stack's own placement keeps the gate while it waits for it
         "metadata": {"name": name, "namespace": ns, "labels": {"app": "probe"}},
         "spec": {
             "schedulingGates": [{"name": "example.com/other"}, {"name": "gpuledger.io/allocate"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "never-created"}],
             "containers": [{"name": "probe", "image": "none"}],
         },
     }

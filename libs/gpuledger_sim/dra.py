@@ -17,8 +17,9 @@ node's state with its host's (the allocator's view), the pod's host fit checked 
 (the allocator's ``host``); ``place_claim`` again on that node's ledger alone, as the allocator's
 compare-and-set ``transition`` plans the cards; the allocation written as kube-scheduler writes it
 (``allocation_status``), read back (``claims.results_of``, ``claims.ledger_allocation``) and
-reserved in the node's ledger. Cards are shareable and their slots not counted (the classic replay
-lets as many sharers on a card as its compute takes).
+reserved in the node's ledger (the transition's steps for an entry the claim holds already never
+apply: every claim is new, and nothing is released). Cards are shareable and their slots not
+counted (the classic replay lets as many sharers on a card as its compute takes).
 
 The ledger's nodes are named ``<position>-<trace name>``, position in the tie-break order, so that
 ``place_claim``'s tie-break (the smallest name) is the classic replay's (the first in that order),

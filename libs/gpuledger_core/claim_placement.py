@@ -6,7 +6,9 @@ per-card fit, slots and isolation tiers) and whose CPU and memory are its pod's,
 host the caller accepts (its CPU, memory, taints: ``host``), and the node is chosen by the policy's
 score of the request that wants the most cards, as the extender scores a pod's nodes: on the node's
 state with its host's free CPU and memory where the caller knows them (``state``: the policies
-weigh them, as the balance term and bestfit's CPU left do), the name breaking ties. A
+weigh them, as the balance term and bestfit's CPU left do), the name breaking ties. Nodes are
+scored first and planned best first until one takes the whole claim: the same choice as planning
+every node and taking the best, with one plan where the best node fits. A
 ``firstAvailable`` request tries its subrequests in order: the first combination that fits
 somewhere wins. Requests linked by an NVLink ``matchAttribute`` must get cards that are all
 connected by NVLink with each other; a node whose plan does not is passed over.
@@ -59,13 +61,22 @@ def place_claim(
         picked = [r.choices[i] for r, i in zip(ask.requests, combo, strict=True)]
         containers = tuple(ContainerAsk(r.name, request) for r, (_, request) in zip(ask.requests, picked, strict=True))
         pod = PodAsk(ask.ref.owner, containers, ask.isolation, cpu_milli=cpu_milli, memory_mib=memory_mib)
-        best: tuple[float, str, NodeLedger, tuple[Grant, ...]] | None = None
-        for ledger in ledgers:
+        main = pod.main()
+        ranked: list[tuple[float, str, NodeLedger]] = []
+        for ledger in ledgers:  # scored first (cheap on the caller's states), planned best first
             name = str(ledger.node.name)
             why = host(ledger.node.name)
             if why:
                 reasons[name] = why
                 continue
+            scored = (
+                state(ledger)
+                if state is not None
+                else from_ledger(ledger, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
+            )
+            ranked.append((-((rate(scored, main, policy) if main is not None else None) or 0.0), name, ledger))
+        best: tuple[NodeLedger, tuple[Grant, ...]] | None = None
+        for _, name, ledger in sorted(ranked, key=lambda r: (r[0], r[1])):
             try:
                 grants = plan(ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
             except Exhausted as err:
@@ -75,17 +86,10 @@ def place_claim(
             if unlinked:
                 reasons[name] = unlinked
                 continue
-            main = pod.main()
-            scored = (
-                state(ledger)
-                if state is not None
-                else from_ledger(ledger, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
-            )
-            score = (rate(scored, main, policy) if main is not None else None) or 0.0
-            if best is None or score > best[0] or (score == best[0] and name < best[1]):
-                best = (score, name, ledger, grants)
+            best = (ledger, grants)
+            break
         if best is not None:
-            _, _, ledger, grants = best
+            ledger, grants = best
             chosen = {r.name: result for r, (result, _) in zip(ask.requests, picked, strict=True)}
             requests = tuple(c.request for c in containers)
             allocation = Allocation(

@@ -190,7 +190,8 @@ class ClaimAllocator:
         namespace = str(pod["metadata"]["namespace"])
         classes = await self._mode_c_classes()
         for name in names:
-            raw = await self.api.get_object(claim_path(ClaimRef(namespace, name, "")))
+            path = claim_path(ClaimRef(namespace, name, ""))
+            raw = self.claims.seen(namespace, name) or await self.api.get_object(path)  # the watch's, else read
             if (raw.get("status") or {}).get("allocation"):
                 continue  # allocated already (a shared claim, or an earlier round)
             try:

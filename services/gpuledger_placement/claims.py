@@ -91,6 +91,7 @@ class ClaimsController:
     _refs: dict[str, ClaimRef] = field(default_factory=dict)
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _rechecks: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # uid -> a later look at an unused claim
+    _seen: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)  # (namespace, name) -> newest
     _slots: asyncio.Semaphore = field(init=False)
     # claim uids whose ledger entry mode C reserved and whose allocation it is writing: a version of
     # the claim from before that write must not release the entry (claim_allocator.py)
@@ -110,6 +111,7 @@ class ClaimsController:
                 started = self.clock()
                 listed = await self.api.list_objects(LIST, {})
                 items = listed["items"]
+                self._seen = {_key(item): item for item in items}
                 for item in items:
                     self.offer(item)
                 await self.idle()
@@ -137,9 +139,17 @@ class ClaimsController:
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 kind = event.get("type")
                 if kind == "DELETED":
+                    self._seen.pop(_key(obj), None)
                     self.offer(obj, deleted=True)
                 elif kind in ("ADDED", "MODIFIED"):
+                    self._seen[_key(obj)] = obj
                     self.offer(obj)
+
+    def seen(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The claim's newest version this controller's list and watch brought (None: none yet).
+        It may lag the API server's: a write based on it carries its resourceVersion, so a stale one
+        is refused, not applied."""
+        return self._seen.get((namespace, name))
 
     def offer(self, raw: Mapping[str, Any], deleted: bool = False) -> None:
         """Take the claim's newest version (``deleted``: it is gone) to settle."""
@@ -448,6 +458,11 @@ class ClaimsController:
                 node,
                 err,
             )
+
+
+def _key(raw: Mapping[str, Any]) -> tuple[str, str]:
+    meta = raw.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
 def _decided(raw: Mapping[str, Any], driver: str, devices: tuple[AllocatedDevice, ...]) -> str | None:

@@ -130,17 +130,7 @@ async def test_a_fault_mid_burst_of_claims_leaves_the_ledger_equal_to_the_claims
     await api.create("/api/v1/namespaces", {"metadata": {"name": ns}})
     try:
         claims_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
-        request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER,
-                   "capacity": {"requests": {"memory": "1Gi", "compute": "1"}}}}  # fmt: skip
-
-        async def create_all() -> None:
-            for i in range(BURST):
-                await api.create(
-                    claims_path, {"metadata": {"name": f"c{i}"}, "spec": {"devices": {"requests": [request]}}}
-                )
-                await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod(f"p{i}", f"c{i}"))
-
-        creating = asyncio.ensure_future(create_all())
+        creating = asyncio.ensure_future(create_burst(api, ns, BURST))
         await wait_for(lambda: _bound_at_least(api, ns, BURST // 4), 120, f"{BURST // 4} pods bound", 0.2)
         await FAULTS[fault](dra_stack)
         await creating
@@ -203,17 +193,7 @@ async def test_a_burst_of_claims_in_mode_c_leaves_the_ledger_equal_to_the_alloca
     await api.create("/api/v1/namespaces", {"metadata": {"name": ns, "labels": {"gpuledger.io/allocation": "ledger"}}})
     try:
         claims_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
-        request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER,
-                   "capacity": {"requests": {"memory": "1Gi", "compute": "1"}}}}  # fmt: skip
-
-        async def create_all() -> None:
-            for i in range(burst):
-                await api.create(
-                    claims_path, {"metadata": {"name": f"c{i}"}, "spec": {"devices": {"requests": [request]}}}
-                )
-                await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod(f"p{i}", f"c{i}"))
-
-        creating = asyncio.ensure_future(create_all())
+        creating = asyncio.ensure_future(create_burst(api, ns, burst))
         if fault == "two-placements":
             await act(dra_stack)
         else:
@@ -254,6 +234,16 @@ async def test_a_burst_of_claims_in_mode_c_leaves_the_ledger_equal_to_the_alloca
             dra_stack.supervisor.services.remove(second)  # the stack's own services are checked on
         await _delete_all(dra_stack, ns)
         await api.delete(f"/api/v1/namespaces/{ns}")
+
+
+async def create_burst(api: KubeApi, ns: str, count: int) -> None:
+    """``count`` claims of a 1 GiB, 1 % share (8 a card by slots), each with its pod."""
+    request = {"name": "gpu", "exactly": {"deviceClassName": DRIVER,
+               "capacity": {"requests": {"memory": "1Gi", "compute": "1"}}}}  # fmt: skip
+    for i in range(count):
+        body = {"metadata": {"name": f"c{i}"}, "spec": {"devices": {"requests": [request]}}}
+        await api.create(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims", body)
+        await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod(f"p{i}", f"c{i}"))
 
 
 def claim_pod(name: str, claim: str) -> dict[str, Any]:

@@ -305,7 +305,7 @@ class ClaimsController:
             self._look_again(ref)
             return False
         body = copy.deepcopy(dict(raw))
-        body["status"] = {k: v for k, v in status.items() if k not in ("allocation", "devices")}
+        body["status"] = {k: v for k, v in status.items() if k != "allocation"}  # as kube-controller-manager does
         try:
             written = await self.api.replace_object(f"{claim_path(ref)}/status", body)
         except (Conflict, NotFound):

@@ -266,3 +266,38 @@ async def test_a_reservation_released_while_it_is_bound_is_identified_again_on_t
     assert outcome.allocation_id == "a-p-again"
     bound = ledger.ledger.get(AllocationId("a-p-again"))
     assert bound is not None and bound.state is AllocState.BOUND and sorted(bound.grants[0].device_ids) == sorted(ids)
+
+
+class SlowLedger(FlakyLedger):
+    """A ledger whose reads hang until ``release`` is set, as a read does while NATS is frozen."""
+
+    def __init__(self, ledger: NodeLedger) -> None:
+        super().__init__(ledger)
+        self.release = asyncio.Event()
+        self.answering = False
+
+    async def read(self) -> NodeLedger | None:
+        await self.release.wait()
+        return self.ledger
+
+
+async def test_a_reconciliation_waiting_for_the_ledger_holds_up_none_of_kubelets_calls() -> None:
+    """Seen on the real kubelet with nats-server frozen: the reconciliation's read of the ledger
+    (up to 12 s) held the lock that kubelet's calls take, so the first pod's GetPreferredAllocation
+    waited for it before its own wait began. The read happens before the lock now."""
+    ledger = SlowLedger(reserved().ledger)
+    service = PluginService(
+        "n1", ledger, LocalPlacement(), NoPods(), AnswerPolicy(), SLOTS,
+        preferred_wait_s=4.0, allocate_wait_s=4.0, unreachable_wait_s=0.2,
+    )  # fmt: skip
+    await service._seen(ledger.ledger)
+    reconciling = asyncio.create_task(service.reconcile())
+    await asyncio.sleep(0.05)  # the reconciliation is waiting for its read
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    hint = await service.preferred(OFFERED, [], 1)
+    outcome = await service.allocate(hint)
+    assert outcome.how == "unbound" and loop.time() - started < 1.5  # each call's own 0.2 s, not the read's
+    assert not reconciling.done()
+    ledger.release.set()
+    await asyncio.wait_for(reconciling, 2)

@@ -104,6 +104,16 @@ class ClaimAllocator:
         self._changes += 1
 
     async def run(self) -> None:
+        """Follow (below) until cancelled; then the work it started ends with it (a claim or pod
+        still being settled, a later look at a claim), rather than going on against a ledger or an
+        API server that its service has closed."""
+        try:
+            await self._follow()
+        finally:
+            for task in tuple(self._busy.values()):
+                task.cancel()
+
+    async def _follow(self) -> None:
         """List and watch unscheduled pods, and allocate the claims of the gated ones; again after
         any failure."""
         await self.view.ready.wait()

@@ -101,6 +101,16 @@ class ClaimsController:
         self._slots = asyncio.Semaphore(self.concurrency)
 
     async def run(self, optional: bool = False) -> None:
+        """Follow (below) until cancelled; then the work it started ends with it (a claim or pod
+        still being settled, a later look at a claim), rather than going on against a ledger or an
+        API server that its service has closed."""
+        try:
+            await self._follow(optional)
+        finally:
+            for task in (*self._busy.values(), *self._rechecks.values()):
+                task.cancel()
+
+    async def _follow(self, optional: bool = False) -> None:
         """List, settle every claim, release what no claim holds, watch; again after any failure.
         ``optional``: where the API server has no ResourceClaims or this service account may not
         list them (DRA not deployed), say so once and look again every ``ABSENT_RETRY_S``."""

@@ -47,13 +47,13 @@ from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, forget, release, reserve
 from gpuledger_core.model import Allocation, Isolation, OwnerKind
 from gpuledger_core.slots import slot_problem
+from gpuledger_placement import claim_fields as fields
+from gpuledger_placement.claim_fields import COMMITTED, REJECTED
 from gpuledger_placement.metrics import CLAIM_COMMIT_SECONDS, CLAIMS, ORPHAN_RELEASE_FAILURES
 from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
 DRIVER = "gpu.gpuledger.io"
-COMMITTED = "gpuledger.io/committed"
-REJECTED = "gpuledger.io/rejected"
 RESOURCE = "/apis/resource.k8s.io/v1"
 LIST = f"{RESOURCE}/resourceclaims"
 RETRY_S = 1.0
@@ -62,7 +62,6 @@ CONFLICT_ROUNDS = 5
 ALLOCATED_BY_LEDGER = "gpuledger.io/allocation"  # the finalizer of the claims mode C allocated
 ABSENT_RETRY_S = 60.0  # dra_claims=auto without DRA: how often to look again
 UNUSED_AFTER_S = 10.0  # a mode-C claim reserved for no pod is deallocated no sooner after its allocation
-DONE = ("Succeeded", "Failed")
 
 
 class ClaimApi(Protocol):
@@ -121,7 +120,7 @@ class ClaimsController:
                 started = self.clock()
                 listed = await self.api.list_objects(LIST, {})
                 items = listed["items"]
-                self._seen = {_key(item): item for item in items}
+                self._seen = {fields.key_of(item): item for item in items}
                 for item in items:
                     self.offer(item)
                 await self.idle()
@@ -149,10 +148,10 @@ class ClaimsController:
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 kind = event.get("type")
                 if kind == "DELETED":
-                    self._seen.pop(_key(obj), None)
+                    self._seen.pop(fields.key_of(obj), None)
                     self.offer(obj, deleted=True)
                 elif kind in ("ADDED", "MODIFIED"):
-                    self._seen[_key(obj)] = obj
+                    self._seen[fields.key_of(obj)] = obj
                     self.offer(obj)
 
     def seen(self, namespace: str, name: str) -> Mapping[str, Any] | None:
@@ -220,7 +219,7 @@ class ClaimsController:
                 if ref.uid not in self.allocating:
                     await self._gone(ref)
                 return
-            decided = _decided(raw, self.driver, devices)
+            decided = fields.decided(raw, self.driver, devices)
             if decided == REJECTED:
                 return  # nothing was reserved; kube-scheduler takes the allocation back
             gated = any(COMMITTED in d.binding_conditions for d in devices)
@@ -245,7 +244,7 @@ class ClaimsController:
             message = f"ledger allocation {allocation.id} on {allocation.node}"
             if await self._decide(raw, devices, COMMITTED, "Reserved", message) is not None:
                 CLAIMS.labels("committed").inc()
-                CLAIM_COMMIT_SECONDS.observe(max(0.0, self.clock() - _allocated_at(raw)))
+                CLAIM_COMMIT_SECONDS.observe(max(0.0, self.clock() - fields.allocated_at(raw)))
                 log.info("claims: %s committed as %s on %s", ref.describe(), allocation.id, allocation.node)
                 return
             raw = await self._fresh(ref) or {}  # changed meanwhile: decide on its newest version
@@ -311,7 +310,7 @@ class ClaimsController:
         ref = claims.ref_of(raw)
         if ref.uid in self.allocating:
             return False
-        if self.clock() - _allocated_at(raw) < UNUSED_AFTER_S or await self._awaited_by_a_pod(raw):
+        if self.clock() - fields.allocated_at(raw) < UNUSED_AFTER_S or await self._awaited_by_a_pod(raw):
             self._look_again(ref)
             return False
         body = copy.deepcopy(dict(raw))
@@ -330,22 +329,9 @@ class ClaimsController:
         return True
 
     async def _awaited_by_a_pod(self, raw: Mapping[str, Any]) -> bool:
-        """Whether a pod not scheduled yet, not ended and not being deleted names the claim."""
         meta = raw["metadata"]
         listed = await self.api.list_objects(f"/api/v1/namespaces/{meta['namespace']}/pods", {})
-        for pod in listed.get("items") or []:
-            spec, status = pod.get("spec") or {}, pod.get("status") or {}
-            if (
-                spec.get("nodeName")
-                or status.get("phase") in DONE
-                or (pod.get("metadata") or {}).get("deletionTimestamp")
-            ):
-                continue
-            named = {c.get("resourceClaimName") for c in spec.get("resourceClaims") or []}
-            named |= {c.get("resourceClaimName") for c in status.get("resourceClaimStatuses") or []}
-            if meta["name"] in named:
-                return True
-        return False
+        return fields.awaited(listed.get("items") or [], str(meta["name"]))
 
     def _look_again(self, ref: ClaimRef) -> None:
         """The claim read afresh and settled again after ``UNUSED_AFTER_S`` (once at a time per claim)."""
@@ -413,8 +399,8 @@ class ClaimsController:
             **({"observedGeneration": generation} if generation else {}),
         }
         ours = {d.key for d in devices}
-        kept = [s for s in status.get("devices") or [] if not _ours(s, self.driver, ours)]
-        status["devices"] = kept + [_device_status(self.driver, d, condition) for d in devices]
+        kept = [s for s in status.get("devices") or [] if not fields.ours(s, self.driver, ours)]
+        status["devices"] = kept + [fields.device_status(self.driver, d, condition) for d in devices]
         try:
             return await self.api.replace_object(f"{claim_path(ref)}/status", body)
         except (Conflict, NotFound):
@@ -468,44 +454,3 @@ class ClaimsController:
                 node,
                 err,
             )
-
-
-def _key(raw: Mapping[str, Any]) -> tuple[str, str]:
-    meta = raw.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
-def _decided(raw: Mapping[str, Any], driver: str, devices: tuple[AllocatedDevice, ...]) -> str | None:
-    """What the claim's device status says already: REJECTED if any of ours is rejected, COMMITTED
-    if every one is committed, else None."""
-    found: dict[tuple[str, str, str], set[str]] = {}
-    for status in (raw.get("status") or {}).get("devices") or []:
-        if status.get("driver") == driver:
-            key = (str(status.get("pool")), str(status.get("device")), str(status.get("shareID") or ""))
-            found[key] = {str(c.get("type")) for c in status.get("conditions") or [] if c.get("status") == "True"}
-    if any(REJECTED in found.get(d.key, set()) for d in devices):
-        return REJECTED
-    if all(COMMITTED in found.get(d.key, set()) for d in devices):
-        return COMMITTED
-    return None
-
-
-def _ours(status: Mapping[str, Any], driver: str, keys: set[tuple[str, str, str]]) -> bool:
-    key = (str(status.get("pool")), str(status.get("device")), str(status.get("shareID") or ""))
-    return status.get("driver") == driver and key in keys
-
-
-def _device_status(driver: str, device: AllocatedDevice, condition: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"driver": driver, "pool": device.pool, "device": device.device}
-    if device.share_id:
-        out["shareID"] = device.share_id
-    out["conditions"] = [dict(condition)]
-    return out
-
-
-def _allocated_at(raw: Mapping[str, Any]) -> float:
-    stamp = ((raw.get("status") or {}).get("allocation") or {}).get("allocationTimestamp")
-    try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return time.time()

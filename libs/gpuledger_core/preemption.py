@@ -1,0 +1,193 @@
+"""Which holders to take cards back from so that a pod fits: share-aware preemption. Pure: no I/O.
+
+kube-scheduler's preemption counts a node's ``gpuledger.io/gpu`` slots, not what each holder holds
+of which card, so it cannot know that two 2 GiB shares on one card free room for a 4 GiB pod and
+two on different cards do not. Here the victims are chosen on the ledger, card by card, with the
+same fit as every placement (``pods.plan``):
+
+- **who may go**: a live holder whose priority is below the pod's (``Holder``); holders preemption
+  knows nothing of (tools, pods it has no priority for) never go;
+- **on which cards**: for a pod whose cards come from one container (the usual pod), the candidates
+  are grouped by the cards they free: per card for a one-card pod; for an n-card pod, the n cards
+  whose own groups cost least (cards that already take it cost nothing). A pod of several
+  containers takes its candidates from the whole node;
+- **the smallest set**: within a group, each victim is given back its cards in turn, the one whose
+  eviction would hurt most first (one a PodDisruptionBudget protects, then the highest priority, then
+  the one that ran longest), and stays if the pod still fits without evicting it. What remains is a
+  set from which no victim can be spared: never a victim that would not help;
+- **the cheapest node and group**, as kube-scheduler orders its candidates: fewest victims a
+  PodDisruptionBudget protects, then the lowest highest priority among the victims, then the fewest
+  victims, then the lowest sum of their priorities, then the least work lost (the victims'
+  run time summed: the youngest go first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuledger_core.errors import Exhausted
+from gpuledger_core.ids import AllocationId, CardUuid, NodeName
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Allocation, Grant
+from gpuledger_core.packing import Policy
+from gpuledger_core.pods import PodAsk, plan
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """What preemption knows of a holder beyond the ledger: its priority, whether a
+    PodDisruptionBudget forbids its eviction now, and when it started (the work its eviction loses)."""
+
+    priority: int
+    protected: bool = False
+    started_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Victims:
+    """The holders to evict on ``node`` for the pod to fit there, and the cards it would then get."""
+
+    node: NodeName
+    evict: tuple[Allocation, ...]  # lowest priority first, then youngest
+    grants: tuple[Grant, ...]
+    cost: tuple[int, int, int, int, float]  # protected, highest priority, count, priority sum, work lost
+
+    def describe(self) -> str:
+        names = ", ".join(a.owner.describe() for a in self.evict) or "nobody"
+        return f"{self.node}: {names}"
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """How the pod fits a node: the policy, the ledger's slot count and isolation rule."""
+
+    policy: Policy
+    slots_per_card: int | None = None
+    mix_isolation: bool = False
+
+    def grants(self, ledger: NodeLedger, pod: PodAsk, gone: Iterable[AllocationId]) -> tuple[Grant, ...] | None:
+        """The pod's cards on ``ledger`` without the allocations ``gone``; None when it does not fit."""
+        dropped = frozenset(gone)
+        kept = NodeLedger(ledger.node, tuple(a for a in ledger.allocations if a.id not in dropped))
+        try:
+            return plan(kept, pod, self.policy, slots_per_card=self.slots_per_card, mix_isolation=self.mix_isolation)
+        except Exhausted:
+            return None
+
+
+def candidates(ledger: NodeLedger, priority: int, holders: Mapping[str, Holder], now: float) -> tuple[Allocation, ...]:
+    """The node's live holders of lower priority than ``priority`` that preemption knows of."""
+    found = []
+    for allocation in ledger.live():
+        holder = holders.get(allocation.owner.key)
+        if allocation.held_at(now) and holder is not None and holder.priority < priority:
+            found.append(allocation)
+    return tuple(found)
+
+
+def on_node(
+    ledger: NodeLedger, pod: PodAsk, priority: int, holders: Mapping[str, Holder], fit: Fit, now: float
+) -> Victims | None:
+    """The cheapest smallest set of victims on this node that makes ``pod`` fit; None when evicting
+    every candidate would not. A pod that fits already gets an empty set."""
+    grants = fit.grants(ledger, pod, ())
+    if grants is not None:
+        return Victims(ledger.node.name, (), grants, (0, 0, 0, 0, 0.0))
+    pool = candidates(ledger, priority, holders, now)
+    if not pool or fit.grants(ledger, pod, (a.id for a in pool)) is None:
+        return None
+    found = [
+        victims
+        for group in _groups(ledger, pod, pool, holders, fit, now)
+        if (victims := _smallest(ledger, pod, group, holders, fit, now)) is not None
+    ]
+    return min(found, key=lambda v: v.cost, default=None)
+
+
+def choose(
+    ledgers: Sequence[NodeLedger],
+    pod: PodAsk,
+    priority: int,
+    holders: Mapping[str, Holder],
+    fit: Fit,
+    now: float,
+) -> Victims | None:
+    """The node and victims that cost least (``on_node`` for each), nodes in the given order on a tie."""
+    best: Victims | None = None
+    for ledger in ledgers:
+        found = on_node(ledger, pod, priority, holders, fit, now)
+        if found is not None and (best is None or found.cost < best.cost):
+            best = found
+    return best
+
+
+def _groups(
+    ledger: NodeLedger,
+    pod: PodAsk,
+    pool: tuple[Allocation, ...],
+    holders: Mapping[str, Holder],
+    fit: Fit,
+    now: float,
+) -> list[tuple[Allocation, ...]]:
+    """The candidate sets to shrink: per card (or per cheapest set of cards) for a one-container
+    pod, else the whole pool. The whole pool comes last, in case no card's group alone helps (a
+    victim's init container, say, held more than its app containers)."""
+    single = pod.single()
+    if single is None or single.request is None:
+        return [pool]
+    by_card: dict[CardUuid, list[Allocation]] = {card.uuid: [] for card in ledger.node.cards}
+    for allocation in pool:
+        for uuid in {share.uuid for share in allocation.shares()}:
+            by_card.setdefault(uuid, []).append(allocation)
+    count = single.request.count
+    if count == 1:
+        groups = [tuple(group) for group in by_card.values() if group]
+    else:
+        ranked = sorted(by_card.values(), key=lambda group: (bool(group), _cost(group, holders, now)))
+        chosen: dict[AllocationId, Allocation] = {}
+        for group in ranked[:count]:
+            chosen.update((a.id, a) for a in group)
+        groups = [tuple(chosen.values())] if chosen else []
+    return [*groups, pool]
+
+
+def _smallest(
+    ledger: NodeLedger,
+    pod: PodAsk,
+    group: tuple[Allocation, ...],
+    holders: Mapping[str, Holder],
+    fit: Fit,
+    now: float,
+) -> Victims | None:
+    """``group`` with every victim the pod can spare given back, the costliest first; None when
+    evicting all of ``group`` does not make the pod fit."""
+    grants = fit.grants(ledger, pod, (a.id for a in group))
+    if grants is None:
+        return None
+    kept: list[Allocation] = list(group)
+    for allocation in sorted(group, key=lambda a: _dearness(a, holders, now), reverse=True):
+        trial = [a for a in kept if a.id != allocation.id]
+        spared = fit.grants(ledger, pod, (a.id for a in trial))
+        if spared is not None:
+            kept, grants = trial, spared
+    order = sorted(kept, key=lambda a: (holders[a.owner.key].priority, -holders[a.owner.key].started_at, a.id))
+    return Victims(ledger.node.name, tuple(order), grants, _cost(kept, holders, now))
+
+
+def _dearness(allocation: Allocation, holders: Mapping[str, Holder], now: float) -> tuple[bool, int, float, str]:
+    holder = holders[allocation.owner.key]
+    return (holder.protected, holder.priority, now - holder.started_at, allocation.id)
+
+
+def _cost(group: Iterable[Allocation], holders: Mapping[str, Holder], now: float) -> tuple[int, int, int, int, float]:
+    known = [holders[a.owner.key] for a in group]
+    if not known:
+        return (0, 0, 0, 0, 0.0)
+    return (
+        sum(1 for h in known if h.protected),
+        max(h.priority for h in known),
+        len(known),
+        sum(h.priority for h in known),
+        sum(max(0.0, now - h.started_at) for h in known),
+    )

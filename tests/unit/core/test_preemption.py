@@ -1,0 +1,141 @@
+"""Share-aware preemption on one node and across nodes: the smallest set of lower-priority holders
+on the right cards, never one that would not help, the cheapest node by kube-scheduler's order."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuledger_core.fit import ContainerAsk
+from gpuledger_core.ids import NodeName
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Allocation, Grant, Node, Owner, OwnerKind, Request
+from gpuledger_core.packing import make_policy
+from gpuledger_core.pods import PodAsk
+from gpuledger_core.preemption import Fit, Holder, choose, on_node
+
+from .builders import allocation, card, share
+
+FIT = Fit(make_policy("bestfit"), slots_per_card=8)
+PREEMPTOR = Owner(OwnerKind.POD, "uid-high", "ns", "high")
+GIB = 1024
+
+
+def pod(mem_mib: int | None = None, count: int = 1) -> PodAsk:
+    return PodAsk(PREEMPTOR, (ContainerAsk("main", Request(count, mem_mib=mem_mib)),))
+
+
+def shares_on(node: Node, *held: tuple[str, int, int]) -> NodeLedger:
+    """``node`` with one holder per (id, card, MiB)."""
+    allocations = tuple(
+        allocation(name, Grant("main", (share(index, mem, 100),)), name=node.name) for name, index, mem in held
+    )
+    return NodeLedger(node, allocations)
+
+
+def two_cards(name: str = "node-a") -> Node:
+    return Node(NodeName(name), (card(0, 8 * GIB), card(1, 8 * GIB)))
+
+
+def low(*names: str, priority: int = 0, **started: float) -> dict[str, Holder]:
+    return {f"pod:uid-{n}": Holder(priority, started_at=started.get(n, 0.0)) for n in names}
+
+
+def test_the_victims_are_the_fewest_on_one_card_never_spread_over_both() -> None:
+    # card 0 is full with 4 + 4 GiB, card 1 has 1 GiB free beside 2 + 2 + 3 GiB. 5 GiB takes two
+    # victims either way: both of card 0's, or card 1's 3 GiB and one of its 2 GiB; one from each
+    # card would free room on neither.
+    ledger = shares_on(two_cards(), ("a", 0, 4 * GIB), ("b", 0, 4 * GIB), ("c", 1, 2 * GIB), ("d", 1, 2 * GIB),
+                       ("e", 1, 3 * GIB))  # fmt: skip
+    holders = low("a", "b", "c", "d", "e")
+    found = on_node(ledger, pod(5 * GIB), 100, holders, FIT, now=10.0)
+    assert found is not None
+    evicted = {a.id for a in found.evict}
+    assert len(evicted) == 2
+    assert evicted in ({"a", "b"}, {"c", "e"}, {"d", "e"})
+    cards = {a.shares()[0].index for a in found.evict}
+    assert len(cards) == 1 and found.grants[0].cards[0].index in cards
+
+
+def test_lower_priority_and_younger_victims_go_first() -> None:
+    ledger = shares_on(two_cards(), ("a", 0, 6 * GIB), ("b", 1, 6 * GIB))
+    holders = {"pod:uid-a": Holder(5), "pod:uid-b": Holder(1)}
+    found = on_node(ledger, pod(4 * GIB), 100, holders, FIT, now=10.0)
+    assert found is not None and [a.id for a in found.evict] == ["b"]
+    same = low("a", "b", a=1.0, b=8.0)  # b started later: less work lost
+    found = on_node(ledger, pod(4 * GIB), 100, same, FIT, now=10.0)
+    assert found is not None and [a.id for a in found.evict] == ["b"]
+
+
+def test_a_budget_protected_holder_goes_only_when_nothing_else_helps() -> None:
+    ledger = shares_on(two_cards(), ("a", 0, 6 * GIB), ("b", 1, 6 * GIB))
+    holders = {"pod:uid-a": Holder(0, protected=True), "pod:uid-b": Holder(5)}
+    found = on_node(ledger, pod(4 * GIB), 100, holders, FIT, now=10.0)
+    assert found is not None and [a.id for a in found.evict] == ["b"]
+    found = on_node(shares_on(two_cards(), ("a", 0, 6 * GIB)), pod(7 * GIB, count=2), 100, holders, FIT, now=10.0)
+    assert found is not None and [a.id for a in found.evict] == ["a"] and found.cost[0] == 1
+
+
+def test_equal_or_higher_priority_and_unknown_holders_never_go() -> None:
+    ledger = shares_on(two_cards(), ("a", 0, 6 * GIB), ("b", 1, 6 * GIB))
+    assert on_node(ledger, pod(4 * GIB), 100, {"pod:uid-a": Holder(100), "pod:uid-b": Holder(200)}, FIT, 1.0) is None
+    assert on_node(ledger, pod(4 * GIB), 100, {}, FIT, 1.0) is None  # a tool, or a pod of unknown priority
+
+
+def test_a_pod_that_fits_already_evicts_nobody_and_one_that_never_fits_gets_none() -> None:
+    ledger = shares_on(two_cards(), ("a", 0, 6 * GIB))
+    found = on_node(ledger, pod(4 * GIB), 100, low("a"), FIT, 1.0)
+    assert found is not None and found.evict == () and found.grants[0].cards[0].index == 1
+    assert on_node(ledger, pod(9 * GIB), 100, low("a"), FIT, 1.0) is None  # no card has 9 GiB
+
+
+def test_a_multi_card_pod_frees_the_cheapest_cards() -> None:
+    node = Node(NodeName("node-a"), tuple(card(i, 8 * GIB) for i in range(4)))
+    ledger = shares_on(node, ("a", 0, 2 * GIB), ("b", 1, 2 * GIB), ("c", 1, 2 * GIB), ("d", 2, 2 * GIB),
+                       ("e", 3, 2 * GIB), ("f", 3, 2 * GIB), ("g", 3, 2 * GIB))  # fmt: skip
+    found = on_node(ledger, pod(None, count=2), 100, low(*"abcdefg"), FIT, 1.0)  # two whole cards
+    assert found is not None and {a.id for a in found.evict} == {"a", "d"}
+    assert sorted(s.index for s in found.grants[0].cards) == [0, 2]
+
+
+def test_the_node_whose_victims_cost_least_is_chosen() -> None:
+    dear = shares_on(two_cards("node-a"), ("a", 0, 8 * GIB), ("b", 1, 8 * GIB))
+    cheap = shares_on(two_cards("node-b"), ("c", 0, 8 * GIB), ("d", 1, 8 * GIB))
+    holders = {"pod:uid-a": Holder(50), "pod:uid-b": Holder(50), "pod:uid-c": Holder(10), "pod:uid-d": Holder(60)}
+    found = choose([dear, cheap], pod(4 * GIB), 100, holders, FIT, 1.0)
+    assert found is not None and found.node == "node-b" and [a.id for a in found.evict] == ["c"]
+
+
+@st.composite
+def crowded(draw: st.DrawFn) -> tuple[NodeLedger, dict[str, Holder], int]:
+    cards = draw(st.integers(1, 4))
+    node = Node(NodeName("node-a"), tuple(card(i, 8 * GIB) for i in range(cards)))
+    held: list[Allocation] = []
+    use = [0] * cards
+    for i in range(draw(st.integers(0, 12))):
+        index, mem = draw(st.integers(0, cards - 1)), draw(st.sampled_from([GIB, 2 * GIB, 3 * GIB, 4 * GIB]))
+        if use[index] + mem <= 8 * GIB:
+            use[index] += mem
+            held.append(allocation(f"h{i}", Grant("main", (share(index, mem, 100),))))
+    holders = {a.owner.key: Holder(draw(st.integers(0, 3)), started_at=float(draw(st.integers(0, 9)))) for a in held}
+    return NodeLedger(node, tuple(held)), holders, draw(st.sampled_from([GIB, 3 * GIB, 5 * GIB, 8 * GIB]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(crowded(), st.integers(1, 4))
+def test_no_victim_could_be_spared_and_the_pod_fits_once_they_go(case: tuple[NodeLedger, dict[str, Holder], int],
+                                                                  priority: int) -> None:  # fmt: skip
+    ledger, holders, mem = case
+    asked = pod(mem)
+    found = on_node(ledger, asked, priority, holders, FIT, now=10.0)
+    everyone = [a for a in ledger.live() if holders[a.owner.key].priority < priority]
+    if found is None:
+        assert FIT.grants(ledger, asked, (a.id for a in everyone)) is None  # nothing would have helped
+        return
+    gone = [a.id for a in found.evict]
+    assert all(holders[a.owner.key].priority < priority for a in found.evict)
+    assert FIT.grants(ledger, asked, gone) is not None
+    for spared in gone:
+        assert FIT.grants(ledger, asked, [g for g in gone if g != spared]) is None, f"{spared} need not go"
+    cards = {s.index for a in found.evict for s in a.shares()}
+    assert len(cards) <= 1  # a one-card pod's victims sit on one card

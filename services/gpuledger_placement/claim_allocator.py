@@ -25,6 +25,7 @@ case. Pods are handled one at a time per uid, several at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import itertools
 import logging
@@ -94,6 +95,8 @@ class ClaimAllocator:
     _classes: tuple[float, dict[str, Mapping[str, Any]]] = (float("-inf"), {})
     _slots: asyncio.Semaphore = field(init=False)
     _changes: int = 0  # the view's changes so far: a waiting pod is tried again after one
+    _waiting: dict[str, asyncio.Event] = field(default_factory=dict)  # pod uid -> set to end its wait
+    _on_change: set[str] = field(default_factory=set)  # waiting pods past their back-off: a change ends the wait
     _told: dict[str, tuple[str, float]] = field(default_factory=dict)  # pod uid -> its last event's reason, when
 
     def __post_init__(self) -> None:
@@ -102,6 +105,8 @@ class ClaimAllocator:
 
     def _changed(self, node: str) -> None:
         self._changes += 1
+        for uid in self._on_change:
+            self._waiting[uid].set()
 
     async def run(self) -> None:
         """Follow (below) until cancelled; then the work it started ends with it (a claim or pod
@@ -144,6 +149,8 @@ class ClaimAllocator:
         if not uid or (not gone and not gated(pod)) or (gone and uid not in self._busy):
             return
         self._latest[uid] = None if gone else pod
+        if uid in self._waiting:
+            self._waiting[uid].set()
         if uid not in self._busy:
             self._busy[uid] = asyncio.create_task(self._drain(uid))
 
@@ -175,13 +182,22 @@ class ClaimAllocator:
 
     async def _wait(self, uid: str, backoff: float) -> None:
         """Until the pod's next version (its generated claim named), a change of a node's ledger or
-        host once ``backoff`` has passed, or ``retry_s``."""
+        host once ``backoff`` has passed, or ``retry_s``: woken by ``offer`` and ``_changed``, not
+        by polling (a burst leaves a hundred pods waiting at once)."""
         loop = asyncio.get_running_loop()
-        seen, started = self._changes, loop.time()
-        while uid not in self._latest and loop.time() < started + self.retry_s:
-            if self._changes != seen and loop.time() >= started + backoff:
+        woken = self._waiting[uid] = asyncio.Event()
+        seen, until = self._changes, loop.time() + self.retry_s
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), backoff)
+            if uid in self._latest or self._changes != seen:
                 return
-            await asyncio.sleep(0.05)
+            self._on_change.add(uid)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), max(0.0, until - loop.time()))
+        finally:
+            self._on_change.discard(uid)
+            del self._waiting[uid]
 
     async def _fresh(self, pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
         meta = pod.get("metadata") or {}

@@ -1,11 +1,14 @@
 """DRA mode C's pure parts in placement: which claims a gated pod names, whether a pod is gated,
-which DeviceClasses are mode C's, and the configuration copied into an allocation."""
+which DeviceClasses are mode C's, and the configuration copied into an allocation; and when a pod
+that could not be settled is tried again."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable
+from typing import Any, cast
 
-from gpuledger_placement.claim_allocator import GATE, _configs, _of_driver, claim_names, gated
+from gpuledger_placement.claim_allocator import GATE, ClaimAllocator, _configs, _of_driver, claim_names, gated
 
 DRIVER = "gpu.gpuledger.io"
 MPS = {"driver": DRIVER, "parameters": {"apiVersion": "gpuledger.io/v1alpha1", "kind": "SharingConfig"}}
@@ -46,3 +49,50 @@ def test_the_configs_are_copied_as_kube_scheduler_copies_them() -> None:
         {"source": "FromClass", "requests": ["gpu"], "opaque": MPS},
         {"source": "FromClaim", "requests": ["gpu"], "opaque": MPS},
     ]
+
+
+class _View:
+    """What the allocator asks of the fleet view when it is made: to be told of changes."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Callable[[str], None]] = []
+
+    def watch(self, listener: Callable[[str], None]) -> None:
+        self.listeners.append(listener)
+
+
+def _allocator(view: _View) -> ClaimAllocator:
+    return ClaimAllocator(api=cast(Any, None), claims=cast(Any, None), view=cast(Any, view), policy=cast(Any, None),
+                          retry_s=1.5)  # fmt: skip
+
+
+async def _waited(allocator: ClaimAllocator, backoff: float, meanwhile: Callable[[], None], after: float) -> float:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    waiting = asyncio.ensure_future(allocator._wait("u", backoff))
+    await asyncio.sleep(after)
+    meanwhile()
+    await waiting
+    assert allocator._waiting == {} and allocator._on_change == set()
+    return loop.time() - started
+
+
+async def test_a_waiting_pod_is_tried_again_on_its_next_version_at_once() -> None:
+    allocator = _allocator(_View())
+    took = await _waited(allocator, 0.3, lambda: allocator.offer(pod([], gates=(GATE,))), 0.05)
+    assert took < 0.25  # not the back-off's 0.3 s
+
+
+async def test_a_change_of_a_node_ends_a_pods_wait_only_once_its_back_off_has_passed() -> None:
+    view = _View()
+    allocator = _allocator(view)
+    took = await _waited(allocator, 0.3, lambda: view.listeners[0]("n1"), 0.05)  # changed early: waits the back-off
+    assert 0.29 < took < 1.2  # the back-off, not retry_s
+    took = await _waited(allocator, 0.1, lambda: view.listeners[0]("n1"), 0.25)  # changed after it: at once
+    assert 0.24 < took < 1.2
+
+
+async def test_a_pod_nothing_wakes_is_tried_again_after_retry_s() -> None:
+    allocator = _allocator(_View())
+    took = await _waited(allocator, 0.1, lambda: None, 0.0)
+    assert took > 1.49

@@ -1,4 +1,5 @@
-"""``gpuledger sim``: replay a trace through a placement policy and report how well it packed."""
+"""``gpuledger sim``: replay a trace through a placement policy and report how well it packed; with
+``--preemption``, replay it over time under each preemption strategy and report waits and evictions."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from typing import TextIO
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.packing import POLICIES, Guard
 from gpuledger_sim.dra import replay_dra
+from gpuledger_sim.preempting import STRATEGIES
 from gpuledger_sim.replay import Attempt, Config, Summary, replay
-from gpuledger_sim.trace import TraceNode, TracePod, read_nodes, read_pods
+from gpuledger_sim.timeline import run_timeline, subset
+from gpuledger_sim.timeline_figures import over_time, table
+from gpuledger_sim.trace import TraceNode, TracePod, read_nodes, read_pods, read_timed_pods
 
 Replay = Callable[[Sequence[TraceNode], Sequence[TracePod], Config, Callable[[Attempt], None] | None], Summary]
 PATHS: dict[str, Replay] = {"classic": replay, "dra": replay_dra}  # --path: how pods' cards are placed
@@ -55,6 +59,20 @@ def parser() -> argparse.ArgumentParser:
         help="also prove a lower bound on unallocated GPU %% at 100%% arrived (needs highspy: the 'bound' extra)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument(
+        "--preemption",
+        metavar="STRATEGIES",
+        help="replay over time instead (pods arrive at creation_time and run their duration; "
+        "docs/preemption.md) under each of these comma-separated strategies: none, kube, ledger; "
+        "prints a markdown table (--tune and --guard do not apply)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=0,
+        help="with --preemption: replay on a sample of the nodes (chosen by --seed) with at least "
+        "this many GPUs; 0 (default): every node",
+    )
     return p
 
 
@@ -126,7 +144,35 @@ def _pct(value: float | None) -> str:
     return "not reached" if value is None else f"{value:.2f}%"
 
 
+def run_preemption(args: argparse.Namespace, out: TextIO) -> int:
+    strategies = [s.strip() for s in args.preemption.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        raise InvalidArgument(
+            "--preemption", f"unknown strategy {unknown or args.preemption!r}; known: none, kube, ledger"
+        )
+    if args.bound or args.placements is not None or args.path != "classic":
+        raise InvalidArgument(
+            "--preemption", "replays over time through the ledger alone: no --bound, --placements or --path"
+        )
+    nodes, pods = read_nodes(args.nodes), read_timed_pods(args.pods)
+    if args.gpus:
+        nodes = subset(nodes, args.gpus, args.seed)
+    runs = [run_timeline(nodes, pods, strategy, args.policy) for strategy in strategies]
+    first = runs[0]
+    print(f"{first.nodes} nodes, {first.gpus} GPUs, {first.pods} pods, policy {args.policy}", file=out)
+    if args.json:
+        print(json.dumps([asdict(f) for f in runs], indent=2), file=out)
+        return 0
+    print(table(runs), file=out)
+    print(file=out)
+    print(over_time(runs), file=out)
+    return 0
+
+
 def run(args: argparse.Namespace, out: TextIO) -> int:
+    if args.preemption is not None:
+        return run_preemption(args, out)
     auto = args.guard == "auto"
     config = Config(args.policy, args.seed, args.tune, None if auto else parse_guard(args.guard), auto)
     nodes, pods = read_nodes(args.nodes), read_pods(args.pods)

@@ -17,7 +17,7 @@ from gpuledger_sim.dra import replay_dra
 from gpuledger_sim.preempting import STRATEGIES
 from gpuledger_sim.replay import Attempt, Config, Summary, replay
 from gpuledger_sim.timeline import run_timeline, subset
-from gpuledger_sim.timeline_figures import over_time, table
+from gpuledger_sim.timeline_figures import over_time, rounds, table
 from gpuledger_sim.trace import TraceNode, TracePod, read_nodes, read_pods, read_timed_pods
 
 Replay = Callable[[Sequence[TraceNode], Sequence[TracePod], Config, Callable[[Attempt], None] | None], Summary]
@@ -149,7 +149,7 @@ def run_preemption(args: argparse.Namespace, out: TextIO) -> int:
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown or not strategies:
         raise InvalidArgument(
-            "--preemption", f"unknown strategy {unknown or args.preemption!r}; known: none, kube, ledger"
+            "--preemption", f"unknown strategy {unknown or args.preemption!r}; known: {', '.join(STRATEGIES)}"
         )
     if args.bound or args.placements is not None or args.path != "classic":
         raise InvalidArgument(
@@ -164,9 +164,9 @@ def run_preemption(args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         print(json.dumps([asdict(f) for f in runs], indent=2), file=out)
         return 0
-    print(table(runs), file=out)
-    print(file=out)
-    print(over_time(runs), file=out)
+    for part in (table(runs), rounds(runs), over_time(runs)):
+        print(part, file=out)
+        print(file=out)
     return 0
 
 

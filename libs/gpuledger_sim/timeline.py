@@ -32,7 +32,7 @@ from random import Random
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.packing import make_policy
 from gpuledger_sim.cluster import Cluster, Job, Running
-from gpuledger_sim.preempting import STRATEGIES, Strategy
+from gpuledger_sim.preempting import STRATEGIES, Strategy, kube
 from gpuledger_sim.replay import typical_of
 from gpuledger_sim.timeline_figures import Figures, Sampler
 from gpuledger_sim.trace import WHOLE, TimedPod, TraceNode
@@ -162,6 +162,8 @@ class Timeline:
             self.preempted_in_vain[key] = counts
             return False
         self.figures.preemptions += 1
+        if self.strategy != "kube" and kube(self.cluster, job, now) is None:
+            self.figures.unseen_by_kube += len(found.victims)
         for name in found.victims:
             self._evict(name, now)
         running = self.cluster.start_on(found.at, job, now, found.grants)

@@ -33,6 +33,7 @@ class Figures:
     evictions: int = 0
     preemptions: int = 0  # pods that evicted others (once per eviction round)
     futile: int = 0  # rounds after which the preemptor still did not start
+    unseen_by_kube: int = 0  # evictions in rounds where kube-scheduler's counts would evict nobody
     gpu_hours_lost: float = 0.0  # the evicted pods' run time, times their GPUs
     never_started: int = 0  # pending at the end, never having run
     never_fits: int = 0  # of those, pods no empty node of the cluster takes
@@ -102,6 +103,21 @@ def table(runs: Sequence[Figures]) -> str:
         for f in runs
     ]
     return "\n".join([head, *rows, *ratios(runs)])
+
+
+def rounds(runs: Sequence[Figures]) -> str:
+    """The preemption rounds of each strategy: how many, how many left the preemptor waiting, and
+    the evictions in rounds where kube-scheduler's counts would have evicted nobody."""
+    head = (
+        "| strategy | preemption rounds | rounds that left the pod waiting | evictions where kube would "
+        "evict nobody | high-priority pods started | never started |\n|---|---:|---:|---:|---:|---:|"
+    )
+    rows = [
+        f"| {f.strategy} | {f.preemptions} | {f.futile} | {f.unseen_by_kube} | {f.high_started} | "
+        f"{f.never_started} ({f.never_fits} fit no node) |"
+        for f in runs
+    ]
+    return "\n".join([head, *rows])
 
 
 def ratios(runs: Sequence[Figures]) -> list[str]:

@@ -193,3 +193,13 @@ def test_a_node_nominated_for_a_pending_pod_takes_no_lower_pod_its_counts_keep_f
     assert cluster.place(job_of(timed("low-2", "BE", 0, 10)), 0) is None  # the card left is kept
     started = cluster.place(high, 0)
     assert started is not None and started.at == nominated and not cluster.nominated
+
+
+def test_on_a_fragmented_node_kube_sees_room_and_waits_where_the_ledger_evicts_one() -> None:
+    # 400 ‰ free on each card: 800 ‰ by the node's count, enough for 700 ‰ by kube-scheduler's
+    # reckoning, on no card by the ledger's.
+    pods = [timed("a", "BE", 0, 1000, 600), timed("b", "BE", 1, 1000, 600), timed("high", "LS", 10, 100, 700)]
+    kube = run_timeline(TWO_CARDS, pods, "kube")
+    ours = run_timeline(TWO_CARDS, pods, "ledger")
+    assert kube.evictions == 0 and kube.high_waits == [990.0]  # until a leaves at 1,000
+    assert ours.evictions == 1 and ours.high_waits == [0.0] and ours.unseen_by_kube == 1

@@ -32,6 +32,7 @@ from gpuledger_placement.hosts import HostUsage, follow
 from gpuledger_placement.http2 import ExtenderServer, Verb
 from gpuledger_placement.kube import KubePodApi, NoPodApi, PodApi
 from gpuledger_placement.policies import Policies
+from gpuledger_placement.preemptor import Preemptor
 from gpuledger_placement.routes import Extender, extender_app, forbidden
 from gpuledger_placement.service import PlacementService
 from gpuledger_placement.settings import PlacementSettings, parse_guard
@@ -207,6 +208,10 @@ async def _serve(
             if settings.dra_allocation == "on":  # mode C: the ledger allocates the claims of gated pods
                 allocator = ClaimAllocator(pods, claims, parts.view, parts.service.current_policy, hosts)
                 lifecycle.background(stack, tasks, allocator.run())
+        if settings.preemption == "on" and store is not None:
+            preemptor = Preemptor(pods, store, parts.service, hold_s=settings.preemption_hold_s)
+            parts.extender.preemptor = preemptor
+            stack.push_async_callback(preemptor.stop)
     stack.push_async_callback(parts.view.stop_listening)
     await parts.view.listen(nc)
     for responder in await serve_nats(nc, parts.service, settings.nats_queue):

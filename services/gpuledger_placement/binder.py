@@ -40,6 +40,7 @@ from gpuledger_placement.convert import BindArgs
 from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.kube import PodApi
 from gpuledger_placement.metrics import ROLLBACKS
+from gpuledger_placement.preemption_note import preemption_of
 from gpuledger_placement.service import PlacementService
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ class Binder:
         pod, bound_to = await self._pod(args, caller)
         if bound_to:
             return await self._bound_already(pod, args)
+        if pod.owner.key in self.service.view.holders:  # its room may be held by a preemption
+            await self._victims_gone(args)
         # A pod filter has just placed most likely holds nothing yet: its owner record is not
         # read first (the claim after the reservation finds one, should there be one).
         just_filtered = self.service.assumed.of(pod.owner) is not None
@@ -125,6 +128,19 @@ class Binder:
                 f"only pods of {', '.join(sorted(self.schedulers))}"
             )
         return self.service.resolve(convert.pod_ask_from(raw)), ref.node_name
+
+    async def _victims_gone(self, args: BindArgs) -> None:
+        """``Unavailable`` while a pod this one preempted still exists (in its grace period its
+        containers may still use the cards held for this one): kube-scheduler tries again."""
+        found = preemption_of(await self.pods.get_pod(args.namespace, args.name))
+        for victim in found.victims if found is not None else ():
+            namespace, name, uid = [*victim.split("/"), "", ""][:3]
+            try:
+                still = convert.pod_ref_from(await self.pods.get_pod(namespace, name)).uid == uid
+            except NotFound:
+                still = False
+            if still:
+                raise Unavailable(f"pod {namespace}/{name}, preempted for this one, has not ended yet")
 
     async def _bound_already(self, pod: PodAsk, args: BindArgs) -> Bound:
         """A pod bound to this node already. A retried bind of ours holds its live reservation here

@@ -35,6 +35,7 @@ MODEL_ANNOTATION = "gpuledger.io/gpu-model"
 POLICY_ANNOTATION = "gpuledger.io/placement"
 ISOLATION_ANNOTATION = "gpuledger.io/isolation"
 ALLOCATION_ANNOTATION = "gpuledger.io/allocation"
+PREEMPTION_ANNOTATION = "gpuledger.io/preemption"  # the victims a preemption evicted for the pod (preemptor.py)
 _PLAIN = re.compile(r"[A-Za-z0-9._-]+")  # a node name that JSON takes as it is
 _COUNT_LIMIT = 2**63  # no whole count of cards, MiB or percent comes near this
 

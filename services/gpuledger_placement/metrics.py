@@ -44,6 +44,12 @@ ORPHAN_RELEASE_FAILURES = Counter(
     "the next listing of the claims)",
     ["code"],
 )
+PREEMPTIONS = Counter(
+    "gpuledger_placement_preemptions_total",
+    "Share-aware preemption (docs/preemption.md): pods evicted, evictions refused (a budget, the API "
+    "server busy), rooms held for a preempting pod",
+    ["outcome"],
+)
 CLAIMS_ALLOCATED = Counter(
     "gpuledger_placement_claims_allocated_total",
     "ResourceClaims of gated pods allocated by the ledger (DRA mode C: docs/dra-mode-c.md)",

@@ -38,9 +38,7 @@ def _term(term: Mapping[str, Any], node: str, labels: Mapping[str, str]) -> bool
     expressions, fields = term.get("matchExpressions") or [], term.get("matchFields") or []
     if not expressions and not fields:
         return False  # an empty term matches no node
-    return all(_matches(e, labels) for e in expressions) and all(
-        _matches(f, {"metadata.name": node}) for f in fields
-    )
+    return all(_matches(e, labels) for e in expressions) and all(_matches(f, {"metadata.name": node}) for f in fields)
 
 
 def _matches(requirement: Mapping[str, Any], values: Mapping[str, str]) -> bool:
@@ -70,3 +68,14 @@ def _tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
     if toleration.get("operator") == "Exists":
         return not toleration.get("key") or toleration.get("key") == taint.get("key")
     return toleration.get("key") == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def selects(selector: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Whether a label selector (``matchLabels``, ``matchExpressions``) selects ``labels``: an empty
+    one selects everything, a missing one (None) nothing, as a PodDisruptionBudget's does."""
+    if selector is None:
+        return False
+    wanted = selector.get("matchLabels") or {}
+    if any(labels.get(str(k)) != str(v) for k, v in wanted.items()):
+        return False
+    return all(_matches(e, labels) for e in selector.get("matchExpressions") or [])

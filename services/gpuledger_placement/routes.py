@@ -29,6 +29,7 @@ from gpuledger_core.errors import GpuledgerError, InvalidArgument
 from gpuledger_placement import convert, metrics
 from gpuledger_placement.binder import Binder
 from gpuledger_placement.convert import BadRequest
+from gpuledger_placement.preemptor import Preemptor
 from gpuledger_placement.service import Filtered, PlacementService
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class Extender:
         schedulers: frozenset[str] = frozenset({"gpuledger-scheduler"}),
     ) -> None:
         self.service, self.binder, self.schedulers = service, binder, schedulers
+        self.preemptor: Preemptor | None = None  # set where placement may evict (Kubernetes, the ledger)
 
     def verbs(self, prefix: str) -> dict[str, Verb]:
         """Each verb by its path, timed."""
@@ -120,6 +122,8 @@ class Extender:
             metrics.FAILURES.labels("filter", err.code).inc()
             return _reply(convert.filter_error_to(f"gpuledger placement: {err}"))
         self._count_filter(pod.wants_cards, found)
+        if self.preemptor is not None and pod.wants_cards and not found.fits and found.failed:
+            self.preemptor.consider(args.pod, pod, found.failed)  # in the background: filter answers now
         return _reply(convert.filter_result_to(args, found.fits, found.failed, found.unresolvable))
 
     async def prioritize(self, body: bytes, caller: str) -> web.Response:

@@ -79,6 +79,12 @@ class PlacementSettings(KubeClientSettings):
         "DRA mode C (docs/dra-mode-c.md): with the claims controller, allocate the claims of pods gated "
         "gpuledger.io/allocate with the ledger's policy and lift the gate: on or off (such pods then wait)",
     )
+    preemption: str = option(
+        "on",
+        "share-aware preemption (docs/preemption.md): for a pod no node fits, evict the fewest lower-priority "
+        "holders of the cards it needs (Eviction API, PodDisruptionBudgets respected) and hold the room: on or off",
+    )
+    preemption_hold_s: float = option(120.0, "how long a preemption holds the room it freed for its pod, at least")
     dra_memory_step_mib: int = option(256, "the inventory's dra_memory_step_mib: the slices' memory grid")
     nats_queue: str = option("placement", "NATS queue group of the placement subjects")
     stop_timeout_s: float = option(10.0, "how long in-flight requests may take to finish at shutdown")
@@ -137,6 +143,8 @@ class PlacementSettings(KubeClientSettings):
         require(self.dra_claims != "on" or self.kube != "off", "dra_claims", "on needs Kubernetes access (kube is off)")
         allocation = self.dra_allocation
         require(allocation in ("on", "off"), "dra_allocation", f"must be on or off, got {allocation!r}")
+        require(self.preemption in ("on", "off"), "preemption", f"must be on or off, got {self.preemption!r}")
+        require(10 <= self.preemption_hold_s <= 3600, "preemption_hold_s", "must be 10..3600 seconds")
         require(1 <= self.dra_memory_step_mib <= 65536, "dra_memory_step_mib", "must be 1..65536")
         require(self.stale_after_s >= 0, "stale_after_s", "must not be negative")
         require(self.workload_window >= 1, "workload_window", "must be at least 1")

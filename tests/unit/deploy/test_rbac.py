@@ -37,8 +37,12 @@ PERMISSIONS: dict[str, set[Grant]] = {
     },
     # The extender's bind: read the pod, record the decision in its gpuledger.io/allocation
     # annotation, create its Binding. The guard (gpuledger_placement/hosts.py): list and watch
-    # Nodes (allocatable) and bound pods (requests).
+    # Nodes (allocatable) and bound pods (requests). Preemption (gpuledger_placement/preemptor.py):
+    # evict the victims, list PodDisruptionBudgets, record Events.
     "gpuledger-placement": {
+        ("*", "", "pods/eviction", "create", "*"),
+        ("*", "policy", "poddisruptionbudgets", "list", "*"),
+        ("*", "", "events", "create", "*"),
         ("*", "", "pods", "get", "*"),
         ("*", "", "pods", "patch", "*"),
         ("*", "", "pods/binding", "create", "*"),

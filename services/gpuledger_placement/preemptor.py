@@ -1,0 +1,370 @@
+"""Share-aware preemption in classic mode: placement chooses the victims and evicts them itself
+(docs/preemption.md).
+
+kube-scheduler's own preemption cannot do it: it asks an extender about victims only after its dry
+run found some, and that dry run counts a node's ``gpuledger.io/gpu`` slots, not what each holder
+holds of which card. So when filter finds no node for a pod that wants cards, it hands the pod to
+this preemptor (``consider``), which, once per pod at a time and at most every ``RETRY_S``:
+
+1. takes the pod as the scheduler sent it: unbound, not ``preemptionPolicy: Never``, holding
+   nothing yet, and with no preemption of ours under way (the ``gpuledger.io/preemption``
+   annotation, younger than its hold); its priority as admission resolved it;
+2. takes the nodes filter refused for want of cards (not those that can never fit), keeps those
+   where evicting every pod holding cards there that may be of lower priority (not known yet, or
+   known lower: a pod's priority never changes, so the last listing's is kept) would make room,
+   and lists their pods: each holder's priority, start and PodDisruptionBudget (protected when a
+   budget selecting it allows no disruption now);
+3. chooses the victims (``gpuledger_core.preemption.choose``: the smallest set of lower-priority
+   holders on the cards the pod needs, on the node where they cost least);
+4. reads the pod afresh (the same checks again) and writes the annotation with the victims, with
+   the pod's resourceVersion as precondition (of two placement replicas, one preempts);
+5. evicts each victim through the Eviction API, so that PodDisruptionBudgets are the API server's
+   to enforce; an eviction refused (a budget, the API server busy) stops the preemption with an
+   Event on the pod, and it is tried again later, never forced;
+6. in one compare-and-set on the node's ledger, releases the victims' entries and reserves the
+   pod's cards there for ``hold_s`` (the room held: filter sees the node fit the pod that holds it,
+   and no one else fits there), and records the pod as the reservation's owner; then marks the
+   annotation held.
+
+The pod's bind then takes the held reservation, once every victim's pod is gone (``Binder``): no
+card is used by a victim in its grace period and the pod at once. kube-scheduler counts an
+extender's refusal as a rejection by its stand-in plugin "Extender", which any cluster event
+requeues: the victims' deletion, and the annotation marked held (a victim without a grace period
+may be gone before the hold is written, and its deletion requeued the pod too early). A
+held room that is not bound within ``hold_s`` lapses like any reservation; a preemptor that dies
+between the evictions and the hold leaves victims that go and room that is free again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from gpuledger_common.store import LedgerStore
+from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, NotFound
+from gpuledger_core.ids import AllocationId, NodeName
+from gpuledger_core.ledger import NodeLedger, release
+from gpuledger_core.model import OwnerKind
+from gpuledger_core.pods import PodAsk, reserve_pod
+from gpuledger_core.preemption import Fit, Holder, Victims, choose
+from gpuledger_placement.metrics import PREEMPTIONS
+from gpuledger_placement.node_fit import selects
+from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION, Preemption, preemption_of
+from gpuledger_placement.service import PlacementService
+
+log = logging.getLogger(__name__)
+HOLD_S = 120.0  # the room held for the pod, at least; longer when a victim's grace period is
+DEFAULT_GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds when it names none
+RETRY_S = 10.0  # a pod's preemption tried again at most this often
+EVENT_REPEAT_S = 60.0
+MERGE_PATCH = "application/merge-patch+json"
+PDBS = "/apis/policy/v1/poddisruptionbudgets"
+
+
+class PreemptApi(Protocol):
+    async def get_object(self, path: str) -> dict[str, Any]: ...
+    async def list_objects(self, path: str, params: Mapping[str, str]) -> dict[str, Any]: ...
+    async def create_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def patch_object(self, path: str, body: Any, content_type: str) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class Preemptor:
+    api: PreemptApi
+    store: LedgerStore
+    service: PlacementService
+    clock: Callable[[], float] = time.time
+    hold_s: float = HOLD_S
+    retry_s: float = RETRY_S
+    _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _tried: dict[str, float] = field(default_factory=dict)  # pod uid -> when its last preemption began
+    _told: dict[tuple[str, str], float] = field(default_factory=dict)  # (pod uid, reason) -> when said
+    _graces: dict[str, float] = field(default_factory=dict)  # pod uid -> its termination grace period (s)
+    _priorities: dict[str, int] = field(default_factory=dict)  # pod uid -> its priority, as last listed
+
+    def consider(self, raw: Mapping[str, Any], pod: PodAsk, refused: Iterable[str]) -> None:
+        """Filter found no node for ``pod`` (``raw`` as the scheduler sent it); ``refused``: the
+        nodes it refused for want of cards. Preempt for it in the background, unless under way or
+        tried less than ``retry_s`` ago."""
+        uid = pod.owner.id
+        nodes = tuple(refused)
+        if not pod.wants_cards or not nodes or uid in self._busy:
+            return
+        if self.clock() - self._tried.get(uid, float("-inf")) < self.retry_s:
+            return
+        self._tried[uid] = self.clock()
+        self._busy[uid] = asyncio.create_task(self._guarded(raw, pod, nodes))
+
+    async def stop(self) -> None:
+        for task in tuple(self._busy.values()):
+            task.cancel()
+        await asyncio.gather(*self._busy.values(), return_exceptions=True)
+
+    async def idle(self) -> None:
+        while self._busy:
+            await asyncio.gather(*list(self._busy.values()), return_exceptions=True)
+
+    async def _guarded(self, raw: Mapping[str, Any], pod: PodAsk, nodes: tuple[str, ...]) -> None:
+        try:
+            await self.preempt(raw, pod, nodes)
+        except GpuledgerError as err:
+            log.warning("preemption for %s failed: %s; tried again later", pod.owner.describe(), err)
+        finally:
+            self._busy.pop(pod.owner.id, None)
+            self._forget_old()
+
+    def _forget_old(self) -> None:
+        now = self.clock()
+        for uid in [u for u, at in self._tried.items() if now - at > 10 * self.retry_s]:
+            del self._tried[uid]
+        for key in [k for k, at in self._told.items() if now - at > EVENT_REPEAT_S]:
+            del self._told[key]
+        if not self._busy:
+            self._graces.clear()
+
+    async def preempt(self, raw: Mapping[str, Any], pod: PodAsk, nodes: Sequence[str]) -> Victims | None:
+        """Steps 1-6 above; the victims evicted and the room held, or None (nothing done)."""
+        meta = raw.get("metadata") or {}
+        if not self._may_preempt(raw, pod):  # the scheduler's copy first: most pods stop here, unread
+            return None
+        priority = priority_of(raw)
+        pod = self.service.resolve(pod)
+        fit = self._fit(pod)
+        ledgers = self._ledgers(nodes, pod, fit, priority)
+        if not ledgers:
+            log.debug("preemption for %s: no node where pods of lower priority hold its room", pod.owner.describe())
+            return None
+        holders = await self._holders([ledger.node.name for ledger in ledgers])
+        victims = choose(ledgers, pod, priority, holders, fit, self.clock())
+        if victims is None:
+            log.debug("preemption for %s: no set of lower-priority pods frees its cards", pod.owner.describe())
+            return None
+        fresh = await self._pod(str(meta.get("namespace")), str(meta.get("name")), pod.owner.id)
+        if fresh is None or not self._may_preempt(fresh, pod) or priority_of(fresh) != priority:
+            return None
+        if not victims.evict:
+            return None  # it fits now: kube-scheduler's next try places it
+        if not await self._announce(fresh, victims):
+            return None  # another replica preempts for it, or the pod changed
+        evicted = await self._evict(fresh, victims)
+        if not evicted:
+            await self._withdraw(fresh)
+            return None
+        await self._hold(fresh, pod, victims)
+        await self._held(fresh, victims)
+        PREEMPTIONS.labels("held").inc()
+        cards = ",".join(str(s.index) for g in victims.grants for s in g.cards)
+        names = ", ".join(a.owner.describe() for a in victims.evict)
+        await self._event(fresh, "GpuledgerPreempting", f"evicted {names} on {victims.node}; card(s) {cards} "
+                          f"held for the pod for {self._hold_for(victims):g}s", kind="Normal")  # fmt: skip
+        log.info("preemption for %s: evicted %s; room held on %s", pod.owner.describe(), victims.describe(), cards)
+        return victims
+
+    def _may_preempt(self, raw: Mapping[str, Any], pod: PodAsk) -> bool:
+        spec, meta = raw.get("spec") or {}, raw.get("metadata") or {}
+        if spec.get("nodeName") or meta.get("deletionTimestamp"):
+            return False
+        if spec.get("preemptionPolicy") == "Never":
+            return False  # as Kubernetes defines: the pod waits, it never preempts
+        if pod.owner.key in self.service.view.holders:
+            return False  # it holds its room already (an earlier preemption, a bind under way)
+        under_way = preemption_of(raw)
+        return under_way is None or self.clock() - under_way.at >= max(self.hold_s, under_way.hold_s)
+
+    def _fit(self, pod: PodAsk) -> Fit:
+        _, policy = self.service.policies.get(pod.policy or self.service.policy)
+        view = self.service.view
+        return Fit(policy, view.slots_per_card, view.mix_isolation)
+
+    def _ledgers(self, nodes: Sequence[str], pod: PodAsk, fit: Fit, priority: int) -> list[NodeLedger]:
+        """The nodes' ledgers where evicting every pod holding cards that could be of lower
+        priority (its priority not known yet, or known and lower) would make room."""
+        view, found = self.service.view, []
+        for name in nodes:
+            entry = view.entries.get(name)
+            if entry is None or view.stale(name):
+                continue
+            pods = [a for a in entry.ledger.live() if a.owner.kind is OwnerKind.POD]
+            lower = [a.id for a in pods if self._priorities.get(a.owner.id, priority - 1) < priority]
+            if lower and fit.grants(entry.ledger, pod, lower) is not None:
+                found.append(entry.ledger)
+        return found
+
+    async def _holders(self, nodes: Sequence[NodeName]) -> dict[str, Holder]:
+        """Every pod on ``nodes`` that is not going already: priority, start, budget."""
+        pods: list[Mapping[str, Any]] = []
+        for node in nodes:
+            listed = await self.api.list_objects("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
+            pods += [p for p in listed.get("items") or [] if not (p.get("metadata") or {}).get("deletionTimestamp")]
+        budgets = (await self.api.list_objects(PDBS, {})).get("items") or []
+        live = {a.owner.id for e in self.service.view.entries.values() for a in e.ledger.live()}
+        for uid in [u for u in self._priorities if u not in live]:
+            del self._priorities[uid]  # a pod's priority never changes; a gone pod's is dropped
+        for p in pods:
+            self._priorities[str(p["metadata"]["uid"])] = priority_of(p)
+            grace = (p.get("spec") or {}).get("terminationGracePeriodSeconds")
+            self._graces[str(p["metadata"]["uid"])] = float(grace) if isinstance(grace, int) else DEFAULT_GRACE_S
+        return {f"{OwnerKind.POD}:{p['metadata']['uid']}": holder_of(p, budgets) for p in pods}
+
+    def _note(self, victims: Victims, held: bool = False) -> Preemption:
+        refs = tuple(_ref(a.owner.namespace, a.owner.name, a.owner.id) for a in victims.evict)
+        return Preemption(victims.node, self.clock(), self._hold_for(victims), refs, held)
+
+    async def _announce(self, raw: Mapping[str, Any], victims: Victims) -> bool:
+        meta = raw["metadata"]
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"],
+                             "annotations": {PREEMPTION_ANNOTATION: self._note(victims).encode()}}}  # fmt: skip
+        try:
+            await self.api.patch_object(_pod_path(meta["namespace"], meta["name"]), body, MERGE_PATCH)
+        except (Conflict, NotFound):
+            return False
+        return True
+
+    async def _held(self, raw: Mapping[str, Any], victims: Victims) -> None:
+        """The annotation says the room is held. This update of the pod is also what has
+        kube-scheduler try it again now: a victim whose pod went before the hold was written (no
+        grace period) requeued it too early, and the hold itself is no Kubernetes event (an
+        extender's refusal makes any event of the pod's requeue it)."""
+        meta = raw["metadata"]
+        body = {"metadata": {"annotations": {PREEMPTION_ANNOTATION: self._note(victims, held=True).encode()}}}
+        try:
+            await self.api.patch_object(_pod_path(meta["namespace"], meta["name"]), body, MERGE_PATCH)
+        except GpuledgerError as err:  # the victims' deletion requeues it, or kube-scheduler's own flush
+            log.warning("preemption for pod %s/%s: not marked held: %s", meta["namespace"], meta["name"], err)
+
+    async def _withdraw(self, raw: Mapping[str, Any]) -> None:
+        meta = raw["metadata"]
+        body = {"metadata": {"annotations": {PREEMPTION_ANNOTATION: None}}}
+        try:
+            await self.api.patch_object(_pod_path(meta["namespace"], meta["name"]), body, MERGE_PATCH)
+        except GpuledgerError as err:  # it lapses after hold_s anyway
+            log.warning("preemption for pod %s/%s: annotation not removed: %s", meta["namespace"], meta["name"], err)
+
+    async def _evict(self, raw: Mapping[str, Any], victims: Victims) -> bool:
+        """Evict every victim; False (with an Event) at the first the API server refuses."""
+        meta = raw["metadata"]
+        for allocation in victims.evict:
+            owner = allocation.owner
+            body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": owner.name, "namespace": owner.namespace},
+                    "deleteOptions": {"preconditions": {"uid": owner.id}}}  # fmt: skip
+            try:
+                await self.api.create_object(f"{_pod_path(owner.namespace, owner.name)}/eviction", body)
+            except NotFound:
+                continue  # gone already
+            except GpuledgerError as err:
+                PREEMPTIONS.labels("eviction_refused").inc()
+                await self._event(raw, "GpuledgerPreemptionBlocked", f"the eviction of {owner.describe()} was "
+                                  f"refused ({err}); tried again later, never forced")  # fmt: skip
+                return False
+            PREEMPTIONS.labels("evicted").inc()
+            cards = ",".join(sorted({str(s.index) for s in allocation.shares()}))
+            victim = {"metadata": {"namespace": owner.namespace, "name": owner.name, "uid": owner.id}}
+            await self._event(victim, "Preempted", f"by pod {meta['namespace']}/{meta['name']} on {victims.node}, "
+                              f"card(s) {cards} (gpuledger)", kind="Normal")  # fmt: skip
+        return True
+
+    async def _hold(self, raw: Mapping[str, Any], pod: PodAsk, victims: Victims) -> None:
+        """The victims' entries released and the pod's cards reserved, in one compare-and-set."""
+        now, node = self.clock(), victims.node
+        allocation_id = AllocationId(f"p-{pod.owner.id[:24]}-{int(now)}")
+        fit, hold_s = self._fit(pod), self._hold_for(victims)
+        meta = raw["metadata"]
+        why = f"preempted by pod {meta['namespace']}/{meta['name']}"
+
+        def transition(ledger: NodeLedger | None) -> NodeLedger:
+            if ledger is None:
+                raise NotFound(f"node {node} is not in the ledger")
+            if ledger.get(allocation_id) is not None:
+                return ledger  # written already (an answer lost on the way back)
+            for victim in victims.evict:
+                if ledger.get(victim.id) is not None:
+                    ledger = release(ledger, victim.id, now, why)
+            slots = self.service.view.slots_per_card
+            return reserve_pod(ledger, pod, fit.policy, allocation_id, now=now, lease_s=hold_s,
+                               slots_per_card=slots, mix_isolation=fit.mix_isolation)  # fmt: skip
+
+        try:
+            written = await self.store.mutate(node, transition)
+        except Exhausted as err:  # the room went to someone else meanwhile: the victims go anyway
+            raise Conflict(f"the room on {node} was taken before it could be held: {err}") from err
+        if written.new is not None:
+            self.service.view.apply(node, written.new, written.revision)
+        if await self.store.claim_owner(pod.owner, allocation_id, node) is None:
+            log.warning("preemption for %s: the owner record names another allocation", pod.owner.describe())
+
+    def _hold_for(self, victims: Victims) -> float:
+        """``hold_s``, or longer where a victim's grace period (its pod may take that long to end)
+        and a minute for the bind would not fit in it."""
+        graces = [self._graces.get(a.owner.id, DEFAULT_GRACE_S) for a in victims.evict]
+        return max([self.hold_s, *(g + 60.0 for g in graces)])
+
+    async def _pod(self, namespace: str, name: str, uid: str) -> dict[str, Any] | None:
+        try:
+            found = await self.api.get_object(_pod_path(namespace, name))
+        except NotFound:
+            return None
+        return found if (found.get("metadata") or {}).get("uid") == uid else None
+
+    async def _event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str = "Warning") -> None:
+        meta = pod["metadata"]
+        key = (str(meta["uid"]), reason)
+        if reason != "Preempted" and self.clock() - self._told.get(key, float("-inf")) < EVENT_REPEAT_S:
+            return
+        self._told[key] = self.clock()
+        now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": meta["namespace"],
+                               "name": meta["name"], "uid": meta["uid"]},
+            "reason": reason, "message": message[:1024], "type": kind,
+            "source": {"component": "gpuledger-placement"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }  # fmt: skip
+        try:
+            await self.api.create_object(f"/api/v1/namespaces/{meta['namespace']}/events", body)
+        except GpuledgerError as err:
+            log.warning("preemption: cannot record the event %s: %s", reason, err)
+        log.info("preemption: pod %s/%s: %s: %s", meta["namespace"], meta["name"], reason, message)
+
+
+def priority_of(pod: Mapping[str, Any]) -> int:
+    """The pod's priority as admission resolved it (0 without a priority class or a global default)."""
+    value = (pod.get("spec") or {}).get("priority")
+    return int(value) if isinstance(value, int) else 0
+
+
+def holder_of(pod: Mapping[str, Any], budgets: Sequence[Mapping[str, Any]]) -> Holder:
+    """A running pod as a possible victim: its priority, whether a PodDisruptionBudget of its
+    namespace selecting it allows no disruption now, and when it started."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    protected = any(
+        (b.get("metadata") or {}).get("namespace") == meta.get("namespace")
+        and selects((b.get("spec") or {}).get("selector"), labels)
+        and int((b.get("status") or {}).get("disruptionsAllowed") or 0) <= 0
+        for b in budgets
+    )
+    started = (pod.get("status") or {}).get("startTime") or meta.get("creationTimestamp")
+    return Holder(priority_of(pod), protected, _epoch(started))
+
+
+def _epoch(stamp: Any) -> float:
+    if not isinstance(stamp, str):
+        return 0.0
+    try:
+        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _ref(namespace: str, name: str, uid: str) -> str:
+    return f"{namespace}/{name}/{uid}"
+
+
+def _pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}"

@@ -1,0 +1,129 @@
+"""Share-aware preemption on the real control plane (docs/preemption.md): a high-priority 5 GiB
+share on a node whose two cards are full of low-priority 2-4 GiB shares. kube-scheduler's own
+preemption finds no victim (its dry run counts the node's slots, which are far from full); placement
+evicts exactly the smallest set of low-priority pods on one card, holds the room, and the pod binds
+there once they are gone. Nothing else is evicted, and a pod of equal priority evicts nobody."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_dev.controlplane.api import ApiError, KubeApi
+from gpuledger_dev.local_stack import Stack
+from gpuledger_dev.real_cluster import RealCluster
+from tests.e2e.helpers import POLL_S, consistent, get_pod, ledger, namespace, pod, pods_in, running, share
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+NODE = "p4-1"  # two Tesla P4 of 7611 MiB
+LOW, HIGH = "e2e-low", "e2e-high"
+SHARES = (4096, 2048, 2048, 2048, 2048)  # MiB: best fit puts 4 + 2 GiB on one card, 2 + 2 + 2 on the other
+WANT = 5120
+
+
+@contextlib.asynccontextmanager
+async def priority_classes(api: KubeApi) -> AsyncIterator[None]:
+    for name, value in ((LOW, 10), (HIGH, 1000)):
+        with contextlib.suppress(ApiError):
+            body = {"metadata": {"name": name}, "value": value, "preemptionPolicy": "PreemptLowerPriority"}
+            await api.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
+    try:
+        yield
+    finally:
+        for name in (LOW, HIGH):
+            with contextlib.suppress(ApiError):
+                await api.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+
+
+def prioritized(name: str, ns: str, mib: int, priority_class: str) -> dict[str, Any]:
+    body = pod(name, ns, share(mib), node=NODE)
+    body["spec"]["priorityClassName"] = priority_class
+    return body
+
+
+def smallest_sets(found: NodeLedger, uids: dict[str, str]) -> list[set[str]]:
+    """Every smallest set of the low pods (by name) on one card whose going leaves ``WANT`` MiB free."""
+    by_card: dict[int, list[tuple[str, int]]] = {}
+    for allocation in found.live():
+        name = uids.get(allocation.owner.id)
+        if name is not None:
+            for s in allocation.shares():
+                by_card.setdefault(s.index, []).append((name, s.mem_mib))
+    used = {c.index: sum(s.mem_mib for a in found.live() for s in a.shares() if s.index == c.index)
+            for c in found.node.cards}  # fmt: skip
+    memory = {c.index: c.memory_mib for c in found.node.cards}
+    for size in range(1, len(uids) + 1):
+        sets = [
+            {name for name, _ in combo}
+            for card, held in by_card.items()
+            for combo in itertools.combinations(held, size)
+            if memory[card] - used[card] + sum(mib for _, mib in combo) >= WANT
+        ]
+        if sets:
+            return sets
+    return []
+
+
+@pytest.mark.timeout(240)
+async def test_a_high_priority_share_evicts_the_fewest_low_priority_shares_on_one_card(
+    stack: Stack, cluster: RealCluster, api: KubeApi
+) -> None:
+    async def node_idle() -> bool:
+        found = (await ledger(stack)).get(NODE)
+        return found is not None and not list(found.live())
+
+    await wait_for(node_idle, 60, f"{NODE}'s cards held by nobody (an earlier test's pods gone)", POLL_S)
+    async with priority_classes(api), namespace(api, "e2e-preemption", stack) as ns:
+        uids: dict[str, str] = {}
+        for i, mib in enumerate(SHARES):  # one at a time: each lands where the policy puts it
+            made = await api.create(f"/api/v1/namespaces/{ns}/pods", prioritized(f"low-{i}", ns, mib, LOW))
+            await running(api, ns, f"low-{i}")
+            uids[made["metadata"]["uid"]] = f"low-{i}"
+        before = (await ledger(stack))[NODE]
+        expected = smallest_sets(before, uids)
+        assert expected and all(len(s) < len(SHARES) for s in expected), expected
+
+        same = await api.create(f"/api/v1/namespaces/{ns}/pods", prioritized("equal", ns, WANT, LOW))
+        why = await wait_for(lambda: cluster.scheduling_failure(ns, "equal", same["metadata"]["uid"]), 60,
+                             "the equal-priority pod refused", POLL_S)  # fmt: skip
+        assert "MiB" in why, why
+
+        await api.create(f"/api/v1/namespaces/{ns}/pods", prioritized("high", ns, WANT, HIGH))
+        try:
+            high = await running(api, ns, "high", timeout=120)
+        except TimeoutError as err:
+            said = [line for line in stack.supervisor.get("placement").log.read_text(errors="replace").splitlines()
+                    if "preempt" in line.lower() or "bind" in line.lower()]  # fmt: skip
+            events = [f"{e['involvedObject']['name']}: {e.get('reason')}: {e.get('message')}"
+                      for e in (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]]  # fmt: skip
+            scheduler = cluster.control_plane.processes["kube-scheduler"].log_path.read_text(errors="replace")
+            about = [line for line in scheduler.splitlines() if "schedule_one.go:298" not in line][-40:]
+            about += [f"{p['metadata']['name']}: {p['status'].get('phase')} {p['metadata'].get('deletionTimestamp')}"
+                      for p in await pods_in(api, ns)]  # fmt: skip
+            raise AssertionError("\n".join([str(err), *said[-30:], *events[-30:], *about])) from None
+        assert high["spec"]["nodeName"] == NODE
+
+        left = {p["metadata"]["name"] for p in await pods_in(api, ns) if not p["metadata"].get("deletionTimestamp")}
+        evicted = {name for name in uids.values() if name not in left}
+        assert evicted in expected, f"evicted {sorted(evicted)}; the smallest sets were {expected}"
+        assert "equal" in left and (await get_pod(api, ns, "equal"))["spec"].get("nodeName") in (None, "")
+
+        events = (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]
+        preempted = {e["involvedObject"]["name"] for e in events if e.get("reason") == "Preempted"}
+        assert preempted == evicted
+        held = next(e["message"] for e in events if e.get("reason") == "GpuledgerPreempting")
+        assert NODE in held and all(name in held for name in evicted), held
+
+        after = (await ledger(stack))[NODE]
+        mine = [a for a in after.live() if a.owner.id == high["metadata"]["uid"]]
+        assert len(mine) == 1 and mine[0].shares()[0].mem_mib == WANT
+        victim_cards = {s.index for a in before.live() if uids.get(a.owner.id) in evicted for s in a.shares()}
+        assert {s.index for s in mine[0].shares()} == victim_cards
+        await consistent(cluster, stack)

@@ -9,7 +9,8 @@ same fit as every placement (``pods.plan``):
   knows nothing of (tools, pods it has no priority for) never go;
 - **on which cards**: for a pod whose cards come from one container (the usual pod), the candidates
   are grouped by the cards they free: per card for a one-card pod; for an n-card pod, the n cards
-  whose own groups cost least (cards that already take it cost nothing). A pod of several
+  whose own groups cost least (cards that already take it cost nothing; cards held only by
+  holders that may not go are no choice). A pod of several
   containers takes its candidates from the whole node;
 - **the smallest set**: within a group, each victim is given back its cards in turn, the one whose
   eviction would hurt most first (one a PodDisruptionBudget protects, then the highest priority, then
@@ -27,9 +28,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuledger_core.errors import Exhausted
+from gpuledger_core.fit import share_for
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
-from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Allocation, Grant
+from gpuledger_core.ledger import NodeLedger, share_problem
+from gpuledger_core.model import Allocation, Grant, Request
 from gpuledger_core.packing import Policy
 from gpuledger_core.pods import PodAsk, plan
 
@@ -144,12 +146,23 @@ def _groups(
     if count == 1:
         groups = [tuple(group) for group in by_card.values() if group]
     else:
-        ranked = sorted(by_card.values(), key=lambda group: (bool(group), _cost(group, holders, now)))
+        # A card with no candidates costs nothing only if it takes the pod already; one held by
+        # holders that may not go is no choice at all.
+        usable = [group for uuid, group in by_card.items() if group or _takes(ledger, uuid, single.request)]
+        ranked = sorted(usable, key=lambda group: (bool(group), _cost(group, holders, now)))
         chosen: dict[AllocationId, Allocation] = {}
         for group in ranked[:count]:
             chosen.update((a.id, a) for a in group)
         groups = [tuple(chosen.values())] if chosen else []
     return [*groups, pool]
+
+
+def _takes(ledger: NodeLedger, uuid: CardUuid, request: Request) -> bool:
+    """Whether the card takes a share of ``request`` as the ledger stands."""
+    card = ledger.node.card(uuid)
+    if card is None or not request.allows(card.model):
+        return False
+    return not share_problem(ledger.node, ledger.use().get(uuid), share_for(card, request))
 
 
 def _smallest(

@@ -14,7 +14,7 @@ from gpuledger_core.packing import make_policy
 from gpuledger_core.pods import PodAsk
 from gpuledger_core.preemption import Fit, Holder, choose, on_node
 
-from .builders import allocation, card, share
+from .builders import allocation, card, share, whole
 
 FIT = Fit(make_policy("bestfit"), slots_per_card=8)
 PREEMPTOR = Owner(OwnerKind.POD, "uid-high", "ns", "high")
@@ -139,3 +139,15 @@ def test_no_victim_could_be_spared_and_the_pod_fits_once_they_go(case: tuple[Nod
         assert FIT.grants(ledger, asked, [g for g in gone if g != spared]) is None, f"{spared} need not go"
     cards = {s.index for a in found.evict for s in a.shares()}
     assert len(cards) <= 1  # a one-card pod's victims sit on one card
+
+
+def test_a_card_held_by_a_holder_that_may_not_go_is_not_counted_as_free_for_a_multi_card_pod() -> None:
+    # Card 0 is held whole by a pod of the preemptor's priority; cards 1 and 2 by one low holder
+    # each (a and b, the oldest), card 3 by two (c and d). Two whole cards: a and b, not b, c, d.
+    node = Node(NodeName("node-a"), tuple(card(i, 8 * GIB) for i in range(4)))
+    held = [("peer", 0), ("a", 1), ("b", 2)]
+    allocations = [allocation(n, Grant("main", (whole(node.cards[i]),)), name=node.name) for n, i in held]
+    allocations += [allocation(n, Grant("main", (share(3, 2 * GIB, 100),)), name=node.name) for n in ("c", "d")]
+    holders = {**low("a", "b", "c", "d", a=1.0, b=2.0, c=5.0, d=6.0), "pod:uid-peer": Holder(100)}
+    found = on_node(NodeLedger(node, tuple(allocations)), pod(None, count=2), 100, holders, FIT, now=10.0)
+    assert found is not None and {a.id for a in found.evict} == {"a", "b"}

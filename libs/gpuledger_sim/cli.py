@@ -155,6 +155,8 @@ def run_preemption(args: argparse.Namespace, out: TextIO) -> int:
         raise InvalidArgument(
             "--preemption", "replays over time through the ledger alone: no --bound, --placements or --path"
         )
+    if args.gpus < 0:
+        raise InvalidArgument("--gpus", f"must be 0 or more, got {args.gpus}")
     nodes, pods = read_nodes(args.nodes), read_timed_pods(args.pods)
     if args.gpus:
         nodes = subset(nodes, args.gpus, args.seed)

@@ -171,6 +171,7 @@ def test_the_cli_prints_each_strategy_and_the_ratios(tmp_path: Path, capsys: pyt
     ]  # fmt: skip
     assert "ledger / kube: evictions" in out
     assert cli.main(["--nodes", str(nodes), "--pods", str(pods), "--preemption", "kube,random"]) == 2
+    assert cli.main(["--nodes", str(nodes), "--pods", str(pods), "--preemption", "kube", "--gpus", "-1"]) == 2
 
 
 def test_figures_of_no_high_priority_pod_say_so() -> None:

@@ -11,11 +11,11 @@ CDI spec.
   allocator and of nats-server (each restarted), and a restart of a node's kubelet. Afterwards
   every pod runs or is unbound with the scheduler's reason, no card is over capacity, and the
   ledger's claim entries are exactly the claims' allocations.
-- The same in mode C (a namespace labelled for the ledger's allocation): a burst of 200 claims with
-  a second placement replica racing the first, and the burst with placement or nats-server killed
-  in its middle. Afterwards no card is over capacity, every claim the ledger allocated once, every
-  bound pod's claim allocated by the ledger (none by kube-scheduler while placement was down), every
-  pod running or gated with gpuledger's reason, and the ledger's entries exactly the allocations.
+- The same in mode C (a namespace labelled for the ledger's allocation): the burst with placement
+  or nats-server killed in its middle. Afterwards no card is over capacity, every claim the ledger
+  allocated once, every bound pod's claim allocated by the ledger (none by kube-scheduler while
+  placement was down), every pod running or gated with gpuledger's reason, and the ledger's
+  entries exactly the allocations.
 - Classic pods, mode-B claims and mode-C claims at once on the same nodes and cards: no card over
   capacity, the ledger equal to the classic pods and to the claims."""
 
@@ -165,17 +165,7 @@ async def test_a_fault_mid_burst_of_claims_leaves_the_ledger_equal_to_the_claims
         await api.delete(f"/api/v1/namespaces/{ns}")
 
 
-async def second_placement(stack: Stack) -> None:
-    """A second placement replica beside the first (its own ports, the same ledger and cluster):
-    both claim allocators race for every gated pod."""
-    args = list(stack.supervisor.get("placement").args)
-    for flag in ("--http-port", "--extender-port"):
-        args[args.index(flag) + 1] = str(free_port())
-    await stack.supervisor.start("placement-2", "gpuledger_placement", args)
-
-
 MODE_C_FAULTS: dict[str, tuple[int, Callable[[Stack], Awaitable[None]]]] = {
-    "two-placements": (200, second_placement),  # 88 slots on the 11 cards: most of the burst waits, gated
     "placement-sigkill": (BURST, lambda stack: kill_service(stack, "placement")),
     "nats-server-sigkill": (BURST, kill_nats),
 }
@@ -194,11 +184,8 @@ async def test_a_burst_of_claims_in_mode_c_leaves_the_ledger_equal_to_the_alloca
     try:
         claims_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
         creating = asyncio.ensure_future(create_burst(api, ns, burst))
-        if fault == "two-placements":
-            await act(dra_stack)
-        else:
-            await wait_for(lambda: _bound_at_least(api, ns, burst // 4), 120, f"{burst // 4} pods bound", 0.2)
-            await act(dra_stack)
+        await wait_for(lambda: _bound_at_least(api, ns, burst // 4), 120, f"{burst // 4} pods bound", 0.2)
+        await act(dra_stack)
         await creating
         await wait_for(_steady(api, ns, "GpuledgerUnschedulable"), 300, "every pod running, or gated with a reason", 1)
         dra_stack.supervisor.check()
@@ -228,10 +215,6 @@ async def test_a_burst_of_claims_in_mode_c_leaves_the_ledger_equal_to_the_alloca
         print(f"\n  mode C, {fault}: {running} of {burst} pods running, {len(held)} claims held", flush=True)
         assert running >= min(burst * 3 // 4, 72), f"only {running} of {burst} pods run after {fault}"
     finally:
-        if fault == "two-placements":
-            second = dra_stack.supervisor.get("placement-2")
-            await second.stop()
-            dra_stack.supervisor.services.remove(second)  # the stack's own services are checked on
         await _delete_all(dra_stack, ns)
         await api.delete(f"/api/v1/namespaces/{ns}")
 

@@ -33,7 +33,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from gpuledger_core import claims
@@ -52,6 +51,7 @@ from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.metrics import CLAIMS_ALLOCATED
 from gpuledger_placement.node_fit import node_refusal
+from gpuledger_placement.pod_events import pod_event
 from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
@@ -396,16 +396,9 @@ class ClaimAllocator:
             log.debug("allocation: pod %s: %s again: %s", _describe(pod), reason, message)
             return  # tried again on a ledger change: the pod's events say it once a minute
         self._told[meta["uid"]] = (reason, self.clock())
-        now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": meta["namespace"],
-                               "name": meta["name"], "uid": meta["uid"]},
-            "reason": reason, "message": message[:1024], "type": "Warning",
-            "source": {"component": "gpuledger-placement"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }  # fmt: skip
+        path, body = pod_event(pod, reason, message, "Warning", self.clock())
         try:
-            await self.api.create_object(f"/api/v1/namespaces/{meta['namespace']}/events", body)
+            await self.api.create_object(path, body)
         except GpuledgerError as err:
             log.warning("allocation: cannot record the event %s for pod %s: %s", reason, _describe(pod), err)
         log.info("allocation: pod %s: %s: %s", _describe(pod), reason, message)

@@ -54,6 +54,7 @@ from gpuledger_core.pods import PodAsk, reserve_pod
 from gpuledger_core.preemption import Fit, Holder, Victims, choose
 from gpuledger_placement.metrics import PREEMPTIONS
 from gpuledger_placement.node_fit import selects
+from gpuledger_placement.pod_events import pod_event
 from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION, Preemption, preemption_of
 from gpuledger_placement.service import PlacementService
 
@@ -317,16 +318,9 @@ class Preemptor:
         if reason != "Preempted" and self.clock() - self._told.get(key, float("-inf")) < EVENT_REPEAT_S:
             return
         self._told[key] = self.clock()
-        now = datetime.fromtimestamp(self.clock(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-            "involvedObject": {"kind": "Pod", "apiVersion": "v1", "namespace": meta["namespace"],
-                               "name": meta["name"], "uid": meta["uid"]},
-            "reason": reason, "message": message[:1024], "type": kind,
-            "source": {"component": "gpuledger-placement"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }  # fmt: skip
+        path, body = pod_event(pod, reason, message, kind, self.clock())
         try:
-            await self.api.create_object(f"/api/v1/namespaces/{meta['namespace']}/events", body)
+            await self.api.create_object(path, body)
         except GpuledgerError as err:
             log.warning("preemption: cannot record the event %s: %s", reason, err)
         log.info("preemption: pod %s/%s: %s: %s", meta["namespace"], meta["name"], reason, message)

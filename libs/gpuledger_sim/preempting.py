@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from gpuledger_core.model import Grant
 from gpuledger_core.preemption import choose
-from gpuledger_sim.cluster import Cluster, Job, Running
+from gpuledger_sim.cluster import Cluster, Free, Job, Running
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +82,12 @@ def kube_victims(cluster: Cluster, at: int, job: Job) -> list[Running]:
     free = cluster.free(at).minus(cluster.reserved(at, job))
     if not free.plus(pool).takes(job):
         return []
+    return _reprieved(free, pool, job)
+
+
+def _reprieved(free: Free, pool: list[Running], job: Job) -> list[Running]:
+    """``pool`` with each holder given back, the most important first, while ``free`` plus the
+    rest still takes the job: kube-scheduler's reprieve of its dry run's victims."""
     victims = list(pool)
     for running in sorted(pool, key=_importance):
         trial = [v for v in victims if v is not running]
@@ -130,12 +136,7 @@ def _for_host(cluster: Cluster, at: int, job: Job, victims: list[Running]) -> li
     pool = [r for r in _lower_holders(cluster, at, job) if r.job.name not in taken]
     if not free.plus(pool).takes(job):
         return None
-    extra = list(pool)
-    for running in sorted(pool, key=_importance):
-        trial = [v for v in extra if v is not running]
-        if free.plus(trial).takes(job):
-            extra = trial
-    return extra
+    return _reprieved(free, pool, job)
 
 
 def _worth_asking(cluster: Cluster, at: int, job: Job) -> bool:

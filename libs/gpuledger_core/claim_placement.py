@@ -28,7 +28,7 @@ from gpuledger_core.errors import Exhausted
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Allocation, AllocState, Grant, Node
+from gpuledger_core.model import Allocation, AllocState, Grant, Node, Request
 from gpuledger_core.packing import NodeState, Policy, from_ledger, rate
 from gpuledger_core.pods import PodAsk, plan
 
@@ -59,8 +59,8 @@ def place_claim(
     reasons: dict[str, str] = {}
     for combo in itertools.product(*(range(len(r.choices)) for r in ask.requests)):
         picked = [r.choices[i] for r, i in zip(ask.requests, combo, strict=True)]
-        containers = tuple(ContainerAsk(r.name, request) for r, (_, request) in zip(ask.requests, picked, strict=True))
-        pod = PodAsk(ask.ref.owner, containers, ask.isolation, cpu_milli=cpu_milli, memory_mib=memory_mib)
+        pod = _as_pod(ask, [request for _, request in picked], cpu_milli, memory_mib)
+        containers = pod.containers
         main = pod.main()
         ranked: list[tuple[float, str, NodeLedger]] = []
         for ledger in ledgers:  # scored first (cheap on the caller's states), planned best first
@@ -99,6 +99,17 @@ def place_claim(
             return ClaimPlan(allocation, chosen)
     shown = "; ".join(f"{node}: {why}" for node, why in sorted(reasons.items())[:5]) or "no node"
     raise Exhausted(f"{ask.ref.describe()} fits on no node: {shown}")
+
+
+def claim_as_pod(ask: ClaimAsk, cpu_milli: int = 0, memory_mib: int = 0) -> PodAsk:
+    """The claim planned as a pod (its owner the claim), each request at its first choice: what
+    preemption makes room for (a ``firstAvailable`` request's later subrequests are not tried)."""
+    return _as_pod(ask, [r.choices[0][1] for r in ask.requests], cpu_milli, memory_mib)
+
+
+def _as_pod(ask: ClaimAsk, requests: Sequence[Request], cpu_milli: int, memory_mib: int) -> PodAsk:
+    containers = tuple(ContainerAsk(r.name, request) for r, request in zip(ask.requests, requests, strict=True))
+    return PodAsk(ask.ref.owner, containers, ask.isolation, cpu_milli=cpu_milli, memory_mib=memory_mib)
 
 
 def _unlinked(node: Node, grants: Sequence[Grant], linked: Sequence[Sequence[str]]) -> str:

@@ -35,6 +35,20 @@ from gpuledger_core.model import Allocation, Grant, Request
 from gpuledger_core.packing import Policy
 from gpuledger_core.pods import PodAsk, plan
 
+PREEMPTED_BY = "preempted by "  # how the reason of an entry that preemption released begins
+
+
+def preempted(allocation: Allocation | None) -> bool:
+    """Whether this released entry was taken back by preemption (its claim, still allocated in the
+    API until its pods are gone, is not to be held again)."""
+    return allocation is not None and not allocation.live and allocation.reason.startswith(PREEMPTED_BY)
+
+
+def room_held(allocation: Allocation | None) -> bool:
+    """Whether this live entry of a claim is the room preemption holds for it (a lease, not yet
+    the claim's allocation, which has none)."""
+    return allocation is not None and allocation.live and allocation.lease_expires_at is not None
+
 
 @dataclass(frozen=True, slots=True)
 class Holder:

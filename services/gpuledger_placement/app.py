@@ -202,16 +202,18 @@ async def _serve(
     if isinstance(pods, KubePodApi):
         if hosts is not None:
             lifecycle.background(stack, tasks, follow(pods, hosts))
+        preemptor = None
+        if settings.preemption == "on" and store is not None:
+            preemptor = Preemptor(pods, store, parts.service, hold_s=settings.preemption_hold_s)
+            parts.extender.preemptor = preemptor
+            stack.push_async_callback(preemptor.stop)
         if settings.dra_claims != "off":  # the ledger decides DRA allocations
             claims = ClaimsController(pods, store, parts.view, memory_step_mib=settings.dra_memory_step_mib)
             lifecycle.background(stack, tasks, claims.run(optional=settings.dra_claims == "auto"))
             if settings.dra_allocation == "on":  # mode C: the ledger allocates the claims of gated pods
                 allocator = ClaimAllocator(pods, claims, parts.view, parts.service.current_policy, hosts)
+                allocator.preempt = preemptor.consider_claim if preemptor is not None else None
                 lifecycle.background(stack, tasks, allocator.run())
-        if settings.preemption == "on" and store is not None:
-            preemptor = Preemptor(pods, store, parts.service, hold_s=settings.preemption_hold_s)
-            parts.extender.preemptor = preemptor
-            stack.push_async_callback(preemptor.stop)
     stack.push_async_callback(parts.view.stop_listening)
     await parts.view.listen(nc)
     for responder in await serve_nats(nc, parts.service, settings.nats_queue):

@@ -40,7 +40,7 @@ from gpuledger_placement.convert import BindArgs
 from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.kube import PodApi
 from gpuledger_placement.metrics import ROLLBACKS
-from gpuledger_placement.preemption_note import preemption_of
+from gpuledger_placement.preemption_note import victim_left
 from gpuledger_placement.service import PlacementService
 
 log = logging.getLogger(__name__)
@@ -132,15 +132,9 @@ class Binder:
     async def _victims_gone(self, args: BindArgs) -> None:
         """``Unavailable`` while a pod this one preempted still exists (in its grace period its
         containers may still use the cards held for this one): kube-scheduler tries again."""
-        found = preemption_of(await self.pods.get_pod(args.namespace, args.name))
-        for victim in found.victims if found is not None else ():
-            namespace, name, uid = [*victim.split("/"), "", ""][:3]
-            try:
-                still = convert.pod_ref_from(await self.pods.get_pod(namespace, name)).uid == uid
-            except NotFound:
-                still = False
-            if still:
-                raise Unavailable(f"pod {namespace}/{name}, preempted for this one, has not ended yet")
+        left = await victim_left(await self.pods.get_pod(args.namespace, args.name), self.pods.get_pod)
+        if left:
+            raise Unavailable(f"pod {left}, preempted for this one, has not ended yet")
 
     async def _bound_already(self, pod: PodAsk, args: BindArgs) -> Bound:
         """A pod bound to this node already. A retried bind of ours holds its live reservation here

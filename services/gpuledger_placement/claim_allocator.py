@@ -45,13 +45,22 @@ from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, forget, release, reserve
 from gpuledger_core.model import Allocation
 from gpuledger_core.packing import NodeState, Policy
+from gpuledger_core.preemption import room_held
 from gpuledger_core.slots import slot_problem
-from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, RESOURCE, ClaimApi, ClaimsController, claim_path
+from gpuledger_placement.claims import (
+    ALLOCATED_BY_LEDGER,
+    RESOURCE,
+    WRITING_S,
+    ClaimApi,
+    ClaimsController,
+    claim_path,
+)
 from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.metrics import CLAIMS_ALLOCATED
 from gpuledger_placement.node_fit import node_refusal
 from gpuledger_placement.pod_events import pod_event
+from gpuledger_placement.preemption_note import victim_left
 from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
@@ -65,7 +74,6 @@ RETRY_S = 5.0
 CHANGE_RETRY_S = 0.5  # the first back-off of a waiting pod, doubled on each try up to retry_s
 EVENT_REPEAT_S = 60.0  # the same event on the same pod, at most this often
 CLASSES_TTL_S = 10.0
-WRITING_S = 30.0  # an entry of an unallocated claim this young is another replica's, still writing the claim
 CHOICE_ROUNDS = 8  # nodes tried for a claim before it waits for retry_s
 
 
@@ -98,6 +106,7 @@ class ClaimAllocator:
     _waiting: dict[str, asyncio.Event] = field(default_factory=dict)  # pod uid -> set to end its wait
     _on_change: set[str] = field(default_factory=set)  # waiting pods past their back-off: a change ends the wait
     _told: dict[str, tuple[str, float]] = field(default_factory=dict)  # pod uid -> its last event's reason, when
+    preempt: Callable[[Mapping[str, Any], ClaimAsk, list[str]], None] | None = None  # ``Preemptor.consider_claim``
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -214,11 +223,18 @@ class ClaimAllocator:
         if names is None:
             return False  # a template's claim is not created yet: its pod will change
         namespace = str(pod["metadata"]["namespace"])
+        left = await victim_left(pod, self._get_pod)
+        if left:
+            log.debug("allocation: pod %s waits for pod %s, preempted for it, to end", _describe(pod), left)
+            return False
         classes = await self._mode_c_classes()
         for name in names:
             path = claim_path(ClaimRef(namespace, name, ""))
             raw = self.claims.seen(namespace, name) or await self.api.get_object(path)  # the watch's, else read
             if (raw.get("status") or {}).get("allocation"):
+                ours = claims.results_of(raw, self.claims.driver)
+                if ours and claims.ref_of(raw).owner.key not in self.view.holders:
+                    return False  # not in the ledger (yet, or any more: preempted, it is deallocated first)
                 continue  # allocated already (a shared claim, or an earlier round)
             try:
                 ask = claim_ask(raw, classes, self.claims.driver, self.claims.memory_step_mib)
@@ -231,6 +247,9 @@ class ClaimAllocator:
                 await self._allocate(pod, raw, ask, classes)
             except Exhausted as err:
                 await self._event(pod, "GpuledgerUnschedulable", f"the ledger cannot allocate the claim now: {err}")
+                if self.preempt is not None:
+                    host = self._host(pod)
+                    self.preempt(pod, ask, [n for n in sorted(self.view.entries) if not host(NodeName(n))])
                 return False
         await self._lift(pod)
         return True
@@ -248,6 +267,9 @@ class ClaimAllocator:
         def transition(ledger: NodeLedger | None) -> NodeLedger:
             if ledger is None:
                 raise NotFound(f"node {node} is not in the ledger")
+            hold = ledger.of_owner(ref.owner.key)
+            if room_held(hold) and hold is not None:  # the room preemption held for it: now its own
+                ledger = release(ledger, hold.id, now, "taken by the claim it was held for")
             plan = place_claim(
                 [ledger], ask, policy, AllocationId("c-planned"), now,
                 slots_per_card=self.view.slots_per_card, mix_isolation=self.view.mix_isolation,
@@ -263,8 +285,8 @@ class ClaimAllocator:
             )
             planned.update(status=status, allocation=allocation)
             held = ledger.of_owner(ref.owner.key)
-            if held is not None and held.id == allocation.id:
-                return ledger  # written already (an answer lost on the way back)
+            if held is not None and held.id == allocation.id and held.created_at == allocation.created_at:
+                return ledger  # this very write, done already (an answer lost on the way back)
             if held is not None and now - held.created_at < WRITING_S:
                 raise Conflict(f"{ref.describe()} holds ledger entry {held.id}: another placement replica allocates it")
             if held is not None:  # left by a replica that died before it wrote the claim
@@ -277,7 +299,9 @@ class ClaimAllocator:
         self.claims.allocating.add(ref.uid)
         try:
             for _ in range(CHOICE_ROUNDS):  # claims placed at once fill a node the view still shows free
-                ledgers = [e.ledger for name, e in sorted(self.view.entries.items()) if not self.view.stale(name)]
+                ledgers = self._held_room(ref, now) or [
+                    e.ledger for name, e in sorted(self.view.entries.items()) if not self.view.stale(name)
+                ]
                 chosen = place_claim(
                     ledgers, ask, policy, AllocationId("c-planned"), now,
                     slots_per_card=self.view.slots_per_card, host=host, mix_isolation=self.view.mix_isolation,
@@ -326,8 +350,21 @@ class ClaimAllocator:
             body["status"] = {**(body.get("status") or {}), "allocation": status, "reservedFor": reserved}
             await self.api.replace_object(f"{claim_path(ref)}/status", body)
         except GpuledgerError:
-            await self.claims.withdraw(ref, held.node, held.id, "the claim's allocation could not be written")
+            await self.claims.withdraw(ref, held, "the claim's allocation could not be written")
             raise
+
+    def _held_room(self, ref: ClaimRef, now: float) -> list[NodeLedger]:
+        """Where preemption holds the claim's room: that node's ledger as it will be once the claim
+        takes it (the hold released); empty without a hold."""
+        node = self.view.holders.get(ref.owner.key)
+        entry = self.view.entries.get(node) if node else None
+        hold = entry.ledger.of_owner(ref.owner.key) if entry is not None else None
+        if entry is None or hold is None or not room_held(hold):
+            return []
+        return [release(entry.ledger, hold.id, now, "taken by the claim it was held for")]
+
+    async def _get_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
+        return await self.api.get_object(f"/api/v1/namespaces/{namespace}/pods/{name}")
 
     def _state(self, ledger: NodeLedger) -> NodeState:
         """The node's state with its host, the view's own where it holds this very ledger."""

@@ -43,9 +43,10 @@ from gpuledger_common.store import LedgerStore
 from gpuledger_core import claims
 from gpuledger_core.claims import AllocatedDevice, ClaimRef
 from gpuledger_core.errors import Conflict, Exhausted, FailedPrecondition, GpuledgerError, InvalidArgument, NotFound
-from gpuledger_core.ids import AllocationId, NodeName
+from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger, forget, release, reserve
 from gpuledger_core.model import Allocation, Isolation, OwnerKind
+from gpuledger_core.preemption import preempted, room_held
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement import claim_fields as fields
 from gpuledger_placement.claim_fields import COMMITTED, REJECTED
@@ -61,6 +62,7 @@ GRACE_S = 30.0  # an entry younger than this survives a listing that does not sh
 CONFLICT_ROUNDS = 5
 ALLOCATED_BY_LEDGER = "gpuledger.io/allocation"  # the finalizer of the claims mode C allocated
 ABSENT_RETRY_S = 60.0  # dra_claims=auto without DRA: how often to look again
+WRITING_S = 30.0  # an entry of an unallocated claim this young may be a placement replica's, still writing the claim
 UNUSED_AFTER_S = 10.0  # a mode-C claim reserved for no pod is deallocated no sooner after its allocation
 
 
@@ -212,12 +214,19 @@ class ClaimsController:
             if not devices:
                 if ref.uid in self.allocating or ref.owner.key not in self.view.holders:
                     return  # mode C is writing its allocation, or there is nothing to release
+                entry = self._entry(ref)
+                if room_held(entry):
+                    return  # the room preemption holds for it until mode C allocates it (or it lapses)
                 fresh = await self._fresh(ref)  # this version may predate mode C's write
                 if fresh is not None and claims.results_of(fresh, self.driver) and ref.uid not in self.allocating:
                     raw = fresh
                     continue
-                if ref.uid not in self.allocating:
-                    await self._gone(ref)
+                if ref.uid in self.allocating:
+                    return
+                if fresh is not None and entry is not None and await self._being_written(fresh, entry):
+                    self._look_again(ref)
+                    return
+                await self._gone(ref)
                 return
             decided = fields.decided(raw, self.driver, devices)
             if decided == REJECTED:
@@ -225,6 +234,9 @@ class ClaimsController:
             gated = any(COMMITTED in d.binding_conditions for d in devices)
             try:
                 allocation = await self._reserve(ref, devices, claims.isolation_of(raw, self.driver, devices))
+                if allocation is None:
+                    log.info("claims: %s was preempted: it is deallocated once its pods are gone", ref.describe())
+                    return
             except (Exhausted, InvalidArgument, NotFound) as err:
                 if gated and decided is None:
                     if await self._decide(raw, devices, REJECTED, "LedgerRefused", str(err)) is not None:
@@ -256,7 +268,7 @@ class ClaimsController:
         if node:
             await self._release_on(NodeName(node), ref, reason)
 
-    async def withdraw(self, ref: ClaimRef, node: NodeName, allocation: AllocationId, reason: str) -> None:
+    async def withdraw(self, ref: ClaimRef, allocation: Allocation, reason: str) -> None:
         """After mode C's write of an allocation failed: the claim as the API server holds it now
         decides. Allocated (by another placement replica, say), it is settled as any allocated
         claim, so that the ledger holds exactly that allocation; else only ``allocation`` is
@@ -274,7 +286,7 @@ class ClaimsController:
         if fresh and claims.ref_of(fresh).uid == ref.uid and claims.results_of(fresh, self.driver):
             self.offer(fresh)
             return
-        await self._release_on(node, ref, reason, only=allocation)
+        await self._release_on(allocation.node, ref, reason, only=allocation)
 
     async def _unfinalized(self, raw: Mapping[str, Any]) -> bool:
         """A claim allocated by the ledger (mode C: gpuledger's finalizer) that is being deleted and
@@ -310,7 +322,10 @@ class ClaimsController:
         ref = claims.ref_of(raw)
         if ref.uid in self.allocating:
             return False
-        if self.clock() - fields.allocated_at(raw) < UNUSED_AFTER_S or await self._awaited_by_a_pod(raw):
+        taken = self._preempted(raw)  # a pod waiting for it waits gated until it is allocated again
+        if not taken and (
+            self.clock() - fields.allocated_at(raw) < UNUSED_AFTER_S or await self._awaited_by_a_pod(raw)
+        ):
             self._look_again(ref)
             return False
         body = copy.deepcopy(dict(raw))
@@ -327,6 +342,14 @@ class ClaimsController:
         CLAIMS.labels("deallocated").inc()
         log.info("claims: %s deallocated: no pod uses it any more; its ledger entry released", ref.describe())
         return True
+
+    async def _being_written(self, raw: Mapping[str, Any], entry: Allocation) -> bool:
+        """Whether the live entry of this unallocated claim may be mode C's, written by another
+        placement replica that has not written the claim yet: younger than ``WRITING_S`` and the
+        claim named by a pod waiting to be scheduled. It is looked at again later (and released
+        then if the claim is still not allocated); releasing it now would let that replica write
+        an allocation the ledger no longer holds."""
+        return self.clock() - entry.created_at < WRITING_S and await self._awaited_by_a_pod(raw)
 
     async def _awaited_by_a_pod(self, raw: Mapping[str, Any]) -> bool:
         meta = raw["metadata"]
@@ -349,9 +372,23 @@ class ClaimsController:
 
         self._rechecks[ref.uid] = asyncio.create_task(later())
 
+    def _entry(self, ref: ClaimRef) -> Allocation | None:
+        """The claim's live ledger entry as the view shows it."""
+        node = self.view.holders.get(ref.owner.key)
+        entry = self.view.entries.get(node) if node else None
+        return entry.ledger.of_owner(ref.owner.key) if entry is not None else None
+
+    def _preempted(self, raw: Mapping[str, Any]) -> bool:
+        """Whether the claim's allocation was taken back by preemption (its entry released so)."""
+        ref, devices = claims.ref_of(raw), claims.results_of(raw, self.driver)
+        entry = self.view.entries.get(claims.node_of(ref, devices)) if devices else None
+        return entry is not None and preempted(entry.ledger.get(claims.allocation_id(ref, devices)))
+
     async def _reserve(
         self, ref: ClaimRef, devices: tuple[AllocatedDevice, ...], isolation: Isolation = Isolation.NONE
-    ) -> Allocation:
+    ) -> Allocation | None:
+        """Hold exactly this allocation in the node's ledger; None when preemption took it back
+        (the claim keeps it in the API until its pods are gone, and is deallocated then)."""
         node = claims.node_of(ref, devices)
         owner = ref.owner
         elsewhere = self.view.holders.get(owner.key)
@@ -366,6 +403,8 @@ class ClaimsController:
             held = ledger.of_owner(owner.key)
             if held is not None and held.id == wanted:
                 return ledger
+            if preempted(ledger.get(wanted)):
+                return ledger
             if held is not None:
                 ledger = release(ledger, held.id, now, "the claim was allocated again")
             allocation = claims.ledger_allocation(ref, devices, ledger.node, now, self.memory_step_mib, isolation)
@@ -376,6 +415,8 @@ class ClaimsController:
 
         written = await self.store.mutate(node, transition)
         found = written.new.get(wanted) if written.new is not None else None
+        if preempted(found):
+            return None
         if found is None or written.new is None:
             raise Conflict(f"the ledger entry of {ref.describe()} on {node} was not written")
         self.view.apply(node, written.new, written.revision)
@@ -411,14 +452,16 @@ class ClaimsController:
         if node:
             await self._release_on(NodeName(node), ref, "the claim's allocation was cleared or the claim deleted")
 
-    async def _release_on(self, node: NodeName, ref: ClaimRef, reason: str, only: AllocationId | None = None) -> None:
-        """Release the claim's entry on ``node`` (only if it is ``only``, when given)."""
+    async def _release_on(self, node: NodeName, ref: ClaimRef, reason: str, only: Allocation | None = None) -> None:
+        """Release the claim's entry on ``node`` (only if it is ``only``, the same write, when given)."""
         owner = ref.owner
         now = self.clock()
 
         def transition(ledger: NodeLedger | None) -> NodeLedger | None:
             held = ledger.of_owner(owner.key) if ledger is not None else None
-            if ledger is None or held is None or (only is not None and held.id != only):
+            if ledger is None or held is None:
+                return ledger
+            if only is not None and (held.id, held.created_at) != (only.id, only.created_at):
                 return ledger
             return release(ledger, held.id, now, reason)
 
@@ -430,11 +473,14 @@ class ClaimsController:
 
     async def _release_orphans(self, items: list[Any], listed_at: float) -> None:
         holding = {claims.ref_of(i).uid for i in items if claims.results_of(i, self.driver)}
+        existing = {claims.ref_of(i).uid for i in items}
         for node, entry in list(self.view.entries.items()):
             for allocation in entry.ledger.live():
                 owner = allocation.owner
                 if owner.kind is not OwnerKind.CLAIM or owner.id in holding:
                     continue
+                if room_held(allocation) and owner.id in existing:
+                    continue  # the room preemption holds for an unallocated claim: it lapses by itself
                 if allocation.created_at > listed_at - GRACE_S or owner.id in self._busy:
                     continue
                 await self._release_orphan(NodeName(node), ClaimRef(owner.namespace, owner.name, owner.id), allocation)

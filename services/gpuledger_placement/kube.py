@@ -126,4 +126,3 @@ def _object(found: Any, path: str) -> dict[str, Any]:
     if not isinstance(found, dict):
         raise Unavailable(f"the API server sent {path} in an unexpected form")
     return found
-

@@ -1,17 +1,19 @@
 """The ``gpuledger.io/preemption`` annotation a preempting pod carries (preemptor.py): where its
-room is held, since when, for how long, and which pods were evicted for it. Its bind waits until
-those pods are gone (``Binder``); another placement replica reads it before preempting again."""
+room is held, since when, for how long, and which pods were evicted for it. Its bind (or in DRA
+mode C the lift of its gate) waits until those pods are gone (``Binder``, ``ClaimAllocator``);
+another placement replica reads it before preempting again."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuledger_core.errors import NotFound
 from gpuledger_placement.convert import PREEMPTION_ANNOTATION
 
-__all__ = ["PREEMPTION_ANNOTATION", "Preemption", "preemption_of"]
+__all__ = ["PREEMPTION_ANNOTATION", "Preemption", "preemption_of", "victim_left"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,3 +43,18 @@ def preemption_of(pod: Mapping[str, Any]) -> Preemption | None:
                           tuple(str(v) for v in doc["victims"]), bool(doc.get("held", False)))  # fmt: skip
     except (ValueError, KeyError, TypeError):
         return None
+
+
+async def victim_left(pod: Mapping[str, Any], get_pod: Callable[[str, str], Awaitable[Mapping[str, Any]]]) -> str:
+    """The first pod evicted for ``pod`` that still exists ("namespace/name"; in its grace period
+    its containers may still use the cards held for ``pod``), or "" when all are gone."""
+    found = preemption_of(pod)
+    for victim in found.victims if found is not None else ():
+        namespace, name, uid = [*victim.split("/"), "", ""][:3]
+        try:
+            still = ((await get_pod(namespace, name)).get("metadata") or {}).get("uid") == uid
+        except NotFound:
+            still = False
+        if still:
+            return f"{namespace}/{name}"
+    return ""

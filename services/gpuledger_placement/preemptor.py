@@ -46,12 +46,16 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from gpuledger_common.store import LedgerStore
+from gpuledger_core.claim_asks import ClaimAsk
+from gpuledger_core.claim_placement import claim_as_pod
 from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release
-from gpuledger_core.model import OwnerKind
+from gpuledger_core.model import Allocation, OwnerKind
 from gpuledger_core.pods import PodAsk, reserve_pod
-from gpuledger_core.preemption import Fit, Holder, Victims, choose
+from gpuledger_core.preemption import PREEMPTED_BY, Fit, Holder, Victims, choose
+from gpuledger_placement.claims import ALLOCATED_BY_LEDGER
+from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.metrics import PREEMPTIONS
 from gpuledger_placement.node_fit import selects
 from gpuledger_placement.pod_events import pod_event
@@ -65,6 +69,7 @@ RETRY_S = 10.0  # a pod's preemption tried again at most this often
 EVENT_REPEAT_S = 60.0
 MERGE_PATCH = "application/merge-patch+json"
 PDBS = "/apis/policy/v1/poddisruptionbudgets"
+CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
 class PreemptApi(Protocol):
@@ -86,7 +91,8 @@ class Preemptor:
     _tried: dict[str, float] = field(default_factory=dict)  # pod uid -> when its last preemption began
     _told: dict[tuple[str, str], float] = field(default_factory=dict)  # (pod uid, reason) -> when said
     _graces: dict[str, float] = field(default_factory=dict)  # pod uid -> its termination grace period (s)
-    _priorities: dict[str, int] = field(default_factory=dict)  # pod uid -> its priority, as last listed
+    _priorities: dict[str, int] = field(default_factory=dict)  # pod or claim uid -> its priority, as last listed
+    _consumers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # claim uid -> its pods (ns/name/uid)
 
     def consider(self, raw: Mapping[str, Any], pod: PodAsk, refused: Iterable[str]) -> None:
         """Filter found no node for ``pod`` (``raw`` as the scheduler sent it); ``refused``: the
@@ -100,6 +106,16 @@ class Preemptor:
             return
         self._tried[uid] = self.clock()
         self._busy[uid] = asyncio.create_task(self._guarded(raw, pod, nodes))
+
+    def consider_claim(self, raw: Mapping[str, Any], ask: ClaimAsk, nodes: Iterable[str]) -> None:
+        """Mode C found no node for the claim ``ask`` of the gated pod ``raw`` (``nodes``: those
+        its pod's host takes): preempt for it as for a classic pod, the claim planned as a pod that
+        the claim owns, with its pod's priority. Requests that must share an NVLink group are not
+        preempted for (the victims are chosen without that constraint)."""
+        if ask.linked:
+            return
+        asked = pod_ask_from(raw)
+        self.consider(raw, claim_as_pod(ask, asked.cpu_milli, asked.memory_mib), nodes)
 
     async def stop(self) -> None:
         for task in tuple(self._busy.values()):
@@ -145,7 +161,7 @@ class Preemptor:
         if victims is None:
             log.debug("preemption for %s: no set of lower-priority pods frees its cards", pod.owner.describe())
             return None
-        fresh = await self._pod(str(meta.get("namespace")), str(meta.get("name")), pod.owner.id)
+        fresh = await self._pod(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
         if fresh is None or not self._may_preempt(fresh, pod) or priority_of(fresh) != priority:
             return None
         if not victims.evict:
@@ -190,14 +206,16 @@ class Preemptor:
             entry = view.entries.get(name)
             if entry is None or view.stale(name):
                 continue
-            pods = [a for a in entry.ledger.live() if a.owner.kind is OwnerKind.POD]
-            lower = [a.id for a in pods if self._priorities.get(a.owner.id, priority - 1) < priority]
+            held = [a for a in entry.ledger.live() if a.owner.kind in (OwnerKind.POD, OwnerKind.CLAIM)]
+            lower = [a.id for a in held if self._priorities.get(a.owner.id, priority - 1) < priority]
             if lower and fit.grants(entry.ledger, pod, lower) is not None:
                 found.append(entry.ledger)
         return found
 
     async def _holders(self, nodes: Sequence[NodeName]) -> dict[str, Holder]:
-        """Every pod on ``nodes`` that is not going already: priority, start, budget."""
+        """Every pod on ``nodes`` that is not going already: priority, start, budget; and every
+        claim held there whose pods are all among them (its priority their highest, protected if
+        one of them is, started with the first)."""
         pods: list[Mapping[str, Any]] = []
         for node in nodes:
             listed = await self.api.list_objects("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
@@ -210,10 +228,44 @@ class Preemptor:
             self._priorities[str(p["metadata"]["uid"])] = priority_of(p)
             grace = (p.get("spec") or {}).get("terminationGracePeriodSeconds")
             self._graces[str(p["metadata"]["uid"])] = float(grace) if isinstance(grace, int) else DEFAULT_GRACE_S
-        return {f"{OwnerKind.POD}:{p['metadata']['uid']}": holder_of(p, budgets) for p in pods}
+        found = {f"{OwnerKind.POD}:{p['metadata']['uid']}": holder_of(p, budgets) for p in pods}
+        return {**found, **await self._claim_holders(nodes, pods, found)}
+
+    async def _claim_holders(
+        self, nodes: Sequence[NodeName], pods: Sequence[Mapping[str, Any]], holders: Mapping[str, Holder]
+    ) -> dict[str, Holder]:
+        view = self.service.view
+        held = {a.owner.id for n in nodes if (e := view.entries.get(n)) for a in e.ledger.live()
+                if a.owner.kind is OwnerKind.CLAIM}  # fmt: skip
+        if not held:
+            return {}
+        by_uid = {str(p["metadata"]["uid"]): p for p in pods}
+        found: dict[str, Holder] = {}
+        for claim in (await self.api.list_objects(CLAIMS, {})).get("items") or []:
+            uid = str((claim.get("metadata") or {}).get("uid") or "")
+            users = [str(r.get("uid")) for r in (claim.get("status") or {}).get("reservedFor") or []]
+            if uid not in held or not users or any(u not in by_uid for u in users):
+                continue  # not held here, or used by a pod that is not running here (or is going)
+            if ALLOCATED_BY_LEDGER not in ((claim.get("metadata") or {}).get("finalizers") or []):
+                continue  # kube-scheduler's (mode B): a pod it reserves it for next would not wait
+            mine = [holders[f"{OwnerKind.POD}:{u}"] for u in users]
+            self._priorities[uid] = max(h.priority for h in mine)
+            self._graces[uid] = max(self._graces.get(u, DEFAULT_GRACE_S) for u in users)
+            self._consumers[uid] = tuple(_ref(by_uid[u]["metadata"]["namespace"], by_uid[u]["metadata"]["name"], u)
+                                         for u in users)  # fmt: skip
+            found[f"{OwnerKind.CLAIM}:{uid}"] = Holder(
+                self._priorities[uid], any(h.protected for h in mine), min(h.started_at for h in mine)
+            )
+        return found
+
+    def _pods_of(self, victim: Allocation) -> tuple[str, ...]:
+        """The pods (namespace/name/uid) to evict for ``victim``: itself, or its claim's pods."""
+        if victim.owner.kind is OwnerKind.CLAIM:
+            return self._consumers.get(victim.owner.id, ())
+        return (_ref(victim.owner.namespace, victim.owner.name, victim.owner.id),)
 
     def _note(self, victims: Victims, held: bool = False) -> Preemption:
-        refs = tuple(_ref(a.owner.namespace, a.owner.name, a.owner.id) for a in victims.evict)
+        refs = tuple(ref for a in victims.evict for ref in self._pods_of(a))
         return Preemption(victims.node, self.clock(), self._hold_for(victims), refs, held)
 
     async def _announce(self, raw: Mapping[str, Any], victims: Victims) -> bool:
@@ -250,24 +302,26 @@ class Preemptor:
         """Evict every victim; False (with an Event) at the first the API server refuses."""
         meta = raw["metadata"]
         for allocation in victims.evict:
-            owner = allocation.owner
-            body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                    "metadata": {"name": owner.name, "namespace": owner.namespace},
-                    "deleteOptions": {"preconditions": {"uid": owner.id}}}  # fmt: skip
-            try:
-                await self.api.create_object(f"{_pod_path(owner.namespace, owner.name)}/eviction", body)
-            except NotFound:
-                continue  # gone already
-            except GpuledgerError as err:
-                PREEMPTIONS.labels("eviction_refused").inc()
-                await self._event(raw, "GpuledgerPreemptionBlocked", f"the eviction of {owner.describe()} was "
-                                  f"refused ({err}); tried again later, never forced")  # fmt: skip
-                return False
-            PREEMPTIONS.labels("evicted").inc()
             cards = ",".join(sorted({str(s.index) for s in allocation.shares()}))
-            victim = {"metadata": {"namespace": owner.namespace, "name": owner.name, "uid": owner.id}}
-            await self._event(victim, "Preempted", f"by pod {meta['namespace']}/{meta['name']} on {victims.node}, "
-                              f"card(s) {cards} (gpuledger)", kind="Normal")  # fmt: skip
+            held = f" (claim {allocation.owner.describe()})" if allocation.owner.kind is OwnerKind.CLAIM else ""
+            for ref in self._pods_of(allocation):
+                namespace, name, uid = ref.split("/")
+                body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                        "metadata": {"name": name, "namespace": namespace},
+                        "deleteOptions": {"preconditions": {"uid": uid}}}  # fmt: skip
+                try:
+                    await self.api.create_object(f"{_pod_path(namespace, name)}/eviction", body)
+                except NotFound:
+                    continue  # gone already
+                except GpuledgerError as err:
+                    PREEMPTIONS.labels("eviction_refused").inc()
+                    await self._event(raw, "GpuledgerPreemptionBlocked", f"the eviction of pod {namespace}/{name} "
+                                      f"was refused ({err}); tried again later, never forced")  # fmt: skip
+                    return False
+                PREEMPTIONS.labels("evicted").inc()
+                victim = {"metadata": {"namespace": namespace, "name": name, "uid": uid}}
+                await self._event(victim, "Preempted", f"by pod {meta['namespace']}/{meta['name']} on "
+                                  f"{victims.node}, card(s) {cards}{held} (gpuledger)", kind="Normal")  # fmt: skip
         return True
 
     async def _hold(self, raw: Mapping[str, Any], pod: PodAsk, victims: Victims) -> None:
@@ -276,7 +330,7 @@ class Preemptor:
         allocation_id = AllocationId(f"p-{pod.owner.id[:24]}-{int(now)}")
         fit, hold_s = self._fit(pod), self._hold_for(victims)
         meta = raw["metadata"]
-        why = f"preempted by pod {meta['namespace']}/{meta['name']}"
+        why = f"{PREEMPTED_BY}pod {meta['namespace']}/{meta['name']}"
 
         def transition(ledger: NodeLedger | None) -> NodeLedger:
             if ledger is None:
@@ -296,6 +350,8 @@ class Preemptor:
             raise Conflict(f"the room on {node} was taken before it could be held: {err}") from err
         if written.new is not None:
             self.service.view.apply(node, written.new, written.revision)
+        if pod.owner.kind is not OwnerKind.POD:
+            return  # a claim's hold is found by its owner in the ledger (``ClaimAllocator``)
         if await self.store.claim_owner(pod.owner, allocation_id, node) is None:
             log.warning("preemption for %s: the owner record names another allocation", pod.owner.describe())
 

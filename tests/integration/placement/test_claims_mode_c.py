@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,10 +21,11 @@ from gpuledger_core import claims
 from gpuledger_core.claims import AllocatedDevice, ClaimRef
 from gpuledger_core.errors import Conflict, NotFound
 from gpuledger_core.ids import AllocationId
-from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Node
+from gpuledger_core.ledger import NodeLedger, release
+from gpuledger_core.model import Allocation, AllocState, Node
+from gpuledger_core.preemption import PREEMPTED_BY
 from gpuledger_dev.fleet import Fleet
-from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, DRIVER, ClaimsController, claim_path
+from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, DRIVER, WRITING_S, ClaimsController, claim_path
 from gpuledger_placement.view import FleetView
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -79,7 +81,7 @@ def stamp(at: float) -> str:
 
 async def allocated_by_ledger(
     api: Objects, store: LedgerStore, view: FleetView, fleet: Fleet, name: str, device: str, age_s: float
-) -> tuple[dict[str, Any], AllocationId]:
+) -> tuple[dict[str, Any], Allocation]:
     """Claim ``name`` allocated by mode C ``age_s`` ago on the first node's ``device``, reserved for
     no pod, with gpuledger's finalizer; its entry in the ledger and the view."""
     node = big(fleet)
@@ -101,7 +103,7 @@ async def allocated_by_ledger(
     written = await store.mutate(node.name, add)
     assert written.new is not None
     view.apply(node.name, written.new, written.revision)
-    return stored, entry.id
+    return stored, entry
 
 
 def big(fleet: Fleet) -> Node:
@@ -148,7 +150,7 @@ async def test_a_claim_a_waiting_pod_names_or_a_young_one_stays_allocated(nc: Cl
     for claim, entry in ((awaited, awaited_id), (young, young_id)):
         after = await api.get_object(claim_path(claims.ref_of(claim)))
         assert after["status"].get("allocation") and ALLOCATED_BY_LEDGER in after["metadata"]["finalizers"]
-        assert await held(store, fleet, claims.ref_of(claim).uid) == entry
+        assert await held(store, fleet, claims.ref_of(claim).uid) == entry.id
     assert set(controller._rechecks) == {"uid-awaited", "uid-young"}  # each looked at again later
     for task in controller._rechecks.values():
         task.cancel()
@@ -158,17 +160,96 @@ async def test_a_failed_write_releases_only_this_replicas_entry_and_none_of_a_cl
     nc: Client, fleet: Fleet
 ) -> None:
     api, store, view, controller = await world(nc)
-    node = big(fleet).name
     # Allocated meanwhile (another replica's write won): its entry stays, whatever this replica says.
-    theirs, theirs_id = await allocated_by_ledger(api, store, view, fleet, "theirs", "gpu-0", age_s=0)
-    await controller.withdraw(claims.ref_of(theirs), node, AllocationId("c-mine"), "test")
+    theirs, their_entry = await allocated_by_ledger(api, store, view, fleet, "theirs", "gpu-0", age_s=0)
+    await controller.withdraw(claims.ref_of(theirs), replace(their_entry, id=AllocationId("c-mine")), "test")
     await controller.idle()
-    assert await held(store, fleet, "uid-theirs") == theirs_id
-    # Not allocated: only this replica's entry goes, not one another replica wrote.
-    bare, bare_id = await allocated_by_ledger(api, store, view, fleet, "bare", "gpu-1", age_s=0)
+    assert await held(store, fleet, "uid-theirs") == their_entry.id
+    # Not allocated: only this replica's entry goes, not one another replica wrote (another id, or
+    # the same id, the same cards chosen, written at another time).
+    bare, bare_entry = await allocated_by_ledger(api, store, view, fleet, "bare", "gpu-1", age_s=0)
     path = claim_path(claims.ref_of(bare))
     api.items[path]["status"] = {}
-    await controller.withdraw(claims.ref_of(bare), node, AllocationId("c-not-this-one"), "test")
-    assert await held(store, fleet, "uid-bare") == bare_id
-    await controller.withdraw(claims.ref_of(bare), node, bare_id, "test")
+    await controller.withdraw(claims.ref_of(bare), replace(bare_entry, id=AllocationId("c-not-this-one")), "test")
+    assert await held(store, fleet, "uid-bare") == bare_entry.id
+    other_write = replace(bare_entry, created_at=bare_entry.created_at - 0.25)
+    await controller.withdraw(claims.ref_of(bare), other_write, "test")
+    assert await held(store, fleet, "uid-bare") == bare_entry.id
+    await controller.withdraw(claims.ref_of(bare), bare_entry, "test")
     assert await held(store, fleet, "uid-bare") is None
+
+
+async def test_a_young_entry_of_an_unallocated_claim_a_pod_waits_for_is_left_to_the_replica_writing_it(
+    nc: Client, fleet: Fleet
+) -> None:
+    """Another placement replica has reserved the claim's entry and not yet written the claim: the
+    entry stays (released, should the claim still be unallocated once it is ``WRITING_S`` old)."""
+    api, store, view, controller = await world(nc)
+    claim, entry = await allocated_by_ledger(api, store, view, fleet, "writing", "gpu-0", age_s=1)
+    path = claim_path(claims.ref_of(claim))
+    api.items[path]["status"] = {}
+    waiting = {"resourceClaims": [{"name": "gpu", "resourceClaimName": "writing"}], "containers": []}
+    api.put(f"/api/v1/namespaces/{NS}/pods/app", {"metadata": {"name": "app", "namespace": NS}, "spec": waiting})
+    await controller.settle(await api.get_object(path))
+    assert await held(store, fleet, "uid-writing") == entry.id
+    assert set(controller._rechecks) == {"uid-writing"}
+    controller._rechecks.pop("uid-writing").cancel()
+    controller.clock = lambda: time.time() + WRITING_S  # still unallocated that much later: released
+    await controller.settle(await api.get_object(path))
+    assert await held(store, fleet, "uid-writing") is None
+    # No pod waits for it: released at once, young or not.
+    lone, _ = await allocated_by_ledger(api, store, view, fleet, "lone", "gpu-1", age_s=1)
+    controller.clock = time.time
+    api.items[claim_path(claims.ref_of(lone))]["status"] = {}
+    await controller.settle(await api.get_object(claim_path(claims.ref_of(lone))))
+    assert await held(store, fleet, "uid-lone") is None
+
+
+async def test_a_claim_preemption_took_back_is_not_held_again_and_is_deallocated_though_a_pod_waits(
+    nc: Client, fleet: Fleet
+) -> None:
+    api, store, view, controller = await world(nc)
+    claim, entry = await allocated_by_ledger(api, store, view, fleet, "victim", "gpu-0", age_s=60)
+    node = big(fleet).name
+
+    def take_back(ledger: NodeLedger | None) -> NodeLedger:
+        assert ledger is not None
+        return release(ledger, entry.id, time.time(), f"{PREEMPTED_BY}pod {NS}/high")
+
+    written = await store.mutate(node, take_back)
+    assert written.new is not None
+    view.apply(node, written.new, written.revision)
+    next_pod = {"resourceClaims": [{"name": "gpu", "resourceClaimName": "victim"}], "containers": []}
+    api.put(f"/api/v1/namespaces/{NS}/pods/next", {"metadata": {"name": "next", "namespace": NS}, "spec": next_pod})
+    await controller.settle(claim)  # still allocated in the API, reserved for no pod, a pod waiting for it
+    assert await held(store, fleet, "uid-victim") is None  # not held again
+    after = await api.get_object(claim_path(claims.ref_of(claim)))
+    assert "allocation" not in after["status"]  # deallocated: its next pod gets a new allocation
+    assert ALLOCATED_BY_LEDGER not in after["metadata"]["finalizers"]
+
+
+async def test_the_room_preemption_holds_for_an_unallocated_claim_stays_until_the_claim_is_allocated(
+    nc: Client, fleet: Fleet
+) -> None:
+    api, store, view, controller = await world(nc)
+    claim, entry = await allocated_by_ledger(api, store, view, fleet, "high", "gpu-0", age_s=60)
+    node = big(fleet).name
+    hold = replace(entry, state=AllocState.RESERVED, lease_expires_at=time.time() + 120)
+
+    def held_room(ledger: NodeLedger | None) -> NodeLedger:
+        assert ledger is not None
+        return NodeLedger(ledger.node, tuple(hold if a.id == entry.id else a for a in ledger.allocations))
+
+    written = await store.mutate(node, held_room)
+    assert written.new is not None
+    view.apply(node, written.new, written.revision)
+    path = claim_path(claims.ref_of(claim))
+    api.items[path]["status"] = {}
+    await controller.settle(await api.get_object(path))
+    assert await held(store, fleet, "uid-high") == entry.id
+    listed = await api.list_objects(f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims", {})
+    await controller._release_orphans(listed["items"], time.time() + 3600)
+    assert await held(store, fleet, "uid-high") == entry.id
+    controller.offer(await api.get_object(path), deleted=True)  # the claim deleted: its room goes
+    await controller.idle()
+    assert await held(store, fleet, "uid-high") is None

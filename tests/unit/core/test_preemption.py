@@ -3,16 +3,21 @@ on the right cards, never one that would not help, the cheapest node by kube-sch
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuledger_core.claim_asks import ClaimAsk, RequestAsk
+from gpuledger_core.claim_placement import claim_as_pod
+from gpuledger_core.claims import ClaimRef
 from gpuledger_core.fit import ContainerAsk
-from gpuledger_core.ids import NodeName
-from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Allocation, Grant, Node, Owner, OwnerKind, Request
+from gpuledger_core.ids import AllocationId, NodeName
+from gpuledger_core.ledger import NodeLedger, release
+from gpuledger_core.model import Allocation, AllocState, Grant, Node, Owner, OwnerKind, Request
 from gpuledger_core.packing import make_policy
 from gpuledger_core.pods import PodAsk
-from gpuledger_core.preemption import Fit, Holder, choose, on_node
+from gpuledger_core.preemption import PREEMPTED_BY, Fit, Holder, choose, on_node, preempted, room_held
 
 from .builders import allocation, card, share, whole
 
@@ -151,3 +156,25 @@ def test_a_card_held_by_a_holder_that_may_not_go_is_not_counted_as_free_for_a_mu
     holders = {**low("a", "b", "c", "d", a=1.0, b=2.0, c=5.0, d=6.0), "pod:uid-peer": Holder(100)}
     found = on_node(NodeLedger(node, tuple(allocations)), pod(None, count=2), 100, holders, FIT, now=10.0)
     assert found is not None and {a.id for a in found.evict} == {"a", "b"}
+
+
+def test_an_entry_preemption_released_and_a_room_it_holds_are_told_apart_from_others() -> None:
+    ledger = shares_on(two_cards(), ("a", 0, 4 * GIB), ("b", 1, 2 * GIB))
+    taken = release(ledger, AllocationId("a"), 5.0, f"{PREEMPTED_BY}pod ns/high")
+    gone = release(ledger, AllocationId("b"), 5.0, "the pod was deleted")
+    assert preempted(taken.get(AllocationId("a"))) and not preempted(gone.get(AllocationId("b")))
+    assert not preempted(ledger.get(AllocationId("a")))  # live
+    assert not preempted(None)
+    held = replace(ledger.allocations[0], state=AllocState.RESERVED, lease_expires_at=130.0)
+    assert room_held(held) and not room_held(ledger.allocations[1]) and not room_held(None)
+    assert not room_held(replace(held, state=AllocState.RELEASED))
+
+
+def test_a_claim_is_preempted_for_as_a_pod_of_its_requests_first_choices() -> None:
+    claim = Owner(OwnerKind.CLAIM, "uid-claim", "ns", "big")
+    first, second = Request(1, mem_mib=10 * GIB), Request(1, mem_mib=5 * GIB)
+    ask = ClaimAsk(ClaimRef("ns", "big", "uid-claim"), (RequestAsk("gpu", (("gpu/a", first), ("gpu/b", second))),))
+    as_pod = claim_as_pod(ask, cpu_milli=500, memory_mib=256)
+    assert as_pod.owner == claim
+    assert [(c.container, c.request) for c in as_pod.containers] == [("gpu", first)]
+    assert (as_pod.cpu_milli, as_pod.memory_mib) == (500, 256)

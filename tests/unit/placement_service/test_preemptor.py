@@ -1,13 +1,15 @@
 """Preemption's pure parts in placement: a running pod as a possible victim (priority, start,
-PodDisruptionBudget), the annotation a preempting pod carries, and label selectors as a budget's."""
+PodDisruptionBudget), the annotation a preempting pod carries, which of its victims are still
+there, and label selectors as a budget's."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuledger_core.errors import NotFound
 from gpuledger_placement.node_fit import selects
-from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION, Preemption, preemption_of
+from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION, Preemption, preemption_of, victim_left
 from gpuledger_placement.preemptor import holder_of, priority_of
 
 
@@ -58,3 +60,21 @@ def test_the_preemption_annotation_reads_back_and_anything_else_reads_as_none() 
     for text in ("", "{", '{"node": "n"}', '["a"]', '{"node": "n", "at": "x", "holdSeconds": 1, "victims": []}'):
         assert preemption_of({"metadata": {"annotations": {PREEMPTION_ANNOTATION: text}}}) is None
     assert preemption_of({"metadata": {}}) is None
+
+
+async def test_a_victim_is_left_while_a_pod_of_its_name_and_uid_exists() -> None:
+    note = Preemption("p4-1", 100.0, 120.0, ("team/low-0/uid-0", "team/low-1/uid-1"), held=True)
+    pod = {"metadata": {"annotations": {PREEMPTION_ANNOTATION: note.encode()}}}
+    existing = {("team", "low-0"): "uid-0", ("team", "low-1"): "uid-1"}
+
+    async def get_pod(namespace: str, name: str) -> dict[str, Any]:
+        if (namespace, name) not in existing:
+            raise NotFound(f"pod {namespace}/{name}")
+        return {"metadata": {"uid": existing[(namespace, name)]}}
+
+    assert await victim_left(pod, get_pod) == "team/low-0"
+    del existing[("team", "low-0")]
+    assert await victim_left(pod, get_pod) == "team/low-1"
+    existing[("team", "low-1")] = "uid-of-a-new-pod"  # a pod of the same name, created again
+    assert await victim_left(pod, get_pod) == ""
+    assert await victim_left({"metadata": {}}, get_pod) == ""  # no preemption for it

@@ -52,7 +52,17 @@ from gpuledger_core.model import Allocation, Card, Node
 from gpuledger_core.packing import Ask, NodeChooser, NodeState, Policy, from_ledger, make_policy
 from gpuledger_core.packing.fit import problem
 from gpuledger_core.packing.state import charge
-from gpuledger_sim.replay import Attempt, Config, Summary, Tally, ask_of, drive, guard_for, prepare
+from gpuledger_sim.replay import (
+    Attempt,
+    Config,
+    Summary,
+    Tally,
+    ask_of,
+    drive,
+    guard_for,
+    prepare,
+    supply_of,
+)
 from gpuledger_sim.trace import WHOLE, TraceNode, TracePod
 
 DRIVER = "gpu.gpuledger.io"
@@ -225,7 +235,7 @@ def replay_dra(
         from_ledger(ledger, cpu_free=n.cpu_milli, mem_free=n.memory_mib)
         for ledger, n in zip(ledgers, setting.nodes, strict=True)
     ]
-    policy = make_policy(config.policy, setting.typical)
+    policy = make_policy(config.policy, setting.typical, supply_of(setting.nodes))
     chooser = NodeChooser(states, policy, guard_for(config, setting.typical), setting.rng)
     tally = Tally.of(config, setting, states, "dra")
     cluster = _Cluster(ledgers, chooser, tally, on_allocated)

@@ -79,6 +79,14 @@ def typical_of(pod: TracePod) -> TypicalPod:
     return TypicalPod(pod.cpu_milli, pod.num_gpu, milli, pod.models, pod.memory_mib)
 
 
+def supply_of(nodes: Sequence[TraceNode]) -> dict[str, int]:
+    """The cluster's cards per model, which ``default`` weighs model-constrained demand against."""
+    supply: dict[str, int] = {}
+    for node in nodes:
+        supply[node.model] = supply.get(node.model, 0) + node.gpus
+    return supply
+
+
 def arrival_order(pods: Sequence[TracePod], rng: Random, tune: float, capacity: int) -> list[TracePod]:
     """The trace shuffled, then tuned up with random copies (the simulator's own stop rule:
     it stops before a copy whose *per-card* share would pass the target)."""
@@ -164,7 +172,7 @@ def replay(
     started = time.perf_counter()
     setting = prepare(nodes, pods, config)
     states = [flat_node(n.name, n.model, n.gpus, n.cpu_milli, n.memory_mib) for n in setting.nodes]
-    policy = make_policy(config.policy, setting.typical)
+    policy = make_policy(config.policy, setting.typical, supply_of(setting.nodes))
     chooser = NodeChooser(states, policy, guard_for(config, setting.typical), setting.rng)
     tally = Tally.of(config, setting, states, "classic")
 

@@ -33,7 +33,7 @@ from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.packing import make_policy
 from gpuledger_sim.cluster import Cluster, Job, Running
 from gpuledger_sim.preempting import STRATEGIES, Strategy, kube
-from gpuledger_sim.replay import typical_of
+from gpuledger_sim.replay import supply_of, typical_of
 from gpuledger_sim.timeline_figures import Figures, Sampler
 from gpuledger_sim.trace import WHOLE, TimedPod, TraceNode
 
@@ -215,7 +215,7 @@ def run_timeline(
         raise InvalidArgument("--preemption", f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     started = time.perf_counter()
     jobs = [job_of(p) for p in pods]
-    cluster = Cluster(nodes, make_policy(policy, [typical_of(p.pod) for p in pods]))
+    cluster = Cluster(nodes, make_policy(policy, [typical_of(p.pod) for p in pods], supply_of(nodes)))
     figures = Timeline(cluster, jobs, strategy).run()
     figures.runtime_s = round(time.perf_counter() - started, 2)
     return figures

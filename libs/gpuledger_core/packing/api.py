@@ -62,12 +62,12 @@ class NoFit:
         return shown + (f"; and {more} more node(s)" if more > 0 else "")
 
 
-def make_policy(name: str, typical: Sequence[TypicalPod] = ()) -> Policy:
+def make_policy(name: str, typical: Sequence[TypicalPod] = (), supply: Mapping[str, int] | None = None) -> Policy:
     """The policy called ``name``; ``fgd`` and ``default`` measure fragmentation against the
-    ``typical`` pods (recently observed asks: ``frag.typical`` and ``WorkloadTracker``)."""
-    simple: dict[
-        str, type[Binpack | Spread | BestFit | RandomFit | DotProduct | GpuClustering | GpuPacking]
-    ] = {
+    ``typical`` pods (recently observed asks: ``frag.typical`` and ``WorkloadTracker``);
+    ``default`` also weighs the card models against ``supply``, the cluster's cards per model
+    (``scarcity.Scarcity``; without it, that term counts nothing)."""
+    simple: dict[str, type[Binpack | Spread | BestFit | RandomFit | DotProduct | GpuClustering | GpuPacking]] = {
         "binpack": Binpack,
         "spread": Spread,
         "bestfit": BestFit,
@@ -81,7 +81,7 @@ def make_policy(name: str, typical: Sequence[TypicalPod] = ()) -> Policy:
     if name == "fgd":
         return Fgd(Workload.of(without_memory(typical)))
     if name == "default":
-        return Default(Workload.of(typical))
+        return Default(Workload.of(typical), supply=supply)
     raise InvalidArgument("policy", f"unknown policy {name!r}; one of {', '.join(POLICIES)}")
 
 
@@ -96,9 +96,7 @@ def place(
     """The node and cards for ``ask``, or every node's reason why not."""
     found = choose_node(nodes, ask, policy, guard, rng)
     if found is None:
-        return NoFit(
-            tuple((node.name, problem(node, ask, guard) or _policy_refused(node)) for node in nodes)
-        )
+        return NoFit(tuple((node.name, problem(node, ask, guard) or _policy_refused(node)) for node in nodes))
     at, option = found
     node = nodes[at]
     return Decision(node.name, tuple(node.cards[p].index for p in option.cards), option.score)
@@ -119,9 +117,7 @@ def filter_nodes(
     return tuple(fits), failed
 
 
-def score_nodes(
-    nodes: Sequence[NodeState], ask: Ask, policy: Policy, guard: Guard | None = None
-) -> dict[str, int]:
+def score_nodes(nodes: Sequence[NodeState], ask: Ask, policy: Policy, guard: Guard | None = None) -> dict[str, int]:
     """0..10 per node for the extender's prioritize: the best fitting node 10, a misfit 0."""
     return scale({node.name: rate(node, ask, policy, guard) for node in nodes})
 

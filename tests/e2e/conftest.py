@@ -69,20 +69,24 @@ async def nats_server() -> AsyncIterator[NatsServer]:
 
 DRA_DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "dra"
 ADMISSION = DRA_DEPLOY.parent / "base" / "admission.yaml"
+PLACEMENT = DRA_DEPLOY.parent / "base" / "placement.yaml"
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 POD_POLICY = "gpuledger-placement-pod-patches"  # the policy and its binding
 
 
 @pytest.fixture(scope="session")
 def placement_kubeconfig(control_plane: ControlPlane) -> Path:
-    """A kubeconfig of placement's service account holding only what deploy/kubernetes/dra grants it
-    (applied as shipped, by the real kubectl), under the base's policy on its pod patches: the
-    claims controller's and mode C's writes in the DRA tests prove that they are enough."""
+    """A kubeconfig of placement's service account holding only what a DRA deployment grants it
+    (deploy/kubernetes/dra and the base's placement role, applied as shipped, by the real kubectl),
+    under the base's policy on its pod patches: the claims controller's, mode C's and preemption's
+    writes in the DRA tests prove that they are enough."""
     cp = control_plane
     cp.kubectl("create", "namespace", "gpuledger", check=False)
     cp.kubectl("create", "serviceaccount", "gpuledger-placement", "-n", "gpuledger", check=False)
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(DRA_DEPLOY))
     policy = [o for o in yaml.safe_load_all(ADMISSION.read_text()) if o and o["metadata"]["name"] == POD_POLICY]
-    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=yaml.safe_dump_all(policy))
+    role = [o for o in yaml.safe_load_all(PLACEMENT.read_text()) if o and o["kind"] in RBAC_KINDS]
+    cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input_text=yaml.safe_dump_all(policy + role))
     token = cp.kubectl("create", "token", "gpuledger-placement", "-n", "gpuledger", "--duration=2h").stdout.strip()
     assert cp.access is not None
     return Access(cp.access.server, cp.access.ca_pem, token).kubeconfig(cp.workdir / "placement-dra.kubeconfig")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
@@ -18,6 +19,7 @@ from tests.support.waiting import wait_for
 
 SLOTS_PER_CARD = 8
 POLL_S = 0.1  # how often a wait asks the API server or the ledger again
+LOW, HIGH = "e2e-low", "e2e-high"  # priority classes (``priority_classes``)
 
 
 def pod(
@@ -165,3 +167,41 @@ def steady(running_if_settled: Callable[[], Awaitable[int | None]]) -> Callable[
         return now - seen[0][0] >= STEADY_S
 
     return check
+
+
+@contextlib.asynccontextmanager
+async def priority_classes(api: KubeApi) -> AsyncIterator[None]:
+    for name, value in ((LOW, 10), (HIGH, 1000)):
+        with contextlib.suppress(ApiError):
+            body = {"metadata": {"name": name}, "value": value, "preemptionPolicy": "PreemptLowerPriority"}
+            await api.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
+    try:
+        yield
+    finally:
+        for name in (LOW, HIGH):
+            with contextlib.suppress(ApiError):
+                await api.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+
+
+def smallest_sets(found: NodeLedger, uids: dict[str, str], want: int) -> list[set[str]]:
+    """Every smallest set of the holders named in ``uids`` (owner uid -> name) on one card whose
+    going leaves ``want`` MiB free there."""
+    by_card: dict[int, list[tuple[str, int]]] = {}
+    for allocation in found.live():
+        name = uids.get(allocation.owner.id)
+        if name is not None:
+            for s in allocation.shares():
+                by_card.setdefault(s.index, []).append((name, s.mem_mib))
+    used = {c.index: sum(s.mem_mib for a in found.live() for s in a.shares() if s.index == c.index)
+            for c in found.node.cards}  # fmt: skip
+    memory = {c.index: c.memory_mib for c in found.node.cards}
+    for size in range(1, len(uids) + 1):
+        sets = [
+            {name for name, _ in combo}
+            for card, held in by_card.items()
+            for combo in itertools.combinations(held, size)
+            if memory[card] - used[card] + sum(mib for _, mib in combo) >= want
+        ]
+        if sets:
+            return sets
+    return []

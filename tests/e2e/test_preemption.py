@@ -6,69 +6,41 @@ there once they are gone. Nothing else is evicted, and a pod of equal priority e
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from gpuledger_core.ledger import NodeLedger
-from gpuledger_dev.controlplane.api import ApiError, KubeApi
+from gpuledger_dev.controlplane.api import KubeApi
 from gpuledger_dev.local_stack import Stack
 from gpuledger_dev.real_cluster import RealCluster
-from tests.e2e.helpers import POLL_S, consistent, get_pod, ledger, namespace, pod, pods_in, running, share
+from tests.e2e.helpers import (
+    HIGH,
+    LOW,
+    POLL_S,
+    consistent,
+    get_pod,
+    ledger,
+    namespace,
+    pod,
+    pods_in,
+    priority_classes,
+    running,
+    share,
+    smallest_sets,
+)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 NODE = "p4-1"  # two Tesla P4 of 7611 MiB
-LOW, HIGH = "e2e-low", "e2e-high"
 SHARES = (4096, 2048, 2048, 2048, 2048)  # MiB: best fit puts 4 + 2 GiB on one card, 2 + 2 + 2 on the other
 WANT = 5120
-
-
-@contextlib.asynccontextmanager
-async def priority_classes(api: KubeApi) -> AsyncIterator[None]:
-    for name, value in ((LOW, 10), (HIGH, 1000)):
-        with contextlib.suppress(ApiError):
-            body = {"metadata": {"name": name}, "value": value, "preemptionPolicy": "PreemptLowerPriority"}
-            await api.create("/apis/scheduling.k8s.io/v1/priorityclasses", body)
-    try:
-        yield
-    finally:
-        for name in (LOW, HIGH):
-            with contextlib.suppress(ApiError):
-                await api.delete(f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
 
 
 def prioritized(name: str, ns: str, mib: int, priority_class: str) -> dict[str, Any]:
     body = pod(name, ns, share(mib), node=NODE)
     body["spec"]["priorityClassName"] = priority_class
     return body
-
-
-def smallest_sets(found: NodeLedger, uids: dict[str, str]) -> list[set[str]]:
-    """Every smallest set of the low pods (by name) on one card whose going leaves ``WANT`` MiB free."""
-    by_card: dict[int, list[tuple[str, int]]] = {}
-    for allocation in found.live():
-        name = uids.get(allocation.owner.id)
-        if name is not None:
-            for s in allocation.shares():
-                by_card.setdefault(s.index, []).append((name, s.mem_mib))
-    used = {c.index: sum(s.mem_mib for a in found.live() for s in a.shares() if s.index == c.index)
-            for c in found.node.cards}  # fmt: skip
-    memory = {c.index: c.memory_mib for c in found.node.cards}
-    for size in range(1, len(uids) + 1):
-        sets = [
-            {name for name, _ in combo}
-            for card, held in by_card.items()
-            for combo in itertools.combinations(held, size)
-            if memory[card] - used[card] + sum(mib for _, mib in combo) >= WANT
-        ]
-        if sets:
-            return sets
-    return []
 
 
 @pytest.mark.timeout(240)
@@ -87,7 +59,7 @@ async def test_a_high_priority_share_evicts_the_fewest_low_priority_shares_on_on
             await running(api, ns, f"low-{i}")
             uids[made["metadata"]["uid"]] = f"low-{i}"
         before = (await ledger(stack))[NODE]
-        expected = smallest_sets(before, uids)
+        expected = smallest_sets(before, uids, WANT)
         assert expected and all(len(s) < len(SHARES) for s in expected), expected
 
         same = await api.create(f"/api/v1/namespaces/{ns}/pods", prioritized("equal", ns, WANT, LOW))

@@ -1,0 +1,106 @@
+"""Share-aware preemption in DRA mode C on the real control plane (docs/preemption.md): a node's two
+cards full of low-priority 2-4 GiB claims, each with its pod; a high-priority pod's 5 GiB claim fits
+nowhere. Placement evicts exactly the smallest set of low-priority claims' pods on one card (through
+the Eviction API), holds the room for the high claim, allocates it there once those pods are gone,
+and lifts its gate; the victims' claims are deallocated and hold nothing in the ledger. A pod of
+equal priority evicts nobody."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuledger_core import claims
+from gpuledger_dev.controlplane.cluster import ControlPlane
+from gpuledger_dev.natsserver import NatsServer
+from gpuledger_inventory.slices import DRIVER
+from tests.e2e.dra_helpers import CLAIMS, claim_pod, share_claim
+from tests.e2e.dra_ledger import bound as pod_bound
+from tests.e2e.dra_ledger import claim_entry, gated_world, ledger_of
+from tests.e2e.helpers import HIGH, LOW, priority_classes, smallest_sets
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
+SHARES = ("4Gi", "2Gi", "2Gi", "2Gi", "2Gi")  # best fit puts 4 + 2 GiB on one card, 2 + 2 + 2 on the other
+WANT = "5Gi"
+WANT_MIB = 5120
+
+
+def claimed_pod(name: str, claim: str, priority_class: str) -> dict[str, Any]:
+    """A pod of the claim, for kube-scheduler to bind where mode C allocates the claim."""
+    body = claim_pod(name, "", claim)
+    del body["spec"]["affinity"]
+    body["spec"]["priorityClassName"] = priority_class
+    return body
+
+
+async def test_a_high_priority_claim_evicts_the_fewest_low_priority_claims_pods_on_one_card(
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Any
+) -> None:
+    async with gated_world(control_plane, nats_server, placement_kubeconfig, "tesla-p4-2") as world:
+        api, ns, node = world.api, world.ns, world.node.name
+        pods = f"/api/v1/namespaces/{ns}/pods"
+        await api.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"gpuledger.io/allocation": "ledger"}}})
+        async with priority_classes(api):
+            names: dict[str, str] = {}  # claim uid -> its pod's name
+            for i, memory in enumerate(SHARES):  # one at a time: each lands where the policy puts it
+                made = await api.create(CLAIMS.format(ns=ns), share_claim(f"low-{i}", memory, "10"))
+                await api.create(pods, claimed_pod(f"low-{i}", f"low-{i}", LOW))
+                await pod_bound(api, ns, f"low-{i}")
+                names[made["metadata"]["uid"]] = f"low-{i}"
+            before = await ledger_of(nats_server, node)
+            assert before is not None
+            expected = smallest_sets(before, names, WANT_MIB)
+            assert expected and all(len(s) < len(SHARES) for s in expected), expected
+
+            await api.create(CLAIMS.format(ns=ns), share_claim("equal", WANT, "10"))
+            same = await api.create(pods, claimed_pod("equal", "equal", LOW))
+
+            async def refused() -> bool:
+                found = await api.get(f"/api/v1/namespaces/{ns}/events", fieldSelector="reason=GpuledgerUnschedulable")
+                return any(e["involvedObject"].get("uid") == same["metadata"]["uid"] for e in found["items"])
+
+            await wait_for(refused, 60, "the equal-priority pod's claim refused", 0.2)
+
+            await api.create(CLAIMS.format(ns=ns), share_claim("high", WANT, "10"))
+            await api.create(pods, claimed_pod("high", "high", HIGH))
+            try:
+                high = await pod_bound(api, ns, "high", timeout=120)
+            except TimeoutError as err:
+                events = [f"{e['involvedObject']['name']}: {e.get('reason')}: {e.get('message')}"
+                          for e in (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]]  # fmt: skip
+                raise AssertionError("\n".join([str(err), *events[-30:]])) from None
+            assert high["spec"]["nodeName"] == node
+
+            left = {p["metadata"]["name"] for p in (await api.get(pods))["items"]}
+            evicted = {name for name in names.values() if name not in left}
+            assert evicted in expected, f"evicted {sorted(evicted)}; the smallest sets were {expected}"
+            equal = await api.get(f"{pods}/equal")
+            assert not equal["spec"].get("nodeName") and equal["spec"].get("schedulingGates")  # still waiting
+
+            events = (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]
+            assert {e["involvedObject"]["name"] for e in events if e.get("reason") == "Preempted"} == evicted
+            held = next(e["message"] for e in events if e.get("reason") == "GpuledgerPreempting")
+            assert node in held and all(name in held for name in evicted), held
+
+            claim = await api.get(f"{CLAIMS.format(ns=ns)}/high")
+            devices = claims.results_of(claim, DRIVER)
+            entry = await claim_entry(nats_server, node, claim["metadata"]["uid"])
+            assert entry is not None and entry.id == claims.allocation_id(claims.ref_of(claim), devices)
+            victim_cards = {s.index for a in before.live() if names.get(a.owner.id) in evicted for s in a.shares()}
+            assert {s.index for s in entry.shares()} == victim_cards
+            assert entry.shares()[0].mem_mib == WANT_MIB
+
+            async def victims_released() -> bool:
+                for uid, name in names.items():
+                    if name not in evicted:
+                        continue
+                    found = await api.get(f"{CLAIMS.format(ns=ns)}/{name}")
+                    if found.get("status", {}).get("allocation") or await claim_entry(nats_server, node, uid):
+                        return False
+                return True
+
+            await wait_for(victims_released, 60, "the victims' claims deallocated, holding nothing", 0.2)
+            for uid, name in names.items():  # the others keep their cards
+                assert (name in evicted) == (await claim_entry(nats_server, node, uid) is None), name

@@ -8,9 +8,11 @@ from random import Random
 
 import pytest
 
+from gpuledger_core.packing import Decision, Workload, flat_node, gpu_ask, place
+from gpuledger_core.packing.default import Default
 from gpuledger_sim import check, cli
-from gpuledger_sim.replay import Attempt, Config, arrival_order, replay
-from gpuledger_sim.trace import TracePod, read_nodes, read_pods
+from gpuledger_sim.replay import Attempt, Config, arrival_order, replay, supply_of, typical_of
+from gpuledger_sim.trace import TraceNode, TracePod, read_nodes, read_pods
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -117,9 +119,7 @@ def test_model_constraints_hold(trace: tuple[Path, Path]) -> None:
         assert not attempt.pod.models or model[attempt.node or ""] in attempt.pod.models
 
 
-def test_five_column_pod_files_and_human_output(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_five_column_pod_files_and_human_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     nodes, pods = tmp_path / "n.csv", tmp_path / "p.csv"
     nodes.write_text(NODES)
     pods.write_text(pods_csv(Random(4), 30, five_columns=True))
@@ -135,3 +135,28 @@ def test_bad_input_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str
     pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1000,1,2,500\n")
     assert cli.main(["--nodes", str(nodes), "--pods", str(pods)]) == 2
     assert "several GPUs must take them whole" in capsys.readouterr().err
+
+
+def test_supply_is_the_cards_per_model() -> None:
+    nodes = [TraceNode("a", 8000, 1024, 2, "T4"), TraceNode("b", 8000, 1024, 8, "G2"), TraceNode("c", 0, 0, 2, "T4")]
+    assert supply_of(nodes) == {"T4": 4, "G2": 8}
+
+
+def test_pods_that_may_go_anywhere_leave_the_scarce_model_to_those_that_need_it() -> None:
+    # two T4 cards on a CPU-rich node, 32 G2 cards on CPU-poor ones; four pods need T4
+    nodes = [TraceNode("t4", 104000, 1 << 19, 2, "T4")]
+    nodes += [TraceNode(f"g2-{i}", 48000, 1 << 19, 8, "G2") for i in range(4)]
+    pods = [TracePod(f"light-{i:02d}", 2000, 1024, 1, 1000) for i in range(20)]
+    pods += [TracePod(f"heavy-{i}", 16000, 1024, 1, 1000) for i in range(6)]
+    pods += [TracePod(f"t4-{i}", 4000, 1024, 1, 1000, "T4") for i in range(4)]
+    for seed in range(10):
+        attempts: list[Attempt] = []
+        replay(nodes, pods, Config("default", seed, tune=0), attempts.append)
+        assert [a.pod.gpu_spec for a in attempts if a.node is None] == ["T4", "T4"]  # no room for them
+        assert all(a.pod.gpu_spec == "T4" for a in attempts if a.node == "t4")
+    # the replay gives default the cards per model: without them, the balance sends a CPU-heavy
+    # pod to the CPU-rich T4 node
+    states = [flat_node(n.name, n.model, n.gpus, n.cpu_milli, n.memory_mib) for n in nodes]
+    heavy = gpu_ask(1, cpu_milli=16000, memory_mib=1024)
+    without = place(states, heavy, Default(Workload.of([typical_of(p) for p in pods])))
+    assert isinstance(without, Decision) and without.node == "t4"

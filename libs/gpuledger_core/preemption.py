@@ -110,15 +110,24 @@ def on_node(
     grants = fit.grants(ledger, pod, ())
     if grants is not None:
         return Victims(ledger.node.name, (), grants, (0, 0, 0, 0, 0.0))
+    return next(iter(options(ledger, pod, priority, holders, fit, now)), None)
+
+
+def options(
+    ledger: NodeLedger, pod: PodAsk, priority: int, holders: Mapping[str, Holder], fit: Fit, now: float
+) -> list[Victims]:
+    """Every group's smallest set on this node that makes ``pod`` fit (per card, the cheapest
+    cards, the whole pool), cheapest first: for a caller that must pass over some (defragmentation,
+    whose victims must fit elsewhere)."""
     pool = candidates(ledger, priority, holders, now)
     if not pool or fit.grants(ledger, pod, (a.id for a in pool)) is None:
-        return None
+        return []
     found = [
         victims
         for group in _groups(ledger, pod, pool, holders, fit, now)
         if (victims := _smallest(ledger, pod, group, holders, fit, now)) is not None
     ]
-    return min(found, key=lambda v: v.cost, default=None)
+    return sorted(found, key=lambda v: v.cost)
 
 
 def choose(

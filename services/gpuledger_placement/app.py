@@ -68,7 +68,7 @@ def build(
     if hosts is not None:  # the node's CPU and memory are part of its state: fit, the balance term, the guard
         hosts.watch(view.host_changed)
     tracker = WorkloadTracker(window=settings.workload_window)
-    policies = Policies(tracker, view.card_memory, settings.workload_refresh_s)
+    policies = Policies(tracker, view.card_memory, settings.workload_refresh_s, supply=view.card_models)
     guard, ready = parse_guard(settings.guard), _ready(view, nc, settings)
     assumed = Assumptions(settings.assume_ttl_s)
     service = PlacementService(view, policies, settings.policy, guard, ready, assumed=assumed, hosts=hosts)

@@ -1,14 +1,16 @@
 """The node policies by name, measured against the recent workload and rebuilt now and then.
 
-``fgd`` and ``default`` score fragmentation against the typical pods of the recent asks. A rebuilt
-policy gets a new generation, so answers cached under the old one are not reused.
+``fgd`` and ``default`` score fragmentation against the typical pods of the recent asks; ``default``
+also weighs the card models against the fleet's cards per model (``supply``: the models that pods
+naming models press are left to them). A rebuilt policy gets a new generation, so answers cached
+under the old one are not reused.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.model import Allocation
@@ -26,8 +28,10 @@ class Policies:
         card_memory: Callable[[], int],
         refresh_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        supply: Callable[[], Mapping[str, int]] = dict,
     ) -> None:
         self.tracker, self.card_memory, self.refresh_s, self.clock = tracker, card_memory, refresh_s, clock
+        self.supply = supply
         self.generation = 0
         self._built: dict[str, Policy] = {}
         self._typical_version = 0
@@ -41,7 +45,8 @@ class Policies:
         policy = self._built.get(name)
         if policy is None:
             typical_pods = self.tracker.seen() if name in ("fgd", "default") else ()
-            policy = self._built[name] = make_policy(name, typical_pods)
+            supply = self.supply() if name == "default" else None
+            policy = self._built[name] = make_policy(name, typical_pods, supply)
         return (name, self.generation), policy
 
     def observe(self, pod: PodAsk) -> None:

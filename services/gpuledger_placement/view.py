@@ -194,5 +194,9 @@ class FleetView:
         common = [size for size, n in self.memories.most_common(1) if n > 0]
         return common[0] if common else 0
 
+    def card_models(self) -> dict[str, int]:
+        """The fleet's cards per model (``default`` weighs the models against it)."""
+        return {model: n for model, n in self.models.items() if n > 0}
+
     def known_models(self) -> frozenset[str]:
         return frozenset(model for model, n in self.models.items() if n > 0)

@@ -201,3 +201,18 @@ def test_shares_spread_to_the_next_card_once_a_cards_slots_are_held_and_filter_s
     assert found.fits == ()
     assert found.failed["p4-0"].startswith("slots used up: 2 card(s) have every kubelet slot held")
     assert built.service.prioritize(small_share(99), ["p4-0", "h100-0"])["p4-0"] == 0
+
+
+def test_default_weighs_the_card_models_against_the_fleets_cards_per_model() -> None:
+    built = parts()
+    supply = built.view.card_models()
+    assert sum(supply.values()) == sum(len(e.ledger.node.cards) for e in built.view.entries.values())
+    p4 = next(model for model in supply if "P4" in model)
+    for n in range(20):  # the recent workload: pods that may only use P4 cards
+        owner = Owner(OwnerKind.POD, f"uid-p4-{n}", "ns", f"p4-{n}")
+        built.service.policies.observe(PodAsk(owner, (ContainerAsk("c", Request(1, models=frozenset({p4}))),)))
+    built.service.policies.refresh()
+    _, policy = built.service.policies.get("default")
+    pressure = policy.scarcity.pressure  # type: ignore[attr-defined]
+    assert set(pressure) == set(supply) and pressure[p4] > 0
+    assert all(pressure[model] == 0 for model in supply if model != p4)

@@ -11,8 +11,9 @@ CDI spec.
   allocator and of nats-server (each restarted), and a restart of a node's kubelet. Afterwards
   every pod runs or is unbound with the scheduler's reason, no card is over capacity, and the
   ledger's claim entries are exactly the claims' allocations.
-- The same in mode C (a namespace labelled for the ledger's allocation): the burst with placement
-  or nats-server killed in its middle. Afterwards no card is over capacity, every claim the ledger
+- The same in mode C (a namespace labelled for the ledger's allocation): a burst of 200 claims with
+  a second placement replica racing the first, and the burst with placement or nats-server killed
+  in its middle. Afterwards no card is over capacity, every claim the ledger
   allocated once, every bound pod's claim allocated by the ledger (none by kube-scheduler while
   placement was down), every pod running or gated with gpuledger's reason, and the ledger's
   entries exactly the allocations.
@@ -22,8 +23,12 @@ CDI spec.
 from __future__ import annotations
 
 import asyncio
+import re
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -165,7 +170,17 @@ async def test_a_fault_mid_burst_of_claims_leaves_the_ledger_equal_to_the_claims
         await api.delete(f"/api/v1/namespaces/{ns}")
 
 
+async def second_placement(stack: Stack) -> None:
+    """A second placement replica beside the first (its own ports, the same ledger and cluster):
+    both claim allocators race for every gated pod."""
+    args = list(stack.supervisor.get("placement").args)
+    for flag in ("--http-port", "--extender-port"):
+        args[args.index(flag) + 1] = str(free_port())
+    await stack.supervisor.start("placement-2", "gpuledger_placement", args)
+
+
 MODE_C_FAULTS: dict[str, tuple[int, Callable[[Stack], Awaitable[None]]]] = {
+    "two-placements": (200, second_placement),  # 88 slots on the 11 cards: most of the burst waits, gated
     "placement-sigkill": (BURST, lambda stack: kill_service(stack, "placement")),
     "nats-server-sigkill": (BURST, kill_nats),
 }
@@ -184,10 +199,19 @@ async def test_a_burst_of_claims_in_mode_c_leaves_the_ledger_equal_to_the_alloca
     try:
         claims_path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims"
         creating = asyncio.ensure_future(create_burst(api, ns, burst))
-        await wait_for(lambda: _bound_at_least(api, ns, burst // 4), 120, f"{burst // 4} pods bound", 0.2)
-        await act(dra_stack)
+        if fault == "two-placements":
+            await act(dra_stack)
+        else:
+            await wait_for(lambda: _bound_at_least(api, ns, burst // 4), 120, f"{burst // 4} pods bound", 0.2)
+            await act(dra_stack)
         await creating
-        await wait_for(_steady(api, ns, "GpuledgerUnschedulable"), 300, "every pod running, or gated with a reason", 1)
+        try:
+            await wait_for(
+                _steady(api, ns, "GpuledgerUnschedulable"), 300, "every pod running, or gated with a reason", 1
+            )
+        except TimeoutError:
+            await _say_why_unsettled(dra_stack, ns, "GpuledgerUnschedulable")
+            raise
         dra_stack.supervisor.check()
         claims = (await api.get(claims_path))["items"]
         found = await ledger(dra_stack)
@@ -215,8 +239,47 @@ async def test_a_burst_of_claims_in_mode_c_leaves_the_ledger_equal_to_the_alloca
         print(f"\n  mode C, {fault}: {running} of {burst} pods running, {len(held)} claims held", flush=True)
         assert running >= min(burst * 3 // 4, 72), f"only {running} of {burst} pods run after {fault}"
     finally:
+        if fault == "two-placements" and any(s.name == "placement-2" for s in dra_stack.supervisor.services):
+            second = dra_stack.supervisor.get("placement-2")
+            await second.stop()
+            dra_stack.supervisor.services.remove(second)  # the stack's own services are checked on
         await _delete_all(dra_stack, ns)
         await api.delete(f"/api/v1/namespaces/{ns}")
+
+
+async def _say_why_unsettled(stack: Stack, ns: str, reason: str) -> None:
+    """What the pods that are neither Running nor gated with an event of ``reason`` wait for, and
+    the logs that name them (the stack's logs are removed with it, so they are kept aside)."""
+    cluster = stack.cluster
+    assert isinstance(cluster, RealCluster) and cluster.api is not None
+    pods = (await cluster.api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]
+    events = await cluster.api.get(f"/api/v1/namespaces/{ns}/events", fieldSelector=f"reason={reason}")
+    told = {(e.get("involvedObject") or {}).get("uid") for e in events["items"]}
+    unsettled = [
+        p
+        for p in pods
+        if p["status"].get("phase") != "Running" and (p["spec"].get("nodeName") or p["metadata"]["uid"] not in told)
+    ]
+    print(await asyncio.to_thread(_explain, stack.supervisor.run_dir, ns, unsettled, len(pods)), flush=True)
+
+
+def _explain(run_dir: Path, ns: str, unsettled: list[dict[str, Any]], total: int) -> str:
+    kept = Path(tempfile.mkdtemp(prefix="gl-unsettled-"))
+    for log in run_dir.rglob("*.log"):
+        shutil.copy(log, kept / log.name)
+    logs = {log.stem: log.read_text(errors="replace").splitlines() for log in sorted(kept.glob("*.log"))}
+    said = [f"\n  {len(unsettled)} of {total} pods unsettled; the stack's logs kept in {kept}"]
+    for p in unsettled[:10]:
+        gates = [g.get("name") for g in p["spec"].get("schedulingGates") or []]
+        conds = {c.get("type"): (c.get("status"), c.get("reason")) for c in p["status"].get("conditions") or []}
+        name = p["metadata"]["name"]
+        said.append(
+            f"  {name}: node={p['spec'].get('nodeName')} phase={p['status'].get('phase')} gates={gates} {conds}"
+        )
+        for stem, lines in logs.items():
+            naming = [line for line in lines if re.search(rf"{ns}/{name}\b", line)]
+            said.extend(f"    {stem}: {line[:300]}" for line in naming[-4:])
+    return "\n".join(said)
 
 
 async def create_burst(api: KubeApi, ns: str, count: int) -> None:

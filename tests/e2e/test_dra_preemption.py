@@ -3,7 +3,8 @@ cards full of low-priority 2-4 GiB claims, each with its pod; a high-priority po
 nowhere. Placement evicts exactly the smallest set of low-priority claims' pods on one card (through
 the Eviction API), holds the room for the high claim, allocates it there once those pods are gone,
 and lifts its gate; the victims' claims are deallocated and hold nothing in the ledger. A pod of
-equal priority evicts nobody."""
+equal priority evicts nobody. Where a PodDisruptionBudget forbids every eviction, nothing is
+forced: the pod is told so in an Event, and preempts once the budget allows it."""
 
 from __future__ import annotations
 
@@ -32,7 +33,24 @@ def claimed_pod(name: str, claim: str, priority_class: str) -> dict[str, Any]:
     body = claim_pod(name, "", claim)
     del body["spec"]["affinity"]
     body["spec"]["priorityClassName"] = priority_class
+    body["metadata"]["labels"] = {"tier": priority_class}
     return body
+
+
+async def fill(api: Any, ns: str) -> dict[str, str]:
+    """The node's two cards filled with low-priority claims, one at a time (each lands where the
+    policy puts it); their uids -> their pods' names."""
+    names: dict[str, str] = {}
+    for i, memory in enumerate(SHARES):
+        made = await api.create(CLAIMS.format(ns=ns), share_claim(f"low-{i}", memory, "10"))
+        await api.create(f"/api/v1/namespaces/{ns}/pods", claimed_pod(f"low-{i}", f"low-{i}", LOW))
+        await pod_bound(api, ns, f"low-{i}")
+        names[made["metadata"]["uid"]] = f"low-{i}"
+    return names
+
+
+async def events_of(api: Any, ns: str, reason: str) -> list[dict[str, Any]]:
+    return list((await api.get(f"/api/v1/namespaces/{ns}/events", fieldSelector=f"reason={reason}"))["items"])
 
 
 async def test_a_high_priority_claim_evicts_the_fewest_low_priority_claims_pods_on_one_card(
@@ -43,12 +61,7 @@ async def test_a_high_priority_claim_evicts_the_fewest_low_priority_claims_pods_
         pods = f"/api/v1/namespaces/{ns}/pods"
         await api.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"gpuledger.io/allocation": "ledger"}}})
         async with priority_classes(api):
-            names: dict[str, str] = {}  # claim uid -> its pod's name
-            for i, memory in enumerate(SHARES):  # one at a time: each lands where the policy puts it
-                made = await api.create(CLAIMS.format(ns=ns), share_claim(f"low-{i}", memory, "10"))
-                await api.create(pods, claimed_pod(f"low-{i}", f"low-{i}", LOW))
-                await pod_bound(api, ns, f"low-{i}")
-                names[made["metadata"]["uid"]] = f"low-{i}"
+            names = await fill(api, ns)
             before = await ledger_of(nats_server, node)
             assert before is not None
             expected = smallest_sets(before, names, WANT_MIB)
@@ -58,8 +71,8 @@ async def test_a_high_priority_claim_evicts_the_fewest_low_priority_claims_pods_
             same = await api.create(pods, claimed_pod("equal", "equal", LOW))
 
             async def refused() -> bool:
-                found = await api.get(f"/api/v1/namespaces/{ns}/events", fieldSelector="reason=GpuledgerUnschedulable")
-                return any(e["involvedObject"].get("uid") == same["metadata"]["uid"] for e in found["items"])
+                found = await events_of(api, ns, "GpuledgerUnschedulable")
+                return any(e["involvedObject"].get("uid") == same["metadata"]["uid"] for e in found)
 
             await wait_for(refused, 60, "the equal-priority pod's claim refused", 0.2)
 
@@ -104,3 +117,40 @@ async def test_a_high_priority_claim_evicts_the_fewest_low_priority_claims_pods_
             await wait_for(victims_released, 60, "the victims' claims deallocated, holding nothing", 0.2)
             for uid, name in names.items():  # the others keep their cards
                 assert (name in evicted) == (await claim_entry(nats_server, node, uid) is None), name
+
+
+async def test_an_eviction_a_budget_forbids_is_never_forced_and_preemption_goes_on_once_it_allows(
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Any
+) -> None:
+    async with gated_world(control_plane, nats_server, placement_kubeconfig, "tesla-p4-2") as world:
+        api, ns = world.api, world.ns
+        pods = f"/api/v1/namespaces/{ns}/pods"
+        budgets = f"/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets"
+        await api.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"gpuledger.io/allocation": "ledger"}}})
+        async with priority_classes(api):
+            keep_all = {"maxUnavailable": 0, "selector": {"matchLabels": {"tier": LOW}}}
+            await api.create(budgets, {"metadata": {"name": "keep-all"}, "spec": keep_all})
+            names = await fill(api, ns)
+
+            # Running, as their kubelet would say: the Eviction API lets a pod that is not running yet
+            # go whatever its budget says (kwok plays no kubelet for this node's claim pods).
+            for name in names.values():
+                await api.patch(f"{pods}/{name}/status", {"status": {"phase": "Running"}})
+            await api.create(CLAIMS.format(ns=ns), share_claim("high", WANT, "10"))
+            high = await api.create(pods, claimed_pod("high", "high", HIGH))
+
+            async def blocked() -> dict[str, Any] | None:
+                found = await events_of(api, ns, "GpuledgerPreemptionBlocked")
+                return next((e for e in found if e["involvedObject"].get("uid") == high["metadata"]["uid"]), None)
+
+            event = await wait_for(blocked, 60, "the pod told that a budget refused the eviction", 0.2)
+            assert "never forced" in event["message"] and "disruption budget" in event["message"], event["message"]
+            left = {p["metadata"]["name"]: p for p in (await api.get(pods))["items"]}
+            assert all(name in left and not left[name]["metadata"].get("deletionTimestamp") for name in names.values())
+            assert not left["high"]["spec"].get("nodeName") and left["high"]["spec"].get("schedulingGates")
+            assert not await events_of(api, ns, "Preempted")
+
+            await api.delete(f"{budgets}/keep-all")  # the budget allows it now: tried again, it preempts
+            bound = await pod_bound(api, ns, "high", timeout=90)
+            assert bound["spec"]["nodeName"] == world.node.name
+            assert {e["involvedObject"]["name"] for e in await events_of(api, ns, "Preempted")} <= set(names.values())

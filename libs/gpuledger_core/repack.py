@@ -18,7 +18,7 @@ a proof that room exists, not a reservation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuledger_core.fit import ContainerAsk
@@ -72,16 +72,19 @@ def repack(
     now: float,
     max_moves: int,
     host: Callable[[Allocation, NodeName], bool] = lambda _a, _n: True,
+    targets: Collection[NodeName] | None = None,
 ) -> Repack | None:
     """The fewest moves (then the least work lost, then node order) of ``movable`` holders (by owner
     key) that make ``pod`` fit on one of ``ledgers``, each moved holder fitting on another node; None
     when there is none within ``max_moves``, or when the pod fits somewhere already. ``host``: whether
-    a moved holder's pod may run on a node as far as the ledger cannot tell."""
-    if max_moves <= 0 or any(fit.grants(ledger, pod, ()) is not None for ledger in ledgers):
+    a moved holder's pod may run on a node as far as the ledger cannot tell; ``targets``: the nodes the
+    pod itself may go to (None: any); every node may take a moved holder."""
+    allowed = [ledger for ledger in ledgers if targets is None or ledger.node.name in targets]
+    if max_moves <= 0 or any(fit.grants(ledger, pod, ()) is not None for ledger in allowed):
         return None
     ranked = {key: Holder(MOVABLE_PRIORITY, h.protected, h.started_at) for key, h in movable.items()}
     best: tuple[tuple[int, int, float], Repack] | None = None
-    for ledger in ledgers:
+    for ledger in allowed:
         others = [other for other in ledgers if other.node.name != ledger.node.name]
         for victims in options(ledger, pod, MOVABLE_PRIORITY + 1, ranked, fit, now):  # cheapest first
             if not victims.evict or len(victims.evict) > max_moves:

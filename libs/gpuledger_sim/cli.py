@@ -13,6 +13,7 @@ from typing import TextIO
 
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.packing import POLICIES, Guard
+from gpuledger_sim.defrag import Budget
 from gpuledger_sim.dra import replay_dra
 from gpuledger_sim.preempting import STRATEGIES
 from gpuledger_sim.replay import Attempt, Config, Summary, replay
@@ -52,6 +53,18 @@ def parser() -> argparse.ArgumentParser:
         help="keep this much CPU and memory free per free card from CPU-only pods, e.g. 4000:32768; "
         "'auto': what the trace's pods with cards ask per card",
     )
+    p.add_argument(
+        "--defrag",
+        metavar="MOVES[:TOTAL]",
+        help="for a pod that fits nowhere, move at most MOVES placed pods (and TOTAL over the replay) "
+        "so that it fits, until arrived GPU reaches 100%% (docs/defragmentation.md); classic path only",
+    )
+    p.add_argument(
+        "--defrag-nodes",
+        type=int,
+        default=16,
+        help="with --defrag: the nodes searched to clear per pod, those lacking least for it (default 16)",
+    )
     p.add_argument("--placements", type=Path, help="write one JSON line per attempt to this file")
     p.add_argument(
         "--bound",
@@ -86,6 +99,18 @@ def parse_guard(raw: str | None) -> Guard | None:
         raise InvalidArgument("--guard", f"must be CPU_MILLI:MEM_MIB, got {raw!r}") from None
 
 
+def parse_defrag(args: argparse.Namespace) -> Budget | None:
+    if args.defrag is None:
+        if args.defrag_nodes != 16:
+            raise InvalidArgument("--defrag-nodes", "applies only with --defrag")
+        return None
+    if args.path != "classic":
+        raise InvalidArgument("--defrag", f"moves pods on the classic path only, not --path {args.path}")
+    if args.bound or args.placements is not None:
+        raise InvalidArgument("--defrag", "the attempts do not record moves: no --bound or --placements with it")
+    return Budget.parse(args.defrag, args.defrag_nodes)
+
+
 def placement_line(attempt: Attempt) -> str:
     pod = attempt.pod
     return json.dumps(
@@ -115,9 +140,21 @@ def human(summary: Summary) -> str:
             f"at the end: arrived {s.arrived_gpu_pct_final:.2f}%, allocated "
             f"{s.allocated_gpu_pct_final:.2f}%, fragmentation {s.frag_total_pct_final:.2f}%",
             f"replayed in {s.runtime_s:.1f} s",
+            *_defrag_lines(s),
             *_bound_lines(s),
         ]
     )
+
+
+def _defrag_lines(s: Summary) -> list[str]:
+    if "defrag_moves" not in s.extra:
+        return []
+    e = s.extra
+    return [
+        f"defragmentation to 100% arrived: {e['defrag_moves']:.0f} moves ({e['defrag_moves_per_1000_pods']:.2f} "
+        f"per 1,000 pods) let {e['defrag_pods_let_in']:.0f} of {e['defrag_pods_searched']:.0f} pods in; "
+        f"{e['defrag_no_destination']:.0f} had no card anywhere to move to; searched in {e['defrag_search_s']:.1f} s"
+    ]
 
 
 def _bound_lines(s: Summary) -> list[str]:
@@ -151,9 +188,11 @@ def run_preemption(args: argparse.Namespace, out: TextIO) -> int:
         raise InvalidArgument(
             "--preemption", f"unknown strategy {unknown or args.preemption!r}; known: {', '.join(STRATEGIES)}"
         )
-    if args.bound or args.placements is not None or args.path != "classic":
+    if args.bound or args.placements is not None or args.path != "classic" or args.defrag is not None:
         raise InvalidArgument(
-            "--preemption", "replays over time through the ledger alone: no --bound, --placements or --path"
+            "--preemption",
+            "replays over time through the ledger alone: no --bound, --placements, --path or --defrag "
+            "(the ledger+defrag strategy moves pods there)",
         )
     if args.gpus < 0:
         raise InvalidArgument("--gpus", f"must be 0 or more, got {args.gpus}")
@@ -176,7 +215,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.preemption is not None:
         return run_preemption(args, out)
     auto = args.guard == "auto"
-    config = Config(args.policy, args.seed, args.tune, None if auto else parse_guard(args.guard), auto)
+    defrag = parse_defrag(args)
+    config = Config(args.policy, args.seed, args.tune, None if auto else parse_guard(args.guard), auto, defrag)
     nodes, pods = read_nodes(args.nodes), read_pods(args.pods)
     seen: list[Attempt] = []
     replay_with = PATHS[args.path]

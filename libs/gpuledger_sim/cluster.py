@@ -16,16 +16,16 @@ from dataclasses import dataclass, field, replace
 
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.fit import ContainerAsk
-from gpuledger_core.ids import AllocationId, CardUuid, NodeName
+from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, reserve
-from gpuledger_core.model import Allocation, AllocState, Card, Grant, Node, Owner, OwnerKind
+from gpuledger_core.model import Allocation, AllocState, Grant, Owner, OwnerKind
 from gpuledger_core.packing import Ask, NodeChooser, NodeState, Policy, from_ledger
 from gpuledger_core.pods import PodAsk, plan
 from gpuledger_core.preemption import Fit, Holder
+from gpuledger_sim.ledgers import ledger_of
 from gpuledger_sim.replay import ask_of
 from gpuledger_sim.trace import WHOLE, TraceNode, TracePod
 
-CARD_MEMORY_MIB = 16 * 1024  # the trace has no GPU memory; shares ask none of it
 NAMESPACE = "sim"
 
 
@@ -98,13 +98,6 @@ class Free:
     def takes(self, job: Job) -> bool:
         pod = job.pod
         return self.gpu_milli >= job.gpu_milli and self.cpu_milli >= pod.cpu_milli and self.memory_mib >= pod.memory_mib
-
-
-def ledger_of(node: TraceNode) -> NodeLedger:
-    """An empty ledger of the trace node."""
-    name = NodeName(node.name)
-    cards = tuple(Card(CardUuid(f"{name}/{i}"), i, node.model, CARD_MEMORY_MIB) for i in range(node.gpus))
-    return NodeLedger(Node(name, cards, cpu_milli=node.cpu_milli, memory_mib=node.memory_mib))
 
 
 class Cluster:

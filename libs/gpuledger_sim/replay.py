@@ -19,11 +19,12 @@ from dataclasses import dataclass, field, replace
 from random import Random
 
 from gpuledger_core.model import Request
-from gpuledger_core.packing import Ask, Guard, NodeChooser, NodeState, make_policy
+from gpuledger_core.packing import Ask, Guard, NodeChooser, NodeState, Option, make_policy
 from gpuledger_core.packing.balance import Balance
 from gpuledger_core.packing.basic import tag_of
 from gpuledger_core.packing.frag import FragMeter, TypicalPod, Workload, without_memory
 from gpuledger_core.packing.state import charge, flat_node, take
+from gpuledger_sim.defrag import Budget, Holdings, Placed
 from gpuledger_sim.trace import WHOLE, TraceNode, TracePod
 
 
@@ -34,6 +35,7 @@ class Config:
     tune: float = 1.3
     guard: Guard | None = None
     guard_auto: bool = False  # the guard in the trace's own proportions (Guard.proportional)
+    defrag: Budget | None = None  # move placed pods for a pod that fits nowhere (``defrag``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,19 +177,62 @@ def replay(
     policy = make_policy(config.policy, setting.typical, supply_of(setting.nodes))
     chooser = NodeChooser(states, policy, guard_for(config, setting.typical), setting.rng)
     tally = Tally.of(config, setting, states, "classic")
+    holdings = None if config.defrag is None else Holdings(setting.nodes, policy, config.defrag)
+    empty = list(states)
+    before_100 = 0  # pods tried before the 100 % point, defragmentation's per-pod figure
 
     def place(pod: TracePod) -> tuple[int, tuple[int, ...]] | None:
+        nonlocal before_100
         ask = ask_of(pod)
         found = chooser.choose(ask)
+        if holdings is not None and tally.summary.unallocated_gpu_pct_at_100 is None:
+            before_100 += 1
+            if found is None:
+                found = _defragmented(holdings, pod.name, ask)
         if found is None:
             return None
         at, option = found
         chooser.update(at, commit(chooser.nodes[at], ask, option.cards))
         tally.changed(at, chooser.nodes[at])
+        if holdings is not None:
+            holdings.add(at, pod.name, ask, option.cards)
         return at, option.cards
 
+    def _defragmented(holdings: Holdings, name: str, ask: Ask) -> tuple[int, Option] | None:
+        """The pod's node and option once pods are moved for it (None: nothing moved, or in vain)."""
+        changed = holdings.make_room(name, ask, chooser.nodes)
+        for at in changed:
+            chooser.update(at, rebuilt(empty[at], holdings.placed_on(at)))
+            tally.changed(at, chooser.nodes[at])
+        found = chooser.choose(ask) if changed else None
+        holdings.tally.let_in += found is not None
+        return found
+
     drive(setting, tally, place, on_attempt)
+    if holdings is not None:
+        _report(tally.summary, holdings, before_100)
     return tally.finish(time.perf_counter() - started)
+
+
+def rebuilt(empty: NodeState, pods: Sequence[Placed]) -> NodeState:
+    """The node's state with ``pods`` placed on it, in order, from empty."""
+    node = empty
+    for placed in pods:
+        node = commit(node, placed.ask, placed.cards)
+    return node
+
+
+def _report(summary: Summary, holdings: Holdings, before_100: int) -> None:
+    done = holdings.tally
+    summary.extra.update(
+        defrag_moves=float(done.moves),
+        defrag_moves_per_1000_pods=round(1000 * done.moves / before_100, 3) if before_100 else 0.0,
+        defrag_pods_searched=float(done.searched),
+        defrag_pods_let_in=float(done.let_in),
+        defrag_refused_by_host=float(done.refused_by_host),
+        defrag_no_destination=float(done.no_destination),
+        defrag_search_s=round(done.seconds, 2),
+    )
 
 
 class Tally:

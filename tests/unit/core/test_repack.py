@@ -64,6 +64,8 @@ def test_the_fewest_movable_holders_go_to_another_node_and_the_pod_fits_where_th
     assert found is not None and found.node == "a"
     assert len(found.moves) == 2 and {m.allocation.id for m in found.moves} < {"x", "y", "z"}
     assert found.grants[0].cards[0].index == 1
+    # The pod may go to b only: b's holders have nowhere to go, so nothing is moved.
+    assert repack([a, b], pod(5 * GIB), movable(a, b), FIT, now=10.0, max_moves=3, targets={NodeName("b")}) is None
 
 
 def test_nothing_moves_when_a_moved_holder_would_fit_nowhere_or_the_budget_is_too_small() -> None:
@@ -79,6 +81,19 @@ def test_nothing_moves_when_a_moved_holder_would_fit_nowhere_or_the_budget_is_to
     assert repack([a, b], pod(5 * GIB), movable(a, b, only={"x", "y", "z"}), FIT, now=10.0, max_moves=1) is None
     # The host refuses node b for every moved pod: nowhere to go.
     assert repack([a, b], pod(5 * GIB), movable(a, b), FIT, now=10.0, max_moves=3, host=lambda _a, n: n != "b") is None
+
+
+def test_only_the_target_nodes_are_cleared_and_the_others_still_take_moved_holders() -> None:
+    # Both a and c could be cleared with one move to b; with targets={c} only c is, a4 stays.
+    a = two_card_node("a", ("a4", 0, 4 * GIB), ("a3", 0, 3 * GIB), ("x", 1, 4 * GIB), ("y", 1, 3 * GIB))
+    c = two_card_node("c", ("c4", 0, 4 * GIB), ("c3", 0, 3 * GIB), ("w", 1, 4 * GIB), ("v", 1, 3 * GIB))
+    b = two_card_node("b", ("b4", 0, 4 * GIB), ("b5", 1, 5 * GIB))  # 4 GiB free on card 0, 3 on card 1
+    ledgers = [a, b, c]
+    found = repack(ledgers, pod(5 * GIB), movable(*ledgers), FIT, now=10.0, max_moves=3)
+    assert found is not None and found.node == "a"
+    found = repack(ledgers, pod(5 * GIB), movable(*ledgers), FIT, now=10.0, max_moves=3, targets={NodeName("c")})
+    assert found is not None and found.node == "c" and {m.to for m in found.moves} == {"b"}
+    assert repack(ledgers, pod(5 * GIB), movable(*ledgers), FIT, now=10.0, max_moves=3, targets={NodeName("b")}) is None
 
 
 def test_a_pod_that_fits_already_or_would_not_fit_even_on_an_empty_node_moves_nobody() -> None:

@@ -33,6 +33,7 @@ from gpuledger_placement.http2 import ExtenderServer, Verb
 from gpuledger_placement.kube import KubePodApi, NoPodApi, PodApi
 from gpuledger_placement.policies import Policies
 from gpuledger_placement.preemptor import Preemptor
+from gpuledger_placement.repacker import Defrag
 from gpuledger_placement.routes import Extender, extender_app, forbidden
 from gpuledger_placement.service import PlacementService
 from gpuledger_placement.settings import PlacementSettings, parse_guard
@@ -203,8 +204,13 @@ async def _serve(
         if hosts is not None:
             lifecycle.background(stack, tasks, follow(pods, hosts))
         preemptor = None
-        if settings.preemption == "on" and store is not None:
+        if (settings.preemption == "on" or settings.defrag == "on") and store is not None:
             preemptor = Preemptor(pods, store, parts.service, hold_s=settings.preemption_hold_s)
+            preemptor.preempting = settings.preemption == "on"
+            if settings.defrag == "on":
+                preemptor.defrag = Defrag(
+                    settings.defrag_max_moves, settings.defrag_moves_per_hour, settings.defrag_cooldown_s
+                )
             parts.extender.preemptor = preemptor
             stack.push_async_callback(preemptor.stop)
         if settings.dra_claims != "off":  # the ledger decides DRA allocations

@@ -56,9 +56,9 @@ from gpuledger_placement.claims import (
     claim_path,
 )
 from gpuledger_placement.convert import pod_ask_from
+from gpuledger_placement.host_fit import host_refusal
 from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.metrics import CLAIMS_ALLOCATED
-from gpuledger_placement.node_fit import node_refusal
 from gpuledger_placement.pod_events import pod_event
 from gpuledger_placement.preemption_note import victim_left
 from gpuledger_placement.view import FleetView
@@ -374,27 +374,9 @@ class ClaimAllocator:
         return self.view.state_of(ledger.node.name, ledger)
 
     def _host(self, pod: Mapping[str, Any]) -> Callable[[NodeName], str]:
-        asked = pod_ask_from(pod)
-
-        def why(node: NodeName) -> str:
-            hosts = self.hosts
-            if hosts is not None and hosts.synced.is_set():
-                if str(node) not in hosts.allocatable:
-                    return "no Node of that name in Kubernetes"
-                refusal = node_refusal(pod, str(node), hosts.labels.get(node, {}), hosts.taints.get(node, []))
-                if refusal:
-                    return refusal
-            known = self.view.hosts(str(node))
-            if known is None:
-                return ""  # untracked: kube-scheduler checks it (and deallocates if it does not fit)
-            cpu_free, mem_free, _, _ = known
-            if asked.cpu_milli > cpu_free:
-                return f"the pod needs {asked.cpu_milli}m CPU, {cpu_free}m free"
-            if asked.memory_mib > mem_free:
-                return f"the pod needs {asked.memory_mib} MiB of memory, {mem_free} MiB free"
-            return ""
-
-        return why
+        """Why the pod's host side refuses a node (untracked nodes: kube-scheduler checks them, and
+        deallocates if it does not fit)."""
+        return host_refusal(pod, self.hosts, self.view)
 
     async def _mode_c_classes(self) -> dict[str, Mapping[str, Any]]:
         at, found = self._classes

@@ -50,6 +50,12 @@ PREEMPTIONS = Counter(
     "server busy), rooms held for a preempting pod",
     ["outcome"],
 )
+DEFRAG_MOVES = Counter(
+    "gpuledger_placement_defrag_moves_total",
+    "Defragmentation (docs/preemption.md): movable pods moved to make room for a pod that fit nowhere, "
+    "and evictions refused (a budget, the API server busy)",
+    ["outcome"],
+)
 CLAIMS_ALLOCATED = Counter(
     "gpuledger_placement_claims_allocated_total",
     "ResourceClaims of gated pods allocated by the ledger (DRA mode C: docs/dra-mode-c.md)",

@@ -54,12 +54,15 @@ from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Allocation, OwnerKind
 from gpuledger_core.pods import PodAsk, reserve_pod
 from gpuledger_core.preemption import PREEMPTED_BY, Fit, Holder, Victims, choose
+from gpuledger_core.repack import Repack, repack
 from gpuledger_placement.claims import ALLOCATED_BY_LEDGER
 from gpuledger_placement.convert import pod_ask_from
-from gpuledger_placement.metrics import PREEMPTIONS
+from gpuledger_placement.host_fit import host_refusal
+from gpuledger_placement.metrics import DEFRAG_MOVES, PREEMPTIONS
 from gpuledger_placement.node_fit import selects
 from gpuledger_placement.pod_events import pod_event
 from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION, Preemption, preemption_of
+from gpuledger_placement.repacker import MOVABLE_LABEL, Defrag
 from gpuledger_placement.service import PlacementService
 
 log = logging.getLogger(__name__)
@@ -93,6 +96,9 @@ class Preemptor:
     _graces: dict[str, float] = field(default_factory=dict)  # pod uid -> its termination grace period (s)
     _priorities: dict[str, int] = field(default_factory=dict)  # pod or claim uid -> its priority, as last listed
     _consumers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # claim uid -> its pods (ns/name/uid)
+    preempting: bool = True  # setting ``preemption``: off leaves defragmentation alone (``defrag``)
+    defrag: Defrag | None = None  # defragmentation's limits, where it is on (``repacker``)
+    _moving_pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # pod uid -> the pod being moved
 
     def consider(self, raw: Mapping[str, Any], pod: PodAsk, refused: Iterable[str]) -> None:
         """Filter found no node for ``pod`` (``raw`` as the scheduler sent it); ``refused``: the
@@ -143,6 +149,7 @@ class Preemptor:
             del self._told[key]
         if not self._busy:
             self._graces.clear()
+            self._moving_pods.clear()
 
     async def preempt(self, raw: Mapping[str, Any], pod: PodAsk, nodes: Sequence[str]) -> Victims | None:
         """Steps 1-6 above; the victims evicted and the room held, or None (nothing done)."""
@@ -152,14 +159,18 @@ class Preemptor:
         priority = priority_of(raw)
         pod = self.service.resolve(pod)
         fit = self._fit(pod)
-        ledgers = self._ledgers(nodes, pod, fit, priority)
-        if not ledgers:
-            log.debug("preemption for %s: no node where pods of lower priority hold its room", pod.owner.describe())
-            return None
-        holders = await self._holders([ledger.node.name for ledger in ledgers])
-        victims = choose(ledgers, pod, priority, holders, fit, self.clock())
+        victims: Victims | None = None
+        ledgers = self._ledgers(nodes, pod, fit, priority) if self.preempting else []
+        if ledgers:
+            holders = await self._holders([ledger.node.name for ledger in ledgers])
+            victims = choose(ledgers, pod, priority, holders, fit, self.clock())
+        moving = None
+        if victims is None and self.defrag is not None:
+            moving = await self._repack(raw, pod, priority, nodes, fit)
+            victims = _as_victims(moving) if moving is not None else None
         if victims is None:
-            log.debug("preemption for %s: no set of lower-priority pods frees its cards", pod.owner.describe())
+            log.debug("preemption for %s: no set of lower-priority (or movable) pods frees its cards",
+                      pod.owner.describe())  # fmt: skip
             return None
         fresh = await self._pod(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
         if fresh is None or not self._may_preempt(fresh, pod) or priority_of(fresh) != priority:
@@ -168,19 +179,59 @@ class Preemptor:
             return None  # it fits now: kube-scheduler's next try places it
         if not await self._announce(fresh, victims):
             return None  # another replica preempts for it, or the pod changed
-        evicted = await self._evict(fresh, victims)
+        evicted = await self._evict(fresh, victims, moving)
         if not evicted:
             await self._withdraw(fresh)
             return None
-        await self._hold(fresh, pod, victims)
+        await self._hold(fresh, pod, victims, "moved for" if moving is not None else PREEMPTED_BY.strip())
         await self._held(fresh, victims)
-        PREEMPTIONS.labels("held").inc()
         cards = ",".join(str(s.index) for g in victims.grants for s in g.cards)
+        hold = f"card(s) {cards} held for the pod for {self._hold_for(victims):g}s"
+        if moving is not None:
+            await self._event(fresh, "GpuledgerDefragmenting", f"moved {moving.describe()}; {hold}", kind="Normal")
+            log.info(
+                "defragmentation for %s: moved %s; room held on %s", pod.owner.describe(), moving.describe(), cards
+            )
+            return victims
+        PREEMPTIONS.labels("held").inc()
         names = ", ".join(a.owner.describe() for a in victims.evict)
-        await self._event(fresh, "GpuledgerPreempting", f"evicted {names} on {victims.node}; card(s) {cards} "
-                          f"held for the pod for {self._hold_for(victims):g}s", kind="Normal")  # fmt: skip
+        await self._event(fresh, "GpuledgerPreempting", f"evicted {names} on {victims.node}; {hold}", kind="Normal")
         log.info("preemption for %s: evicted %s; room held on %s", pod.owner.describe(), victims.describe(), cards)
         return victims
+
+    async def _repack(
+        self, raw: Mapping[str, Any], pod: PodAsk, priority: int, nodes: Sequence[str], fit: Fit
+    ) -> Repack | None:
+        """Defragmentation (``repacker``), for a pod preemption cannot help: the fewest movable pods
+        to move (within the budget) so that it fits on one of ``nodes``, each fitting elsewhere."""
+        assert self.defrag is not None
+        budget = self.defrag.budget()
+        if budget <= 0:
+            log.info("defragmentation for %s: the budget of moves is spent for now", pod.owner.describe())
+            return None
+        listed = await self.api.list_objects("/api/v1/pods", {"labelSelector": f"{MOVABLE_LABEL}=true"})
+        budgets = (await self.api.list_objects(PDBS, {})).get("items") or []
+        mine = str((raw.get("metadata") or {}).get("uid"))
+        pods = [p for p in listed.get("items") or [] if str((p.get("metadata") or {}).get("uid")) != mine]
+        movable, raws = self.defrag.movable(pods, priority, lambda p: holder_of(p, budgets))
+        if not movable:
+            return None
+        view, hosts = self.service.view, self.service.hosts
+
+        def host(allocation: Allocation, node: NodeName) -> bool:
+            moved = raws.get(allocation.owner.id)
+            return moved is not None and not host_refusal(moved, hosts, view)(node)
+
+        ledgers = [e.ledger for name, e in sorted(view.entries.items()) if not view.stale(name)]
+        found = repack(ledgers, pod, movable, fit, self.clock(), budget, host, {NodeName(n) for n in nodes})
+        if found is None:
+            return None
+        for move in found.moves:
+            moved = raws[move.allocation.owner.id]
+            grace = (moved.get("spec") or {}).get("terminationGracePeriodSeconds")
+            self._graces[move.allocation.owner.id] = float(grace) if isinstance(grace, int) else DEFAULT_GRACE_S
+            self._moving_pods[move.allocation.owner.id] = moved
+        return found
 
     def _may_preempt(self, raw: Mapping[str, Any], pod: PodAsk) -> bool:
         spec, meta = raw.get("spec") or {}, raw.get("metadata") or {}
@@ -298,9 +349,11 @@ class Preemptor:
         except GpuledgerError as err:  # it lapses after hold_s anyway
             log.warning("preemption for pod %s/%s: annotation not removed: %s", meta["namespace"], meta["name"], err)
 
-    async def _evict(self, raw: Mapping[str, Any], victims: Victims) -> bool:
-        """Evict every victim; False (with an Event) at the first the API server refuses."""
+    async def _evict(self, raw: Mapping[str, Any], victims: Victims, moving: Repack | None = None) -> bool:
+        """Evict every victim (each a pod moved elsewhere, with ``moving``); False (with an Event)
+        at the first the API server refuses."""
         meta = raw["metadata"]
+        destinations = {m.allocation.owner.id: m.to for m in moving.moves} if moving is not None else {}
         for allocation in victims.evict:
             cards = ",".join(sorted({str(s.index) for s in allocation.shares()}))
             held = f" (claim {allocation.owner.describe()})" if allocation.owner.kind is OwnerKind.CLAIM else ""
@@ -314,23 +367,33 @@ class Preemptor:
                 except NotFound:
                     continue  # gone already
                 except GpuledgerError as err:
-                    PREEMPTIONS.labels("eviction_refused").inc()
+                    (DEFRAG_MOVES if moving is not None else PREEMPTIONS).labels("eviction_refused").inc()
                     await self._event(raw, "GpuledgerPreemptionBlocked", f"the eviction of pod {namespace}/{name} "
                                       f"was refused ({err}); tried again later, never forced")  # fmt: skip
                     return False
-                PREEMPTIONS.labels("evicted").inc()
                 victim = {"metadata": {"namespace": namespace, "name": name, "uid": uid}}
+                if moving is not None:  # each move counts against the budget, whatever follows
+                    DEFRAG_MOVES.labels("moved").inc()
+                    if self.defrag is not None:
+                        self.defrag.moved([self._moving_pods.pop(uid, victim)])
+                    await self._event(victim, "GpuledgerMoved", f"moved by defragmentation for pod {meta['namespace']}/"
+                                      f"{meta['name']}, off card(s) {cards} of {victims.node}; it fits on "
+                                      f"{destinations.get(uid, 'another node')} (its controller recreates it)",
+                                      kind="Normal")  # fmt: skip
+                    continue
+                PREEMPTIONS.labels("evicted").inc()
                 await self._event(victim, "Preempted", f"by pod {meta['namespace']}/{meta['name']} on "
                                   f"{victims.node}, card(s) {cards}{held} (gpuledger)", kind="Normal")  # fmt: skip
         return True
 
-    async def _hold(self, raw: Mapping[str, Any], pod: PodAsk, victims: Victims) -> None:
-        """The victims' entries released and the pod's cards reserved, in one compare-and-set."""
+    async def _hold(self, raw: Mapping[str, Any], pod: PodAsk, victims: Victims, cause: str) -> None:
+        """The victims' entries released (``cause``: preempted by, or moved for, the pod) and the
+        pod's cards reserved, in one compare-and-set."""
         now, node = self.clock(), victims.node
         allocation_id = AllocationId(f"p-{pod.owner.id[:24]}-{int(now)}")
         fit, hold_s = self._fit(pod), self._hold_for(victims)
         meta = raw["metadata"]
-        why = f"{PREEMPTED_BY}pod {meta['namespace']}/{meta['name']}"
+        why = f"{cause} pod {meta['namespace']}/{meta['name']}"
 
         def transition(ledger: NodeLedger | None) -> NodeLedger:
             if ledger is None:
@@ -380,6 +443,11 @@ class Preemptor:
         except GpuledgerError as err:
             log.warning("preemption: cannot record the event %s: %s", reason, err)
         log.info("preemption: pod %s/%s: %s: %s", meta["namespace"], meta["name"], reason, message)
+
+
+def _as_victims(moving: Repack) -> Victims:
+    """The pods to move, as the preemption steps take them (no cost: they are not compared)."""
+    return Victims(moving.node, tuple(m.allocation for m in moving.moves), moving.grants, (0, 0, 0, 0, 0.0))
 
 
 def priority_of(pod: Mapping[str, Any]) -> int:

@@ -85,6 +85,14 @@ class PlacementSettings(KubeClientSettings):
         "holders of the cards it needs (Eviction API, PodDisruptionBudgets respected) and hold the room: on or off",
     )
     preemption_hold_s: float = option(120.0, "how long a preemption holds the room it freed for its pod, at least")
+    defrag: str = option(
+        "off",
+        "defragmentation (docs/preemption.md): for a pod no node fits and preemption cannot help, move a few pods "
+        "labelled gpuledger.io/movable=true that a controller recreates to other nodes where they fit: on or off",
+    )
+    defrag_max_moves: int = option(2, "pods defragmentation may move for one pod")
+    defrag_moves_per_hour: int = option(10, "pods defragmentation may move per hour (each placement replica)")
+    defrag_cooldown_s: float = option(3600.0, "a controller whose pod was moved has none moved again for this long")
     dra_memory_step_mib: int = option(256, "the inventory's dra_memory_step_mib: the slices' memory grid")
     nats_queue: str = option("placement", "NATS queue group of the placement subjects")
     stop_timeout_s: float = option(10.0, "how long in-flight requests may take to finish at shutdown")
@@ -145,6 +153,10 @@ class PlacementSettings(KubeClientSettings):
         require(allocation in ("on", "off"), "dra_allocation", f"must be on or off, got {allocation!r}")
         require(self.preemption in ("on", "off"), "preemption", f"must be on or off, got {self.preemption!r}")
         require(10 <= self.preemption_hold_s <= 3600, "preemption_hold_s", "must be 10..3600 seconds")
+        require(self.defrag in ("on", "off"), "defrag", f"must be on or off, got {self.defrag!r}")
+        require(1 <= self.defrag_max_moves <= 64, "defrag_max_moves", "must be 1..64")
+        require(0 <= self.defrag_moves_per_hour <= 10_000, "defrag_moves_per_hour", "must be 0..10000")
+        require(0 <= self.defrag_cooldown_s <= 7 * 86400, "defrag_cooldown_s", "must be 0..604800 seconds")
         require(1 <= self.dra_memory_step_mib <= 65536, "dra_memory_step_mib", "must be 1..65536")
         require(self.stale_after_s >= 0, "stale_after_s", "must not be negative")
         require(self.workload_window >= 1, "workload_window", "must be at least 1")

@@ -32,7 +32,14 @@ from gpuledger_dev.controlplane.pki import Pki, make_pki
 from gpuledger_dev.natsserver import free_port
 
 ADMIN_TOKEN_USER = "gpuledger-e2e-admin"
-DEFAULT_CONTROLLERS = ("garbage-collector-controller", "namespace-controller", "resourceclaim-controller")
+# The claims of templates, namespaces and owners cleaned up, and ReplicaSets (the pods defragmentation
+# moves are recreated by their controller).
+DEFAULT_CONTROLLERS = (
+    "garbage-collector-controller",
+    "namespace-controller",
+    "resourceclaim-controller",
+    "replicaset-controller",
+)
 SERVICE_CIDR = "10.96.0.0/16"  # only written into Services; nothing here dials it
 KWOK_CIDR = "198.51.100.0/24"  # pod IPs kwok writes into statuses (a documentation range)
 STARTUP_S = 90.0

@@ -57,6 +57,11 @@ def test_the_assumption_ttl_reaches_the_service() -> None:
         (["--assume-ttl-s", "601"], "assume_ttl_s"),
         (["--guard", "4"], "guard"),
         (["--nats-url", "http://x"], "nats_url"),
+        (["--preemption", "maybe"], "preemption"),
+        (["--defrag", "yes"], "defrag"),
+        (["--defrag-max-moves", "0"], "defrag_max_moves"),
+        (["--defrag-moves-per-hour", "-1"], "defrag_moves_per_hour"),
+        (["--defrag-cooldown-s", "-5"], "defrag_cooldown_s"),
     ],
 )
 def test_bad_values_name_the_field(flags: list[str], field: str) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import Any
 
 from gpuledger_core.claims import AllocatedDevice
+from gpuledger_placement.convert import epoch_of
 
 COMMITTED = "gpuledger.io/committed"
 REJECTED = "gpuledger.io/rejected"
@@ -51,10 +51,7 @@ def device_status(driver: str, device: AllocatedDevice, condition: Mapping[str, 
 
 def allocated_at(raw: Mapping[str, Any]) -> float:
     stamp = ((raw.get("status") or {}).get("allocation") or {}).get("allocationTimestamp")
-    try:
-        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return time.time()
+    return epoch_of(stamp, time.time())
 
 
 def awaited(pods: Iterable[Mapping[str, Any]], claim: str) -> bool:

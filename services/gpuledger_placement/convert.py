@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -321,3 +322,14 @@ def _obj(parent: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 def _containers(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     value = spec.get(key)
     return [c for c in value if isinstance(c, dict)] if isinstance(value, list) else []
+
+
+def epoch_of(stamp: Any, default: float) -> float:
+    """An API timestamp (RFC 3339, as ``2026-12-01T00:00:10Z``) in seconds since the epoch;
+    ``default`` when there is none or it cannot be read."""
+    if not isinstance(stamp, str):
+        return default
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return default

@@ -42,7 +42,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from gpuledger_common.store import LedgerStore
@@ -56,7 +55,7 @@ from gpuledger_core.pods import PodAsk, reserve_pod
 from gpuledger_core.preemption import PREEMPTED_BY, Fit, Holder, Victims, choose
 from gpuledger_core.repack import Repack, repack
 from gpuledger_placement.claims import ALLOCATED_BY_LEDGER
-from gpuledger_placement.convert import pod_ask_from
+from gpuledger_placement.convert import epoch_of, pod_ask_from
 from gpuledger_placement.host_fit import host_refusal
 from gpuledger_placement.metrics import DEFRAG_MOVES, PREEMPTIONS
 from gpuledger_placement.node_fit import selects
@@ -468,16 +467,7 @@ def holder_of(pod: Mapping[str, Any], budgets: Sequence[Mapping[str, Any]]) -> H
         for b in budgets
     )
     started = (pod.get("status") or {}).get("startTime") or meta.get("creationTimestamp")
-    return Holder(priority_of(pod), protected, _epoch(started))
-
-
-def _epoch(stamp: Any) -> float:
-    if not isinstance(stamp, str):
-        return 0.0
-    try:
-        return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return 0.0
+    return Holder(priority_of(pod), protected, epoch_of(started, 0.0))
 
 
 def _ref(namespace: str, name: str, uid: str) -> str:

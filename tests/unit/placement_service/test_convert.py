@@ -258,3 +258,10 @@ def test_quantities(raw: Any, value: Decimal) -> None:
 def test_bad_quantities(raw: Any) -> None:
     with pytest.raises(InvalidArgument):
         convert.quantity(raw, "x")
+
+
+def test_an_api_timestamp_reads_as_seconds_since_the_epoch_or_the_default() -> None:
+    assert convert.epoch_of("2026-12-01T00:00:10Z", -1.0) == 1796083210.0
+    assert convert.epoch_of("2026-12-01T00:00:10.5+00:00", -1.0) == 1796083210.5
+    for bad in (None, "", "yesterday", 12):
+        assert convert.epoch_of(bad, -1.0) == -1.0

@@ -15,7 +15,8 @@ from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.packing import POLICIES, Guard
 from gpuledger_sim.defrag import Budget
 from gpuledger_sim.dra import replay_dra
-from gpuledger_sim.preempting import STRATEGIES
+from gpuledger_sim.moving import Moving
+from gpuledger_sim.preempting import MOVING, STRATEGIES
 from gpuledger_sim.replay import Attempt, Config, Summary, replay
 from gpuledger_sim.timeline import run_timeline, subset
 from gpuledger_sim.timeline_figures import over_time, rounds, table
@@ -76,7 +77,8 @@ def parser() -> argparse.ArgumentParser:
         "--preemption",
         metavar="STRATEGIES",
         help="replay over time instead (pods arrive at creation_time and run their duration; "
-        "docs/preemption.md) under each of these comma-separated strategies: none, kube, ledger; "
+        "docs/preemption.md) under each of these comma-separated strategies: none, kube, ledger, "
+        "ledger+defrag (docs/defragmentation.md); "
         "prints a markdown table (--tune and --guard do not apply)",
     )
     p.add_argument(
@@ -85,6 +87,18 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         help="with --preemption: replay on a sample of the nodes (chosen by --seed) with at least "
         "this many GPUs; 0 (default): every node",
+    )
+    p.add_argument("--moves-per-pod", type=int, help="with --preemption ledger+defrag: moves for one pod (default 2)")
+    p.add_argument(
+        "--moves-per-hour",
+        type=int,
+        help="with --preemption ledger+defrag: moves in any hour of the replay (default 12)",
+    )
+    p.add_argument(
+        "--move-cooldown",
+        type=float,
+        metavar="SECONDS",
+        help="with --preemption ledger+defrag: a moved pod is not moved again within it (default 3600)",
     )
     return p
 
@@ -181,6 +195,24 @@ def _pct(value: float | None) -> str:
     return "not reached" if value is None else f"{value:.2f}%"
 
 
+def parse_moving(args: argparse.Namespace, strategies: Sequence[str]) -> Moving | None:
+    given = {"--moves-per-pod": args.moves_per_pod, "--moves-per-hour": args.moves_per_hour,
+             "--move-cooldown": args.move_cooldown}  # fmt: skip
+    if not MOVING & set(strategies):
+        for flag, value in given.items():
+            if value is not None:
+                raise InvalidArgument(
+                    flag, f"applies only to the strategies that move pods: {', '.join(sorted(MOVING))}"
+                )
+        return None
+    default = Moving()
+    return Moving(
+        default.per_pod if args.moves_per_pod is None else args.moves_per_pod,
+        default.per_hour if args.moves_per_hour is None else args.moves_per_hour,
+        default.cooldown_s if args.move_cooldown is None else args.move_cooldown,
+    )
+
+
 def run_preemption(args: argparse.Namespace, out: TextIO) -> int:
     strategies = [s.strip() for s in args.preemption.split(",") if s.strip()]
     unknown = [s for s in strategies if s not in STRATEGIES]
@@ -196,10 +228,11 @@ def run_preemption(args: argparse.Namespace, out: TextIO) -> int:
         )
     if args.gpus < 0:
         raise InvalidArgument("--gpus", f"must be 0 or more, got {args.gpus}")
+    moving = parse_moving(args, strategies)
     nodes, pods = read_nodes(args.nodes), read_timed_pods(args.pods)
     if args.gpus:
         nodes = subset(nodes, args.gpus, args.seed)
-    runs = [run_timeline(nodes, pods, strategy, args.policy) for strategy in strategies]
+    runs = [run_timeline(nodes, pods, strategy, args.policy, moving) for strategy in strategies]
     first = runs[0]
     print(f"{first.nodes} nodes, {first.gpus} GPUs, {first.pods} pods, policy {args.policy}", file=out)
     if args.json:
@@ -214,6 +247,8 @@ def run_preemption(args: argparse.Namespace, out: TextIO) -> int:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.preemption is not None:
         return run_preemption(args, out)
+    if args.moves_per_pod is not None or args.moves_per_hour is not None or args.move_cooldown is not None:
+        raise InvalidArgument("--moves-per-pod", "the move budget applies only with --preemption ledger+defrag")
     auto = args.guard == "auto"
     defrag = parse_defrag(args)
     config = Config(args.policy, args.seed, args.tune, None if auto else parse_guard(args.guard), auto, defrag)

@@ -210,9 +210,9 @@ class Cluster:
         ledger = self.ledgers[at]
         if grants is None:
             grants = plan(ledger, job.pod_ask(), self.fit.policy, slots_per_card=None)
-        allocation = Allocation(
-            AllocationId(f"{job.name}@{now:g}"), job.owner, ledger.node.name, grants, AllocState.BOUND, created_at=now
-        )
+        requests = () if job.ask.request is None else (job.ask.request,)  # what defragmentation re-places
+        allocation = Allocation(AllocationId(f"{job.name}@{now:g}"), job.owner, ledger.node.name, grants,
+                                AllocState.BOUND, created_at=now, requests=requests)  # fmt: skip
         self.ledgers[at] = reserve(ledger, allocation)
         return allocation
 

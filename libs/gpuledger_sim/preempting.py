@@ -29,6 +29,8 @@ without cards never preempts: what is measured is how cards are taken back).
   are gone, further lower-priority holders there are evicted for the host as kube-scheduler's dry
   run would choose them (by counts, which is right for CPU and memory); a node where even that
   would not do is passed over and the choice made again without it.
+- ``ledger+defrag``: ``ledger``, after moving a few running pods to other nodes where that lets
+  the pod in (``moving``; the timeline moves them, this strategy only evicts).
 """
 
 from __future__ import annotations
@@ -151,4 +153,5 @@ def _lower_holders(cluster: Cluster, at: int, job: Job) -> list[Running]:
     return [r for r in cluster.on_node(at) if r.allocation is not None and r.job.priority < job.priority]
 
 
-STRATEGIES: dict[str, Strategy] = {"none": no_preemption, "kube": kube, "ledger": ledger}
+STRATEGIES: dict[str, Strategy] = {"none": no_preemption, "kube": kube, "ledger": ledger, "ledger+defrag": ledger}
+MOVING = frozenset({"ledger+defrag"})  # the strategies that move pods before they evict (``moving``)

@@ -30,9 +30,11 @@ from dataclasses import dataclass
 from random import Random
 
 from gpuledger_core.errors import InvalidArgument
+from gpuledger_core.model import Grant
 from gpuledger_core.packing import make_policy
 from gpuledger_sim.cluster import Cluster, Job, Running
-from gpuledger_sim.preempting import STRATEGIES, Strategy, kube
+from gpuledger_sim.moving import Mover, Moving
+from gpuledger_sim.preempting import MOVING, STRATEGIES, Strategy, kube
 from gpuledger_sim.replay import supply_of, typical_of
 from gpuledger_sim.timeline_figures import Figures, Sampler
 from gpuledger_sim.trace import WHOLE, TimedPod, TraceNode
@@ -77,10 +79,11 @@ class _Entry:
 class Timeline:
     """One replay of the jobs over the cluster under one strategy."""
 
-    def __init__(self, cluster: Cluster, jobs: Sequence[Job], strategy: str):
+    def __init__(self, cluster: Cluster, jobs: Sequence[Job], strategy: str, moving: Moving | None = None):
         self.cluster, self.strategy = cluster, strategy
         self.choose: Strategy = STRATEGIES[strategy]
         self.preempts = strategy != "none"
+        self.mover = Mover(cluster, moving or Moving()) if strategy in MOVING else None
         gpus = cluster.capacity // WHOLE
         self.figures = Figures(strategy, len(cluster.nodes), gpus, len(jobs))
         start = min((j.created for j in jobs), default=0)
@@ -98,6 +101,7 @@ class Timeline:
         # (more victims).
         self.placed_in_vain: dict[object, int] = {}
         self.preempted_in_vain: dict[tuple[object, int], tuple[int, int]] = {}
+        self.moved_in_vain: dict[tuple[object, int], tuple[int, int]] = {}
         for job in jobs:
             self._push(job.created, ARRIVAL, job.name, 0.0)
 
@@ -135,7 +139,11 @@ class Timeline:
         for entry in sorted(self.pending.values(), key=lambda e: e.order):
             if self._place(entry, now):
                 continue
-            if preempt and self.preempts and entry.job.pod.num_gpu and self._preempt(entry, now):
+            if not (preempt and self.preempts and entry.job.pod.num_gpu):
+                continue
+            if self._move(entry, now):
+                evicted = True  # the moved pods' old room, and the next pods', may take others
+            elif self._preempt(entry, now):
                 evicted = True
         return evicted
 
@@ -177,6 +185,43 @@ class Timeline:
             self._started(running)
         return True
 
+    def _move(self, entry: _Entry, now: float) -> bool:
+        """Whether running pods were moved so that the pod starts (``moving``): each restarts at once
+        where ``repack`` put it, its work lost. A try that found nothing is not made again for a pod
+        of the same shape and priority until a pod stops or starts (the cool-downs and the hour's
+        budget that lapse meanwhile wait for that)."""
+        if self.mover is None:
+            return False
+        job = entry.job
+        key, counts = (job.shape, job.priority), (self.stops, sum(self.starts.values()))
+        if self.moved_in_vain.get(key) == counts:
+            return False
+        found = self.mover.plan(job, now)
+        if found is None:
+            self.moved_in_vain[key] = counts
+            return False
+        for move in found.moves:
+            self._relocate(move.allocation.owner.id, self.cluster.position[move.to], move.grants, now)
+        running = self.cluster.start_on(self.cluster.position[found.node], job, now, found.grants)
+        assert running is not None, "repack's room and the host check let the pod in"
+        self.figures.moved_for += 1
+        self._started(running)
+        return True
+
+    def _relocate(self, name: str, to: int, grants: tuple[Grant, ...], now: float) -> None:
+        assert self.mover is not None
+        old = self.cluster.stop(name)
+        self.stops += 1
+        lost = old.job.gpu_milli / WHOLE * (now - old.started) / 3600
+        self.figures.moves += 1
+        self.figures.gpu_hours_lost += lost
+        self.figures.gpu_hours_lost_to_moves += lost
+        self.mover.moved(name, now)
+        running = self.cluster.start_on(to, old.job, now, grants)
+        assert running is not None, "repack's destination and the host check take the moved pod"
+        self.starts[old.job.priority] += 1
+        self._push(running.started + old.job.duration, DEPARTURE, name, running.started)
+
     def _evict(self, name: str, now: float) -> None:
         running = self.cluster.stop(name)
         self.stops += 1
@@ -208,14 +253,19 @@ class Timeline:
 
 
 def run_timeline(
-    nodes: Sequence[TraceNode], pods: Sequence[TimedPod], strategy: str, policy: str = "default"
+    nodes: Sequence[TraceNode],
+    pods: Sequence[TimedPod],
+    strategy: str,
+    policy: str = "default",
+    moving: Moving | None = None,
 ) -> Figures:
-    """The pods replayed over time on ``nodes`` under ``strategy`` (``none``, ``kube``, ``ledger``)."""
+    """The pods replayed over time on ``nodes`` under ``strategy`` (``none``, ``kube``, ``ledger``,
+    ``ledger+defrag`` with the ``moving`` budget, default ``Moving()``)."""
     if strategy not in STRATEGIES:
         raise InvalidArgument("--preemption", f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     started = time.perf_counter()
     jobs = [job_of(p) for p in pods]
     cluster = Cluster(nodes, make_policy(policy, [typical_of(p.pod) for p in pods], supply_of(nodes)))
-    figures = Timeline(cluster, jobs, strategy).run()
+    figures = Timeline(cluster, jobs, strategy, moving).run()
     figures.runtime_s = round(time.perf_counter() - started, 2)
     return figures

@@ -34,7 +34,10 @@ class Figures:
     preemptions: int = 0  # pods that evicted others (once per eviction round)
     futile: int = 0  # rounds after which the preemptor still did not start
     unseen_by_kube: int = 0  # evictions in rounds where kube-scheduler's counts would evict nobody
-    gpu_hours_lost: float = 0.0  # the evicted pods' run time, times their GPUs
+    gpu_hours_lost: float = 0.0  # the evicted and moved pods' run time, times their GPUs
+    moves: int = 0  # running pods moved to another node (defragmentation), each restarting there
+    moved_for: int = 0  # pending pods started on the room moves made
+    gpu_hours_lost_to_moves: float = 0.0  # of gpu_hours_lost, the moved pods' share
     never_started: int = 0  # pending at the end, never having run
     never_fits: int = 0  # of those, pods no empty node of the cluster takes
     unfinished: int = 0  # evicted and pending at the end
@@ -94,12 +97,12 @@ def table(runs: Sequence[Figures]) -> str:
     """The markdown table of the strategies' figures, then the ratios ledger/kube when both ran."""
     head = (
         "| strategy | high-priority wait p50 (s) | p99 (s) | evictions | evictions per admitted "
-        "high-priority pod | GPU-hours lost | unallocated GPU % (mean) | never started | runtime (s) |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "high-priority pod | GPU-hours lost | moves | unallocated GPU % (mean) | never started | runtime (s) |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     rows = [
         f"| {f.strategy} | {_s(f.wait_p50)} | {_s(f.wait_p99)} | {f.evictions} | {f.evictions_per_high:.4f} | "
-        f"{f.gpu_hours_lost:.1f} | {f.unallocated_mean_pct:.2f} | {f.never_started} | {f.runtime_s:.1f} |"
+        f"{f.gpu_hours_lost:.1f} | {f.moves} | {f.unallocated_mean_pct:.2f} | {f.never_started} | {f.runtime_s:.1f} |"
         for f in runs
     ]
     return "\n".join([head, *rows, *ratios(runs)])

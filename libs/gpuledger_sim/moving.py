@@ -5,20 +5,22 @@ evict (``preempting.ledger``).
 
 Moves come before evictions because a moved pod, like an evicted one, starts over (its work so far is
 lost), but it starts again at once on the node ``repack`` found for it, where an evicted pod waits
-for room; a set of moves that frees the room therefore never costs more than evicting the same
-pods. Which pods may move:
+for room. Only pods the pending pod could evict may move (a move stands in for an eviction):
 
-- only pods that hold cards, of the pending pod's priority or below (a more important pod is never
-  moved for a less important one, so a pod that preemption cannot help, having nothing below it,
-  may still move its peers);
+- only pods that hold cards, of lower priority than the pending pod (so a pod that preemption
+  cannot help, having nothing below it, moves nobody either: letting pods move their peers cost
+  more evictions and restarts than it saved, and searched ten times as long; see
+  docs/defragmentation.md);
 - not a pod moved within ``Moving.cooldown_s`` (it is not moved again and again);
 - at most ``Moving.per_pod`` moves for one pod, and at most ``Moving.per_hour`` in any hour of the
   replay (a sliding window: the moves made less than 3,600 s before count).
 
 The nodes that may be cleared are those whose counts (compute summed over the cards, CPU, memory)
-would take the pod if every movable pod there left. A moved pod goes where ``repack`` puts it, on
-a node whose host has its CPU and memory free (all the pods moved to one node together); the
-cleared node's host must have the pending pod's once they are gone. Anything short of that: no move.
+would take the pod if every movable pod there left, and where one of those pods would fit the card
+with the most room on another node (else none of them could move). A moved pod goes where
+``repack`` puts it, on a node whose host has its CPU and memory free (all the pods moved to one
+node together); the cleared node's host must have the pending pod's once they are gone. Anything
+short of that: no move.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from gpuledger_core.model import Allocation
 from gpuledger_core.preemption import Holder
 from gpuledger_core.repack import Repack, repack
 from gpuledger_sim.cluster import Cluster, Free, Job, Running
+from gpuledger_sim.trace import WHOLE
 
 HOUR_S = 3600.0
 
@@ -70,7 +73,8 @@ class Mover:
         if left <= 0:
             return None
         movable = self._movable(job, now)
-        targets = [at for at in range(len(self.cluster.nodes)) if self._could_clear(at, job, movable)]
+        rooms = [max((card.room for card in state.cards), default=0) for state in self.cluster.chooser.nodes]
+        targets = [at for at in range(len(rooms)) if self._could_clear(at, job, movable, rooms)]
         if not targets:
             return None
         c = self.cluster
@@ -91,15 +95,20 @@ class Mover:
             name: r
             for name, r in self.cluster.running.items()
             if r.allocation is not None
-            and r.job.priority <= job.priority
+            and r.job.priority < job.priority
             and (name not in self.moved_at or self.moved_at[name] <= cooled)
         }
 
-    def _could_clear(self, at: int, job: Job, movable: dict[str, Running]) -> bool:
+    def _could_clear(self, at: int, job: Job, movable: dict[str, Running], rooms: list[int]) -> bool:
+        """Whether the node's counts would take the pod without its movable pods, and one of those
+        would fit the card with the most room on another node (a quick test before ``repack``)."""
         if self.cluster.nodes[at].gpus < job.pod.num_gpu:
             return False
         here = [r for r in self.cluster.on_node(at) if r.job.name in movable]
-        return bool(here) and self.cluster.free(at).plus(here).takes(job)
+        if not here or not self.cluster.free(at).plus(here).takes(job):
+            return False
+        elsewhere = max((room for other, room in enumerate(rooms) if other != at), default=0)
+        return any((WHOLE if r.job.ask.exclusive else r.job.ask.core) <= elsewhere for r in here)
 
     def _host(self, allocation: Allocation, node: NodeName) -> bool:
         pod = self.cluster.holder_of(allocation).job.pod

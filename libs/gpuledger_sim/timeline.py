@@ -188,12 +188,13 @@ class Timeline:
     def _move(self, entry: _Entry, now: float) -> bool:
         """Whether running pods were moved so that the pod starts (``moving``): each restarts at once
         where ``repack`` put it, its work lost. A try that found nothing is not made again for a pod
-        of the same shape and priority until a pod stops or starts (the cool-downs and the hour's
-        budget that lapse meanwhile wait for that)."""
+        of the same shape and priority until a pod stops or one of lower priority starts
+        (the cool-downs and the hour's budget that lapse meanwhile wait for that)."""
         if self.mover is None:
             return False
         job = entry.job
-        key, counts = (job.shape, job.priority), (self.stops, sum(self.starts.values()))
+        key = (job.shape, job.priority)
+        counts = (self.stops, sum(n for p, n in self.starts.items() if p < job.priority))
         if self.moved_in_vain.get(key) == counts:
             return False
         found = self.mover.plan(job, now)

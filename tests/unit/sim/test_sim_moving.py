@@ -1,6 +1,6 @@
 """Defragmentation in the timeline replay (``ledger+defrag``): running pods moved so that a pending
 pod starts, before anyone is evicted; within the budget per pod and per hour, never a pod moved
-within its cool-down, never a more important pod for a less important one, only where hosts fit."""
+within its cool-down, only pods of lower priority (those it could evict), only where hosts fit."""
 
 from __future__ import annotations
 
@@ -95,12 +95,12 @@ def test_a_pod_moved_within_its_cool_down_stays() -> None:
     assert cooled.plan(job_of(WHOLE_LS), 10) is not None
 
 
-def test_a_more_important_pod_is_never_moved_for_a_less_important_one() -> None:
+def test_only_pods_of_lower_priority_move_as_only_they_could_be_evicted() -> None:
     be_whole = job_of(timed("be", "BE", 10, 1000))
-    assert Mover(fragmented(x="LS", y="LS"), Moving()).plan(be_whole, 10) is None
-    found = Mover(fragmented(x="LS"), Moving()).plan(be_whole, 10)
-    assert found is not None and [m.allocation.owner.id for m in found.moves] == ["y"]
-    assert Mover(fragmented(), Moving()).plan(be_whole, 10) is not None  # its peers may move for it
+    assert Mover(fragmented(), Moving()).plan(be_whole, 10) is None  # its peers stay
+    found = Mover(fragmented(x="LS"), Moving()).plan(job_of(WHOLE_LS), 10)
+    assert found is not None and [m.allocation.owner.id for m in found.moves] == ["y"]  # x is LS too
+    assert Mover(fragmented(x="LS", y="LS"), Moving()).plan(job_of(WHOLE_LS), 10) is None
 
 
 def test_a_pod_moves_only_where_the_host_has_its_cpu() -> None:

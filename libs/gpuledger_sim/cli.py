@@ -78,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="STRATEGIES",
         help="replay over time instead (pods arrive at creation_time and run their duration; "
         "docs/preemption.md) under each of these comma-separated strategies: none, kube, ledger, "
-        "ledger+defrag (docs/defragmentation.md); "
+        "ledger+defrag, defrag+ledger (docs/defragmentation.md); "
         "prints a markdown table (--tune and --guard do not apply)",
     )
     p.add_argument(
@@ -88,17 +88,21 @@ def parser() -> argparse.ArgumentParser:
         help="with --preemption: replay on a sample of the nodes (chosen by --seed) with at least "
         "this many GPUs; 0 (default): every node",
     )
-    p.add_argument("--moves-per-pod", type=int, help="with --preemption ledger+defrag: moves for one pod (default 2)")
+    p.add_argument(
+        "--moves-per-pod",
+        type=int,
+        help="with --preemption ledger+defrag or defrag+ledger: moves for one pod (default 2)",
+    )
     p.add_argument(
         "--moves-per-hour",
         type=int,
-        help="with --preemption ledger+defrag: moves in any hour of the replay (default 12)",
+        help="with --preemption ledger+defrag or defrag+ledger: moves in any hour replayed (default 10)",
     )
     p.add_argument(
         "--move-cooldown",
         type=float,
         metavar="SECONDS",
-        help="with --preemption ledger+defrag: a moved pod is not moved again within it (default 3600)",
+        help="with --preemption ledger+defrag or defrag+ledger: a moved pod stays for this long (default 3600)",
     )
     return p
 
@@ -198,7 +202,7 @@ def _pct(value: float | None) -> str:
 def parse_moving(args: argparse.Namespace, strategies: Sequence[str]) -> Moving | None:
     given = {"--moves-per-pod": args.moves_per_pod, "--moves-per-hour": args.moves_per_hour,
              "--move-cooldown": args.move_cooldown}  # fmt: skip
-    if not MOVING & set(strategies):
+    if not MOVING.keys() & set(strategies):
         for flag, value in given.items():
             if value is not None:
                 raise InvalidArgument(
@@ -248,7 +252,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.preemption is not None:
         return run_preemption(args, out)
     if args.moves_per_pod is not None or args.moves_per_hour is not None or args.move_cooldown is not None:
-        raise InvalidArgument("--moves-per-pod", "the move budget applies only with --preemption ledger+defrag")
+        raise InvalidArgument(
+            "--moves-per-pod", "the move budget applies only with --preemption ledger+defrag or defrag+ledger"
+        )
     auto = args.guard == "auto"
     defrag = parse_defrag(args)
     config = Config(args.policy, args.seed, args.tune, None if auto else parse_guard(args.guard), auto, defrag)

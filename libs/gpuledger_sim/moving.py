@@ -1,17 +1,19 @@
-"""Defragmentation in the timeline replay (strategy ``ledger+defrag``, docs/defragmentation.md): for a
-pending pod that wants cards and fits nowhere, a few running pods are moved to other nodes so that it
-fits on one (``gpuledger_core.repack``); only where that finds nothing does the ledger's preemption
-evict (``preempting.ledger``).
+"""Defragmentation in the timeline replay (strategies ``ledger+defrag`` and ``defrag+ledger``,
+docs/defragmentation.md): for a pending pod that wants cards and fits nowhere, a few running pods are
+moved to other nodes so that it fits on one (``gpuledger_core.repack``). A moved pod starts over on
+the node ``repack`` found for it, at once: its work so far is lost, as an evicted pod's is, but it
+does not wait. Two orders (``Order``):
 
-Moves come before evictions because a moved pod, like an evicted one, starts over (its work so far is
-lost), but it starts again at once on the node ``repack`` found for it, where an evicted pod waits
-for room. Only pods the pending pod could evict may move (a move stands in for an eviction):
+- ``ledger+defrag``, the placement service's (docs/preemption.md, "Defragmentation"): preemption
+  first; moves only for a pod it finds no victims for, and pods of the pod's priority or below may
+  move (peers too: such a pod has nobody below it to evict);
+- ``defrag+ledger``: moves first, then preemption where they do not help; only pods of lower
+  priority may move (those the pod could evict: a move stands in for an eviction, and the moved
+  pod does not wait).
 
-- only pods that hold cards, of lower priority than the pending pod (so a pod that preemption
-  cannot help, having nothing below it, moves nobody either: letting pods move their peers cost
-  more evictions and restarts than it saved, and searched ten times as long; see
-  docs/defragmentation.md);
-- not a pod moved within ``Moving.cooldown_s`` (it is not moved again and again);
+Either way:
+
+- only pods that hold cards move, never one moved within ``Moving.cooldown_s``;
 - at most ``Moving.per_pod`` moves for one pod, and at most ``Moving.per_hour`` in any hour of the
   replay (a sliding window: the moves made less than 3,600 s before count).
 
@@ -40,12 +42,25 @@ HOUR_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
+class Order:
+    """Whether moves come before preemption, and whether pods of the pending pod's own priority may
+    move (else lower priority only)."""
+
+    first: bool
+    peers: bool
+
+    def may_move(self, priority: int, of: int) -> bool:
+        """Whether a pod of ``priority`` may move for a pending pod of priority ``of``."""
+        return priority < of or (self.peers and priority == of)
+
+
+@dataclass(frozen=True, slots=True)
 class Moving:
     """The budget of moves: per pending pod, per hour of the replay, and the cool-down (s) before a
     moved pod may move again."""
 
-    per_pod: int = 2
-    per_hour: int = 12
+    per_pod: int = 2  # the placement service's defaults (defrag_max_moves, _moves_per_hour, _cooldown_s)
+    per_hour: int = 10
     cooldown_s: float = 3600.0
 
     def __post_init__(self) -> None:
@@ -60,8 +75,8 @@ class Moving:
 class Mover:
     """Chooses the moves for a pending pod within the budget, and remembers who moved when."""
 
-    def __init__(self, cluster: Cluster, moving: Moving):
-        self.cluster, self.moving = cluster, moving
+    def __init__(self, cluster: Cluster, moving: Moving, order: Order):
+        self.cluster, self.moving, self.order = cluster, moving, order
         self.recent: deque[float] = deque()  # when the moves of the last hour were made
         self.moved_at: dict[str, float] = {}  # by pod name: its last move
 
@@ -95,7 +110,7 @@ class Mover:
             name: r
             for name, r in self.cluster.running.items()
             if r.allocation is not None
-            and r.job.priority < job.priority
+            and self.order.may_move(r.job.priority, job.priority)
             and (name not in self.moved_at or self.moved_at[name] <= cooled)
         }
 

@@ -29,8 +29,11 @@ without cards never preempts: what is measured is how cards are taken back).
   are gone, further lower-priority holders there are evicted for the host as kube-scheduler's dry
   run would choose them (by counts, which is right for CPU and memory); a node where even that
   would not do is passed over and the choice made again without it.
-- ``ledger+defrag``: ``ledger``, after moving a few running pods to other nodes where that lets
-  the pod in (``moving``; the timeline moves them, this strategy only evicts).
+- ``ledger+defrag``: ``ledger``, and for a pod it finds no victims for, a few running pods of the
+  pod's priority or below moved to other nodes where that lets it in (``moving``), as the placement
+  service does (docs/preemption.md, "Defragmentation").
+- ``defrag+ledger``: moves first, of lower-priority pods only (those ``ledger`` could evict), then
+  ``ledger`` where no move helps. The timeline moves the pods; these strategies only evict.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from dataclasses import dataclass
 from gpuledger_core.model import Grant
 from gpuledger_core.preemption import choose
 from gpuledger_sim.cluster import Cluster, Free, Job, Running
+from gpuledger_sim.moving import Order
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,5 +157,15 @@ def _lower_holders(cluster: Cluster, at: int, job: Job) -> list[Running]:
     return [r for r in cluster.on_node(at) if r.allocation is not None and r.job.priority < job.priority]
 
 
-STRATEGIES: dict[str, Strategy] = {"none": no_preemption, "kube": kube, "ledger": ledger, "ledger+defrag": ledger}
-MOVING = frozenset({"ledger+defrag"})  # the strategies that move pods before they evict (``moving``)
+STRATEGIES: dict[str, Strategy] = {
+    "none": no_preemption,
+    "kube": kube,
+    "ledger": ledger,
+    "ledger+defrag": ledger,
+    "defrag+ledger": ledger,
+}
+# The strategies that also move pods (``moving``): whether moves come first, and who may move.
+MOVING: dict[str, Order] = {
+    "ledger+defrag": Order(first=False, peers=True),
+    "defrag+ledger": Order(first=True, peers=False),
+}

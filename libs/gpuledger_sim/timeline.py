@@ -83,7 +83,8 @@ class Timeline:
         self.cluster, self.strategy = cluster, strategy
         self.choose: Strategy = STRATEGIES[strategy]
         self.preempts = strategy != "none"
-        self.mover = Mover(cluster, moving or Moving()) if strategy in MOVING else None
+        order = MOVING.get(strategy)
+        self.mover = None if order is None else Mover(cluster, moving or Moving(), order)
         gpus = cluster.capacity // WHOLE
         self.figures = Figures(strategy, len(cluster.nodes), gpus, len(jobs))
         start = min((j.created for j in jobs), default=0)
@@ -141,10 +142,13 @@ class Timeline:
                 continue
             if not (preempt and self.preempts and entry.job.pod.num_gpu):
                 continue
-            if self._move(entry, now):
-                evicted = True  # the moved pods' old room, and the next pods', may take others
-            elif self._preempt(entry, now):
-                evicted = True
+            first = self.mover is not None and self.mover.order.first
+            if (
+                (first and self._move(entry, now))
+                or self._preempt(entry, now)
+                or (not first and self._move(entry, now))
+            ):
+                evicted = True  # the room the evicted or moved pods left may take others
         return evicted
 
     def _place(self, entry: _Entry, now: float) -> bool:
@@ -188,13 +192,14 @@ class Timeline:
     def _move(self, entry: _Entry, now: float) -> bool:
         """Whether running pods were moved so that the pod starts (``moving``): each restarts at once
         where ``repack`` put it, its work lost. A try that found nothing is not made again for a pod
-        of the same shape and priority until a pod stops or one of lower priority starts
+        of the same shape and priority until a pod stops or one that could move starts
         (the cool-downs and the hour's budget that lapse meanwhile wait for that)."""
         if self.mover is None:
             return False
         job = entry.job
         key = (job.shape, job.priority)
-        counts = (self.stops, sum(n for p, n in self.starts.items() if p < job.priority))
+        order = self.mover.order
+        counts = (self.stops, sum(n for p, n in self.starts.items() if order.may_move(p, job.priority)))
         if self.moved_in_vain.get(key) == counts:
             return False
         found = self.mover.plan(job, now)

@@ -1,6 +1,7 @@
-"""Defragmentation in the timeline replay (``ledger+defrag``): running pods moved so that a pending
-pod starts, before anyone is evicted; within the budget per pod and per hour, never a pod moved
-within its cool-down, only pods of lower priority (those it could evict), only where hosts fit."""
+"""Defragmentation in the timeline replay: running pods moved so that a pending pod starts, before
+anyone is evicted (``defrag+ledger``: lower-priority pods only) or where preemption finds nobody
+(``ledger+defrag``: peers too); within the budget per pod and per hour, never a pod moved within
+its cool-down, only where hosts fit."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from gpuledger_core.packing import make_policy
 from gpuledger_sim import cli
 from gpuledger_sim.cluster import Cluster
 from gpuledger_sim.moving import Mover, Moving
+from gpuledger_sim.preempting import MOVING
 from gpuledger_sim.timeline import Timeline, job_of
 from gpuledger_sim.trace import TimedPod, TraceNode, TracePod
 
@@ -47,16 +49,17 @@ def fragmented(cpu_b: int = 64000, x: str = "BE", y: str = "BE") -> Cluster:
 
 
 WHOLE_LS = timed("high", "LS", 10, 1000, duration=100)
+FIRST, AFTER = MOVING["defrag+ledger"], MOVING["ledger+defrag"]  # moves before preemption, or after
 
 
 def test_the_mover_moves_the_small_share_beside_the_large_one_and_clears_a_card() -> None:
-    found = Mover(fragmented(), Moving()).plan(job_of(WHOLE_LS), 10)
+    found = Mover(fragmented(), Moving(), FIRST).plan(job_of(WHOLE_LS), 10)
     assert found is not None and found.node == "a"
     assert [(m.allocation.owner.id, m.to) for m in found.moves] == [("x", "b")]
 
 
 def test_through_the_timeline_a_move_replaces_the_eviction_and_costs_the_moved_pods_work() -> None:
-    moved = Timeline(fragmented(), [job_of(WHOLE_LS)], "ledger+defrag").run()
+    moved = Timeline(fragmented(), [job_of(WHOLE_LS)], "defrag+ledger").run()
     assert (moved.moves, moved.moved_for, moved.evictions, moved.high_waits) == (1, 1, 0, [0])
     assert moved.gpu_hours_lost == moved.gpu_hours_lost_to_moves == pytest.approx(0.3 * 9 / 3600)
     evicted = Timeline(fragmented(), [job_of(WHOLE_LS)], "ledger").run()
@@ -70,42 +73,53 @@ def test_the_hourly_budget_and_the_cool_down_send_the_next_pod_to_preemption() -
     held = [(timed("x", "BE", 1, 300), 0), (timed("y", "BE", 0, 600), 1), (timed("w", "BE", 3, 300), 2),
             (timed("z", "BE", 2, 600), 3)]  # fmt: skip
     jobs = [job_of(WHOLE_LS), job_of(timed("later", "LS", 70, 1000, duration=100))]
-    both = Timeline(cluster_of(nodes, held), jobs, "ledger+defrag", Moving(per_hour=3, cooldown_s=30)).run()
+    both = Timeline(cluster_of(nodes, held), jobs, "defrag+ledger", Moving(per_hour=3, cooldown_s=30)).run()
     assert (both.moves, both.evictions, both.high_waits) == (3, 0, [0, 0])
-    short = Timeline(cluster_of(nodes, held), jobs, "ledger+defrag", Moving(per_hour=2, cooldown_s=30)).run()
+    short = Timeline(cluster_of(nodes, held), jobs, "defrag+ledger", Moving(per_hour=2, cooldown_s=30)).run()
     assert (short.moves, short.evictions) == (1, 1)
-    cooling = Timeline(cluster_of(nodes, held), jobs, "ledger+defrag", Moving(per_hour=3)).run()
+    cooling = Timeline(cluster_of(nodes, held), jobs, "defrag+ledger", Moving(per_hour=3)).run()
     assert (cooling.moves, cooling.evictions) == (1, 1)  # w, moved at 10, may not move at 70
-    window = Mover(fragmented(), Moving(per_hour=1))
+    window = Mover(fragmented(), Moving(per_hour=1), FIRST)
     window.moved("elsewhere", 0)
     assert window.plan(job_of(WHOLE_LS), 3599) is None  # the move at 0 is within the hour
     assert window.plan(job_of(WHOLE_LS), 3600) is not None  # and then no more
 
 
 def test_a_pod_moved_within_its_cool_down_stays() -> None:
-    mover = Mover(fragmented(), Moving(cooldown_s=3600))
+    mover = Mover(fragmented(), Moving(cooldown_s=3600), FIRST)
     mover.moved("x", 5)
     found = mover.plan(job_of(WHOLE_LS), 10)
     assert found is not None and [m.allocation.owner.id for m in found.moves] == ["y"]
     mover.moved("y", 5)
     assert mover.plan(job_of(WHOLE_LS), 10) is None
-    cooled = Mover(fragmented(), Moving(cooldown_s=4))
+    cooled = Mover(fragmented(), Moving(cooldown_s=4), FIRST)
     cooled.moved("x", 5)
     cooled.moved("y", 5)
     assert cooled.plan(job_of(WHOLE_LS), 10) is not None
 
 
-def test_only_pods_of_lower_priority_move_as_only_they_could_be_evicted() -> None:
+def test_moves_first_take_only_pods_of_lower_priority_as_only_they_could_be_evicted() -> None:
     be_whole = job_of(timed("be", "BE", 10, 1000))
-    assert Mover(fragmented(), Moving()).plan(be_whole, 10) is None  # its peers stay
-    found = Mover(fragmented(x="LS"), Moving()).plan(job_of(WHOLE_LS), 10)
+    assert Mover(fragmented(), Moving(), FIRST).plan(be_whole, 10) is None  # its peers stay
+    found = Mover(fragmented(x="LS"), Moving(), FIRST).plan(job_of(WHOLE_LS), 10)
     assert found is not None and [m.allocation.owner.id for m in found.moves] == ["y"]  # x is LS too
-    assert Mover(fragmented(x="LS", y="LS"), Moving()).plan(job_of(WHOLE_LS), 10) is None
+    assert Mover(fragmented(x="LS", y="LS"), Moving(), FIRST).plan(job_of(WHOLE_LS), 10) is None
+    assert Mover(fragmented(), Moving(), AFTER).plan(be_whole, 10) is not None  # after preemption: peers
+    assert Mover(fragmented(x="LS", y="LS"), Moving(), AFTER).plan(be_whole, 10) is None  # never above
+
+
+def test_after_preemption_moves_only_for_a_pod_that_nobody_below_it_makes_room_for() -> None:
+    be_whole = job_of(timed("be", "BE", 10, 1000))
+    peers = Timeline(fragmented(), [be_whole], "ledger+defrag").run()
+    assert (peers.moves, peers.moved_for, peers.evictions) == (1, 1, 0)
+    assert (Timeline(fragmented(), [be_whole], "defrag+ledger").run().moves) == 0  # it waits
+    evicts = Timeline(fragmented(), [job_of(WHOLE_LS)], "ledger+defrag").run()
+    assert (evicts.moves, evicts.evictions, evicts.high_waits) == (0, 1, [0])
 
 
 def test_a_pod_moves_only_where_the_host_has_its_cpu() -> None:
     # b's host has 500 CPU left beside y: x, asking 1000, may not go there; y goes to a instead.
-    found = Mover(fragmented(cpu_b=1500), Moving()).plan(job_of(WHOLE_LS), 10)
+    found = Mover(fragmented(cpu_b=1500), Moving(), FIRST).plan(job_of(WHOLE_LS), 10)
     assert found is not None and found.node == "b"
     assert [(m.allocation.owner.id, m.to) for m in found.moves] == [("y", "a")]
 
@@ -124,10 +138,10 @@ def test_the_cli_runs_ledger_defrag_and_refuses_a_budget_it_would_ignore(
     rows = ["x,1000,1024,1,300,,BE,Running,0,100000,0", "y,1000,1024,1,600,,BE,Running,1,100000,1",
             "z,1000,1024,1,600,,BE,Running,2,100000,2", "high,1000,1024,1,1000,,LS,Running,10,110,10"]  # fmt: skip
     pods.write_text("\n".join([HEADER, *rows]) + "\n")
-    argv = ["--nodes", str(nodes), "--pods", str(pods), "--preemption", "ledger,ledger+defrag"]
+    argv = ["--nodes", str(nodes), "--pods", str(pods), "--preemption", "ledger,ledger+defrag,defrag+ledger"]
     assert cli.main([*argv, "--moves-per-pod", "1", "--moves-per-hour", "4", "--move-cooldown", "60"]) == 0
     out = capsys.readouterr().out
-    assert "| moves |" in out and "| ledger+defrag |" in out
+    assert "| moves |" in out and "| ledger+defrag |" in out and "| defrag+ledger |" in out
     for bad, says in (
         (["--moves-per-hour", "-1"], "--moves-per-hour"),
         (["--move-cooldown", "-5"], "--move-cooldown"),
@@ -139,4 +153,4 @@ def test_the_cli_runs_ledger_defrag_and_refuses_a_budget_it_would_ignore(
     assert cli.main(ledger_only) == 2
     assert "only to the strategies that move pods" in capsys.readouterr().err
     assert cli.main(["--nodes", str(nodes), "--pods", str(pods), "--move-cooldown", "5"]) == 2
-    assert "only with --preemption ledger+defrag" in capsys.readouterr().err
+    assert "only with --preemption ledger+defrag or defrag+ledger" in capsys.readouterr().err

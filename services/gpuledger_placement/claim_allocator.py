@@ -74,6 +74,7 @@ RETRY_S = 5.0
 CHANGE_RETRY_S = 0.5  # the first back-off of a waiting pod, doubled on each try up to retry_s
 EVENT_REPEAT_S = 60.0  # the same event on the same pod, at most this often
 CLASSES_TTL_S = 10.0
+SEEN_S = 2.0  # how long a pod's gate waits for the watch of claims to bring its claims allocated
 CHOICE_ROUNDS = 8  # nodes tried for a claim before it waits for retry_s
 
 
@@ -228,6 +229,7 @@ class ClaimAllocator:
             log.debug("allocation: pod %s waits for pod %s, preempted for it, to end", _describe(pod), left)
             return False
         classes = await self._mode_c_classes()
+        written: list[Mapping[str, Any]] = []
         for name in names:
             path = claim_path(ClaimRef(namespace, name, ""))
             raw = self.claims.seen(namespace, name) or await self.api.get_object(path)  # the watch's, else read
@@ -245,12 +247,18 @@ class ClaimAllocator:
                 continue
             try:
                 await self._allocate(pod, raw, ask, classes)
+                written.append(raw)
             except Exhausted as err:
                 await self._event(pod, "GpuledgerUnschedulable", f"the ledger cannot allocate the claim now: {err}")
                 if self.preempt is not None:
                     host = self._host(pod)
                     self.preempt(pod, ask, [n for n in sorted(self.view.entries) if not host(NodeName(n))])
                 return False
+        for claim in written:  # kube-scheduler's watch of claims runs beside the claims controller's
+            meta = claim["metadata"]
+            if not await self.claims.seen_allocated(meta["namespace"], meta["name"], meta["uid"], SEEN_S):
+                log.info("allocation: claim %s/%s not seen allocated within %gs; the gate is lifted anyway",
+                         meta["namespace"], meta["name"], SEEN_S)  # fmt: skip
         await self._lift(pod)
         return True
 

@@ -93,6 +93,7 @@ class ClaimsController:
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _rechecks: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # uid -> a later look at an unused claim
     _seen: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)  # (namespace, name) -> newest
+    _awaited: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)  # set when a new version comes
     _slots: asyncio.Semaphore = field(init=False)
     # claim uids whose ledger entry mode C reserved and whose allocation it is writing: a version of
     # the claim from before that write must not release the entry (claim_allocator.py)
@@ -155,6 +156,30 @@ class ClaimsController:
                 elif kind in ("ADDED", "MODIFIED"):
                     self._seen[fields.key_of(obj)] = obj
                     self.offer(obj)
+                if (awaited := self._awaited.get(fields.key_of(obj))) is not None:
+                    awaited.set()
+
+    async def seen_allocated(self, namespace: str, name: str, uid: str, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until this controller's watch brings the claim allocated: mode C
+        lifts a pod's gate only then, so that kube-scheduler, whose watch of claims runs beside this
+        one, sees the allocation rather than allocating the claim itself (and failing at PreBind,
+        "allocated elsewhere in the meantime"). False when the time ran out."""
+        key = (namespace, name)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            found = self._seen.get(key) or {}
+            if claims.ref_of(found).uid == uid and (found.get("status") or {}).get("allocation"):
+                return True
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            awaited = self._awaited.setdefault(key, asyncio.Event())
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(awaited.wait(), left)
+            finally:
+                if self._awaited.get(key) is awaited:
+                    del self._awaited[key]
 
     def seen(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         """The claim's newest version this controller's list and watch brought (None: none yet).

@@ -6,6 +6,7 @@ pods by path (its contract with the real one is the e2e suite's: tests/e2e/test_
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -253,3 +254,42 @@ async def test_the_room_preemption_holds_for_an_unallocated_claim_stays_until_th
     controller.offer(await api.get_object(path), deleted=True)  # the claim deleted: its room goes
     await controller.idle()
     assert await held(store, fleet, "uid-high") is None
+
+
+class Watched(Objects):
+    """Objects whose watch of claims brings what the test puts in ``events``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def watch(
+        self, path: str, params: Mapping[str, str], timeout_s: float = 300.0
+    ) -> AsyncIterator[dict[str, Any]]:
+        while True:
+            yield await self.events.get()
+
+
+async def test_a_gate_waits_until_the_watch_of_claims_brings_the_claim_allocated(nc: Client, fleet: Fleet) -> None:
+    api = Watched()
+    store = await LedgerStore.open(nc, retry_s=0.5)
+    view = FleetView(store, stale_after_s=0, slots_per_card=8)
+    controller = ClaimsController(api, store, view)
+    claim, _ = await allocated_by_ledger(api, store, view, fleet, "mine", "gpu-0", age_s=60)
+    unallocated = {**claim, "status": {}}
+    watching = asyncio.create_task(controller._watch("1"))
+    try:
+        await api.events.put({"type": "ADDED", "object": unallocated})
+        waiting = asyncio.create_task(controller.seen_allocated(NS, "mine", "uid-mine", 5.0))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # seen, but not allocated yet
+        await api.events.put({"type": "MODIFIED", "object": claim})
+        assert await asyncio.wait_for(waiting, 2.0) is True
+        other = {**claim, "metadata": {**claim["metadata"], "uid": "uid-another"}}  # the same name, another claim
+        await api.events.put({"type": "MODIFIED", "object": other})
+        await asyncio.sleep(0.1)
+        assert await controller.seen_allocated(NS, "mine", "uid-mine", 0.3) is False
+    finally:
+        watching.cancel()
+        for task in controller._busy.values():
+            task.cancel()

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.packing import POLICIES, Guard
-from gpuledger_sim.defrag import Budget
+from gpuledger_sim.defrag import NODES_SEARCHED, Budget
 from gpuledger_sim.dra import replay_dra
 from gpuledger_sim.moving import Moving
 from gpuledger_sim.preempting import MOVING, STRATEGIES
@@ -63,7 +63,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--defrag-nodes",
         type=int,
-        default=16,
         help="with --defrag: the nodes searched to clear per pod, those lacking least for it (default 16)",
     )
     p.add_argument("--placements", type=Path, help="write one JSON line per attempt to this file")
@@ -119,14 +118,14 @@ def parse_guard(raw: str | None) -> Guard | None:
 
 def parse_defrag(args: argparse.Namespace) -> Budget | None:
     if args.defrag is None:
-        if args.defrag_nodes != 16:
+        if args.defrag_nodes is not None:
             raise InvalidArgument("--defrag-nodes", "applies only with --defrag")
         return None
     if args.path != "classic":
         raise InvalidArgument("--defrag", f"moves pods on the classic path only, not --path {args.path}")
     if args.bound or args.placements is not None:
         raise InvalidArgument("--defrag", "the attempts do not record moves: no --bound or --placements with it")
-    return Budget.parse(args.defrag, args.defrag_nodes)
+    return Budget.parse(args.defrag, NODES_SEARCHED if args.defrag_nodes is None else args.defrag_nodes)
 
 
 def placement_line(attempt: Attempt) -> str:

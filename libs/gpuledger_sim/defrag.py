@@ -46,6 +46,7 @@ from gpuledger_sim.ledgers import ledger_of
 from gpuledger_sim.trace import WHOLE, TraceNode
 
 NAMESPACE = "sim"
+NODES_SEARCHED = 16  # nodes to clear searched per failed pod, unless told
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +56,7 @@ class Budget:
 
     per_pod: int
     total: int | None = None
-    nodes: int = 16
+    nodes: int = NODES_SEARCHED
 
     def __post_init__(self) -> None:
         if self.per_pod < 1:
@@ -66,7 +67,7 @@ class Budget:
             raise InvalidArgument("--defrag-nodes", f"must be 1 or more, got {self.nodes}")
 
     @staticmethod
-    def parse(raw: str, nodes: int = 16) -> Budget:
+    def parse(raw: str, nodes: int = NODES_SEARCHED) -> Budget:
         """``MOVES`` or ``MOVES:TOTAL``."""
         per_pod, sep, total = raw.partition(":")
         try:

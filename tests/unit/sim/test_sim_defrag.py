@@ -134,6 +134,7 @@ def test_the_cli_takes_the_budget_and_refuses_bad_ones(tmp_path: Path, capsys: p
         (["--defrag", "1:-3"], "total of moves must be 0 or more"),
         (["--defrag", "1", "--defrag-nodes", "0"], "--defrag-nodes"),
         (["--defrag-nodes", "4"], "only with --defrag"),
+        (["--defrag-nodes", "16"], "only with --defrag"),
         (["--defrag", "1", "--path", "dra"], "classic path only"),
         (["--defrag", "1", "--placements", str(tmp_path / "p.jsonl")], "do not record moves"),
         (["--defrag", "1", "--preemption", "ledger"], "--defrag"),

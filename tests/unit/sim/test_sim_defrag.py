@@ -141,3 +141,15 @@ def test_the_cli_takes_the_budget_and_refuses_bad_ones(tmp_path: Path, capsys: p
     ):
         assert cli.main([*argv, *bad]) == 2
         assert says in capsys.readouterr().err
+
+
+def test_no_move_where_the_pods_moved_to_one_node_together_pass_its_host() -> None:
+    # a: two 150 shares of 2000 CPU each; b: a 700 share of 5000, its host with 3000 CPU left. Each
+    # 150 alone fits b, both do not (4000); b's 700 fits a's card but not a's host (4000 left).
+    nodes = [TraceNode("a", 8000, 32768, 1, "A"), TraceNode("b", 8000, 32768, 1, "A")]
+    placed = [(0, pod("x1", 150, cpu=2000)), (0, pod("x2", 150, cpu=2000)), (1, pod("y", 700, cpu=5000))]
+    small = Small(nodes, placed, Budget(2))
+    assert small.make_room(pod("whole", 1000)) == []
+    assert small.holdings.tally.refused_by_host == 1 and small.holdings.tally.moves == 0
+    roomy = Small([nodes[0], TraceNode("b", 9000, 32768, 1, "A")], placed, Budget(2))
+    assert sorted(roomy.make_room(pod("whole", 1000))) == [0, 1]

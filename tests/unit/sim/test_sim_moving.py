@@ -154,3 +154,16 @@ def test_the_cli_runs_ledger_defrag_and_refuses_a_budget_it_would_ignore(
     assert "only to the strategies that move pods" in capsys.readouterr().err
     assert cli.main(["--nodes", str(nodes), "--pods", str(pods), "--move-cooldown", "5"]) == 2
     assert "only with --preemption ledger+defrag or defrag+ledger" in capsys.readouterr().err
+
+
+def test_no_move_where_the_pods_moved_to_one_node_together_pass_its_host() -> None:
+    # a: two 150 shares of 2000 CPU each; b: a 700 share of 5000 on an 8000 host (3000 left). Each
+    # 150 alone fits b, both do not (4000); b's 700 fits a's card but not a's host (4000 left).
+    def cluster(cpu_b: int) -> Cluster:
+        held = [(timed("x1", "BE", 1, 150, cpu=2000), 0), (timed("x2", "BE", 2, 150, cpu=2000), 0),
+                (timed("y", "BE", 0, 700, cpu=5000), 1)]  # fmt: skip
+        return cluster_of([node("a", 8000), node("b", cpu_b)], held)
+
+    assert Mover(cluster(8000), Moving(), FIRST).plan(job_of(WHOLE_LS), 10) is None
+    found = Mover(cluster(9000), Moving(), FIRST).plan(job_of(WHOLE_LS), 10)
+    assert found is not None and found.node == "a" and {m.to for m in found.moves} == {"b"}

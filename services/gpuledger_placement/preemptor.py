@@ -1,5 +1,7 @@
-"""Share-aware preemption in classic mode: placement chooses the victims and evicts them itself
-(docs/preemption.md).
+"""Share-aware preemption: placement chooses the victims and evicts them itself (docs/preemption.md),
+for classic pods and for the claims DRA mode C allocates (``consider_claim``: the claim planned as
+a pod it owns; mode-C claims are victims too, through their pods), and, where it is on and nobody
+of lower priority helps, defragmentation (``repacker``: movable pods moved elsewhere instead).
 
 kube-scheduler's own preemption cannot do it: it asks an extender about victims only after its dry
 run found some, and that dry run counts a node's ``gpuledger.io/gpu`` slots, not what each holder

@@ -232,7 +232,7 @@ class ClaimAllocator:
         written: list[Mapping[str, Any]] = []
         for name in names:
             path = claim_path(ClaimRef(namespace, name, ""))
-            raw = self.claims.seen(namespace, name) or await self.api.get_object(path)  # the watch's, else read
+            raw = self.claims.cache.seen(namespace, name) or await self.api.get_object(path)  # the watch's, else read
             if (raw.get("status") or {}).get("allocation"):
                 ours = claims.results_of(raw, self.claims.driver)
                 if ours and claims.ref_of(raw).owner.key not in self.view.holders:
@@ -256,7 +256,7 @@ class ClaimAllocator:
                 return False
         for claim in written:  # kube-scheduler's watch of claims runs beside the claims controller's
             meta = claim["metadata"]
-            if not await self.claims.seen_allocated(meta["namespace"], meta["name"], meta["uid"], SEEN_S):
+            if not await self.claims.cache.seen_allocated(meta["namespace"], meta["name"], meta["uid"], SEEN_S):
                 log.info("allocation: claim %s/%s not seen allocated within %gs; the gate is lifted anyway",
                          meta["namespace"], meta["name"], SEEN_S)  # fmt: skip
         await self._lift(pod)

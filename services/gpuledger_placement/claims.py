@@ -49,6 +49,7 @@ from gpuledger_core.model import Allocation, Isolation, OwnerKind
 from gpuledger_core.preemption import preempted, room_held
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement import claim_fields as fields
+from gpuledger_placement.claim_cache import ClaimCache
 from gpuledger_placement.claim_fields import COMMITTED, REJECTED
 from gpuledger_placement.metrics import CLAIM_COMMIT_SECONDS, CLAIMS, ORPHAN_RELEASE_FAILURES
 from gpuledger_placement.view import FleetView
@@ -92,8 +93,7 @@ class ClaimsController:
     _refs: dict[str, ClaimRef] = field(default_factory=dict)
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _rechecks: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # uid -> a later look at an unused claim
-    _seen: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)  # (namespace, name) -> newest
-    _awaited: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)  # set when a new version comes
+    cache: ClaimCache = field(default_factory=ClaimCache)  # what the list and watch brought
     _slots: asyncio.Semaphore = field(init=False)
     # claim uids whose ledger entry mode C reserved and whose allocation it is writing: a version of
     # the claim from before that write must not release the entry (claim_allocator.py)
@@ -123,7 +123,7 @@ class ClaimsController:
                 started = self.clock()
                 listed = await self.api.list_objects(LIST, {})
                 items = listed["items"]
-                self._seen = {fields.key_of(item): item for item in items}
+                self.cache.listed(items)
                 for item in items:
                     self.offer(item)
                 await self.idle()
@@ -149,43 +149,12 @@ class ClaimsController:
             async for event in self.api.watch(LIST, {"resourceVersion": version}):
                 obj = event.get("object") or {}
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                kind = event.get("type")
+                kind = str(event.get("type"))
+                self.cache.watched(kind, obj)
                 if kind == "DELETED":
-                    self._seen.pop(fields.key_of(obj), None)
                     self.offer(obj, deleted=True)
                 elif kind in ("ADDED", "MODIFIED"):
-                    self._seen[fields.key_of(obj)] = obj
                     self.offer(obj)
-                if (awaited := self._awaited.get(fields.key_of(obj))) is not None:
-                    awaited.set()
-
-    async def seen_allocated(self, namespace: str, name: str, uid: str, timeout_s: float) -> bool:
-        """Wait (at most ``timeout_s``) until this controller's watch brings the claim allocated: mode C
-        lifts a pod's gate only then, so that kube-scheduler, whose watch of claims runs beside this
-        one, sees the allocation rather than allocating the claim itself (and failing at PreBind,
-        "allocated elsewhere in the meantime"). False when the time ran out."""
-        key = (namespace, name)
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while True:
-            found = self._seen.get(key) or {}
-            if claims.ref_of(found).uid == uid and (found.get("status") or {}).get("allocation"):
-                return True
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                return False
-            awaited = self._awaited.setdefault(key, asyncio.Event())
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(awaited.wait(), left)
-            finally:
-                if self._awaited.get(key) is awaited:
-                    del self._awaited[key]
-
-    def seen(self, namespace: str, name: str) -> Mapping[str, Any] | None:
-        """The claim's newest version this controller's list and watch brought (None: none yet).
-        It may lag the API server's: a write based on it carries its resourceVersion, so a stale one
-        is refused, not applied."""
-        return self._seen.get((namespace, name))
 
     def offer(self, raw: Mapping[str, Any], deleted: bool = False) -> None:
         """Take the claim's newest version (``deleted``: it is gone) to settle."""

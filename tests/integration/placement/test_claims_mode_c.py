@@ -280,7 +280,7 @@ async def test_a_gate_waits_until_the_watch_of_claims_brings_the_claim_allocated
     watching = asyncio.create_task(controller._watch("1"))
     try:
         await api.events.put({"type": "ADDED", "object": unallocated})
-        waiting = asyncio.create_task(controller.seen_allocated(NS, "mine", "uid-mine", 5.0))
+        waiting = asyncio.create_task(controller.cache.seen_allocated(NS, "mine", "uid-mine", 5.0))
         await asyncio.sleep(0.2)
         assert not waiting.done()  # seen, but not allocated yet
         await api.events.put({"type": "MODIFIED", "object": claim})
@@ -288,7 +288,7 @@ async def test_a_gate_waits_until_the_watch_of_claims_brings_the_claim_allocated
         other = {**claim, "metadata": {**claim["metadata"], "uid": "uid-another"}}  # the same name, another claim
         await api.events.put({"type": "MODIFIED", "object": other})
         await asyncio.sleep(0.1)
-        assert await controller.seen_allocated(NS, "mine", "uid-mine", 0.3) is False
+        assert await controller.cache.seen_allocated(NS, "mine", "uid-mine", 0.3) is False
     finally:
         watching.cancel()
         for task in controller._busy.values():

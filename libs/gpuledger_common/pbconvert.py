@@ -18,12 +18,13 @@ from gpuledger_core.model import (
     Isolation,
     Owner,
     OwnerKind,
+    Remedy,
     Request,
 )
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
-E = TypeVar("E", OwnerKind, Isolation, AllocState, Health)
+E = TypeVar("E", OwnerKind, Isolation, AllocState, Health, Remedy)
 
 
 def enum_of(kind: type[E], value: str, field: str, default: E | None = None) -> E:
@@ -185,6 +186,7 @@ def node_status_to(s: NodeStatus) -> pb.NodeStatus:
             foreign_processes=c.foreign_processes,
             foreign_mem_mib=c.foreign_mib,
             health_reason=c.card.health_reason,
+            remedy=c.card.remedy.value,
         )
         for c in s.cards
     ]
@@ -202,6 +204,7 @@ def node_status_from(m: pb.NodeStatus) -> NodeStatus:
                 None if c.numa < 0 else c.numa,
                 enum_of(Health, c.health, "health", Health.HEALTHY),
                 health_reason=c.health_reason,
+                remedy=enum_of(Remedy, c.remedy, "remedy", Remedy.NONE),
             ),
             c.free_mem_mib,
             c.free_core_permille,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from gpuledger_core.model import Allocation
+from gpuledger_core.model import Allocation, Card
 from gpuledger_core.status import Holder, NodeStatus
 
 
@@ -47,7 +47,7 @@ def cluster(nodes: Sequence[NodeStatus]) -> str:
                     c.card.model,
                     f"{c.free_mem_mib}/{c.card.memory_mib}",
                     f"{c.free_core_milli / 10:g}%",
-                    c.card.health.value + (f" ({c.card.health_reason})" if c.card.health_reason else ""),
+                    _health(c.card),
                     f"{c.foreign_processes} proc, {c.foreign_mib} MiB" if c.foreign_processes else "-",
                     holders,
                 ]
@@ -73,3 +73,10 @@ def allocation(a: Allocation) -> str:
         f", lease until {time.strftime('%H:%M:%S', time.localtime(a.lease_expires_at))}" if a.lease_expires_at else ""
     )
     return f"{a.id} {a.state.value} on {a.node} for {a.owner.describe()}: {'; '.join(parts)}{lease}"
+
+
+def _health(card: Card) -> str:
+    """A card's health, why, and its repair when one is under way (``unhealthy (XID 79) [drain]``)."""
+    reason = f" ({card.health_reason})" if card.health_reason else ""
+    remedy = f" [{card.remedy.value}]" if card.remedy else ""
+    return card.health.value + reason + remedy

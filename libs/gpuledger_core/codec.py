@@ -29,6 +29,7 @@ from gpuledger_core.model import (
     Owner,
     OwnerKind,
     PcieLevel,
+    Remedy,
     Request,
 )
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
@@ -183,7 +184,7 @@ _REQUIRED: Any = object()
 
 
 def card_to(card: Card) -> Json:
-    return {
+    out = {
         "uuid": card.uuid,
         "index": card.index,
         "model": card.model,
@@ -194,6 +195,9 @@ def card_to(card: Card) -> Json:
         "pci_bus_id": card.pci_bus_id,
         "health_reason": card.health_reason,
     }
+    if card.remedy is not Remedy.NONE:  # written only when set: a serving card's value is as before
+        out["remedy"] = card.remedy.value
+    return out
 
 
 def card_from(r: Reader) -> Card:
@@ -207,6 +211,7 @@ def card_from(r: Reader) -> Card:
         minor=r.opt_int("minor"),
         pci_bus_id=r.text("pci_bus_id", ""),
         health_reason=r.text("health_reason", ""),
+        remedy=r.enum("remedy", Remedy, Remedy.NONE),
     )
 
 

@@ -32,6 +32,15 @@ class Health(StrEnum):
     UNHEALTHY = "unhealthy"
 
 
+class Remedy(StrEnum):
+    """Where a card stands in its repair (docs/remediation.md); its health is unhealthy while set."""
+
+    NONE = ""  # serving (or merely unhealthy: no new work, its holders stay)
+    DRAIN = "drain"  # its holders must move off (placement evicts them)
+    RESET = "reset"  # empty, being reset or checked: takes nothing
+    RETIRED = "retired"  # out of service until an operator acts
+
+
 class AllocState(StrEnum):
     RESERVED = "reserved"
     BOUND = "bound"
@@ -70,6 +79,7 @@ class Card:
     minor: int | None = None
     pci_bus_id: str = ""
     health_reason: str = ""  # why the card is unhealthy (empty when healthy)
+    remedy: Remedy = Remedy.NONE  # its repair, decided by the node's inventory
 
     @property
     def healthy(self) -> bool:

@@ -28,7 +28,7 @@ from gpuledger_common.clusterwire.wire import (
 )
 from gpuledger_common.pbconvert import enum_of
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
-from gpuledger_core.model import AllocState, Card, Health, Owner, OwnerKind
+from gpuledger_core.model import AllocState, Card, Health, Owner, OwnerKind, Remedy
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
 
 CARDS_KEPT = 50_000  # nodes whose encoded cards the allocator keeps (past that it starts afresh)
@@ -75,6 +75,7 @@ def card_bytes(c: CardStatus) -> bytes:
     number(out, 11, c.foreign_processes)
     number(out, 12, c.foreign_mib)
     text(out, 13, card.health_reason)
+    text(out, 14, card.remedy.value)
     return b"".join(out)
 
 
@@ -149,6 +150,7 @@ CARD: Spec = {
     11: ("foreign_processes", VARINT),
     12: ("foreign_mem_mib", VARINT),
     13: ("health_reason", LENGTH),
+    14: ("remedy", LENGTH),
 }
 NODE: Spec = {
     1: ("name", LENGTH),
@@ -194,6 +196,7 @@ def card_from(data: bytes, path: str) -> CardStatus:
         None if numa < 0 else numa,
         health,
         health_reason=string(v, "health_reason", path),
+        remedy=enum_of(Remedy, string(v, "remedy", path), f"{path}.remedy", Remedy.NONE),
     )
     holders = tuple(holder_from(h, f"{path}.holders[{i}]") for i, h in enumerate(items(v, "holders[]")))
     return CardStatus(

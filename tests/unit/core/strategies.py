@@ -22,6 +22,7 @@ from gpuledger_core.model import (
     Owner,
     OwnerKind,
     PcieLevel,
+    Remedy,
     Request,
 )
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
@@ -43,6 +44,7 @@ cards = st.builds(
     health=st.sampled_from(Health),
     minor=st.none() | st.integers(0, 15),
     pci_bus_id=texts,
+    remedy=st.sampled_from(Remedy),
 )
 links = st.builds(Link, st.integers(0, 7), st.integers(8, 15), st.integers(0, 18), st.sampled_from(PcieLevel))
 labels = st.dictionaries(texts, texts, max_size=3).map(lambda d: tuple(sorted(d.items())))

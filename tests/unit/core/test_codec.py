@@ -3,6 +3,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,8 +12,9 @@ from hypothesis import given, settings
 from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.events import LedgerEvent
+from gpuledger_core.ids import CardUuid
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Allocation, Node
+from gpuledger_core.model import Allocation, Card, Health, Node, Remedy
 from gpuledger_core.status import NodeStatus
 
 from . import strategies as s
@@ -174,6 +176,17 @@ def test_optional_fields_take_their_defaults() -> None:
     assert not only.grants[0].cards[0].exclusive
     assert decoded.node.cards[0].pci_bus_id == ""
     assert decoded.node.cards[0].numa is None
+    assert decoded.node.cards[0].remedy is Remedy.NONE  # a value written before remediation
+
+
+def test_a_card_s_remedy_is_written_only_while_it_has_one() -> None:
+    card = Card(CardUuid("GPU-0"), 0, "m", 10)
+    assert "remedy" not in codec.card_to(card)
+    drained = replace(card, health=Health.UNHEALTHY, remedy=Remedy.DRAIN)
+    assert codec.card_to(drained)["remedy"] == "drain"
+    assert codec.card_from(codec.Reader(codec.card_to(drained))) == drained
+    with pytest.raises(InvalidArgument, match="remedy"):
+        codec.card_from(codec.Reader({**codec.card_to(card), "remedy": "mend"}))
 
 
 def _node_raw(name: str, links: list[dict[str, Any]]) -> dict[str, Any]:

@@ -159,6 +159,7 @@ class CardStatus(betterproto.Message):
     foreign_processes: int = betterproto.uint32_field(11)
     foreign_mem_mib: int = betterproto.uint64_field(12)
     health_reason: str = betterproto.string_field(13)
+    remedy: str = betterproto.string_field(14)
 
 
 @dataclass(eq=False, repr=False)

@@ -1,0 +1,239 @@
+"""Remediation: each card's way from a fault to back in service, or to retired (a table of scenarios)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from gpuledger_core.ids import CardUuid
+from gpuledger_core.model import Health, Remedy
+from gpuledger_inventory.health import CardHealth, Cause
+from gpuledger_inventory.remediation import (
+    HISTORY_LIMIT,
+    Need,
+    RemediationBook,
+    RemediationPolicy,
+    ResetOutcome,
+    Stage,
+    need_of,
+)
+
+pytestmark = pytest.mark.timeout(5)
+
+A, B = CardUuid("GPU-a"), CardUuid("GPU-b")
+Input = Callable[[RemediationBook, float], object]
+
+
+def fault(need: Need, uuid: CardUuid = A) -> Input:
+    return lambda book, now: book.on_fault(uuid, need, f"XID for {need.value}", now)
+
+
+def empty(book: RemediationBook, now: float) -> object:
+    return book.on_empty(A, now)
+
+
+def begin(book: RemediationBook, now: float) -> object:
+    return book.begin(A, now)
+
+
+def reset(outcome: ResetOutcome) -> Input:
+    return lambda book, now: book.on_reset(A, outcome, "", now)
+
+
+def check(*problems: str) -> Input:
+    return lambda book, now: book.on_check(A, problems, now)
+
+
+def healed(by: str) -> Input:
+    return lambda book, now: book.on_healed(A, by, now)
+
+
+def retire(book: RemediationBook, now: float) -> object:
+    return book.retire(A, "ops", "", now)
+
+
+def resume(book: RemediationBook, now: float) -> object:
+    return book.resume(now)
+
+
+RESET_AND_BACK = [fault(Need.RESET), empty, begin, reset(ResetOutcome.OK), check()]
+
+SCENARIOS: dict[str, tuple[list[Input], list[Stage]]] = {
+    "an application's fault leaves the card alone": ([fault(Need.APPLICATION)], []),
+    "no new work: faulted until healed": (
+        [fault(Need.NO_NEW_WORK), empty, begin, healed("operator:ops")],
+        [Stage.FAULTED, Stage.SERVING],
+    ),
+    "reset: drained, reset, checked, back": (
+        RESET_AND_BACK,
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.CHECKING, Stage.SERVING],
+    ),
+    "drain: drained, checked without a reset, back": (
+        [fault(Need.DRAIN), empty, begin, check()],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.CHECKING, Stage.SERVING],
+    ),
+    "retire: drained, then retired without a reset": (
+        [fault(Need.RETIRE), empty, begin],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.RETIRED],
+    ),
+    "a card with holders stays quarantined": (
+        [fault(Need.RESET), begin, reset(ResetOutcome.OK), check()],
+        [Stage.QUARANTINED],
+    ),
+    "a failed reset retires": (
+        [fault(Need.RESET), empty, begin, reset(ResetOutcome.FAILED)],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.RETIRED],
+    ),
+    "a hung reset retires": (
+        [fault(Need.RESET), empty, begin, reset(ResetOutcome.HUNG)],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.RETIRED],
+    ),
+    "a reset the card does not support retires": (
+        [fault(Need.RESET), empty, begin, reset(ResetOutcome.UNSUPPORTED)],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.RETIRED],
+    ),
+    "a failed check retires": (
+        [fault(Need.RESET), empty, begin, reset(ResetOutcome.OK), check("row remapping pending")],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.CHECKING, Stage.RETIRED],
+    ),
+    "a fault while checked retires": (
+        [fault(Need.DRAIN), empty, begin, fault(Need.DRAIN), check()],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.CHECKING, Stage.RETIRED],
+    ),
+    "a greater need raises the goal, a lesser one does not": (
+        [fault(Need.DRAIN), fault(Need.NO_NEW_WORK), fault(Need.RESET), empty, begin],
+        [Stage.QUARANTINED, Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING],
+    ),
+    "a fault that needs a drain moves a faulted card on": (
+        [fault(Need.NO_NEW_WORK), fault(Need.DRAIN)],
+        [Stage.FAULTED, Stage.QUARANTINED],
+    ),
+    "events of the reset itself change nothing": (
+        [fault(Need.RESET), empty, begin, fault(Need.RESET)],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING],
+    ),
+    "a second fault within the window retires once drained": (
+        [*RESET_AND_BACK, fault(Need.DRAIN), empty],
+        [
+            *(Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.CHECKING, Stage.SERVING),
+            *(Stage.QUARANTINED, Stage.DRAINED, Stage.RETIRED),
+        ],
+    ),
+    "a retired card stays retired whatever comes": (
+        [fault(Need.RETIRE), empty, fault(Need.RESET), empty, begin, healed("rule:recover-after")],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.RETIRED, Stage.SERVING],
+    ),
+    "an operator's heal ends a remediation at any stage": (
+        [fault(Need.RESET), empty, healed("operator:ops")],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.SERVING],
+    ),
+    "an operator retires a serving card: drained first": (
+        [retire, empty, retire],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.RETIRED],
+    ),
+    "a restart in the middle of a reset does it again": (
+        [fault(Need.RESET), empty, begin, resume, begin, reset(ResetOutcome.OK)],
+        [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.DRAINED, Stage.RESETTING, Stage.CHECKING],
+    ),
+}
+
+
+@pytest.mark.parametrize(("inputs", "stages"), SCENARIOS.values(), ids=SCENARIOS.keys())
+def test_scenario(inputs: list[Input], stages: list[Stage]) -> None:
+    book = RemediationBook(RemediationPolicy(retire_window_s=600))
+    for i, step in enumerate(inputs):
+        step(book, 100.0 + i)
+    assert [s.stage for s in book.of(A).history] == stages
+    assert book.of(B).stage is Stage.SERVING
+
+
+def test_a_fault_after_the_window_is_a_new_episode() -> None:
+    book = RemediationBook(RemediationPolicy(retire_window_s=600))
+    for i, step in enumerate(RESET_AND_BACK):
+        step(book, 100.0 + i)
+    [again] = book.on_fault(A, Need.DRAIN, "XID 48", 104.0 + 600)
+    assert (again.stage, book.of(A).goal, again.took_s) == (Stage.QUARANTINED, Need.DRAIN, 0.0)
+
+
+def test_an_operator_s_return_forgets_the_window() -> None:
+    book = RemediationBook(RemediationPolicy(retire_window_s=600))
+    for i, step in enumerate([*RESET_AND_BACK, fault(Need.DRAIN), empty]):
+        step(book, 100.0 + i)
+    book.on_healed(A, "operator:ops", 110.0)
+    book.on_fault(A, Need.DRAIN, "XID 48", 111.0)
+    assert book.of(A).goal is Need.DRAIN
+
+
+def test_steps_say_the_time_since_the_fault() -> None:
+    book = RemediationBook()
+    book.on_fault(A, Need.RESET, "XID 79", 10.0)
+    [drained] = book.on_empty(A, 25.0)
+    book.begin(A, 26.0)
+    book.on_reset(A, ResetOutcome.OK, "", 30.0)
+    [back] = book.on_check(A, (), 31.0)
+    assert (drained.took_s, back.took_s, back.stage) == (15.0, 21.0, Stage.SERVING)
+
+
+@pytest.mark.parametrize(
+    ("stage", "remedy"),
+    [
+        (Stage.SERVING, Remedy.NONE),
+        (Stage.FAULTED, Remedy.NONE),
+        (Stage.QUARANTINED, Remedy.DRAIN),
+        (Stage.DRAINED, Remedy.RESET),
+        (Stage.RESETTING, Remedy.RESET),
+        (Stage.CHECKING, Remedy.RESET),
+        (Stage.RETIRED, Remedy.RETIRED),
+    ],
+)
+def test_each_stage_publishes_its_remedy(stage: Stage, remedy: Remedy) -> None:
+    book = RemediationBook()
+    book._move(A, stage, "", 1.0)
+    assert book.of(A).remedy is remedy
+
+
+def test_a_storm_on_one_card_never_moves_another() -> None:
+    book = RemediationBook()
+    for i in range(1000):
+        book.on_fault(A, Need.RESET if i % 2 else Need.DRAIN, f"XID {i}", float(i))
+    assert book.of(A).stage is Stage.QUARANTINED and book.of(B).stage is Stage.SERVING
+    assert len(book.of(A).history) == 2  # the fault, and the one that raised its need
+    assert set(book.cards) == {A}
+
+
+def test_a_card_s_history_is_bounded() -> None:
+    book = RemediationBook()
+    for i in range(50):
+        book.on_fault(A, Need.DRAIN, "XID 48", 2.0 * i)
+        book.on_healed(A, "operator:ops", 2.0 * i + 1)
+    assert len(book.of(A).history) == HISTORY_LIMIT
+
+
+def test_the_book_survives_a_restart() -> None:
+    book = RemediationBook()
+    for i, step in enumerate([fault(Need.RESET), empty, begin]):
+        step(book, 100.0 + i)
+    again = RemediationBook.from_json(book.to_json(), book.policy)
+    before, after = book.of(A), again.of(A)
+    assert replace(after, history=()) == replace(before, history=())
+    assert [(s.at, s.stage, s.reason) for s in after.history] == [(s.at, s.stage, s.reason) for s in before.history]
+    assert [s.stage for s in again.resume(200.0)] == [Stage.DRAINED]
+
+
+@pytest.mark.parametrize(
+    ("cause", "need"),
+    [
+        (Cause.XID, Need.RESET),
+        (Cause.LOST, Need.RESET),
+        (Cause.ECC, Need.RESET),
+        (Cause.EVENT, Need.NO_NEW_WORK),
+        (Cause.NVML, Need.NO_NEW_WORK),
+        (Cause.REGISTRATION, Need.NO_NEW_WORK),
+        (Cause.OPERATOR, Need.NO_NEW_WORK),
+        (Cause.NONE, Need.APPLICATION),
+    ],
+)
+def test_only_a_fault_that_names_the_card_drains_it(cause: Cause, need: Need) -> None:
+    assert need_of(CardHealth(Health.UNHEALTHY, cause, "why", 1.0, cause.value)) is need

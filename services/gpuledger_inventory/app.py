@@ -112,7 +112,7 @@ async def serve(
             host = host or default_host
         closing = functools.partial(asyncio.to_thread, gpus.close)
         stack.push_async_callback(lifecycle.bounded(settings.stop_timeout_s, closing, "NVML"))
-        policy = HealthPolicy(settings.ignore_xids, settings.recover_on_nvml_return, settings.recover_after_s)
+        policy = HealthPolicy(settings.faults(), settings.recover_on_nvml_return, settings.recover_after_s)
         store = HealthStore(settings.state_file)
         state = NodeState(NodeName(settings.node), gpus.backend, store.load(policy), host or Host())
         node_api, slice_api = await build_kube(settings, stack, node_api, slice_api)

@@ -7,9 +7,9 @@ import socket
 from dataclasses import dataclass
 
 from gpuledger_common.kubeconfig import KubeClientSettings
-from gpuledger_common.settings import computed_option, option, require
+from gpuledger_common.settings import SettingsError, computed_option, option, require
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
-from gpuledger_inventory.health import DEFAULT_IGNORED_XIDS
+from gpuledger_inventory.faults import FaultPolicy, fault_policy
 
 MODES = ("classic", "dra")  # how this node's pool is served (docs/dra.md)
 POSITIVE = ("heartbeat_interval_s", "inventory_interval_s", "poll_interval_s", "nvml_retry_max_s", "dra_resync_s")
@@ -30,9 +30,14 @@ class InventorySettings(KubeClientSettings):
     poll_interval_s: float = option(10.0, "how often memory and processes are read")
     event_wait_ms: int = option(1000, "one NVML event wait (bounds how long a stop takes)")
     nvml_retry_max_s: float = option(30.0, "the longest wait between NVML re-initialisations")
-    ignore_xids: frozenset[int] = option(DEFAULT_IGNORED_XIDS, "comma-separated XIDs that leave a card healthy")
+    ignore_xids: frozenset[int] = option(
+        frozenset(), "comma-separated XIDs that leave a card healthy: action application (docs/xid-policy.md)"
+    )
+    xid_actions: str = option("", "actions per XID over the catalog, e.g. 79=retire,13=drain (docs/xid-policy.md)")
     recover_on_nvml_return: bool = option(True, "rule nvml-returned: cards that failed only with NVML recover")
-    recover_after_s: float = option(0.0, "rule recover-after: an XID or ECC cause heals after this quiet time (0: off)")
+    recover_after_s: float = option(
+        0.0, "rule recover-after: a no-new-work XID or ECC fault heals after this quiet time (0: off)"
+    )
     state_file: str = option("", "the health book on disk (empty: a restart forgets)")
     mode: str = option("classic", "classic (the device plugin) or dra (also publish ResourceSlices; needs Kubernetes)")
     slots_per_card: int = option(DEFAULT_SLOTS_PER_CARD, "dra: the most claims sharing a card (1: never shared)")
@@ -54,6 +59,7 @@ class InventorySettings(KubeClientSettings):
         require(0 <= self.http_port <= 65535, "http_port", f"must be 0..65535, got {self.http_port}")
         require(self.recover_after_s >= 0, "recover_after_s", "must not be negative")
         require(self.stop_timeout_s > 0, "stop_timeout_s", "must be positive")
+        self.faults()
         self._check_dra()
         levels = ("debug", "info", "warning", "error")
         require(self.log_level in levels, "log_level", "must be debug|info|warning|error")
@@ -64,6 +70,13 @@ class InventorySettings(KubeClientSettings):
             "needs the simulated fleet, which this install leaves out (the production image); "
             "use the image's dev target or install gpuledger with its test utilities",
         )
+
+    def faults(self) -> FaultPolicy:
+        """The fault policy: the XID catalog under ``xid_actions`` and ``ignore_xids``."""
+        try:
+            return fault_policy(self.ignore_xids, self.xid_actions)
+        except ValueError as err:
+            raise SettingsError(f"xid_actions: {err}") from None
 
     def _check_dra(self) -> None:
         require(self.mode in MODES, "mode", f"must be one of {'|'.join(MODES)}, got {self.mode!r}")

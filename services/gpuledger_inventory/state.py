@@ -135,6 +135,7 @@ class NodeState:
                 "reason": health.reason,
                 "since": health.since,
                 "by": health.by,
+                "action": health.action.value,
             },
         }
 

@@ -236,4 +236,4 @@ def test_the_book_survives_a_restart() -> None:
     ],
 )
 def test_only_a_fault_that_names_the_card_drains_it(cause: Cause, need: Need) -> None:
-    assert need_of(CardHealth(Health.UNHEALTHY, cause, "why", 1.0, cause.value)) is need
+    assert need_of(CardHealth(Health.UNHEALTHY, cause, "XID 79", 1.0, cause.value)) is need

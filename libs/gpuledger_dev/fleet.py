@@ -152,7 +152,9 @@ class _Cursor:
                 raise self.fail(str(key), f"unknown field (expected one of {', '.join(sorted(allowed))})")
 
 
-NODE_KEYS = {"name", "profile", "cards", "links", "cpu_milli", "memory_mib", "labels", "faults", "processes", "mig"}
+NODE_KEYS = {"name", "profile", "cards", "links", "cpu_milli", "memory_mib", "labels"} | {
+    "faults", "processes", "mig", "resets"  # the simulation keys (fleet_script.py)
+}  # fmt: skip
 
 
 def load_fleet(path: str | Path) -> Fleet:
@@ -206,7 +208,7 @@ def _node(c: _Cursor) -> FleetNode:
         memory_mib=c.count("memory_mib", default_mem),
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
     )
-    extra = {k: c.raw[k] for k in ("faults", "processes", "mig") if k in c.raw}
+    extra = {k: c.raw[k] for k in ("faults", "processes", "mig", "resets") if k in c.raw}
     return FleetNode(node, profile.name if profile else None, c.line, extra)
 
 

@@ -64,6 +64,26 @@ class FaultKind(StrEnum):
     ECC_SINGLE = "ecc_single"  # a SingleBitEccError event
     LOST = "lost"  # the card falls off the bus: XID 79, then GpuIsLost on every call
     NVML_DOWN = "nvml_down"  # NVML itself fails from ``at`` until ``until`` (for ever without it)
+    REMAP_PENDING = "remap_pending"  # a double-bit ECC event; a row remap pending until a reset
+    REMAP_FAILURE = "remap_failure"  # a double-bit ECC event; row remapping failed (a reset keeps it)
+    PAGES_PENDING = "pages_pending"  # a double-bit ECC event; a page retirement pending until a reset
+
+
+class ResetResult(StrEnum):
+    """How one scripted reset of a card ends (``nvidia-smi --gpu-reset`` on the fake)."""
+
+    OK = "ok"
+    FAIL = "fail"
+    HANG = "hang"  # never ends: the caller must cut it off
+    UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True, slots=True)
+class ResetSpec:
+    card: int
+    result: ResetResult = ResetResult.OK
+    seconds: float = 0.5  # how long it takes
+    returns: bool = True  # a lost card is back on the bus after it
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +117,7 @@ class NodeScript:
     mig: tuple[MigLayout, ...] = ()
     processes: tuple[ProcessSpec, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
+    resets: tuple[ResetSpec, ...] = ()  # per card, in order: its first reset, its second, ...
 
     def layout(self, card: int) -> MigLayout | None:
         return next((m for m in self.mig if m.card == card), None)
@@ -122,7 +143,8 @@ def node_script(fleet: Fleet, fleet_node: FleetNode | str) -> NodeScript:
         mig = tuple(_default_layout(node, i) for i in range(len(node.cards)))
     processes = tuple(_process(p, node, mig) for p in _items(c, "processes"))
     faults = tuple(_fault(f, node, mig) for f in _items(c, "faults"))
-    return NodeScript(node, bool(profile and profile.nvswitch), mig, processes, faults)
+    resets = tuple(_reset(r, node) for r in _items(c, "resets"))
+    return NodeScript(node, bool(profile and profile.nvswitch), mig, processes, faults, resets)
 
 
 def _items(c: _Cursor, key: str) -> list[_Cursor]:
@@ -223,6 +245,19 @@ def _fault(c: _Cursor, node: Node, mig: tuple[MigLayout, ...]) -> FaultSpec:
     if xid == 0:
         raise c.fail("xid", "must be positive")
     return FaultSpec(kind, at, card, xid, mig=_mig_index(c, card, mig))
+
+
+def _reset(c: _Cursor, node: Node) -> ResetSpec:
+    c.check_keys({"card", "result", "seconds", "returns"})
+    card = _card_index(c, node)
+    raw = c.get("result", str, "ok")
+    try:
+        result = ResetResult(raw)
+    except ValueError:
+        choices = ", ".join(r.value for r in ResetResult)
+        raise c.fail("result", f"must be one of {choices}, got {raw!r}") from None
+    returns = c.get("returns", bool, True)
+    return ResetSpec(card, result, _seconds(c, "seconds", 0.5), returns)
 
 
 def _forbid(c: _Cursor, kind: FaultKind, keys: tuple[str, ...]) -> None:

@@ -20,7 +20,8 @@ that tests move with ``advance()`` (no sleeping). Tests can also inject faults d
 The modules, one concern each: ``model`` (what the node is made of, built from the fleet node),
 ``state`` (the state every call shares: clock, faults, test controls, handle resolution), and a
 family of calls each over that state: ``devices`` (library, device, topology and NVLink),
-``mig`` (MIG) and ``events`` (events and processes). ``FakeNvml`` is all of the families.
+``mig`` (MIG), ``events`` (events and processes) and ``repair`` (a card's check, and the reset
+NVML has no call for). ``FakeNvml`` is all of the families.
 """
 
 from __future__ import annotations
@@ -33,12 +34,13 @@ from gpuledger_dev.fake_nvml.devices import DeviceCalls
 from gpuledger_dev.fake_nvml.events import EventCalls
 from gpuledger_dev.fake_nvml.mig import MigCalls
 from gpuledger_dev.fake_nvml.model import ALL_INSTANCES, XID_FALLEN_OFF_BUS, Arch, MiB, arch_of
+from gpuledger_dev.fake_nvml.repair import RepairCalls
 from gpuledger_dev.fake_nvml.state import ManualClock
 
 __all__ = ["ALL_INSTANCES", "XID_FALLEN_OFF_BUS", "Arch", "FakeNvml", "ManualClock", "MiB", "arch_of"]
 
 
-class FakeNvml(DeviceCalls, MigCalls, EventCalls):
+class FakeNvml(DeviceCalls, MigCalls, EventCalls, RepairCalls):
     """One node's NVML, as the ``pynvml`` module would present it."""
 
     # --- module surface that is not a function: constants and exception classes ----------------

@@ -59,6 +59,31 @@ class FakeMig:
 
 
 @dataclass(slots=True)
+class Ecc:
+    """A card's memory errors: counts since the last reset (volatile) and for its life (aggregate),
+    and what row remapping or page retirement has pending or failed."""
+
+    volatile: list[int] = field(default_factory=lambda: [0, 0])  # corrected, uncorrected
+    aggregate: list[int] = field(default_factory=lambda: [0, 0])
+    rows: list[int] = field(default_factory=lambda: [0, 0])  # rows remapped: corrected, uncorrected
+    remap_pending: bool = False
+    remap_failure: bool = False
+    pages_pending: bool = False
+
+    def count(self, double: bool) -> None:
+        kind = 1 if double else 0
+        self.volatile[kind] += 1
+        self.aggregate[kind] += 1
+
+    def reset(self) -> None:
+        """What a reset does: volatile counts cleared, a pending remap or retirement applied."""
+        self.volatile = [0, 0]
+        if self.remap_pending:
+            self.rows[1] += 1
+        self.remap_pending = self.pages_pending = False
+
+
+@dataclass(slots=True)
 class FakeCard:
     index: int
     uuid: str
@@ -75,6 +100,22 @@ class FakeCard:
     lost: bool = False
     events_supported: bool = True
     handle: Any = field(default_factory=_nvml.struct_c_nvmlDevice_t)
+    ecc: Ecc = field(default_factory=Ecc)
+    resets: int = 0  # resets done (the next takes the next scripted one of this card)
+
+    @property
+    def remaps_rows(self) -> bool:
+        """Ampere and later cards with ECC remap rows; older ones retire pages."""
+        return self.arch.ecc and self.arch.capability >= (8, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class FakeReset:
+    """What ``nvidia-smi --gpu-reset`` would do: take ``seconds`` (None: never end), then exit."""
+
+    seconds: float | None
+    code: int
+    output: str
 
 
 @dataclass(slots=True)

@@ -79,10 +79,9 @@ class NvmlState:
         )
 
     def inject_ecc(self, card: int, double: bool = True) -> None:
-        kind = (
-            _nvml.nvmlEventTypeDoubleBitEccError if double else _nvml.nvmlEventTypeSingleBitEccError
-        )
-        self._push(Event(card, kind, 0))
+        with self._cond:
+            self._ecc_event(card, double)
+            self._cond.notify_all()
 
     def lose(self, card: int) -> None:
         with self._cond:
@@ -139,13 +138,16 @@ class NvmlState:
                 Event(fault.card, _nvml.nvmlEventTypeXidCriticalError, fault.xid or 0, gi, ci)
             )
         else:
-            double = fault.kind is FaultKind.ECC_DOUBLE
-            kind = (
-                _nvml.nvmlEventTypeDoubleBitEccError
-                if double
-                else _nvml.nvmlEventTypeSingleBitEccError
-            )
-            self._events.append(Event(fault.card, kind, 0))
+            ecc = self._cards[fault.card].ecc
+            ecc.remap_pending |= fault.kind is FaultKind.REMAP_PENDING
+            ecc.remap_failure |= fault.kind is FaultKind.REMAP_FAILURE
+            ecc.pages_pending |= fault.kind is FaultKind.PAGES_PENDING
+            self._ecc_event(fault.card, fault.kind is not FaultKind.ECC_SINGLE)
+
+    def _ecc_event(self, card: int, double: bool) -> None:
+        self._cards[card].ecc.count(double)
+        kind = _nvml.nvmlEventTypeDoubleBitEccError if double else _nvml.nvmlEventTypeSingleBitEccError
+        self._events.append(Event(card, kind, 0))
 
     def _down(self) -> bool:
         if self._down_forced:

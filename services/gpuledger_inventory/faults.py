@@ -94,7 +94,7 @@ BUCKET_ACTIONS: Mapping[str, tuple[Action, str]] = {
         "a failed reset or check retires the card for that restart",
     ),
     "RESTART_VM": (Action.DRAIN, "its holders must restart; the card needs no reset"),
-    "CONTACT_SUPPORT": (Action.NO_NEW_WORK, "not expected on current GPUs: no new work until someone looks"),
+    "CONTACT_SUPPORT": (Action.NO_NEW_WORK, 'NVIDIA gives only "contact support": no new work until someone looks'),
     "CHECK_MECHANICALS": (Action.NO_NEW_WORK, "someone must check it by hand; it runs, slowly, meanwhile"),
     "UPDATE_SWFW": (Action.NO_NEW_WORK, "the software must be updated by hand"),
     "WORKFLOW_NVLINK5_ERR": (

@@ -9,6 +9,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from nats.aio.client import Client
 
@@ -22,6 +23,8 @@ from gpuledger_inventory.health import HealthPolicy
 from gpuledger_inventory.kube import KubeNodeApi, KubeSliceApi, NodeApi, SliceApi
 from gpuledger_inventory.nvml import Gpus, NvmlGpus, load_pynvml
 from gpuledger_inventory.publisher import SlicePublisher, sysfs_pcie_root
+from gpuledger_inventory.remediation import RemediationPolicy
+from gpuledger_inventory.repair import Checker, CommandResetter, NvmlChecker, Resetter, Run, run_command, simulated
 from gpuledger_inventory.service import HealthStore, Inventory
 from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.slices import SliceConfig
@@ -54,6 +57,24 @@ def build_gpus(settings: InventorySettings) -> tuple[Gpus, Host]:
         return NvmlGpus(fake, fake.numa_node, "fake"), Host(sim.node.cpu_milli, sim.node.memory_mib, sim.node.labels)
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return NvmlGpus(load_pynvml()), Host((os.cpu_count() or 0) * 1000, pages // MiB)
+
+
+def build_repair(settings: InventorySettings, gpus: Gpus) -> tuple[Resetter, Checker] | None:
+    """Remediation's reset and check (None: remediation is off). On the fake NVML, which has the
+    reset the real library lacks (``gpu_reset``), the fake answers the reset command itself."""
+    if not settings.remediate:
+        return None
+    run: Run = run_command
+    fake: Any = getattr(gpus, "nvml", None)
+    if hasattr(fake, "gpu_reset"):
+
+        def answer(uuid: str) -> tuple[float | None, int, str]:
+            done = fake.gpu_reset(uuid)
+            return done.seconds, done.code, done.output
+
+        run = simulated(answer)
+    resetter = CommandResetter(settings.reset_command, settings.reset_timeout_s, run)
+    return resetter, NvmlChecker(gpus, settings.check_command, settings.reset_timeout_s)
 
 
 async def build_kube(
@@ -115,13 +136,15 @@ async def serve(
         policy = HealthPolicy(settings.faults(), settings.recover_on_nvml_return, settings.recover_after_s)
         store = HealthStore(settings.state_file)
         state = NodeState(NodeName(settings.node), gpus.backend, store.load(policy), host or Host())
+        state.remedies = store.load_remedies(RemediationPolicy(settings.retire_window_s))
         node_api, slice_api = await build_kube(settings, stack, node_api, slice_api)
         name = f"gpuledger-inventory-{settings.node}"
         nc = await lifecycle.nats_client(stack, settings, name, stop, settings.stop_timeout_s)
         if nc is None:
             return
         slices = build_slices(settings, state, slice_api)
-        inventory = Inventory(settings, gpus, state, nc, node_api, store, slices=slices)
+        repair = build_repair(settings, gpus)
+        inventory = Inventory(settings, gpus, state, nc, node_api, store, slices=slices, repair=repair)
         url = await _serve(settings, stack, nc, inventory)
         if on_started is not None:
             on_started(Running(inventory, url))

@@ -49,3 +49,20 @@ SLICE_ERRORS = Counter(
     "gpuledger_inventory_slice_errors_total",
     "DRA mode: ResourceSlice writes that failed or that the API server did not keep as sent",
 )
+REMEDIATION_STEPS = Counter(
+    "gpuledger_inventory_remediation_steps_total",
+    "Cards entering a remediation stage (faulted, quarantined, drained, resetting, checking, serving, retired)",
+    ["stage"],
+)
+_REPAIR_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600)
+FAULT_TO_DRAINED = Histogram(
+    "gpuledger_inventory_fault_to_drained_seconds",
+    "From a card's fault to its last holder and process gone",
+    buckets=_REPAIR_BUCKETS,
+)
+FAULT_TO_BACK = Histogram(
+    "gpuledger_inventory_fault_to_back_seconds",
+    "From a card's fault to back in service after its repair and check (time to repair)",
+    buckets=_REPAIR_BUCKETS,
+)
+RETIRED_CARDS = Gauge("gpuledger_inventory_retired_cards", "Cards retired until an operator acts")

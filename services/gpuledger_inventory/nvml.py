@@ -76,7 +76,7 @@ class Gpus(Protocol):
     def usage(self, scan: Scan) -> Usage: ...
     def watch(self, scan: Scan) -> dict[CardUuid, str]: ...
     def wait(self, timeout_ms: int) -> GpuEvent | None: ...
-    def check(self, uuid: CardUuid) -> tuple[str, ...]: ...
+    def check(self, uuid: CardUuid, reset: bool) -> tuple[str, ...]: ...
 
 
 def sysfs_numa_node(bus_id: str, root: Path = Path("/sys")) -> int | None:
@@ -109,6 +109,11 @@ class NvmlGpus:
         self._scan = Scan(())
         self._events: Any = None
         self._wait_lock = threading.Lock()
+
+    @property
+    def nvml(self) -> Any:
+        """The module object NVML is called through (pynvml, or the fake)."""
+        return self._nvml
 
     # --- calling NVML --------------------------------------------------------------------------
 
@@ -371,10 +376,11 @@ class NvmlGpus:
 
     # --- a card's check, after its repair --------------------------------------------------------
 
-    def check(self, uuid: CardUuid) -> tuple[str, ...]:
-        """What is wrong with the card as NVML sees it (nothing: it passes): it must answer, and
-        have no page retirement or row remap pending and no remapping failure. A query the card
-        does not support is skipped (rows are remapped from Ampere on, pages retired before)."""
+    def check(self, uuid: CardUuid, reset: bool) -> tuple[str, ...]:
+        """What is wrong with the card as NVML sees it (nothing: it passes): it must answer and
+        have no row remapping failure; once ``reset``, no page retirement or row remap pending
+        either (a reset applies them; before one they are expected). A query the card does not
+        support is skipped (rows are remapped from Ampere on, pages retired before)."""
         try:
             h = self._call("nvmlDeviceGetHandleByUUID", uuid)
             self._call("nvmlDeviceGetMemoryInfo", h)
@@ -383,12 +389,13 @@ class NvmlGpus:
         except (_Unknown, self._nvml.NVMLError_InvalidArgument, self._nvml.NVMLError_NotFound) as err:
             return (f"NVML does not answer for the card ({type(err.__cause__ or err).__name__})",)
         problems: list[str] = []
-        if self._maybe("nvmlDeviceGetRetiredPagesPendingStatus", h) == self._nvml.NVML_FEATURE_ENABLED:
+        pages = self._maybe("nvmlDeviceGetRetiredPagesPendingStatus", h) if reset else None
+        if pages == self._nvml.NVML_FEATURE_ENABLED:
             problems.append("a page retirement is pending")
         rows = self._maybe("nvmlDeviceGetRemappedRows", h)
         if rows is not None and rows[3]:
             problems.append("row remapping failed")
-        if rows is not None and rows[2]:
+        if reset and rows is not None and rows[2]:
             problems.append("a row remap is pending")
         return tuple(problems)
 

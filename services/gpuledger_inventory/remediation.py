@@ -4,16 +4,16 @@
     serving -> quarantined -> drained -> [resetting ->] checking -> serving
                                       \\-> retired   (a goal of retire, a failed reset or check)
 
-A fault's *need* (the fault policy's action) sets the card's goal: ``drain`` moves its holders off
-and checks it, ``reset`` also resets it, ``retire`` takes it out once empty. A card that faults
-again within ``retire_window_s`` of coming back is retired once drained, and so is one whose reset
-fails, hangs or is not supported, or whose check fails. A retired card returns only by an
-operator. Any heal of the card's health (an operator's word, or a rule) ends a remediation.
+A fault's *need* (the fault policy's ``Action``, faults.py) sets the card's goal: ``drain`` moves
+its holders off and checks it, ``reset`` also resets it, ``retire`` takes it out once empty. A card
+that faults again within ``retire_window_s`` of coming back is retired once drained, and so is one
+whose reset fails, hangs or is not supported, or whose check fails. A retired card returns only by
+an operator. Any heal of the card's health (an operator's word, or a rule) ends a remediation.
 
-Only the card named by a fault moves: an event NVML could not attribute to one card, NVML's own
-failure, a failed event registration or an operator's mark make a card take no new work, never
-drain it (they would drain the whole node). The book knows nothing of NVML, the ledger or time
-beyond what it is told; ``docs/remediation.md`` tells the rules in words.
+Only the card named by a fault moves: an event NVML could not attribute to one card and NVML's
+own failure make a card take no new work, never drain it (they would drain the whole node).
+The book knows nothing of NVML, the ledger or time beyond what it is told; ``docs/remediation.md``
+tells the rules in words.
 """
 
 from __future__ import annotations
@@ -24,23 +24,13 @@ from typing import Any
 
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.model import Remedy
+from gpuledger_inventory.faults import Action
 from gpuledger_inventory.health import CardHealth, Cause
 
 HISTORY_LIMIT = 20  # steps kept per card
 
 
-class Need(StrEnum):
-    """What a fault needs; the values of the fault policy's ``Action``."""
-
-    APPLICATION = "application"
-    NO_NEW_WORK = "no-new-work"
-    DRAIN = "drain"
-    RESET = "reset"
-    RETIRE = "retire"
-
-
-_RANK = {Need.APPLICATION: 0, Need.NO_NEW_WORK: 1, Need.DRAIN: 2, Need.RESET: 3, Need.RETIRE: 4}
-_ONE_CARD = frozenset({Cause.XID, Cause.ECC, Cause.LOST})  # causes that name the card at fault
+_MANY = frozenset({Cause.EVENT, Cause.NVML})  # causes that fail every card of the node
 
 
 class Stage(StrEnum):
@@ -71,14 +61,12 @@ class ResetOutcome(StrEnum):
     UNSUPPORTED = "unsupported"
 
 
-def need_of(health: CardHealth) -> Need:
-    """What the card's current fault needs: the policy's action where the health book says one,
-    capped at no-new-work for causes that do not name one card; before the policy says, a fault
-    that names the card needs a reset."""
-    if health.cause not in _ONE_CARD:
-        return Need.NO_NEW_WORK if health.cause is not Cause.NONE else Need.APPLICATION
-    action = getattr(health, "action", None)
-    return Need(str(action)) if action else Need.RESET
+def need_of(health: CardHealth) -> Action:
+    """What the card's current fault needs: the fault policy's action, at most no-new-work for a
+    cause that fails every card (an event NVML could not attribute, NVML itself)."""
+    if health.cause in _MANY:
+        return Action.NO_NEW_WORK if health.action.severity >= Action.NO_NEW_WORK.severity else health.action
+    return health.action
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +88,7 @@ class Step:
 @dataclass(frozen=True, slots=True)
 class CardRemedy:
     stage: Stage = Stage.SERVING
-    goal: Need = Need.APPLICATION  # what the current fault needs (drain, reset, retire)
+    goal: Action = Action.APPLICATION  # what the current fault needs (drain, reset, retire)
     since: float = 0.0  # when it entered its stage
     fault_at: float = 0.0  # when the current episode began
     back_at: float | None = None  # when remediation last returned it to service
@@ -131,27 +119,27 @@ class RemediationBook:
 
     # --- a fault -------------------------------------------------------------------------------
 
-    def on_fault(self, uuid: CardUuid, need: Need, reason: str, now: float) -> list[Step]:
+    def on_fault(self, uuid: CardUuid, need: Action, reason: str, now: float) -> list[Step]:
         """The card's health book recorded a fault that needs ``need``."""
         card = self.of(uuid)
-        if need is Need.APPLICATION or card.stage is Stage.RETIRED:
+        if need is Action.APPLICATION or card.stage is Stage.RETIRED:
             return []
         if card.stage in (Stage.SERVING, Stage.FAULTED):
             return self._begin(uuid, card, need, reason, now)
         if card.stage is Stage.CHECKING:
             return self._retire(uuid, f"failed again while checked: {reason}", now)
-        if card.stage is Stage.RESETTING or _RANK[need] <= _RANK[card.goal]:
+        if card.stage is Stage.RESETTING or need.severity <= card.goal.severity:
             return []  # a reset brings its own events; a lesser need changes nothing
         return self._move(uuid, card.stage, f"{reason}: now needs {need.value}", now, goal=need)
 
-    def _begin(self, uuid: CardUuid, card: CardRemedy, need: Need, reason: str, now: float) -> list[Step]:
+    def _begin(self, uuid: CardUuid, card: CardRemedy, need: Action, reason: str, now: float) -> list[Step]:
         fresh = card.stage is Stage.SERVING
         fault_at = now if fresh else card.fault_at
-        if need is Need.NO_NEW_WORK:
+        if need is Action.NO_NEW_WORK:
             return self._move(uuid, Stage.FAULTED, reason, now, goal=need, fault_at=fault_at) if fresh else []
         back = card.back_at
         if back is not None and now - back < self.policy.retire_window_s:
-            need, reason = Need.RETIRE, f"{reason}, {now - back:.0f}s after it came back"
+            need, reason = Action.RETIRE, f"{reason}, {now - back:.0f}s after it came back"
         return self._move(uuid, Stage.QUARANTINED, reason, now, goal=need, fault_at=fault_at)
 
     # --- drained, reset, checked ---------------------------------------------------------------
@@ -162,7 +150,7 @@ class RemediationBook:
         if card.stage is not Stage.QUARANTINED:
             return []
         steps = self._move(uuid, Stage.DRAINED, "no holder and no process", now)
-        if card.goal is Need.RETIRE:
+        if card.goal is Action.RETIRE:
             steps += self._retire(uuid, "drained; its fault retires it", now)
         return steps
 
@@ -171,7 +159,7 @@ class RemediationBook:
         card = self.of(uuid)
         if card.stage is not Stage.DRAINED:
             return None
-        return Stage.RESETTING if card.goal is Need.RESET else Stage.CHECKING
+        return Stage.RESETTING if card.goal is Action.RESET else Stage.CHECKING
 
     def begin(self, uuid: CardUuid, now: float) -> list[Step]:
         """Start the drained card's reset (or, if it needs none, its check)."""
@@ -196,7 +184,7 @@ class RemediationBook:
         return self._move(uuid, Stage.SERVING, "checked: back in service", now, back_at=now)
 
     def _retire(self, uuid: CardUuid, reason: str, now: float) -> list[Step]:
-        return self._move(uuid, Stage.RETIRED, reason, now, goal=Need.RETIRE)
+        return self._move(uuid, Stage.RETIRED, reason, now, goal=Action.RETIRE)
 
     # --- healed, or an operator's word ---------------------------------------------------------
 
@@ -216,7 +204,7 @@ class RemediationBook:
         reason = f"retired by operator:{who}" + (f" ({note})" if note else "")
         if card.stage in (Stage.SERVING, Stage.FAULTED, Stage.QUARANTINED):
             fault_at = now if card.stage is Stage.SERVING else card.fault_at
-            return self._move(uuid, Stage.QUARANTINED, reason, now, goal=Need.RETIRE, fault_at=fault_at)
+            return self._move(uuid, Stage.QUARANTINED, reason, now, goal=Action.RETIRE, fault_at=fault_at)
         return self._retire(uuid, reason, now)
 
     def resume(self, now: float) -> list[Step]:
@@ -254,7 +242,7 @@ def _card_from(uuid: CardUuid, raw: dict[str, Any]) -> CardRemedy:
     back = raw.get("back_at")
     return CardRemedy(
         Stage(raw["stage"]),
-        Need(raw["goal"]),
+        Action(raw["goal"]),
         float(raw["since"]),
         float(raw["fault_at"]),
         None if back is None else float(back),

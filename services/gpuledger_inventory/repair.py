@@ -45,7 +45,7 @@ class Resetter(Protocol):
 
 
 class Checker(Protocol):
-    async def check(self, card: Card) -> tuple[str, ...]: ...
+    async def check(self, card: Card, reset: bool) -> tuple[str, ...]: ...
 
 
 async def run_command(argv: Sequence[str], timeout_s: float) -> Ran:
@@ -120,8 +120,8 @@ class NvmlChecker:
     timeout_s: float = 60.0
     run: Run = run_command
 
-    async def check(self, card: Card) -> tuple[str, ...]:
-        problems = await asyncio.to_thread(self.gpus.check, card.uuid)
+    async def check(self, card: Card, reset: bool) -> tuple[str, ...]:
+        problems = await asyncio.to_thread(self.gpus.check, card.uuid, reset)
         if problems or not self.probe:
             return problems
         ran = await self.run(command_for(self.probe, card), self.timeout_s)

@@ -14,7 +14,8 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ from gpuledger_inventory.kube import NodeApi
 from gpuledger_inventory.labels import label_patch, node_labels
 from gpuledger_inventory.nvml import Gpus, NvmlUnavailable
 from gpuledger_inventory.publisher import SlicePublisher
+from gpuledger_inventory.remediation import RemediationBook, RemediationPolicy, Step, need_of
+from gpuledger_inventory.remediator import Remediator, record_metrics
+from gpuledger_inventory.repair import Checker, Resetter
 from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.state import NodeState, same_content
 
@@ -43,27 +47,54 @@ class _Rescan(Exception):
     """The card configuration changed (MIG); scan again."""
 
 
+class _Release(Exception):
+    """A card's reset needs NVML let go of; open it again once the reset is done."""
+
+
+@dataclass(slots=True)
+class _Hold:
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class HealthStore:
-    """The health book on disk, so a restart never turns a card healthy silently."""
+    """The health book and the remediation book on disk, so a restart never turns a card healthy
+    silently and resumes a card's repair where it was."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path) if path else None
 
-    def load(self, policy: HealthPolicy) -> HealthBook:
+    def _raw(self) -> dict[str, Any]:
         if self.path is None or not self.path.exists():
-            return HealthBook(policy)
+            return {}
         try:
-            return HealthBook.from_json(json.loads(self.path.read_text()), policy)
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            raw = json.loads(self.path.read_text())
+        except (OSError, ValueError) as err:
+            raise InvalidArgument("state_file", f"cannot read {self.path}: {err}") from err
+        if not isinstance(raw, dict):
+            raise InvalidArgument("state_file", f"cannot read {self.path}: not an object")
+        return raw
+
+    def load(self, policy: HealthPolicy) -> HealthBook:
+        try:
+            return HealthBook.from_json(self._raw(), policy)
+        except (ValueError, KeyError, TypeError) as err:
             raise InvalidArgument("state_file", f"cannot read {self.path}: {err}") from err
 
-    def save(self, book: HealthBook) -> None:
+    def load_remedies(self, policy: RemediationPolicy) -> RemediationBook:
+        try:
+            return RemediationBook.from_json(self._raw().get("remediation", {}), policy)
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise InvalidArgument("state_file", f"cannot read the remediation in {self.path}: {err}") from err
+
+    def save(self, book: HealthBook, remedies: RemediationBook | None = None) -> None:
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".health-")
+        body = book.to_json() | ({"remediation": remedies.to_json()} if remedies is not None else {})
         with os.fdopen(fd, "w") as out:
-            json.dump(book.to_json(), out)
+            json.dump(body, out)
         os.replace(tmp, self.path)
 
 
@@ -78,6 +109,7 @@ class Inventory:
         store: HealthStore | None = None,
         clock: Callable[[], float] = time.time,
         slices: SlicePublisher | None = None,
+        repair: tuple[Resetter, Checker] | None = None,
     ) -> None:
         self.settings, self.gpus, self.state, self.nc = settings, gpus, state, nc
         self.slices = slices  # DRA mode: the node's ResourceSlices follow every publication
@@ -89,6 +121,12 @@ class Inventory:
         self._seq = 0
         self._last: dict[str, Any] | None = None
         self._last_at = float("-inf")
+        self._hold: _Hold | None = None  # a reset waits for NVML to be let go of
+        self._lent = False  # NVML is closed for a reset
+        self._opened = asyncio.Event()
+        self.remediator = (
+            None if repair is None else Remediator(self, *repair, clock=clock, interval_s=settings.poll_interval_s)
+        )
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -101,18 +139,25 @@ class Inventory:
             if self.slices is not None:
                 tg.create_task(self.slices.run(), name="slices")
                 tg.create_task(self.slices.follow(), name="slices-watch")
-                tg.create_task(self._holders_loop(self.slices), name="holders")
+            if self.slices is not None or self.remediator is not None:
+                tg.create_task(self._holders_loop(), name="holders")
+            if self.remediator is not None:
+                tg.create_task(self.remediator.run(), name="remediation")
 
     async def close(self) -> None:
         await asyncio.to_thread(self.gpus.close)
 
-    async def _holders_loop(self, slices: SlicePublisher) -> None:
-        """DRA mode: follow the node's ledger, so that the slices taint the cards that pods or tools
-        outside DRA hold and say each card's isolation tier (``SlicePublisher.set_ledger``)."""
+    async def _holders_loop(self) -> None:
+        """Follow the node's ledger: in DRA mode the slices taint the cards that pods or tools
+        outside DRA hold and say each card's isolation tier (``SlicePublisher.set_ledger``); the
+        remediation drains a card once nobody holds it."""
         store = await open_ledger(self.nc, None)
         async with contextlib.aclosing(node_ledger(store, self.settings.node)) as ledgers:
             async for ledger in ledgers:
-                slices.set_ledger(ledger)
+                if self.slices is not None:
+                    self.slices.set_ledger(ledger)
+                if self.remediator is not None:
+                    self.remediator.set_ledger(ledger)
 
     # --- NVML ----------------------------------------------------------------------------------
 
@@ -124,6 +169,9 @@ class Inventory:
                 backoff = 0.5
                 await self._watch_events()
             except _Rescan:
+                continue
+            except _Release:
+                await self._lend_nvml()
                 continue
             except NvmlUnavailable as err:
                 await self._nvml_down(str(err))
@@ -149,9 +197,11 @@ class Inventory:
         metrics.NVML_UP.set(1)
         self.state.labels = node_labels(self.state.scan or scan)
         self._labels_changed.set()
+        self._opened.set()
         await self._record(transitions)
 
     async def _nvml_down(self, error: str) -> None:
+        self._opened.clear()
         log.error("NVML failed, every card is unhealthy until it answers again: %s", error)
         metrics.NVML_UP.set(0)
         metrics.NVML_FAILURES.inc()
@@ -163,6 +213,8 @@ class Inventory:
         while True:
             if self._nvml_failed:
                 raise NvmlUnavailable(self._nvml_failed)
+            if self._hold is not None:
+                raise _Release()
             event = await asyncio.to_thread(self.gpus.wait, wait_ms)
             if event is None:
                 await self._record(self.state.book.tick(self.clock()))
@@ -173,7 +225,10 @@ class Inventory:
         if event.kind is EventKind.MIG_CHANGE:
             log.info("MIG configuration changed on %s; scanning again", event.uuid)
             raise _Rescan()
-        transitions = self.state.book.on_event(event, self.state.uuids(), self.clock())
+        now = self.clock()
+        transitions = self.state.book.on_event(event, self.state.uuids(), now)
+        if not transitions:
+            await self._changed_remedy(self._fault_under_repair(event, now), [])
         acted = "yes" if transitions else "no"
         metrics.HEALTH_EVENTS.labels(kind=event.kind.value, acted=acted).inc()
         log.info(
@@ -181,12 +236,54 @@ class Inventory:
         )
         await self._record(transitions)
 
+    # --- lending NVML to a reset ----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def nvml_released(self) -> AsyncIterator[None]:
+        """NVML closed by this service while the body runs (a reset is refused while a client holds
+        the card); the NVML loop opens it again and scans afresh once the body is done."""
+        hold = self._hold = _Hold()
+        try:
+            await hold.released.wait()
+            yield
+        finally:
+            self._hold = None
+            hold.done.set()
+
+    async def nvml_ready(self) -> None:
+        await self._opened.wait()
+
+    async def _lend_nvml(self) -> None:
+        hold = self._hold
+        self._opened.clear()
+        self._lent = True
+        try:
+            await asyncio.to_thread(self.gpus.close)
+            if hold is not None:
+                hold.released.set()
+                await hold.done.wait()
+        finally:
+            self._lent = False
+
+    def _fault_under_repair(self, event: GpuEvent, now: float) -> list[Step]:
+        """A fault on a card the health book already holds unhealthy records no transition; one
+        under remediation may still need more (a fault while it is checked retires it)."""
+        if self.remediator is None or event.uuid is None:
+            return []
+        if self.state.remedies.of(event.uuid).stage.value in ("serving", "faulted"):
+            return []
+        scratch = HealthBook(self.state.book.policy)
+        if not scratch.on_event(event, [event.uuid], now):
+            return []
+        found = scratch.of(event.uuid)
+        return self.remediator.observe_fault(event.uuid, need_of(found), found.reason, now)
+
     # --- usage ---------------------------------------------------------------------------------
 
     async def _poll_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.poll_interval_s)
-            if self.state.nvml_ok and not self._nvml_failed:
+            if self.state.nvml_ok and not self._nvml_failed and not self._lent:
                 await self._poll_once()
 
     async def _poll_once(self) -> None:
@@ -207,6 +304,8 @@ class Inventory:
                 metrics.CARD_MEMORY_USED.labels(uuid=card.uuid).set(card.memory_used_mib)
         await self._record(self.state.apply_usage(usage, self.clock()))
         self._changed.set()
+        if self.remediator is not None:
+            self.remediator.poke()
 
     # --- health records ------------------------------------------------------------------------
 
@@ -226,9 +325,31 @@ class Inventory:
             }
             await self._send("health", inventory_api.health_subject(self.state.name), body)
         self._update_health_gauges()
-        if transitions:
-            await asyncio.to_thread(self.store.save, self.state.book)
+        steps = self.remediator.observe(transitions) if self.remediator is not None else []
+        if steps:
+            await self._changed_remedy(steps, [])
+        elif transitions:
+            await self._save()
             await self._publish_now()
+
+    async def changed(self, steps: list[Step], transitions: list[Transition]) -> None:
+        """The remediation moved (``Host`` of the remediator): record, save and publish."""
+        await self._changed_remedy(steps, transitions)
+
+    async def _changed_remedy(self, steps: list[Step], transitions: list[Transition]) -> None:
+        for step in steps:
+            level = logging.ERROR if step.stage.value == "retired" else logging.WARNING
+            log.log(level, "card %s: remediation %s (%s)", step.uuid, step.stage.value, step.reason)
+        record_metrics(steps, self.state.remedies)
+        if transitions:
+            await self._record(transitions)  # saves and publishes
+        elif steps:
+            await self._save()
+            await self._publish_now()
+
+    async def _save(self) -> None:
+        remedies = self.state.remedies if self.remediator is not None else None
+        await asyncio.to_thread(self.store.save, self.state.book, remedies)
 
     def _update_health_gauges(self) -> None:
         for info in self.state.scan.cards if self.state.scan else ():
@@ -321,8 +442,16 @@ class Inventory:
                 f"no card {request.get('uuid') or request.get('index')} on node {self.state.name}"
             )
         note = str(request.get("note") or "")
-        transitions = self.state.book.set(CardUuid(info.uuid), healthy, who, note, self.clock())
+        retire = request.get("retire", False)
+        if not isinstance(retire, bool) or (retire and healthy):
+            raise InvalidArgument("retire", "must be true or false, and true only with healthy false")
+        if retire and self.remediator is None:
+            raise InvalidArgument("retire", f"remediation is off on node {self.state.name}")
+        now = self.clock()
+        transitions = self.state.book.set(CardUuid(info.uuid), healthy, who, note, now)
         await self._record(transitions)
+        if retire:
+            await self._changed_remedy(self.state.remedies.retire(CardUuid(info.uuid), who, note, now), [])
         h = self.state.book.of(info.uuid)
         card = {
             "uuid": info.uuid,
@@ -331,8 +460,9 @@ class Inventory:
             "reason": h.reason,
             "since": h.since,
             "by": h.by,
+            "remediation": self.state.remedies.of(CardUuid(info.uuid)).stage.value,
         }
-        return {"card": card, "changed": bool(transitions)}
+        return {"card": card, "changed": bool(transitions) or retire}
 
     async def get(self, request: Any) -> dict[str, Any]:
         return self.state.message(self.clock())

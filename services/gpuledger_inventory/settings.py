@@ -46,6 +46,12 @@ class InventorySettings(KubeClientSettings):
         True, "dra: kube-scheduler binds a claim's pod only once the ledger committed it"
     )
     dra_resync_s: float = option(30.0, "dra: how often the slices are read back and mended (kubelet deletes them)")
+    remediate: bool = option(False, "repair failing cards: drain, reset, check, return or retire (docs/remediation.md)")
+    reset_command: str = option("nvidia-smi --gpu-reset -i {uuid}", "remediate: resets a card ({uuid} {index} {bus_id})"
+                                )  # fmt: skip
+    reset_timeout_s: float = option(120.0, "remediate: a reset or probe running longer is killed")
+    retire_window_s: float = option(3600.0, "remediate: a card that fails again this soon after coming back is retired")
+    check_command: str = option("", "remediate: a probe run after NVML's check, e.g. a short allocation (empty: none)")
     log_level: str = option("info", "debug, info, warning or error")
     log_format: str = option("text", "text or json")
     stop_timeout_s: float = option(10.0, "how long each part may take to stop")
@@ -59,6 +65,9 @@ class InventorySettings(KubeClientSettings):
         require(0 <= self.http_port <= 65535, "http_port", f"must be 0..65535, got {self.http_port}")
         require(self.recover_after_s >= 0, "recover_after_s", "must not be negative")
         require(self.stop_timeout_s > 0, "stop_timeout_s", "must be positive")
+        require(self.reset_timeout_s > 0, "reset_timeout_s", "must be positive")
+        require(self.retire_window_s >= 0, "retire_window_s", "must not be negative")
+        require(not self.remediate or bool(self.reset_command.strip()), "reset_command", "is required to remediate")
         self.faults()
         self._check_dra()
         levels = ("debug", "info", "warning", "error")

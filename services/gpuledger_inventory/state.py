@@ -14,6 +14,7 @@ from gpuledger_core.ids import CardUuid, NodeName
 from gpuledger_core.model import Card, Node
 from gpuledger_inventory.health import HealthBook, Transition, transition_to
 from gpuledger_inventory.inventory import CardInfo, CardUsage, Scan, Usage
+from gpuledger_inventory.remediation import RemediationBook
 
 SCHEMA = 1
 
@@ -37,6 +38,7 @@ class NodeState:
     nvml_error: str = "not started"
     nvml_since: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
+    remedies: RemediationBook = field(default_factory=RemediationBook)
 
     def apply_scan(self, scan: Scan, now: float) -> list[Transition]:
         """Take a new scan; a card that answers GpuIsLost keeps its last known description."""
@@ -73,7 +75,8 @@ class NodeState:
 
     def card(self, info: CardInfo) -> Card:
         health = self.book.of(info.uuid)
-        return replace(info.card, health=health.health, health_reason=health.reason)
+        remedy = self.remedies.of(info.uuid).remedy
+        return replace(info.card, health=health.health, health_reason=health.reason, remedy=remedy)
 
     def node(self) -> Node:
         scan = self.scan or Scan(())

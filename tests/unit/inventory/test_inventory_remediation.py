@@ -9,10 +9,10 @@ import pytest
 
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.model import Health, Remedy
+from gpuledger_inventory.faults import Action
 from gpuledger_inventory.health import CardHealth, Cause
 from gpuledger_inventory.remediation import (
     HISTORY_LIMIT,
-    Need,
     RemediationBook,
     RemediationPolicy,
     ResetOutcome,
@@ -26,7 +26,7 @@ A, B = CardUuid("GPU-a"), CardUuid("GPU-b")
 Input = Callable[[RemediationBook, float], object]
 
 
-def fault(need: Need, uuid: CardUuid = A) -> Input:
+def fault(need: Action, uuid: CardUuid = A) -> Input:
     return lambda book, now: book.on_fault(uuid, need, f"XID for {need.value}", now)
 
 
@@ -58,12 +58,12 @@ def resume(book: RemediationBook, now: float) -> object:
     return book.resume(now)
 
 
-RESET_AND_BACK = [fault(Need.RESET), empty, begin, reset(ResetOutcome.OK), check()]
+RESET_AND_BACK = [fault(Action.RESET), empty, begin, reset(ResetOutcome.OK), check()]
 
 SCENARIOS: dict[str, tuple[list[Input], list[Stage]]] = {
-    "an application's fault leaves the card alone": ([fault(Need.APPLICATION)], []),
+    "an application's fault leaves the card alone": ([fault(Action.APPLICATION)], []),
     "no new work: faulted until healed": (
-        [fault(Need.NO_NEW_WORK), empty, begin, healed("operator:ops")],
+        [fault(Action.NO_NEW_WORK), empty, begin, healed("operator:ops")],
         [Stage.FAULTED, Stage.SERVING],
     ),
     "reset: drained, reset, checked, back": (
@@ -71,62 +71,62 @@ SCENARIOS: dict[str, tuple[list[Input], list[Stage]]] = {
         [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.CHECKING, Stage.SERVING],
     ),
     "drain: drained, checked without a reset, back": (
-        [fault(Need.DRAIN), empty, begin, check()],
+        [fault(Action.DRAIN), empty, begin, check()],
         [Stage.QUARANTINED, Stage.DRAINED, Stage.CHECKING, Stage.SERVING],
     ),
     "retire: drained, then retired without a reset": (
-        [fault(Need.RETIRE), empty, begin],
+        [fault(Action.RETIRE), empty, begin],
         [Stage.QUARANTINED, Stage.DRAINED, Stage.RETIRED],
     ),
     "a card with holders stays quarantined": (
-        [fault(Need.RESET), begin, reset(ResetOutcome.OK), check()],
+        [fault(Action.RESET), begin, reset(ResetOutcome.OK), check()],
         [Stage.QUARANTINED],
     ),
     "a failed reset retires": (
-        [fault(Need.RESET), empty, begin, reset(ResetOutcome.FAILED)],
+        [fault(Action.RESET), empty, begin, reset(ResetOutcome.FAILED)],
         [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.RETIRED],
     ),
     "a hung reset retires": (
-        [fault(Need.RESET), empty, begin, reset(ResetOutcome.HUNG)],
+        [fault(Action.RESET), empty, begin, reset(ResetOutcome.HUNG)],
         [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.RETIRED],
     ),
     "a reset the card does not support retires": (
-        [fault(Need.RESET), empty, begin, reset(ResetOutcome.UNSUPPORTED)],
+        [fault(Action.RESET), empty, begin, reset(ResetOutcome.UNSUPPORTED)],
         [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.RETIRED],
     ),
     "a failed check retires": (
-        [fault(Need.RESET), empty, begin, reset(ResetOutcome.OK), check("row remapping pending")],
+        [fault(Action.RESET), empty, begin, reset(ResetOutcome.OK), check("row remapping pending")],
         [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.CHECKING, Stage.RETIRED],
     ),
     "a fault while checked retires": (
-        [fault(Need.DRAIN), empty, begin, fault(Need.DRAIN), check()],
+        [fault(Action.DRAIN), empty, begin, fault(Action.DRAIN), check()],
         [Stage.QUARANTINED, Stage.DRAINED, Stage.CHECKING, Stage.RETIRED],
     ),
     "a greater need raises the goal, a lesser one does not": (
-        [fault(Need.DRAIN), fault(Need.NO_NEW_WORK), fault(Need.RESET), empty, begin],
+        [fault(Action.DRAIN), fault(Action.NO_NEW_WORK), fault(Action.RESET), empty, begin],
         [Stage.QUARANTINED, Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING],
     ),
     "a fault that needs a drain moves a faulted card on": (
-        [fault(Need.NO_NEW_WORK), fault(Need.DRAIN)],
+        [fault(Action.NO_NEW_WORK), fault(Action.DRAIN)],
         [Stage.FAULTED, Stage.QUARANTINED],
     ),
     "events of the reset itself change nothing": (
-        [fault(Need.RESET), empty, begin, fault(Need.RESET)],
+        [fault(Action.RESET), empty, begin, fault(Action.RESET)],
         [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING],
     ),
     "a second fault within the window retires once drained": (
-        [*RESET_AND_BACK, fault(Need.DRAIN), empty],
+        [*RESET_AND_BACK, fault(Action.DRAIN), empty],
         [
             *(Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.CHECKING, Stage.SERVING),
             *(Stage.QUARANTINED, Stage.DRAINED, Stage.RETIRED),
         ],
     ),
     "a retired card stays retired whatever comes": (
-        [fault(Need.RETIRE), empty, fault(Need.RESET), empty, begin, healed("rule:recover-after")],
+        [fault(Action.RETIRE), empty, fault(Action.RESET), empty, begin, healed("rule:recover-after")],
         [Stage.QUARANTINED, Stage.DRAINED, Stage.RETIRED, Stage.SERVING],
     ),
     "an operator's heal ends a remediation at any stage": (
-        [fault(Need.RESET), empty, healed("operator:ops")],
+        [fault(Action.RESET), empty, healed("operator:ops")],
         [Stage.QUARANTINED, Stage.DRAINED, Stage.SERVING],
     ),
     "an operator retires a serving card: drained first": (
@@ -134,7 +134,7 @@ SCENARIOS: dict[str, tuple[list[Input], list[Stage]]] = {
         [Stage.QUARANTINED, Stage.DRAINED, Stage.RETIRED],
     ),
     "a restart in the middle of a reset does it again": (
-        [fault(Need.RESET), empty, begin, resume, begin, reset(ResetOutcome.OK)],
+        [fault(Action.RESET), empty, begin, resume, begin, reset(ResetOutcome.OK)],
         [Stage.QUARANTINED, Stage.DRAINED, Stage.RESETTING, Stage.DRAINED, Stage.RESETTING, Stage.CHECKING],
     ),
 }
@@ -153,22 +153,22 @@ def test_a_fault_after_the_window_is_a_new_episode() -> None:
     book = RemediationBook(RemediationPolicy(retire_window_s=600))
     for i, step in enumerate(RESET_AND_BACK):
         step(book, 100.0 + i)
-    [again] = book.on_fault(A, Need.DRAIN, "XID 48", 104.0 + 600)
-    assert (again.stage, book.of(A).goal, again.took_s) == (Stage.QUARANTINED, Need.DRAIN, 0.0)
+    [again] = book.on_fault(A, Action.DRAIN, "XID 48", 104.0 + 600)
+    assert (again.stage, book.of(A).goal, again.took_s) == (Stage.QUARANTINED, Action.DRAIN, 0.0)
 
 
 def test_an_operator_s_return_forgets_the_window() -> None:
     book = RemediationBook(RemediationPolicy(retire_window_s=600))
-    for i, step in enumerate([*RESET_AND_BACK, fault(Need.DRAIN), empty]):
+    for i, step in enumerate([*RESET_AND_BACK, fault(Action.DRAIN), empty]):
         step(book, 100.0 + i)
     book.on_healed(A, "operator:ops", 110.0)
-    book.on_fault(A, Need.DRAIN, "XID 48", 111.0)
-    assert book.of(A).goal is Need.DRAIN
+    book.on_fault(A, Action.DRAIN, "XID 48", 111.0)
+    assert book.of(A).goal is Action.DRAIN
 
 
 def test_steps_say_the_time_since_the_fault() -> None:
     book = RemediationBook()
-    book.on_fault(A, Need.RESET, "XID 79", 10.0)
+    book.on_fault(A, Action.RESET, "XID 79", 10.0)
     [drained] = book.on_empty(A, 25.0)
     book.begin(A, 26.0)
     book.on_reset(A, ResetOutcome.OK, "", 30.0)
@@ -197,7 +197,7 @@ def test_each_stage_publishes_its_remedy(stage: Stage, remedy: Remedy) -> None:
 def test_a_storm_on_one_card_never_moves_another() -> None:
     book = RemediationBook()
     for i in range(1000):
-        book.on_fault(A, Need.RESET if i % 2 else Need.DRAIN, f"XID {i}", float(i))
+        book.on_fault(A, Action.RESET if i % 2 else Action.DRAIN, f"XID {i}", float(i))
     assert book.of(A).stage is Stage.QUARANTINED and book.of(B).stage is Stage.SERVING
     assert len(book.of(A).history) == 2  # the fault, and the one that raised its need
     assert set(book.cards) == {A}
@@ -206,14 +206,14 @@ def test_a_storm_on_one_card_never_moves_another() -> None:
 def test_a_card_s_history_is_bounded() -> None:
     book = RemediationBook()
     for i in range(50):
-        book.on_fault(A, Need.DRAIN, "XID 48", 2.0 * i)
+        book.on_fault(A, Action.DRAIN, "XID 48", 2.0 * i)
         book.on_healed(A, "operator:ops", 2.0 * i + 1)
     assert len(book.of(A).history) == HISTORY_LIMIT
 
 
 def test_the_book_survives_a_restart() -> None:
     book = RemediationBook()
-    for i, step in enumerate([fault(Need.RESET), empty, begin]):
+    for i, step in enumerate([fault(Action.RESET), empty, begin]):
         step(book, 100.0 + i)
     again = RemediationBook.from_json(book.to_json(), book.policy)
     before, after = book.of(A), again.of(A)
@@ -223,17 +223,16 @@ def test_the_book_survives_a_restart() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cause", "need"),
+    ("cause", "action", "need"),
     [
-        (Cause.XID, Need.RESET),
-        (Cause.LOST, Need.RESET),
-        (Cause.ECC, Need.RESET),
-        (Cause.EVENT, Need.NO_NEW_WORK),
-        (Cause.NVML, Need.NO_NEW_WORK),
-        (Cause.REGISTRATION, Need.NO_NEW_WORK),
-        (Cause.OPERATOR, Need.NO_NEW_WORK),
-        (Cause.NONE, Need.APPLICATION),
+        (Cause.XID, Action.RESET, Action.RESET),
+        (Cause.LOST, Action.RESET, Action.RESET),
+        (Cause.ECC, Action.DRAIN, Action.DRAIN),
+        (Cause.OPERATOR, Action.RETIRE, Action.RETIRE),
+        (Cause.REGISTRATION, Action.NO_NEW_WORK, Action.NO_NEW_WORK),
+        (Cause.EVENT, Action.RESET, Action.NO_NEW_WORK),
+        (Cause.NVML, Action.DRAIN, Action.NO_NEW_WORK),
     ],
 )
-def test_only_a_fault_that_names_the_card_drains_it(cause: Cause, need: Need) -> None:
-    assert need_of(CardHealth(Health.UNHEALTHY, cause, "XID 79", 1.0, cause.value)) is need
+def test_a_fault_that_fails_every_card_never_drains_one(cause: Cause, action: Action, need: Action) -> None:
+    assert need_of(CardHealth(Health.UNHEALTHY, cause, "why", 1.0, cause.value, action)) is need

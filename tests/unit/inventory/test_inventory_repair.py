@@ -45,24 +45,25 @@ def uuid(fake: FakeNvml, index: int) -> CardUuid:
 
 def test_a_pending_row_remap_fails_the_check_until_a_reset_applies_it() -> None:
     fake, gpus = fake_of("h100-sxm-8", "    faults:\n      - {at: 1, card: 2, kind: remap_pending}\n")
-    assert gpus.check(uuid(fake, 2)) == ()
+    assert gpus.check(uuid(fake, 2), True) == ()
     fake.advance(1)
-    assert gpus.check(uuid(fake, 2)) == ("a row remap is pending",)
+    assert gpus.check(uuid(fake, 2), False) == ()  # expected before a reset, which applies it
+    assert gpus.check(uuid(fake, 2), True) == ("a row remap is pending",)
     h = fake.nvmlDeviceGetHandleByUUID(uuid(fake, 2))
     assert fake.nvmlDeviceGetTotalEccErrors(h, 1, pynvml.NVML_VOLATILE_ECC) == 1
     assert fake.gpu_reset(uuid(fake, 2)).code == 0
     assert fake.nvmlDeviceGetRemappedRows(h) == (0, 1, 0, 0)
     assert fake.nvmlDeviceGetTotalEccErrors(h, 1, pynvml.NVML_VOLATILE_ECC) == 0
     assert fake.nvmlDeviceGetTotalEccErrors(h, 1, pynvml.NVML_AGGREGATE_ECC) == 1
-    assert gpus.check(uuid(fake, 2)) == ()
-    assert gpus.check(uuid(fake, 3)) == ()
+    assert gpus.check(uuid(fake, 2), True) == ()
+    assert gpus.check(uuid(fake, 3), True) == ()
 
 
 def test_a_failed_remap_stays_after_a_reset() -> None:
     fake, gpus = fake_of("a100-sxm-8", "    faults:\n      - {at: 0, card: 0, kind: remap_failure}\n")
     fake.advance(0)
     fake.gpu_reset(uuid(fake, 0))
-    assert gpus.check(uuid(fake, 0)) == ("row remapping failed",)
+    assert gpus.check(uuid(fake, 0), True) == ("row remapping failed",)
 
 
 def test_older_cards_retire_pages_and_do_not_remap_rows() -> None:
@@ -71,7 +72,7 @@ def test_older_cards_retire_pages_and_do_not_remap_rows() -> None:
     h = fake.nvmlDeviceGetHandleByUUID(uuid(fake, 1))
     with pytest.raises(pynvml.NVMLError_NotSupported):
         fake.nvmlDeviceGetRemappedRows(h)
-    assert gpus.check(uuid(fake, 1)) == ("a page retirement is pending",)
+    assert gpus.check(uuid(fake, 1), True) == ("a page retirement is pending",)
     fake.gpu_reset(uuid(fake, 1))
     assert fake.nvmlDeviceGetRetiredPagesPendingStatus(h) == pynvml.NVML_FEATURE_DISABLED
 
@@ -82,18 +83,18 @@ def test_cards_without_ecc_answer_not_supported_and_pass() -> None:
     for call in (fake.nvmlDeviceGetRetiredPagesPendingStatus, fake.nvmlDeviceGetRemappedRows):
         with pytest.raises(pynvml.NVMLError_NotSupported):
             call(h)
-    assert gpus.check(uuid(fake, 0)) == ()
+    assert gpus.check(uuid(fake, 0), True) == ()
 
 
 def test_a_lost_card_fails_the_check_and_comes_back_after_a_reset_unless_scripted_not_to() -> None:
     fake, gpus = fake_of("h100-sxm-8", "    resets:\n      - {card: 5, returns: false}\n")
     fake.lose(4)
     fake.lose(5)
-    assert gpus.check(uuid(fake, 4)) == ("NVML says the card is lost",)
+    assert gpus.check(uuid(fake, 4), True) == ("NVML says the card is lost",)
     assert fake.gpu_reset(uuid(fake, 4)).code == 0
-    assert gpus.check(uuid(fake, 4)) == ()
+    assert gpus.check(uuid(fake, 4), True) == ()
     assert fake.gpu_reset(uuid(fake, 5)).code != 0
-    assert gpus.check(uuid(fake, 5)) == ("NVML says the card is lost",)
+    assert gpus.check(uuid(fake, 5), True) == ("NVML says the card is lost",)
     with pytest.raises(pynvml.NVMLError_NotFound):
         fake.nvmlDeviceGetHandleByUUID("GPU-nope")
 
@@ -183,9 +184,9 @@ def _answer(fake: FakeNvml) -> Callable[[str], tuple[float | None, int, str]]:
 async def test_the_probe_runs_only_once_nvml_finds_nothing_wrong() -> None:
     fake, gpus = fake_of("h100-sxm-8")
     card = Card(uuid(fake, 1), 1, "m", 10)
-    assert await NvmlChecker(gpus, f"{sys.executable} -c 'raise SystemExit(4)'", 5.0).check(card) == (
+    assert await NvmlChecker(gpus, f"{sys.executable} -c 'raise SystemExit(4)'", 5.0).check(card, True) == (
         "the probe failed (exit 4)",
     )
-    assert await NvmlChecker(gpus, "true", 5.0).check(card) == ()
+    assert await NvmlChecker(gpus, "true", 5.0).check(card, True) == ()
     fake.lose(1)
-    assert await NvmlChecker(gpus, "false", 5.0).check(card) == ("NVML says the card is lost",)
+    assert await NvmlChecker(gpus, "false", 5.0).check(card, True) == ("NVML says the card is lost",)

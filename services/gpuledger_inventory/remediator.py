@@ -161,4 +161,3 @@ def record_metrics(steps: list[Step], book: RemediationBook) -> None:
         elif step.stage is Stage.SERVING and step.reason.startswith("checked"):
             metrics.FAULT_TO_BACK.observe(step.took_s)
     metrics.RETIRED_CARDS.set(len(book.in_stage(Stage.RETIRED)))
-

@@ -14,7 +14,7 @@ from gpuledger_core.ids import CardUuid, NodeName
 from gpuledger_core.model import Card, Node
 from gpuledger_inventory.health import HealthBook, Transition, transition_to
 from gpuledger_inventory.inventory import CardInfo, CardUsage, Scan, Usage
-from gpuledger_inventory.remediation import RemediationBook
+from gpuledger_inventory.remediation import RemediationBook, step_to
 
 SCHEMA = 1
 
@@ -128,10 +128,7 @@ class NodeState:
                     for m in info.mig
                 ],
             },
-            "processes": [
-                {"pid": p.pid, "used_mib": p.used_mib, "mig_uuid": p.mig_uuid}
-                for p in usage.processes
-            ],
+            "processes": [{"pid": p.pid, "used_mib": p.used_mib, "mig_uuid": p.mig_uuid} for p in usage.processes],
             "health": {
                 "state": health.health.value,
                 "cause": health.cause.value,
@@ -140,7 +137,12 @@ class NodeState:
                 "by": health.by,
                 "action": health.action.value,
             },
+            "remediation": self._remediation(info),
         }
+
+    def _remediation(self, info: CardInfo) -> dict[str, Any]:
+        card = self.remedies.of(info.uuid)
+        return {"stage": card.stage.value, "since": card.since, "history": [step_to(s) for s in card.history]}
 
     def message(self, now: float) -> dict[str, Any]:
         return {"node": codec.node_to(self.node()), "at": now, "extra": self.extra()}

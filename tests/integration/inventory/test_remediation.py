@@ -1,0 +1,112 @@
+"""Remediation on a real nats-server with the allocator: a failing card is drained, reset, checked
+and back in service, the node's other cards untouched; a second fault within the window retires it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client
+
+from gpuledger_common import bus, inventory_api
+from gpuledger_core.errors import Unavailable
+from gpuledger_dev.fake_nvml import FakeNvml, ManualClock
+from gpuledger_dev.fleet import parse_fleet
+from gpuledger_dev.fleet_script import node_script
+from gpuledger_dev.natsserver import NatsServer
+from gpuledger_inventory.app import serve
+from gpuledger_inventory.nvml import NvmlGpus
+from gpuledger_inventory.state import Host
+from gpuledger_proto.gpuledger.allocator import v1 as pb
+from tests.support.replicas import RunningAllocator, running_allocator, wait_for
+
+from .test_inventory_service import settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+FLEET = """
+nodes:
+  - name: gpu-a
+    profile: h100-sxm-8
+    processes:
+      - {card: 2, pid: 4242, memory_mib: 1000}
+    resets:
+      - {card: 2, result: ok, seconds: 0.2}
+"""
+
+
+@contextlib.asynccontextmanager
+async def inventory(url: str, fake: FakeNvml, state_file: Path) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    gpus = NvmlGpus(fake, fake.numa_node, "fake")
+    config = settings(url, remediate=True, reset_timeout_s=5.0, state_file=str(state_file))
+    task = asyncio.create_task(serve(config, gpus=gpus, host=Host(224000, 2097152), stop=stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+@pytest.fixture
+async def allocator(nats_server: NatsServer) -> AsyncIterator[RunningAllocator]:
+    async with running_allocator(nats_server.url, stale_after_s=1.5) as running:
+        yield running
+
+
+async def cards(api: pb.AllocatorStub) -> dict[int, pb.CardStatus]:
+    reply = await api.get_cluster(pb.GetClusterRequest(node="gpu-a"))
+    return {c.index: c for c in reply.nodes[0].cards} if reply.nodes else {}
+
+
+async def test_a_card_is_drained_reset_checked_and_back_then_retired_on_a_second_fault(
+    nats_server: NatsServer, allocator: RunningAllocator, tmp_path: Path
+) -> None:
+    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    api = allocator.stub()
+    async with inventory(nats_server.url, fake, tmp_path / "health.json"):
+        await wait_for(lambda: _with(api, 2, health="healthy"), what="gpu-a in the ledger")
+        fake.inject_xid(2, 79)
+        two = await wait_for(lambda: _with(api, 2, remedy="drain"), what="card 2 to be drained")
+        assert two.health == "unhealthy"
+        assert fake.calls.get("gpu_reset", 0) == 0  # a process still runs on it
+
+        fake.set_processes(2, [])  # its holder is gone
+        back = await wait_for(lambda: _with(api, 2, health="healthy", remedy=""), what="card 2 back")
+        assert back.health_reason == "" and fake.calls["gpu_reset"] == 1
+        others = await cards(api)
+        assert all(c.health == "healthy" and c.remedy == "" for i, c in others.items() if i != 2)
+
+        fake.inject_xid(2, 79)  # again, well within the window
+        retired = await wait_for(lambda: _with(api, 2, remedy="retired"), what="card 2 retired")
+        assert retired.health == "unhealthy" and fake.calls["gpu_reset"] == 1
+
+    # a restart keeps it retired: the remediation is saved with the health book
+    async with inventory(nats_server.url, fake, tmp_path / "health.json"):
+        nc = await bus.connect(nats_server.url, "test")
+        try:
+            said = await wait_for(lambda: _asked(nc), what="the restarted inventory")
+        finally:
+            await nc.close()
+        two = next(c for c in said["extra"]["cards"] if c["index"] == 2)
+        stages = [step["stage"] for step in two["remediation"]["history"]]
+        repaired = ["quarantined", "drained", "resetting", "checking", "serving"]
+        assert stages == [*repaired, "quarantined", "drained", "retired"]
+        assert said["node"]["cards"][2]["remedy"] == "retired"
+
+
+async def _asked(nc: Client) -> Any:
+    with contextlib.suppress(Unavailable):
+        return await bus.request(nc, inventory_api.get_subject("gpu-a"), {})
+    return None
+
+
+async def _with(api: pb.AllocatorStub, index: int, **want: str) -> pb.CardStatus | None:
+    card = (await cards(api)).get(index)
+    if card is None or any(getattr(card, k) != v for k, v in want.items()):
+        return None
+    return card

@@ -28,6 +28,7 @@ from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.binder import Binder
 from gpuledger_placement.claim_allocator import ClaimAllocator
 from gpuledger_placement.claims import ClaimsController
+from gpuledger_placement.drainer import Drainer
 from gpuledger_placement.hosts import HostUsage, follow
 from gpuledger_placement.http2 import ExtenderServer, Verb
 from gpuledger_placement.kube import KubePodApi, NoPodApi, PodApi
@@ -213,6 +214,8 @@ async def _serve(
                 )
             parts.extender.preemptor = preemptor
             stack.push_async_callback(preemptor.stop)
+        if settings.drain == "on":  # the holders of a card whose remedy is drain are evicted
+            lifecycle.background(stack, tasks, Drainer(pods, parts.view).run())
         if settings.dra_claims != "off":  # the ledger decides DRA allocations
             claims = ClaimsController(pods, store, parts.view, memory_step_mib=settings.dra_memory_step_mib)
             lifecycle.background(stack, tasks, claims.run(optional=settings.dra_claims == "auto"))

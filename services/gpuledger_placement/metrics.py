@@ -65,3 +65,12 @@ CLAIM_COMMIT_SECONDS = Histogram(
     "From a claim's allocationTimestamp to its gpuledger.io/committed condition written",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
+DRAIN_EVICTIONS = Counter(
+    "gpuledger_placement_drain_evictions_total",
+    'Pods holding a card whose remedy is drain (docs/remediation.md, "Draining a card"), by result: evicted, '
+    "refused (a budget, the API server busy: tried again after a back-off), gone (before its eviction)",
+    ["result"],
+)
+CARDS_DRAINING = Gauge(
+    "gpuledger_placement_draining_cards", "Cards whose remedy is drain in the ledger, whose holders placement evicts"
+)

@@ -1,5 +1,5 @@
-"""An Event about a pod, as placement records one (mode C's allocator, the preemptor): the body
-and the collection it is created in. Pure."""
+"""An Event about a pod or a Node, as placement records one (mode C's allocator, the preemptor,
+the drainer): the body and the collection it is created in. Pure."""
 
 from __future__ import annotations
 
@@ -23,3 +23,17 @@ def pod_event(pod: Mapping[str, Any], reason: str, message: str, kind: str, at: 
         "source": {"component": "gpuledger-placement"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
     }  # fmt: skip
     return f"/api/v1/namespaces/{meta['namespace']}/events", body
+
+
+def node_event(node: str, reason: str, message: str, kind: str, at: float) -> tuple[str, dict[str, Any]]:
+    """The events collection of the namespace ``default``, and an Event of ``kind`` about the Node
+    ``node``, stamped ``at``. As kubelet's own, the reference's uid is the node's name (``kubectl
+    describe node`` looks for that and for the Node's uid), so no Node needs to be read."""
+    now = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    body = {
+        "metadata": {"generateName": f"{node}.", "namespace": "default"},
+        "involvedObject": {"kind": "Node", "apiVersion": "v1", "name": node, "uid": node},
+        "reason": reason, "message": message[:MESSAGE_LIMIT], "type": kind,
+        "source": {"component": "gpuledger-placement"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }  # fmt: skip
+    return "/api/v1/namespaces/default/events", body

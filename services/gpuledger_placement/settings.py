@@ -93,6 +93,12 @@ class PlacementSettings(KubeClientSettings):
     defrag_max_moves: int = option(2, "pods defragmentation may move for one pod")
     defrag_moves_per_hour: int = option(10, "pods defragmentation may move per hour (each placement replica)")
     defrag_cooldown_s: float = option(3600.0, "a controller whose pod was moved has none moved again for this long")
+    drain: str = option(
+        "on",
+        'draining failing cards (docs/remediation.md, "Draining a card"): evict the pods holding a card its '
+        "node's inventory marked remedy drain (Eviction API, PodDisruptionBudgets respected, refusals tried again "
+        "with a back-off); the inventory asks only where remediation is on: on or off",
+    )
     dra_memory_step_mib: int = option(256, "the inventory's dra_memory_step_mib: the slices' memory grid")
     nats_queue: str = option("placement", "NATS queue group of the placement subjects")
     stop_timeout_s: float = option(10.0, "how long in-flight requests may take to finish at shutdown")
@@ -157,6 +163,7 @@ class PlacementSettings(KubeClientSettings):
         require(1 <= self.defrag_max_moves <= 64, "defrag_max_moves", "must be 1..64")
         require(0 <= self.defrag_moves_per_hour <= 10_000, "defrag_moves_per_hour", "must be 0..10000")
         require(0 <= self.defrag_cooldown_s <= 7 * 86400, "defrag_cooldown_s", "must be 0..604800 seconds")
+        require(self.drain in ("on", "off"), "drain", f"must be on or off, got {self.drain!r}")
         require(1 <= self.dra_memory_step_mib <= 65536, "dra_memory_step_mib", "must be 1..65536")
         require(self.stale_after_s >= 0, "stale_after_s", "must not be negative")
         require(self.workload_window >= 1, "workload_window", "must be at least 1")

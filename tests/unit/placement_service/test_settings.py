@@ -62,6 +62,7 @@ def test_the_assumption_ttl_reaches_the_service() -> None:
         (["--defrag-max-moves", "0"], "defrag_max_moves"),
         (["--defrag-moves-per-hour", "-1"], "defrag_moves_per_hour"),
         (["--defrag-cooldown-s", "-5"], "defrag_cooldown_s"),
+        (["--drain", "maybe"], "drain"),
     ],
 )
 def test_bad_values_name_the_field(flags: list[str], field: str) -> None:

@@ -13,6 +13,7 @@ from gpuledger_core.model import (
     AllocState,
     Card,
     CardShare,
+    Drain,
     Grant,
     Health,
     Isolation,
@@ -126,7 +127,19 @@ def allocation_to(a: Allocation) -> pb.Allocation:
         updated_at=a.updated_at,
         lease_expires_at=a.lease_expires_at or 0.0,
         reason=a.reason,
+        drain=drain_to(a.drain) if a.drain is not None else None,
     )
+
+
+def drain_to(d: Drain) -> pb.Drain:
+    return pb.Drain(card=d.card, card_index=d.card_index, since=d.since, release_at=d.release_at, reason=d.reason)
+
+
+def drain_from(m: pb.Drain | None) -> Drain | None:
+    """None when unset (a drain always names its card)."""
+    if m is None or not m.card:
+        return None
+    return Drain(CardUuid(m.card), m.card_index, m.since, m.release_at, m.reason)
 
 
 def allocation_from(m: pb.Allocation) -> Allocation:
@@ -141,6 +154,7 @@ def allocation_from(m: pb.Allocation) -> Allocation:
         updated_at=m.updated_at,
         lease_expires_at=m.lease_expires_at or None,
         reason=m.reason,
+        drain=drain_from(m.drain),
     )
 
 

@@ -21,6 +21,7 @@ from gpuledger_core.model import (
     AllocState,
     Card,
     CardShare,
+    Drain,
     Grant,
     Health,
     Isolation,
@@ -327,7 +328,7 @@ def grant_from(r: Reader) -> Grant:
 
 
 def allocation_to(a: Allocation) -> Json:
-    return {
+    out: Json = {
         "id": a.id,
         "owner": owner_to(a.owner),
         "node": a.node,
@@ -340,6 +341,29 @@ def allocation_to(a: Allocation) -> Json:
         "requests": [request_to(q) for q in a.requests],
         "reason": a.reason,
     }
+    if a.drain is not None:  # written only when set: other allocations' values are as before
+        out["drain"] = drain_to(a.drain)
+    return out
+
+
+def drain_to(d: Drain) -> Json:
+    return {
+        "card": d.card,
+        "card_index": d.card_index,
+        "since": d.since,
+        "release_at": d.release_at,
+        "reason": d.reason,
+    }
+
+
+def drain_from(r: Reader) -> Drain:
+    return Drain(
+        CardUuid(r.text("card")),
+        r.integer("card_index"),
+        r.number("since"),
+        r.number("release_at"),
+        r.text("reason", ""),
+    )
 
 
 def allocation_from(r: Reader) -> Allocation:
@@ -355,6 +379,7 @@ def allocation_from(r: Reader) -> Allocation:
         lease_expires_at=r.opt_number("lease_expires_at"),
         requests=r.items("requests", request_from),
         reason=r.text("reason", ""),
+        drain=drain_from(r.obj("drain")) if r.raw.get("drain") is not None else None,
     )
 
 

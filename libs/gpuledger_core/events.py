@@ -16,6 +16,8 @@ class EventKind(StrEnum):
     RELEASED = "released"
     NODE = "node"  # the node's inventory (cards, health, links) changed
     NODE_REMOVED = "node_removed"
+    DRAIN = "drain"  # a tool's allocation is on a card being repaired: released at its drain's release_at
+    DRAIN_CANCELLED = "drain_cancelled"  # the card is serving again before that: the allocation stays
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,9 @@ def diff(old: NodeLedger | None, new: NodeLedger | None, revision: int) -> tuple
     before = {a.id: a for a in old.allocations} if old else {}
     for allocation in new.allocations:
         previous = before.get(allocation.id)
+        drained = _drain_change(previous, allocation)
+        if drained is not None:
+            events.append(LedgerEvent(drained, name, revision, allocation=allocation))
         if previous is None or previous.state is not allocation.state:
             kind = _KIND_OF_STATE[allocation.state]
             events.append(LedgerEvent(kind, name, revision, allocation=allocation))
@@ -54,3 +59,15 @@ def diff(old: NodeLedger | None, new: NodeLedger | None, revision: int) -> tuple
             gone = replace(allocation, state=AllocState.RELEASED, lease_expires_at=None, reason="forgotten")
             events.append(LedgerEvent(EventKind.RELEASED, name, revision, allocation=gone))
     return tuple(events)
+
+
+def _drain_change(previous: Allocation | None, allocation: Allocation) -> EventKind | None:
+    """``DRAIN`` when the allocation is marked for a drain (or first seen live and marked, as in a
+    watch's snapshot), ``DRAIN_CANCELLED`` when its mark goes while it is live; else None."""
+    before = previous.drain if previous is not None else None
+    if allocation.drain is not None and before is None:
+        was_live = previous.live if previous is not None else allocation.live
+        return EventKind.DRAIN if was_live else None
+    if before is not None and allocation.drain is None and allocation.live:
+        return EventKind.DRAIN_CANCELLED
+    return None

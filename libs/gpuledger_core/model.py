@@ -185,6 +185,18 @@ class Grant:
 
 
 @dataclass(frozen=True, slots=True)
+class Drain:
+    """A tool's allocation on a card whose holders must move off (docs/remediation.md, "Tools on a
+    draining card"): its owner was told at ``since``; the allocator releases it at ``release_at``."""
+
+    card: CardUuid
+    card_index: int
+    since: float
+    release_at: float
+    reason: str  # names the card and its fault
+
+
+@dataclass(frozen=True, slots=True)
 class Allocation:
     id: AllocationId
     owner: Owner
@@ -197,6 +209,7 @@ class Allocation:
     lease_expires_at: float | None = None
     requests: tuple[Request, ...] = field(default=())
     reason: str = ""
+    drain: Drain | None = None  # being drained off a failing card (tools only)
 
     @property
     def live(self) -> bool:

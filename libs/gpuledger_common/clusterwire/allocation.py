@@ -28,7 +28,7 @@ from gpuledger_common.clusterwire.wire import (
 )
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.fit import ContainerAsk
-from gpuledger_core.model import Allocation, CardShare, Grant, Owner, Request
+from gpuledger_core.model import Allocation, CardShare, Drain, Grant, Owner, Request
 
 # --- writing ---
 
@@ -67,6 +67,18 @@ def allocation_bytes(a: Allocation) -> bytes:
     double(out, 8, a.updated_at)
     double(out, 9, a.lease_expires_at or 0.0)
     text(out, 10, a.reason)
+    if a.drain is not None:
+        message(out, 11, drain_bytes(a.drain))
+    return b"".join(out)
+
+
+def drain_bytes(d: Drain) -> bytes:
+    out: list[bytes] = []
+    text(out, 1, d.card)
+    number(out, 2, d.card_index)
+    double(out, 3, d.since)
+    double(out, 4, d.release_at)
+    text(out, 5, d.reason)
     return b"".join(out)
 
 

@@ -14,6 +14,7 @@ from gpuledger_core.model import (
     AllocState,
     Card,
     CardShare,
+    Drain,
     Grant,
     Health,
     Isolation,
@@ -80,6 +81,7 @@ allocations = st.builds(
     lease_expires_at=st.none() | times,
     requests=st.lists(requests, max_size=2).map(tuple),
     reason=texts,
+    drain=st.none() | st.builds(Drain, names.map(CardUuid), st.integers(0, 15), times, times, texts),
 )
 ledgers = st.builds(NodeLedger, nodes, st.lists(allocations, max_size=3).map(tuple))
 events = st.builds(

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.events import LedgerEvent
-from gpuledger_core.ids import CardUuid
+from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Allocation, Card, Health, Node, Remedy
+from gpuledger_core.model import Allocation, Card, Drain, Health, Node, Owner, OwnerKind, Remedy
 from gpuledger_core.status import NodeStatus
 
 from . import strategies as s
@@ -187,6 +187,17 @@ def test_a_card_s_remedy_is_written_only_while_it_has_one() -> None:
     assert codec.card_from(codec.Reader(codec.card_to(drained))) == drained
     with pytest.raises(InvalidArgument, match="remedy"):
         codec.card_from(codec.Reader({**codec.card_to(card), "remedy": "mend"}))
+
+
+def test_an_allocation_s_drain_is_written_only_while_it_has_one() -> None:
+    allocation = Allocation(AllocationId("a"), Owner(OwnerKind.TOOL, "ci"), NodeName("n"), ())
+    assert "drain" not in codec.allocation_to(allocation)
+    drained = replace(allocation, drain=Drain(CardUuid("GPU-0"), 0, 10.0, 310.0, "card 0 (GPU-0) ...: XID 79"))
+    assert codec.allocation_to(drained)["drain"]["release_at"] == 310.0
+    assert codec.allocation_from(codec.Reader(_wire(codec.allocation_to(drained)))) == drained
+    with pytest.raises(InvalidArgument, match=r"drain\.since"):
+        bad = {"card": "GPU-0", "card_index": 0, "since": "x"}
+        codec.allocation_from(codec.Reader({**codec.allocation_to(drained), "drain": bad}))
 
 
 def _node_raw(name: str, links: list[dict[str, Any]]) -> dict[str, Any]:

@@ -83,6 +83,21 @@ class Allocation(betterproto.Message):
     updated_at: float = betterproto.double_field(8)
     lease_expires_at: float = betterproto.double_field(9)
     reason: str = betterproto.string_field(10)
+    drain: "Drain" = betterproto.message_field(11)
+
+
+@dataclass(eq=False, repr=False)
+class Drain(betterproto.Message):
+    """
+    A tool's allocation on a card whose holders must move off: the allocator releases it at
+     release_at unless its owner releases it first. Cleared if the card serves again before then.
+    """
+
+    card: str = betterproto.string_field(1)
+    card_index: int = betterproto.uint32_field(2)
+    since: float = betterproto.double_field(3)
+    release_at: float = betterproto.double_field(4)
+    reason: str = betterproto.string_field(5)
 
 
 @dataclass(eq=False, repr=False)

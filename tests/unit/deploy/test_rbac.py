@@ -38,7 +38,8 @@ PERMISSIONS: dict[str, set[Grant]] = {
     # The extender's bind: read the pod, record the decision in its gpuledger.io/allocation
     # annotation, create its Binding. The guard (gpuledger_placement/hosts.py): list and watch
     # Nodes (allocatable) and bound pods (requests). Preemption (gpuledger_placement/preemptor.py):
-    # evict the victims, list PodDisruptionBudgets, record Events.
+    # evict the victims, list PodDisruptionBudgets, record Events. Draining a failing card
+    # (gpuledger_placement/drainer.py): evict its pods, record Events on them and on the Node.
     "gpuledger-placement": {
         ("*", "", "pods/eviction", "create", "*"),
         ("*", "policy", "poddisruptionbudgets", "list", "*"),

@@ -175,7 +175,7 @@ class Drainer:
     async def _pods_of(self, allocation: Allocation) -> list[PodRef]:
         owner = allocation.owner
         if owner.kind is OwnerKind.POD:
-            return [PodRef(owner.namespace, owner.name, owner.id)]
+            return [PodRef(owner.namespace, owner.name, owner.id)] if owner.namespace and owner.name else []
         self._seen.add(owner.id)
         if self.clock() < self._not_before.get(owner.id, float("-inf")):
             return self._claim_pods.get(owner.id, [])

@@ -9,7 +9,7 @@ restarts and replicas, and ``drain_tools`` applied twice is applied once.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from gpuledger_core.ids import CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger, release
@@ -70,16 +70,29 @@ def next_release(ledger: NodeLedger) -> float | None:
     return min(due, default=None)
 
 
-def changes(old: NodeLedger | None, new: NodeLedger | None) -> tuple[list[Allocation], list[Allocation]]:
-    """The allocations a write marked for a drain, and those it released for one."""
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What one write did to tool drains."""
+
+    told: tuple[Allocation, ...] = ()  # marked: their owners are told
+    released: tuple[Allocation, ...] = ()  # released at their drain's release_at
+    cancelled: tuple[Allocation, ...] = ()  # unmarked: their card serves again
+
+
+def changes(old: NodeLedger | None, new: NodeLedger | None) -> Changes:
+    """The allocations a write marked for a drain, released for one, or unmarked."""
     before = {a.id: a for a in old.allocations} if old is not None else {}
-    told, released = [], []
+    told, released, cancelled = [], [], []
     for a in new.allocations if new is not None else ():
         previous = before.get(a.id)
-        if a.drain is None or previous is None or not previous.live:
+        if previous is None or not previous.live:
+            continue
+        if a.drain is None:
+            if previous.drain is not None and a.live:
+                cancelled.append(a)
             continue
         if previous.drain is None:
             told.append(a)
         if not a.live and a.reason == release_reason(a.drain):
             released.append(a)
-    return told, released
+    return Changes(tuple(told), tuple(released), tuple(cancelled))

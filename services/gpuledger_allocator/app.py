@@ -1,4 +1,5 @@
-"""Wiring: NATS, the ledger store, the view, the APIs, the sweeper, the reconciler and the ops endpoints."""
+"""Wiring: NATS, the ledger store, the view, the APIs, the sweeper, the tool drains, the reconciler and
+the ops endpoints."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from gpuledger_allocator.podcache import PodCache
 from gpuledger_allocator.reconciler import Reconciler
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
+from gpuledger_allocator.tool_drains import ToolDrains
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import lifecycle
 from gpuledger_common.entry import stop_on_signals
@@ -91,6 +93,8 @@ async def _serve(
         log.info("gpuledger-allocator told to stop while the ledger was still loading")
         return False
     lifecycle.background(stack, tasks, _sweep(service, settings.sweep_interval_s))
+    drains = ToolDrains(store, view, settings.tool_drain_grace_s)
+    lifecycle.background(stack, tasks, drains.run(settings.sweep_interval_s))
     if pods is not None:
         cache = PodCache(pods, settings.reconcile_relist_s)
         reconciler = Reconciler(store, view, pods, cache, settings.reconcile_grace_s)

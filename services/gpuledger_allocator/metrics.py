@@ -229,3 +229,12 @@ PLACEMENT_ANSWERS = Counter(
     "ahead of it (ahead), or the built-in fit while placement does not answer (builtin)",
     ["source"],
 )
+
+# --- tools on a draining card (docs/remediation.md) ---
+
+TOOL_DRAINS = Counter(
+    "gpuledger_allocator_tool_drains_total",
+    "Tool allocations on a card under repair: told (marked; the owner is told), released (at the end of "
+    "the grace), cancelled (the card served again first); counted by the replica whose write did it",
+    ["result"],
+)

@@ -43,6 +43,11 @@ class AllocatorSettings(KubeClientSettings):
         "let mps and none tenants share a card (off: a card held by one isolation tier takes no sharer of the "
         "other; placement's setting must match)",
     )
+    tool_drain_grace_s: float = option(
+        300.0,
+        "how long a tool holding a card under repair is given to let it go, from when it is told, before "
+        "its allocation is released (0: at once)",
+    )
     cas_attempts: int = option(12, "compare-and-set attempts per ledger change before giving up")
     ledger_retry_s: float = option(
         RETRY_S,
@@ -111,6 +116,7 @@ class AllocatorSettings(KubeClientSettings):
         require(
             1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}"
         )
+        require(0 <= self.tool_drain_grace_s <= 86400, "tool_drain_grace_s", "must be 0..86400 seconds")
         require(self.cas_attempts >= 1, "cas_attempts", "must be at least 1")
         require(0 <= self.ledger_retry_s <= 60, "ledger_retry_s", "must be 0..60 seconds")
         require(self.bucket_replicas in (1, 3, 5), "bucket_replicas", "must be 1, 3 or 5")

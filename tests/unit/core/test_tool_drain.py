@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from gpuledger_core.events import EventKind, diff
 from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Allocation, AllocState, Grant, Health, Owner, OwnerKind, Remedy
-from gpuledger_core.tool_drain import changes, drain_tools, next_release
+from gpuledger_core.tool_drain import Changes, changes, drain_tools, next_release
 
 from . import strategies as s
 from .builders import allocation, node, share
@@ -90,7 +90,7 @@ def test_it_is_released_at_release_at_naming_the_card_and_the_fault() -> None:
     assert drain_tools(released, 500.0, GRACE) is released  # released twice: once
     assert next_release(released) is None
     assert [e.kind for e in diff(marked, released, 3)] == [EventKind.RELEASED]
-    assert changes(marked, released) == ([], [t])
+    assert changes(marked, released) == Changes(released=(t,))
 
 
 def test_a_grace_of_zero_tells_and_releases_at_once() -> None:
@@ -98,14 +98,14 @@ def test_a_grace_of_zero_tells_and_releases_at_once() -> None:
     after = drain_tools(before, 100.0, 0.0)
     assert after.allocations[0].state is AllocState.RELEASED
     assert [e.kind for e in diff(before, after, 2)] == [EventKind.DRAIN, EventKind.RELEASED]
-    assert changes(before, after) == ([after.allocations[0]], [after.allocations[0]])
+    assert changes(before, after) == Changes(told=after.allocations, released=after.allocations)
 
 
 def test_a_tool_that_releases_first_is_not_released_again() -> None:
     marked = drain_tools(repairing(four(tool("t", 1)), 1), 100.0, GRACE)
     own = release(marked, marked.allocations[0].id, 150.0, "done")
     assert drain_tools(own, 1000.0, GRACE) is own
-    assert changes(marked, own) == ([], [])
+    assert changes(marked, own) == Changes()
 
 
 def test_a_card_serving_again_before_the_release_cancels_the_drain() -> None:
@@ -114,6 +114,7 @@ def test_a_card_serving_again_before_the_release_cancels_the_drain() -> None:
     kept = drain_tools(healed, 200.0, GRACE)
     assert kept.allocations[0].drain is None and kept.allocations[0].live
     assert [e.kind for e in diff(healed, kept, 4)] == [EventKind.DRAIN_CANCELLED]
+    assert changes(healed, kept) == Changes(cancelled=kept.allocations)
 
 
 def test_a_watch_s_snapshot_repeats_the_drain_of_a_live_allocation_only() -> None:

@@ -31,7 +31,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,6 +47,7 @@ from gpuledger_core.model import Allocation
 from gpuledger_core.packing import NodeState, Policy
 from gpuledger_core.preemption import room_held
 from gpuledger_core.slots import slot_problem
+from gpuledger_placement.claim_fields import pod_owner
 from gpuledger_placement.claims import (
     ALLOCATED_BY_LEDGER,
     RESOURCE,
@@ -60,7 +61,7 @@ from gpuledger_placement.host_fit import host_refusal
 from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.metrics import CLAIMS_ALLOCATED
 from gpuledger_placement.pod_events import pod_event
-from gpuledger_placement.preemption_note import victim_left
+from gpuledger_placement.preemption_note import preemption_of, victim_left
 from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,7 @@ PODS = "/api/v1/pods"
 CLASSES = f"{RESOURCE}/deviceclasses"
 JSON_PATCH = "application/json-patch+json"
 RETRY_S = 5.0
+CONCURRENCY = 64  # pods settled at once: each holds its slot through four API calls and a ledger write
 CHANGE_RETRY_S = 0.5  # the first back-off of a waiting pod, doubled on each try up to retry_s
 EVENT_REPEAT_S = 60.0  # the same event on the same pod, at most this often
 CLASSES_TTL_S = 10.0
@@ -83,6 +85,12 @@ class AllocatorApi(ClaimApi, Protocol):
 
     async def patch_object(self, path: str, body: Any, content_type: str) -> dict[str, Any]: ...
     async def create_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Early:
+    task: asyncio.Task[None]
+    ask: ClaimAsk
 
 
 def gated(pod: Mapping[str, Any]) -> bool:
@@ -98,7 +106,7 @@ class ClaimAllocator:
     hosts: HostUsage | None = None  # the cluster's Nodes (CPU, memory); None: not followed
     clock: Callable[[], float] = time.time
     retry_s: float = RETRY_S
-    concurrency: int = 16
+    concurrency: int = CONCURRENCY
     _latest: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)  # pod uid -> newest (None: gone)
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _classes: tuple[float, dict[str, Mapping[str, Any]]] = (float("-inf"), {})
@@ -106,12 +114,15 @@ class ClaimAllocator:
     _changes: int = 0  # the view's changes so far: a waiting pod is tried again after one
     _waiting: dict[str, asyncio.Event] = field(default_factory=dict)  # pod uid -> set to end its wait
     _on_change: set[str] = field(default_factory=set)  # waiting pods past their back-off: a change ends the wait
+    _early: dict[str, _Early] = field(default_factory=dict)  # claim uid -> its allocation begun on its creation
+    _pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # pod uid -> its newest gated version
     _told: dict[str, tuple[str, float]] = field(default_factory=dict)  # pod uid -> its last event's reason, when
     preempt: Callable[[Mapping[str, Any], ClaimAsk, list[str]], None] | None = None  # ``Preemptor.consider_claim``
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
         self.view.watch(self._changed)
+        self.claims.cache.on_added = self._claim_added
 
     def _changed(self, node: str) -> None:
         self._changes += 1
@@ -159,6 +170,10 @@ class ClaimAllocator:
         if not uid or (not gone and not gated(pod)) or (gone and uid not in self._busy):
             return
         self._latest[uid] = None if gone else pod
+        if gone:
+            self._pods.pop(uid, None)
+        else:
+            self._pods[uid] = pod
         if uid in self._waiting:
             self._waiting[uid].set()
         if uid not in self._busy:
@@ -188,6 +203,7 @@ class ClaimAllocator:
                         self._latest[uid] = await self._fresh(pod)
         finally:
             del self._busy[uid]
+            self._pods.pop(uid, None)
             self._told.pop(uid, None)
 
     async def _wait(self, uid: str, backoff: float) -> None:
@@ -198,6 +214,8 @@ class ClaimAllocator:
         woken = self._waiting[uid] = asyncio.Event()
         seen, until = self._changes, loop.time() + self.retry_s
         try:
+            if uid in self._latest:
+                return  # a newer version came while the last one was settled
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), backoff)
             if uid in self._latest or self._changes != seen:
@@ -222,6 +240,7 @@ class ClaimAllocator:
         created yet, or one that fits nowhere now)."""
         names = claim_names(pod)
         if names is None:
+            await self._mode_c_classes()  # known when the claim comes, to allocate it at once
             return False  # a template's claim is not created yet: its pod will change
         namespace = str(pod["metadata"]["namespace"])
         left = await victim_left(pod, self._get_pod)
@@ -233,20 +252,24 @@ class ClaimAllocator:
         for name in names:
             path = claim_path(ClaimRef(namespace, name, ""))
             raw = self.claims.cache.seen(namespace, name) or await self.api.get_object(path)  # the watch's, else read
-            if (raw.get("status") or {}).get("allocation"):
+            early = self._early.pop(claims.ref_of(raw).uid, None)
+            if early is None and (raw.get("status") or {}).get("allocation"):
                 ours = claims.results_of(raw, self.claims.driver)
                 if ours and claims.ref_of(raw).owner.key not in self.view.holders:
                     return False  # not in the ledger (yet, or any more: preempted, it is deallocated first)
                 continue  # allocated already (a shared claim, or an earlier round)
+            if early is None:
+                try:
+                    ask = claim_ask(raw, classes, self.claims.driver, self.claims.memory_step_mib)
+                except InvalidArgument as err:
+                    await self._event(pod, "GpuledgerLeftToScheduler", f"{err}; kube-scheduler allocates it")
+                    continue
+                if ask is None:
+                    continue
+            else:
+                ask = early.ask
             try:
-                ask = claim_ask(raw, classes, self.claims.driver, self.claims.memory_step_mib)
-            except InvalidArgument as err:
-                await self._event(pod, "GpuledgerLeftToScheduler", f"{err}; kube-scheduler allocates it")
-                continue
-            if ask is None:
-                continue
-            try:
-                await self._allocate(pod, raw, ask, classes)
+                await (early.task if early is not None else self._allocate(pod, raw, ask, classes))
                 written.append(raw)
             except Exhausted as err:
                 await self._event(pod, "GpuledgerUnschedulable", f"the ledger cannot allocate the claim now: {err}")
@@ -305,6 +328,7 @@ class ClaimAllocator:
             return reserve(forget(ledger, allocation.id), allocation, mix_isolation=self.view.mix_isolation)
 
         self.claims.allocating.add(ref.uid)
+        finalized = asyncio.create_task(self._finalize(ref, raw))  # beside the compare-and-set, not after it
         try:
             for _ in range(CHOICE_ROUNDS):  # claims placed at once fill a node the view still shows free
                 ledgers = self._held_room(ref, now) or [
@@ -324,12 +348,15 @@ class ClaimAllocator:
                     continue
                 if written.new is not None:
                     self.view.apply(node, written.new, written.revision)
+                    self.claims.written_here[ref.uid] = planned["allocation"].id
                 break
             else:
                 raise Exhausted(f"{ref.describe()}: the nodes chosen for it kept filling up before it was written")
-            await self._write(ref, raw, planned["status"], pod, planned["allocation"])
+            await self._write(ref, finalized, planned["status"], pod, planned["allocation"])
         finally:
             self.claims.allocating.discard(ref.uid)
+            with contextlib.suppress(GpuledgerError):
+                await finalized  # its failure, if any, failed the write (or the claim stays unallocated)
         allocation = planned["allocation"]
         CLAIMS_ALLOCATED.inc()
         log.info(
@@ -337,21 +364,71 @@ class ClaimAllocator:
             ref.describe(), allocation.node, ",".join(str(s.index) for s in allocation.shares()), _describe(pod),
         )  # fmt: skip
 
-    async def _write(
-        self, ref: ClaimRef, raw: Mapping[str, Any], status: dict[str, Any], pod: Mapping[str, Any], held: Allocation
-    ) -> None:
-        """The claim's finalizer, then its allocation, reserved for the pod as kube-scheduler's
-        PreBind would reserve it (which then finds nothing to write). kube-controller-manager keeps
-        the reservation while the pod may still run, and drops it once the pod is gone or deleted
-        before being scheduled. If the API server refuses either write, the claim as it is now
-        decides (``ClaimsController.withdraw``): this entry is released unless the claim was
-        allocated meanwhile (by another replica: the ledger then follows that allocation)."""
+    def _claim_added(self, raw: Mapping[str, Any]) -> None:
+        """A claim just created for a gated pod this allocator waits on: kube-controller-manager
+        makes it from the pod's template, then names it in the pod's status. It is allocated now,
+        while kube-controller-manager writes the pod, rather than after; the pod's gate is lifted
+        once its status names the claim (``settle`` takes this allocation's outcome). Not for a pod
+        that waits for victims of preemption to end (``victim_left``), nor before the device
+        classes are known."""
+        meta = raw.get("metadata") or {}
+        pod = self._pods.get(pod_owner(raw))
+        if pod is None or meta.get("deletionTimestamp") or (raw.get("status") or {}).get("allocation"):
+            return
+        at, classes = self._classes
+        if self.clock() - at >= CLASSES_TTL_S or preemption_of(pod) is not None:
+            return
         try:
-            body = copy.deepcopy(dict(raw))
-            finalizers = body["metadata"].setdefault("finalizers", [])
-            if FINALIZER not in finalizers:
-                finalizers.append(FINALIZER)
-                body = await self.api.replace_object(claim_path(ref), body)
+            ask = claim_ask(raw, classes, self.claims.driver, self.claims.memory_step_mib)
+        except InvalidArgument:
+            return  # said by settle, which leaves it to kube-scheduler
+        if ask is None:
+            return
+        uid = claims.ref_of(raw).uid
+        if uid in self.claims.allocating or uid in self._early:
+            return  # its pod's status named it first: settle allocates it
+        task = asyncio.create_task(self._allocate(pod, raw, ask, classes))
+        self._early[uid] = _Early(task, ask)
+        task.add_done_callback(lambda t: asyncio.get_running_loop().call_later(WRITING_S, self._forget, uid, t))
+
+    def _forget(self, uid: str, task: asyncio.Task[None]) -> None:
+        """An early allocation no settle took (its pod went): its outcome dropped; the claims
+        controller settles what it left (the claim deleted with its pod, its entry released)."""
+        if (early := self._early.get(uid)) is not None and early.task is task:
+            del self._early[uid]
+        if not task.cancelled():
+            task.exception()
+
+    async def _finalize(self, ref: ClaimRef, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """The claim with gpuledger's finalizer, written (where it lacks it) while the ledger's
+        compare-and-set runs: the claim cannot be deleted under an allocation the ledger holds. A
+        finalizer left on a claim that then fits nowhere does no harm: the claims controller
+        removes it when the claim is deleted (``ClaimsController._unfinalized``), and a claim that
+        is not allocated is never taken for mode C's."""
+        body = copy.deepcopy(dict(raw))
+        finalizers = body["metadata"].setdefault("finalizers", [])
+        if FINALIZER in finalizers:
+            return body
+        finalizers.append(FINALIZER)
+        return await self.api.replace_object(claim_path(ref), body)
+
+    async def _write(
+        self,
+        ref: ClaimRef,
+        finalized: Awaitable[dict[str, Any]],
+        status: dict[str, Any],
+        pod: Mapping[str, Any],
+        held: Allocation,
+    ) -> None:
+        """The claim's allocation once its finalizer is written, reserved for the pod as
+        kube-scheduler's PreBind would reserve it (which then finds nothing to write).
+        kube-controller-manager keeps the reservation while the pod may still run, and drops it once
+        the pod is gone or deleted before being scheduled. If the API server refuses either write,
+        the claim as it is now decides (``ClaimsController.withdraw``): this entry is released unless
+        the claim was allocated meanwhile (by another replica: the ledger then follows that
+        allocation)."""
+        try:
+            body = await finalized
             meta = pod["metadata"]
             reserved = [r for r in (body.get("status") or {}).get("reservedFor") or [] if r.get("uid") != meta["uid"]]
             reserved.append({"resource": "pods", "name": meta["name"], "uid": meta["uid"]})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,7 @@ from gpuledger_placement import claim_fields as fields
 class ClaimCache:
     _seen: dict[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)  # (namespace, name) -> newest
     _awaited: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)  # set when a new version comes
+    on_added: Callable[[Mapping[str, Any]], None] | None = None  # told of each claim a watch brings new
 
     def listed(self, items: Iterable[Mapping[str, Any]]) -> None:
         """A new listing replaces everything seen before."""
@@ -30,6 +31,8 @@ class ClaimCache:
             self._seen.pop(key, None)
         elif kind in ("ADDED", "MODIFIED"):
             self._seen[key] = obj
+        if kind == "ADDED" and self.on_added is not None:
+            self.on_added(obj)
         if (awaited := self._awaited.get(key)) is not None:
             awaited.set()
 

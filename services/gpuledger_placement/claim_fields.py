@@ -54,8 +54,17 @@ def allocated_at(raw: Mapping[str, Any]) -> float:
     return epoch_of(stamp, time.time())
 
 
-def awaited(pods: Iterable[Mapping[str, Any]], claim: str) -> bool:
-    """Whether a pod not scheduled yet, not ended and not being deleted names the claim."""
+def pod_owner(claim: Mapping[str, Any]) -> str:
+    """The uid of the pod that owns the claim (made from its template), or ""."""
+    for ref in (claim.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("kind") == "Pod" and ref.get("controller"):
+            return str(ref.get("uid") or "")
+    return ""
+
+
+def awaited(pods: Iterable[Mapping[str, Any]], claim: str, owner_uid: str = "") -> bool:
+    """Whether a pod not scheduled yet, not ended and not being deleted names the claim, or owns it
+    (``owner_uid``: the claim made from the pod's template, before the pod's status names it)."""
     for pod in pods:
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
         deleting = (pod.get("metadata") or {}).get("deletionTimestamp")
@@ -63,6 +72,6 @@ def awaited(pods: Iterable[Mapping[str, Any]], claim: str) -> bool:
             continue
         named = {c.get("resourceClaimName") for c in spec.get("resourceClaims") or []}
         named |= {c.get("resourceClaimName") for c in status.get("resourceClaimStatuses") or []}
-        if claim in named:
+        if claim in named or (owner_uid and (pod.get("metadata") or {}).get("uid") == owner_uid):
             return True
     return False

@@ -98,6 +98,7 @@ class ClaimsController:
     # claim uids whose ledger entry mode C reserved and whose allocation it is writing: a version of
     # the claim from before that write must not release the entry (claim_allocator.py)
     allocating: set[str] = field(default_factory=set)
+    written_here: dict[str, str] = field(default_factory=dict)  # claim uid -> the entry mode C just wrote for it
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -340,15 +341,16 @@ class ClaimsController:
     async def _being_written(self, raw: Mapping[str, Any], entry: Allocation) -> bool:
         """Whether the live entry of this unallocated claim may be mode C's, written by another
         placement replica that has not written the claim yet: younger than ``WRITING_S`` and the
-        claim named by a pod waiting to be scheduled. It is looked at again later (and released
-        then if the claim is still not allocated); releasing it now would let that replica write
-        an allocation the ledger no longer holds."""
+        claim named (or owned: mode C allocates it as soon as it is made) by a pod waiting to be
+        scheduled. It is looked at again later (and released then if the claim is still not
+        allocated); releasing it now would let that replica write an allocation the ledger no
+        longer holds."""
         return self.clock() - entry.created_at < WRITING_S and await self._awaited_by_a_pod(raw)
 
     async def _awaited_by_a_pod(self, raw: Mapping[str, Any]) -> bool:
         meta = raw["metadata"]
         listed = await self.api.list_objects(f"/api/v1/namespaces/{meta['namespace']}/pods", {})
-        return fields.awaited(listed.get("items") or [], str(meta["name"]))
+        return fields.awaited(listed.get("items") or [], str(meta["name"]), fields.pod_owner(raw))
 
     def _look_again(self, ref: ClaimRef) -> None:
         """The claim read afresh and settled again after ``UNUSED_AFTER_S`` (once at a time per claim)."""
@@ -390,6 +392,9 @@ class ClaimsController:
             await self._release_on(NodeName(elsewhere), ref, "the claim was allocated on another node")
         now = self.clock()
         wanted = claims.allocation_id(ref, devices)
+        held = self._entry(ref)
+        if self.written_here.pop(ref.uid, None) == wanted and held is not None and held.id == wanted:
+            return held  # mode C's own compare-and-set wrote it just now: no read to prove it again
 
         def transition(ledger: NodeLedger | None) -> NodeLedger:
             if ledger is None:
@@ -442,6 +447,7 @@ class ClaimsController:
             return None
 
     async def _gone(self, ref: ClaimRef) -> None:
+        self.written_here.pop(ref.uid, None)
         node = self.view.holders.get(ref.owner.key)
         if node:
             await self._release_on(NodeName(node), ref, "the claim's allocation was cleared or the claim deleted")

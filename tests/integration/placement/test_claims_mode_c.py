@@ -206,6 +206,45 @@ async def test_a_young_entry_of_an_unallocated_claim_a_pod_waits_for_is_left_to_
     assert await held(store, fleet, "uid-lone") is None
 
 
+async def test_a_young_entry_of_a_claim_its_waiting_pod_owns_but_does_not_name_yet_stays(
+    nc: Client, fleet: Fleet
+) -> None:
+    """Mode C allocates a template's claim as soon as kube-controller-manager makes it, before the
+    pod's status names it: the pod owning it waits for it as much as one naming it."""
+    api, store, view, controller = await world(nc)
+    claim, entry = await allocated_by_ledger(api, store, view, fleet, "made", "gpu-0", age_s=1)
+    path = claim_path(claims.ref_of(claim))
+    api.items[path]["status"] = {}
+    owner = {"kind": "Pod", "name": "app", "uid": "pod-1", "controller": True}
+    api.items[path]["metadata"]["ownerReferences"] = [owner]
+    waiting = {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one"}], "containers": []}
+    meta = {"name": "app", "namespace": NS, "uid": "pod-1"}
+    api.put(f"/api/v1/namespaces/{NS}/pods/app", {"metadata": meta, "spec": waiting})
+    await controller.settle(await api.get_object(path))
+    assert await held(store, fleet, "uid-made") == entry.id
+    controller._rechecks.pop("uid-made").cancel()
+    api.items[f"/api/v1/namespaces/{NS}/pods/app"]["metadata"]["uid"] = "pod-2"  # another pod of that name
+    await controller.settle(await api.get_object(path))
+    assert await held(store, fleet, "uid-made") is None
+
+
+async def test_an_entry_mode_c_wrote_itself_is_not_read_again_to_be_proved(nc: Client, fleet: Fleet) -> None:
+    """The claims controller holds a mode-C claim's allocation with a compare-and-set that finds
+    nothing to change, and so reads the node's ledger to prove it; after this replica's own write of
+    that very entry (``written_here``) it does not, once."""
+    api, store, view, controller = await world(nc)
+    claim, entry = await allocated_by_ledger(api, store, view, fleet, "mine", "gpu-0", age_s=1)
+    reads = store._writes.stats.reads
+    controller.written_here["uid-mine"] = entry.id
+    await controller.settle(claim)
+    assert store._writes.stats.reads == reads and controller.written_here == {}
+    await controller.settle(claim)  # any later version: proved by a read as before
+    assert store._writes.stats.reads == reads + 1
+    assert await held(store, fleet, "uid-mine") == entry.id
+    for task in controller._rechecks.values():
+        task.cancel()
+
+
 async def test_a_claim_preemption_took_back_is_not_held_again_and_is_deallocated_though_a_pod_waits(
     nc: Client, fleet: Fleet
 ) -> None:

@@ -5,10 +5,16 @@ that could not be settled is tried again."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from gpuledger_placement.claim_allocator import GATE, ClaimAllocator, _configs, _of_driver, claim_names, gated
+from gpuledger_placement.claim_cache import ClaimCache
+from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION, Preemption
 
 DRIVER = "gpu.gpuledger.io"
 MPS = {"driver": DRIVER, "parameters": {"apiVersion": "gpuledger.io/v1alpha1", "kind": "SharingConfig"}}
@@ -62,7 +68,8 @@ class _View:
 
 
 def _allocator(view: _View) -> ClaimAllocator:
-    return ClaimAllocator(api=cast(Any, None), claims=cast(Any, None), view=cast(Any, view), policy=cast(Any, None),
+    claims = SimpleNamespace(cache=ClaimCache(), allocating=set(), driver=DRIVER, memory_step_mib=256)
+    return ClaimAllocator(api=cast(Any, None), claims=cast(Any, claims), view=cast(Any, view), policy=cast(Any, None),
                           retry_s=1.5)  # fmt: skip
 
 
@@ -96,3 +103,59 @@ async def test_a_pod_nothing_wakes_is_tried_again_after_retry_s() -> None:
     allocator = _allocator(_View())
     took = await _waited(allocator, 0.1, lambda: None, 0.0)
     assert took > 1.49
+
+
+async def test_a_pod_whose_next_version_came_while_it_was_settled_waits_for_nothing() -> None:
+    allocator = _allocator(_View())
+    allocator._latest["u"] = pod([], gates=(GATE,))
+    started = time.monotonic()
+    await allocator._wait("u", 0.3)
+    assert time.monotonic() - started < 0.2
+
+
+def _made(owner: str, allocated: bool = False) -> dict[str, Any]:
+    """A claim kube-controller-manager made from a template of pod ``owner``."""
+    claim: dict[str, Any] = {
+        "metadata": {"namespace": "ns", "name": "p-gpu-x1", "uid": "c1",
+                     "ownerReferences": [{"kind": "Pod", "name": "p", "uid": owner, "controller": True}]},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        "status": {},
+    }  # fmt: skip
+    if allocated:
+        claim["status"] = {"allocation": {"devices": {"results": []}}}
+    return claim
+
+
+async def test_a_claim_made_for_a_waiting_pod_is_allocated_at_once_before_its_pod_names_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    allocator = _allocator(_View())
+    started: list[tuple[str, str]] = []
+
+    async def allocate(self: ClaimAllocator, pod: Any, raw: Any, ask: Any, classes: Any) -> None:
+        started.append((pod["metadata"]["uid"], raw["metadata"]["uid"]))
+
+    monkeypatch.setattr(ClaimAllocator, "_allocate", allocate)
+    allocator._classes = (time.time(), {DRIVER: {"metadata": {"name": DRIVER}}})
+    allocator._pods["u"] = pod([{"name": "gpu", "resourceClaimTemplateName": "t"}], gates=(GATE,))
+    allocator._claim_added(_made("someone-else"))  # not a pod this allocator waits on
+    allocator._claim_added(_made("u", allocated=True))  # allocated already
+    await asyncio.sleep(0)
+    assert started == [] and allocator._early == {}
+    allocator._claim_added(_made("u"))
+    allocator._claim_added(_made("u"))  # the same claim again: one allocation
+    early = allocator._early["c1"]
+    await early.task
+    assert started == [("u", "c1")] and early.ask.ref.uid == "c1"
+
+
+async def test_no_claim_is_allocated_at_once_without_known_classes_or_for_a_pod_waiting_on_victims() -> None:
+    allocator = _allocator(_View())
+    allocator._pods["u"] = pod([{"name": "gpu", "resourceClaimTemplateName": "t"}], gates=(GATE,))
+    allocator._claim_added(_made("u"))  # the device classes were never listed
+    assert allocator._early == {}
+    allocator._classes = (time.time(), {DRIVER: {"metadata": {"name": DRIVER}}})
+    note = Preemption("n1", time.time(), 60.0, ("ns/victim/v1",))
+    allocator._pods["u"]["metadata"]["annotations"] = {PREEMPTION_ANNOTATION: note.encode()}
+    allocator._claim_added(_made("u"))
+    assert allocator._early == {}

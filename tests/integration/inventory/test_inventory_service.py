@@ -174,12 +174,12 @@ async def test_an_xid_turns_a_card_unhealthy_at_once_and_an_operator_brings_it_b
     transition = await stack.health.next()
     assert (transition["health"], transition["reason"], transition["by"]) == (
         "unhealthy",
-        "XID 79",
+        "XID 79: GPU has fallen off the bus",
         "xid",
     )
     message = await stack.inventory.next(lambda m: node_of(m).cards[3].health is Health.UNHEALTHY)
     card = node_of(message).cards[3]
-    assert card.health_reason == "XID 79"
+    assert card.health_reason == "XID 79: GPU has fallen off the bus"
     assert [c.index for c in node_of(message).cards if not c.healthy] == [3]
 
     result = await inventory_api.set_card_health(stack.nc, "gpu-a", 3, True, "alice", "reseated")

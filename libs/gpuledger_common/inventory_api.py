@@ -6,8 +6,10 @@ Published (see docs/nats-api.md and services/gpuledger_inventory/README.md):
 - ``gpuledger.v1.inventory.<node>.health``: ``HealthTransitionMessage``, one per health change
 
 Answered by the node's inventory (request/reply with the ``bus`` envelope):
-- ``gpuledger.v1.inventory.<node>.set_health``: ``{"uuid"|"index", "healthy", "by", "note"}``
-- ``gpuledger.v1.inventory.<node>.get``: ``{}`` -> the current ``InventoryMessage``
+- ``gpuledger.v1.inventory.<node>.set_health``: ``{"uuid"|"index", "healthy", "by", "note", "retire"}``
+- ``gpuledger.v1.inventory.<node>.get``: ``{}`` -> the current ``InventoryMessage`` (each card's
+  health, action, remediation stage and history in ``extra``: what ``gpuledger health`` shows;
+  a reader may ask it)
 """
 
 from __future__ import annotations
@@ -71,15 +73,18 @@ async def set_card_health(
     by: str,
     note: str = "",
     timeout: float = 5.0,
+    retire: bool = False,
 ) -> dict[str, Any]:
-    """Ask a node's inventory to mark a card (UUID or index) healthy or unhealthy.
+    """Ask a node's inventory to mark a card (UUID or index) healthy or unhealthy, or (``retire``,
+    with ``healthy`` false) to retire it: its holders move off, then it stays out of service.
 
-    Returns ``{"card": {uuid, index, health, reason, since, by}, "changed": bool}``; raises the
-    ``gpuledger_core.errors`` error the inventory reported (``NotFound`` for an unknown card,
-    ``Unavailable`` when nobody serves that node).
+    Returns ``{"card": {uuid, index, health, reason, since, by, remediation}, "changed": bool}``;
+    raises the ``gpuledger_core.errors`` error the inventory reported (``NotFound`` for an unknown
+    card, ``InvalidArgument`` for a retire where remediation is off, ``Unavailable`` when nobody
+    serves that node).
     """
     key = "index" if isinstance(card, int) else "uuid"
-    payload = {key: card, "healthy": healthy, "by": by, "note": note}
+    payload = {key: card, "healthy": healthy, "by": by, "note": note} | ({"retire": True} if retire else {})
     result: dict[str, Any] = await bus.request(nc, set_health_subject(node), payload, timeout)
     return result
 

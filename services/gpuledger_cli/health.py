@@ -1,21 +1,35 @@
-"""``gpuledger health``: an operator marks a card healthy or unhealthy (recorded, never silent)."""
+"""``gpuledger health``: each card's health, remediation stage and history (a node's in full, the
+cluster's in short), or an operator's word on one card: healthy, unhealthy or retired (recorded
+with who said it, never silent). The operator's NATS user may do both; a reader's may only look."""
 
 from __future__ import annotations
 
 import argparse
 import getpass
 import json
+import time
+from typing import Any
 
+from nats.aio.client import Client
+
+from gpuledger_cli import health_report
 from gpuledger_common import bus, inventory_api
 from gpuledger_common.natscreds import FIELDS, HELP, credentials_of
 from gpuledger_common.settings import SettingsError, env_default, nats_servers
-from gpuledger_core.errors import InvalidArgument
+from gpuledger_core import codec
+from gpuledger_core.errors import InvalidArgument, Unavailable
+from gpuledger_core.status import NodeStatus
 
 DEFAULT_NATS = "nats://127.0.0.1:4222"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("health", help="mark a card healthy or unhealthy (asks the node's inventory)")
+    p = sub.add_parser(
+        "health",
+        help="cards' health, remediation and history; or mark a card healthy, unhealthy or retired",
+        description="Without --healthy/--unhealthy/--retire: a report (--node: every card of the node "
+        "with its history; without: one line per card not serving, and totals).",
+    )
     p.add_argument(
         "--nats-url",
         "--nats",
@@ -27,15 +41,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         flag = "--" + name.replace("_", "-")
         shown = f"{HELP[name]} (env GPULEDGER_{name.upper()})"
         p.add_argument(flag, dest=name, default=env_default(name, ""), help=shown)
-    p.add_argument("--node", required=True, help="the node")
-    p.add_argument("--card", required=True, help="card index or UUID")
-    state = p.add_mutually_exclusive_group(required=True)
-    state.add_argument("--healthy", dest="healthy", action="store_true", help="bring the card back")
-    state.add_argument("--unhealthy", dest="healthy", action="store_false", help="take the card out")
+    p.add_argument("--node", default="", help="the node (required to mark a card)")
+    p.add_argument("--card", default="", help="card index or UUID (required to mark a card)")
+    state = p.add_mutually_exclusive_group()
+    state.add_argument("--healthy", dest="mark", action="store_const", const="healthy", help="bring the card back")
+    state.add_argument("--unhealthy", dest="mark", action="store_const", const="unhealthy", help="take the card out")
+    state.add_argument(
+        "--retire", dest="mark", action="store_const", const="retire", help="move its holders off, then keep it out"
+    )
     p.add_argument("--by", default="", help="who is doing this (default: the current user)")
     p.add_argument("--note", default="", help="why; recorded with the change")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=set_health)
+    p.set_defaults(run=health, mark="")
 
 
 def card_ref(value: str) -> str | int:
@@ -53,17 +70,78 @@ def servers(value: str) -> str:
         raise InvalidArgument("--nats-url", str(err).removeprefix("--nats-url: ")) from None
 
 
-async def set_health(args: argparse.Namespace) -> int:
-    card = card_ref(args.card)
-    who = args.by or getpass.getuser()
+async def health(args: argparse.Namespace) -> int:
+    if args.mark:
+        return await set_health(args)
+    if args.card and not args.node:
+        raise InvalidArgument("--card", "needs --node")
+    nc = await connect(args)
+    try:
+        reports = [await node_report(nc, args.node)] if args.node else await cluster_reports(nc)
+    finally:
+        await nc.close()
+    if args.json:
+        print(json.dumps(health_report.to_json(reports), indent=2, sort_keys=True))
+    elif args.node:
+        print(health_report.node_text(reports[0], time.time(), args.card))
+    else:
+        print(health_report.cluster_text(reports, time.time()))
+    return 0
+
+
+async def connect(args: argparse.Namespace) -> Client:
     try:
         credentials = credentials_of(args)
     except SettingsError as err:
         field, _, problem = str(err).partition(": ")
         raise InvalidArgument("--" + field.replace("_", "-"), problem) from None
-    nc = await bus.connect(servers(args.nats_url), "gpuledger-cli", credentials=credentials)
+    return await bus.connect(servers(args.nats_url), "gpuledger-cli", credentials=credentials)
+
+
+async def node_report(nc: Client, node: str, status: NodeStatus | None = None) -> health_report.NodeReport:
+    """The node's inventory's account; the ledger's (``status``, else asked for) if it does not answer."""
     try:
-        result = await inventory_api.set_card_health(nc, args.node, card, args.healthy, who, args.note)
+        return health_report.from_inventory(await inventory_api.get_inventory(nc, node))
+    except Unavailable as err:
+        problem = f"its inventory does not answer: {err}"
+    status = status or (await ledger_nodes(nc, node))[0]
+    return health_report.from_ledger(status, problem)
+
+
+async def cluster_reports(nc: Client) -> list[health_report.NodeReport]:
+    """Every node of the ledger; the inventory of each node with a card not serving is asked."""
+    reports = []
+    for status in await ledger_nodes(nc):
+        if health_report.needs_inventory(status):
+            reports.append(await node_report(nc, status.name, status))
+        else:
+            reports.append(health_report.from_ledger(status, ""))
+    return reports
+
+
+async def ledger_nodes(nc: Client, node: str = "") -> list[NodeStatus]:
+    """The ledger's nodes as the allocator lists them (``gpuledger.v1.allocator.cluster``), every page."""
+    found: list[NodeStatus] = []
+    token = ""
+    while True:
+        body: dict[str, Any] = {"node": node, "page_token": token}
+        reply = await bus.request(nc, f"{bus.SUBJECT_PREFIX}.allocator.cluster", body, 10.0)
+        found += [codec.node_status_from(n) for n in reply.get("nodes", [])]
+        token = reply.get("next_page_token", "")
+        if not token:
+            return found
+
+
+async def set_health(args: argparse.Namespace) -> int:
+    for flag in ("node", "card"):
+        if not getattr(args, flag):
+            raise InvalidArgument(f"--{flag}", f"is required with --{args.mark}")
+    card = card_ref(args.card)
+    who = args.by or getpass.getuser()
+    healthy, retire = args.mark == "healthy", args.mark == "retire"
+    nc = await connect(args)
+    try:
+        result = await inventory_api.set_card_health(nc, args.node, card, healthy, who, args.note, retire=retire)
     finally:
         await nc.close()
     if args.json:
@@ -71,5 +149,9 @@ async def set_health(args: argparse.Namespace) -> int:
         return 0
     c = result.get("card", {})
     change = "now" if result.get("changed") else "already"
-    print(f"{args.node} card {c.get('index')} ({c.get('uuid')}) is {change} {c.get('health')}: {c.get('reason')}")
+    stage = c.get("remediation", "")
+    shown = f" (remediation: {stage})" if stage and stage != "serving" else ""
+    print(
+        f"{args.node} card {c.get('index')} ({c.get('uuid')}) is {change} {c.get('health')}: {c.get('reason')}{shown}"
+    )
     return 0

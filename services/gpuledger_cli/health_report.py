@@ -94,8 +94,13 @@ def _card(node: str, raw: Mapping[str, Any], remedy: str, log: Iterable[Mapping[
         stage,
         float(since),
         remedy,
-        tuple(sorted(faults + steps, key=lambda e: e.at)),
+        tuple(sorted(faults + steps, key=_order)),
     )
+
+
+def _order(e: Event) -> tuple[float, int]:
+    """In time; at the same time a fault before the steps it starts, a heal after them."""
+    return e.at, {"fault": 0, "healthy": 2}.get(e.what, 1)
 
 
 def _action(health: Mapping[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
+from gpuledger_cli.__main__ import parser
 from gpuledger_common import bus, inventory_api
 from gpuledger_core.errors import Unavailable
 from gpuledger_dev.fake_nvml import FakeNvml, ManualClock
@@ -97,6 +99,40 @@ async def test_a_card_is_drained_reset_checked_and_back_then_retired_on_a_second
         repaired = ["quarantined", "drained", "resetting", "checking", "serving"]
         assert stages == [*repaired, "quarantined", "drained", "retired"]
         assert said["node"]["cards"][2]["remedy"] == "retired"
+
+
+async def test_gpuledger_health_shows_a_card_s_stages_after_an_xid(
+    nats_server: NatsServer, allocator: RunningAllocator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    api = allocator.stub()
+    async with inventory(nats_server.url, fake, tmp_path / "health.json"):
+        await wait_for(lambda: _with(api, 2, health="healthy"), what="gpu-a in the ledger")
+        fake.inject_xid(2, 79)
+        await wait_for(lambda: _with(api, 2, remedy="drain"), what="card 2 to be drained")
+        assert await _cli(nats_server.url) == 0  # the whole cluster, in short
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[1].split()[:5] == ["gpu-a", "2", "unhealthy", "reset", "quarantined"]
+        assert lines[-1] == "1 node(s), 8 card(s): 7 serving, 1 quarantined"
+
+        fake.set_processes(2, [])
+        await wait_for(lambda: _with(api, 2, health="healthy", remedy=""), what="card 2 back")
+        assert await _cli(nats_server.url, "--node", "gpu-a", "--json") == 0
+        two = json.loads(capsys.readouterr().out)["nodes"][0]["cards"][2]
+        assert (two["health"], two["stage"], two["source"]) == ("healthy", "serving", "inventory")
+        whats = [e["what"] for e in two["history"]]
+        assert whats == ["fault", "quarantined", "drained", "resetting", "reset", "back", "healthy"]
+        assert two["history"][0]["by"] == "xid" and two["history"][-1]["by"] == "rule:remediation"
+
+        assert await _cli(nats_server.url, "--node", "gpu-a", "--card", "2") == 0
+        text = capsys.readouterr().out
+        assert "card 2 (" in text and "checked: back in service" in text
+
+
+async def _cli(url: str, *argv: str) -> int:
+    args = parser().parse_args(["health", "--nats-url", url, *argv])
+    code: int = await args.run(args)
+    return code
 
 
 async def _asked(nc: Client) -> Any:

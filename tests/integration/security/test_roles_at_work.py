@@ -1,7 +1,7 @@
 """Each service does its work with its own NATS user and nothing more: the allocator and
 placement as themselves, each node's inventory and plugin as that node's users, the operator's
-``gpuledger health``, over TLS; the only permission violation is the reader's attempt to set
-a card's health."""
+``gpuledger health``, over TLS; a reader may see ``gpuledger health``'s report; the only permission
+violation is the reader's attempt to set a card's health."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
+from gpuledger_cli.health import cluster_reports, node_report
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
 from gpuledger_common.inventory_api import set_card_health
@@ -118,7 +119,10 @@ async def test_every_service_works_with_its_own_user(tmp_path: Path, caplog: pyt
             async with connected(secure, Role.OPERATOR) as nc:  # gpuledger health, as the operator
                 marked = await set_card_health(nc, "node-a", 0, False, "ops", "fan noise")
                 assert marked["changed"] is True
-            async with connected(secure, Role.READER) as nc:
+            async with connected(secure, Role.READER) as nc:  # gpuledger health's report: reads only
+                card = (await node_report(nc, "node-a")).cards[0]
+                assert (card.health, card.by, card.source) == ("unhealthy", "operator:ops", "inventory")
+                assert sorted(r.node for r in await cluster_reports(nc)) == ["node-a", "node-b"]
                 with pytest.raises(Unavailable):
                     await set_card_health(nc, "node-a", 0, True, "reader", "", timeout=1.0)
         assert "starting with" in caplog.text  # the settings were logged, and no password with them

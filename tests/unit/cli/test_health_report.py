@@ -115,8 +115,8 @@ def test_a_history_merges_health_transitions_and_steps_in_time() -> None:
         (20, "drained", "rule:remediation"),
         (21, "resetting", "rule:remediation"),
         (30, "reset", "rule:remediation"),
-        (40, "healthy", "rule:remediation"),
         (40, "back", "rule:remediation"),
+        (40, "healthy", "rule:remediation"),
     ]
 
 

@@ -62,7 +62,7 @@ class HealthTransitionMessage(TypedDict):
     uuid: str
     health: str  # healthy | unhealthy
     reason: str
-    by: str  # xid | ecc | event | lost | registration | nvml | operator:<who> | rule:<name>
+    by: str  # xid | ecc | event | lost | registration | nvml | ledger | operator:<who> | rule:<name>
 
 
 async def set_card_health(

@@ -40,6 +40,7 @@ class Cause(StrEnum):
     REGISTRATION = "registration"
     NVML = "nvml"
     OPERATOR = "operator"
+    LEDGER = "ledger"  # found under repair in the node's ledger at a start without a saved book
 
 
 # the class of the causes that are not XIDs (an old state file's card gets its action from it)
@@ -141,6 +142,11 @@ class HealthBook:
     def on_nvml_down(self, cards: Iterable[CardUuid], error: str, now: float) -> list[Transition]:
         action, reason = self.policy.faults.for_class(FaultClass.NVML), f"NVML failed: {error}"
         return [t for uuid in cards for t in self._fail(uuid, Cause.NVML, reason, action, now)]
+
+    def on_resumed(self, uuid: CardUuid, reason: str, action: Action, now: float) -> list[Transition]:
+        """The node's ledger shows the card under repair and no saved book says otherwise: it stays
+        unhealthy (its remediation resumes; only that, or an operator, brings it back)."""
+        return self._fail(uuid, Cause.LEDGER, reason or "under repair in the node's ledger", action, now)
 
     # --- turning healthy -----------------------------------------------------------------------
 

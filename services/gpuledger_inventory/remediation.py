@@ -24,8 +24,8 @@ from typing import Any
 
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.model import Remedy
-from gpuledger_inventory.faults import Action
-from gpuledger_inventory.health import CardHealth, Cause
+from gpuledger_inventory.faults import Action, FaultPolicy
+from gpuledger_inventory.health import CardHealth, Cause, implied_action
 
 HISTORY_LIMIT = 20  # steps kept per card
 
@@ -54,11 +54,28 @@ REMEDY = {
 }
 
 
+# the stage a remedy found in the ledger resumes at (``RemediationBook.adopt``)
+_ADOPTED = {Remedy.DRAIN: Stage.QUARANTINED, Remedy.RESET: Stage.DRAINED, Remedy.RETIRED: Stage.RETIRED}
+
+
 class ResetOutcome(StrEnum):
     OK = "ok"
     FAILED = "failed"
     HUNG = "hung"  # cut off at the timeout
     UNSUPPORTED = "unsupported"
+
+
+def resumed_goal(remedy: Remedy, reason: str, faults: FaultPolicy) -> Action:
+    """What a card found in the ledger under ``remedy`` needs, from all the ledger keeps (the
+    remedy and the health reason): the action of the XID its reason names where that fits the
+    remedy (drain, or retire while draining), else a reset and check (the ledger does not say);
+    a retired card stays retired."""
+    if remedy is Remedy.RETIRED:
+        return Action.RETIRE
+    action = implied_action(Cause.XID, reason, faults) if reason.startswith("XID ") else Action.RESET
+    if action is Action.DRAIN or (action is Action.RETIRE and remedy is Remedy.DRAIN):
+        return action
+    return Action.RESET
 
 
 def need_of(health: CardHealth) -> Action:
@@ -206,6 +223,18 @@ class RemediationBook:
             fault_at = now if card.stage is Stage.SERVING else card.fault_at
             return self._move(uuid, Stage.QUARANTINED, reason, now, goal=Action.RETIRE, fault_at=fault_at)
         return self._retire(uuid, reason, now)
+
+    def adopt(self, uuid: CardUuid, remedy: Remedy, goal: Action, reason: str, now: float) -> list[Step]:
+        """After a restart without a saved book, the card's remedy as the node's ledger still shows
+        it: ``drain`` is quarantined again (its holders still move off), ``reset`` is drained (its
+        reset and check are done again), ``retired`` stays retired. A card the book already knows
+        (a fault since the start) keeps its own account."""
+        stage = _ADOPTED.get(remedy)
+        if stage is None or uuid in self.cards:
+            return []
+        goal = Action.RETIRE if stage is Stage.RETIRED else goal
+        why = f"resumed from the ledger's remedy {remedy.value} after a restart" + (f": {reason}" if reason else "")
+        return self._move(uuid, stage, why, now, goal=goal, fault_at=now)
 
     def resume(self, now: float) -> list[Step]:
         """After a restart: a reset or check cut off by it is done again from drained."""

@@ -2,7 +2,8 @@
 node sees, and does the reset and the check.
 
 Inputs: the health book's transitions and the faults on cards already unhealthy (``observe``,
-``observe_fault``), the node's ledger (``set_ledger``: who holds each card) and NVML's processes
+``observe_fault``), the node's ledger (``set_ledger``: who holds each card; ``adopt``: at a start
+without a saved book, the remedies it still shows) and NVML's processes
 (the node state's usage). A quarantined card with no holder and no process is drained; a drained
 card is reset (NVML released by the inventory meanwhile, since a reset is refused while a client
 holds the card) and checked, or only checked, one card at a time; the card then goes back to
@@ -21,12 +22,12 @@ from typing import Protocol
 
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Card, Health
+from gpuledger_core.model import Card, Health, Remedy
 from gpuledger_inventory import metrics
 from gpuledger_inventory.faults import Action
 from gpuledger_inventory.health import Transition
 from gpuledger_inventory.nvml import NvmlUnavailable
-from gpuledger_inventory.remediation import RemediationBook, ResetOutcome, Stage, Step, need_of
+from gpuledger_inventory.remediation import RemediationBook, ResetOutcome, Stage, Step, need_of, resumed_goal
 from gpuledger_inventory.repair import Checker, Resetter
 from gpuledger_inventory.state import NodeState
 
@@ -78,6 +79,22 @@ class Remediator:
         steps = self.book.on_fault(uuid, need, reason, now)
         self._poke_if(steps)
         return steps
+
+    def adopt(self, ledger: NodeLedger | None, now: float) -> tuple[list[Step], list[Transition]]:
+        """A start without a saved book (no state file): each card the node's ledger shows under
+        repair resumes from its remedy (``RemediationBook.adopt``) and stays unhealthy meanwhile;
+        called with the ledger's first read, before the node's first publication."""
+        steps: list[Step] = []
+        transitions: list[Transition] = []
+        health = self.host.state.book
+        for card in ledger.node.cards if ledger is not None else ():
+            if card.remedy is Remedy.NONE or card.uuid in self.book.cards:
+                continue
+            goal = resumed_goal(card.remedy, card.health_reason, health.policy.faults)
+            steps += self.book.adopt(card.uuid, card.remedy, goal, card.health_reason, now)
+            transitions += health.on_resumed(card.uuid, card.health_reason, goal, now)
+        self._poke_if(steps)
+        return steps, transitions
 
     def set_ledger(self, ledger: NodeLedger | None) -> None:
         self.ledger, self.ledger_read = ledger, True

@@ -24,8 +24,9 @@ from nats.aio.client import Client
 from gpuledger_common import bus, inventory_api
 from gpuledger_common.store.follow import node_ledger
 from gpuledger_common.store.ledgerwait import open_ledger
-from gpuledger_core.errors import InvalidArgument, NotFound
+from gpuledger_core.errors import GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import CardUuid
+from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Health
 from gpuledger_inventory import metrics
 from gpuledger_inventory.health import HealthBook, HealthPolicy, Transition
@@ -41,6 +42,7 @@ from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.state import NodeState, same_content
 
 log = logging.getLogger(__name__)
+ADOPT_WAIT_S = 10.0  # how long the first publication waits for the ledger's remedies to resume
 
 
 class _Rescan(Exception):
@@ -127,6 +129,10 @@ class Inventory:
         self.remediator = (
             None if repair is None else Remediator(self, *repair, clock=clock, interval_s=settings.poll_interval_s)
         )
+        # no saved remediation: the node's ledger may still show one, which resumes before the node
+        # is published (a publication would overwrite the ledger's remedies with none)
+        self._adopting = self.remediator is not None and not state.remedies.cards
+        self._adopt_until = time.monotonic() + ADOPT_WAIT_S
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -150,14 +156,33 @@ class Inventory:
     async def _holders_loop(self) -> None:
         """Follow the node's ledger: in DRA mode the slices taint the cards that pods or tools
         outside DRA hold and say each card's isolation tier (``SlicePublisher.set_ledger``); the
-        remediation drains a card once nobody holds it."""
+        remediation drains a card once nobody holds it, and at a start without a saved remediation
+        resumes the remedies the ledger shows (``_adopt``)."""
         store = await open_ledger(self.nc, None)
+        if self._adopting and self.remediator is not None:
+            try:  # a watch says nothing of a key not there: the first read is a read
+                ledger, _ = await store.read(self.settings.node)
+            except GpuledgerError as err:
+                log.warning("cannot read the node's ledger yet (its watch will tell): %s", err)
+            else:
+                await self._adopt(self.remediator, ledger)
         async with contextlib.aclosing(node_ledger(store, self.settings.node)) as ledgers:
             async for ledger in ledgers:
+                if self._adopting and self.remediator is not None:
+                    await self._adopt(self.remediator, ledger)
                 if self.slices is not None:
                     self.slices.set_ledger(ledger)
                 if self.remediator is not None:
                     self.remediator.set_ledger(ledger)
+
+    async def _adopt(self, remediator: Remediator, ledger: NodeLedger | None) -> None:
+        """The ledger's first read, at a start without a saved remediation: its remedies resume."""
+        self._adopting = False
+        steps, transitions = remediator.adopt(ledger, self.clock())
+        if steps:
+            log.warning("resuming the remediation of %d card(s) from the node's ledger", len(steps))
+        await self._changed_remedy(steps, transitions)
+        self._changed.set()  # the first publication waited for this
 
     # --- NVML ----------------------------------------------------------------------------------
 
@@ -370,7 +395,11 @@ class Inventory:
         return True
 
     async def _publish_now(self) -> None:
-        """Publish the inventory at once (health changes must not wait for the loop's turn)."""
+        """Publish the inventory at once (health changes must not wait for the loop's turn); not
+        before the ledger's remedies were resumed (``_adopt``), unless the ledger does not answer
+        within ``ADOPT_WAIT_S``."""
+        if self._adopting and time.monotonic() < self._adopt_until:
+            return
         message = self.state.message(self.clock())
         if await self._send("inventory", inventory_api.inventory_subject(self.state.name), message):
             self._last = message

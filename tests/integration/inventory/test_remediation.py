@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from gpuledger_cli.__main__ import parser
 from gpuledger_common import bus, inventory_api
@@ -42,10 +43,10 @@ nodes:
 
 
 @contextlib.asynccontextmanager
-async def inventory(url: str, fake: FakeNvml, state_file: Path) -> AsyncIterator[None]:
+async def inventory(url: str, fake: FakeNvml, state_file: Path | None) -> AsyncIterator[None]:
     stop = asyncio.Event()
     gpus = NvmlGpus(fake, fake.numa_node, "fake")
-    config = settings(url, remediate=True, reset_timeout_s=5.0, state_file=str(state_file))
+    config = settings(url, remediate=True, reset_timeout_s=5.0, state_file=str(state_file or ""))
     task = asyncio.create_task(serve(config, gpus=gpus, host=Host(224000, 2097152), stop=stop))
     try:
         yield
@@ -99,6 +100,57 @@ async def test_a_card_is_drained_reset_checked_and_back_then_retired_on_a_second
         repaired = ["quarantined", "drained", "resetting", "checking", "serving"]
         assert stages == [*repaired, "quarantined", "drained", "retired"]
         assert said["node"]["cards"][2]["remedy"] == "retired"
+
+
+async def test_a_restart_without_a_state_file_resumes_the_remediation_from_the_ledger(
+    nats_server: NatsServer, allocator: RunningAllocator
+) -> None:
+    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    api = allocator.stub()
+    async with inventory(nats_server.url, fake, None):
+        await wait_for(lambda: _with(api, 2, health="healthy"), what="gpu-a in the ledger")
+        fake.inject_xid(2, 79)
+        await wait_for(lambda: _with(api, 2, remedy="drain"), what="card 2 to be drained")
+
+    nc = await bus.connect(nats_server.url, "test")
+    published: list[Any] = []
+    try:
+
+        async def keep(msg: Msg) -> None:
+            published.append(json.loads(msg.data))
+
+        await nc.subscribe(inventory_api.inventory_subject("gpu-a"), cb=keep)
+        async with inventory(nats_server.url, fake, None):  # no state file: the ledger's remedy resumes
+            said = await wait_for(lambda: _asked(nc), what="the restarted inventory")
+            two = next(c for c in said["extra"]["cards"] if c["index"] == 2)
+            assert two["remediation"]["stage"] == "quarantined" and two["health"]["state"] == "unhealthy"
+            assert two["remediation"]["history"][0]["reason"].startswith("resumed from the ledger's remedy drain")
+            assert fake.calls.get("gpu_reset", 0) == 0  # its process still runs: still draining
+
+            fake.set_processes(2, [])
+            await wait_for(lambda: _with(api, 2, health="healthy", remedy=""), what="card 2 back")
+            assert fake.calls["gpu_reset"] == 1  # its XID 79 needs a reset, as the ledger's reason says
+            fake.inject_xid(2, 79)
+            await wait_for(lambda: _with(api, 2, remedy="retired"), what="card 2 retired")
+        first = len(published)
+        async with inventory(nats_server.url, fake, None):  # and a retired card stays retired
+            said = await wait_for(lambda: _asked(nc), what="the inventory started again")
+            assert said["node"]["cards"][2]["remedy"] == "retired"
+            await wait_for(lambda: _published_after(published, first), what="its publication")
+        await nc.flush()
+    finally:
+        await nc.close()
+    # no publication ever said card 2 was healthy until it was repaired: the ledger kept its remedy
+    twos = [m["node"]["cards"][2] for m in published]
+    assert twos[0]["remedy"] == "drain" and twos[-1]["remedy"] == "retired"
+    back = next(i for i, c in enumerate(twos) if c["health"] == "healthy")
+    assert all(c["health"] == "unhealthy" and c.get("remedy") in ("drain", "reset") for c in twos[:back])
+    assert all(c["health"] == "unhealthy" for c in twos[back:] if c.get("remedy"))
+    assert all(c.get("remedy") == "retired" for c in twos[first:])
+
+
+async def _published_after(published: list[Any], first: int) -> bool:
+    return len(published) > first
 
 
 async def test_gpuledger_health_shows_a_card_s_stages_after_an_xid(

@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, replace
+from typing import cast
 
 import pytest
 
-from gpuledger_core.ids import CardUuid
-from gpuledger_core.model import Health, Remedy
-from gpuledger_inventory.faults import Action
-from gpuledger_inventory.health import CardHealth, Cause
+from gpuledger_core.ids import CardUuid, NodeName
+from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Card, Health, Node, Remedy
+from gpuledger_inventory.faults import Action, FaultPolicy
+from gpuledger_inventory.health import CardHealth, Cause, HealthBook, Transition
+from gpuledger_inventory.inventory import CardInfo
 from gpuledger_inventory.remediation import (
     HISTORY_LIMIT,
     RemediationBook,
     RemediationPolicy,
     ResetOutcome,
     Stage,
+    Step,
     need_of,
+    resumed_goal,
 )
+from gpuledger_inventory.remediator import Remediator
+from gpuledger_inventory.repair import Checker, Resetter
+from gpuledger_inventory.state import NodeState
 
 pytestmark = pytest.mark.timeout(5)
 
@@ -236,3 +245,86 @@ def test_the_book_survives_a_restart() -> None:
 )
 def test_a_fault_that_fails_every_card_never_drains_one(cause: Cause, action: Action, need: Action) -> None:
     assert need_of(CardHealth(Health.UNHEALTHY, cause, "why", 1.0, cause.value, action)) is need
+
+
+# --- a start without a saved book: the remedies the node's ledger still shows ------------------------
+
+XID79 = "XID 79: GPU has fallen off the bus"
+
+
+@pytest.mark.parametrize(
+    ("remedy", "reason", "stage", "goal"),
+    [
+        (Remedy.DRAIN, XID79, Stage.QUARANTINED, Action.RESET),  # the XID's own action
+        (Remedy.DRAIN, "XID 151: a drain", Stage.QUARANTINED, Action.DRAIN),
+        (Remedy.DRAIN, "XID 64: row remapping failed", Stage.QUARANTINED, Action.RETIRE),
+        (Remedy.DRAIN, "marked unhealthy by an operator", Stage.QUARANTINED, Action.RESET),  # the ledger does not say
+        (Remedy.DRAIN, "XID 94: contained", Stage.QUARANTINED, Action.RESET),  # no-new-work never drains: reset
+        (Remedy.RESET, XID79, Stage.DRAINED, Action.RESET),  # its reset and check are done again
+        (Remedy.RESET, "XID 151: a drain", Stage.DRAINED, Action.DRAIN),  # only checked again
+        (Remedy.RESET, "XID 64: row remapping failed", Stage.DRAINED, Action.RESET),
+        (Remedy.RETIRED, "", Stage.RETIRED, Action.RETIRE),
+    ],
+)
+def test_a_remedy_in_the_ledger_resumes_at_its_stage(remedy: Remedy, reason: str, stage: Stage, goal: Action) -> None:
+    book = RemediationBook()
+    faults = FaultPolicy({151: Action.DRAIN})
+    [step] = book.adopt(A, remedy, resumed_goal(remedy, reason, faults), reason, 50.0)
+    card = book.of(A)
+    assert (step.stage, card.stage, card.goal, card.remedy, card.since) == (stage, stage, goal, remedy, 50.0)
+    assert step.reason.startswith(f"resumed from the ledger's remedy {remedy.value} after a restart")
+
+
+def test_a_resumed_card_goes_on_from_its_stage() -> None:
+    book = RemediationBook()
+    book.adopt(A, Remedy.DRAIN, Action.RESET, XID79, 1.0)
+    book.adopt(B, Remedy.RESET, Action.RESET, XID79, 1.0)
+    book.on_empty(A, 2.0)
+    assert book.next_work(A) is Stage.RESETTING and book.next_work(B) is Stage.RESETTING
+    assert book.on_fault(B, Action.RESET, XID79, 3.0) == []  # the same fault again changes nothing
+
+
+def test_no_remedy_or_a_card_the_book_knows_is_not_adopted() -> None:
+    book = RemediationBook()
+    assert book.adopt(A, Remedy.NONE, Action.RESET, "", 1.0) == []
+    book.on_fault(B, Action.DRAIN, "XID 151", 1.0)  # a fault since the start: its own account
+    assert book.adopt(B, Remedy.RESET, Action.RESET, XID79, 2.0) == []
+    assert book.of(B).stage is Stage.QUARANTINED
+
+
+@dataclass
+class _Host:
+    state: NodeState
+
+    def nvml_released(self) -> AbstractAsyncContextManager[None]:
+        raise AssertionError("not reset here")
+
+    async def nvml_ready(self) -> None:
+        return None
+
+    async def changed(self, steps: list[Step], transitions: list[Transition]) -> None:
+        return None
+
+
+def test_the_remediator_adopts_the_ledger_s_remedies_and_keeps_the_cards_unhealthy() -> None:
+    cards = (
+        Card(A, 0, "H100", 81559, health=Health.UNHEALTHY, health_reason=XID79, remedy=Remedy.DRAIN),
+        Card(B, 1, "H100", 81559, health=Health.UNHEALTHY, health_reason="bad fan", remedy=Remedy.RETIRED),
+        Card(CardUuid("GPU-c"), 2, "H100", 81559),
+    )
+    host = _Host(NodeState(NodeName("gpu-a"), "fake", HealthBook()))
+    remediator = Remediator(host, cast(Resetter, None), cast(Checker, None), clock=lambda: 7.0, interval_s=1.0)
+    steps, transitions = remediator.adopt(NodeLedger(Node(NodeName("gpu-a"), cards)), 7.0)
+    assert [(s.uuid, s.stage) for s in steps] == [(A, Stage.QUARANTINED), (B, Stage.RETIRED)]
+    assert [(t.uuid, t.health, t.by, t.action) for t in transitions] == [
+        (A, Health.UNHEALTHY, "ledger", Action.RESET),
+        (B, Health.UNHEALTHY, "ledger", Action.RETIRE),
+    ]
+    assert host.state.book.of(A).reason == XID79 and host.state.book.of(B).cause is Cause.LEDGER
+    assert remediator.observe(transitions) == []  # the health book's transitions move nothing further
+    assert host.state.card(_info(cards[0])).remedy is Remedy.DRAIN
+    assert remediator.adopt(None, 8.0) == ([], [])
+
+
+def _info(card: Card) -> CardInfo:
+    return CardInfo(replace(card, health=Health.HEALTHY, health_reason="", remedy=Remedy.NONE))

@@ -30,6 +30,8 @@ class Finding:
     ledger_side: str
     kubelet_side: str
     repair: Repair | None = None
+    holder: GrantRef | None = None  # the grant that holds kubelet's IDs once repaired
+    vacated: GrantRef | None = None  # a swap's other grant: it takes the holder's IDs of before
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,7 @@ def _check(
     if own.ids == ids:
         if own.allocation.state is AllocState.RESERVED:
             aid = own.allocation.id
-            return Finding("unbound", pod, container, "reserved", f"{shown} admitted", _commit(aid, now))
+            return Finding("unbound", pod, container, "reserved", f"{shown} admitted", _commit(aid, now), ref)
         return ref
     if ref in handled:
         return ref
@@ -106,12 +108,12 @@ def _check(
         theirs = (others[0].allocation.id, others[0].index)
         handled.update((ref, theirs))
         side = f"{mine}; {shown} reserved for {others[0].describe()}"
-        return Finding("swapped", pod, container, side, shown, _swap(ref, own, others[0]))
+        return Finding("swapped", pod, container, side, shown, _swap(ref, own, others[0]), ref, theirs)
     holders = holders_of_ids(ledger)
     if any(holders.get(i, own.allocation.id) != own.allocation.id for i in ids):
         return Finding("conflict", pod, container, mine, f"{shown} (partly reserved for another pod)")
     handled.add(ref)
-    return Finding("moved", pod, container, mine, shown, _rehome(ref, own.ids, ids))
+    return Finding("moved", pod, container, mine, shown, _rehome(ref, own.ids, ids), ref)
 
 
 def _own_slot(ledger: NodeLedger, pod: PodKey, container: str) -> Slot | None:

@@ -429,7 +429,28 @@ class PluginService:
             log.warning("could not repair %s on pod %s: %s", finding.kind, pod, err)
             return
         RECONCILE_REPAIRS.labels(finding.kind, "repaired").inc()
+        self._answered_follow(finding)
         log.info("repaired %s on pod %s: the ledger now follows kubelet", finding.kind, pod)
+
+    def _answered_follow(self, finding: Finding) -> None:
+        """``served`` marks the grants holding the IDs kubelet was given, so it follows the IDs a
+        repair moved: kubelet admitted the holder, and a swap's other grant takes the holder's
+        mark of before (with its IDs). Left where they were, a swap of reservations kubelet took
+        in another order than the plugin guessed left the pod kubelet had admitted pending, on IDs
+        kubelet no longer offers, and the one it had not admitted answered: a later pod found no
+        reservation to steer to and was refused (the DRA throughput benchmark's classic round)."""
+        if finding.holder is None:
+            return
+        if finding.vacated is not None:
+            self._mark(finding.vacated, finding.holder[1] in self.served.get(finding.holder[0], ()))
+        self._mark(finding.holder, True)
+
+    def _mark(self, ref: GrantRef, answered: bool) -> None:
+        marks = self.served.setdefault(ref[0], set())
+        if answered:
+            marks.add(ref[1])
+        else:
+            marks.discard(ref[1])
 
     def _forget(self, ledger: NodeLedger) -> None:
         live = {a.id for a in ledger.live()}

@@ -133,3 +133,28 @@ async def test_a_pod_without_reservation_is_refused_with_a_clear_message(stack: 
     with pytest.raises(AdmissionError, match="no container on n1 has a reservation"):
         await stack.kubelet.admit(pod("stray", FakeContainer("main", gpus=1)))
     assert IDENTITY.labels("refused")._value.get() >= 1
+
+
+async def test_a_reconciliation_between_guessed_admissions_refuses_no_pod(stack: Stack) -> None:
+    """Pods whose reservations look alike are steered oldest first, whatever order kubelet admits
+    them in; a reconciliation in the middle of such a burst swaps the grants kubelet took. Then
+    the youngest were admitted and the oldest were not, while the plugin still counted the oldest
+    as answered: the next pod found no reservation to steer to, was given the lowest free slot, of
+    a card another pod held whole, and was refused ("card 0 ... is held by 1 other(s)", seen in
+    the DRA throughput benchmark's classic round)."""
+    whole = {f"p{i}": (CardShare(share(i).uuid, i, 81920, 1000, exclusive=True),) for i in range(4)}
+    pods = [pod(name, FakeContainer("main", gpus=1)) for name in whole]
+    reserved = {p.name: await stack.reserve(p, {"main": whole[p.name]}) for p in pods}
+    oldest_first, youngest_first = pods[:2], pods[:1:-1]
+    for one in youngest_first:
+        await stack.kubelet.admit(one)
+    assert {f.kind for f in await stack.plugin.service.reconcile()} == {"swapped"}
+    for one in oldest_first:
+        await stack.kubelet.admit(one)  # refused here before
+    await stack.plugin.service.reconcile()
+    ledger = await stack.ledger()
+    for one in pods:
+        now = ledger.get(reserved[one.name].id)
+        assert now is not None and now.state is AllocState.BOUND
+        assert stack.kubelet.pod_devices[(one.uid, "main")] == now.grants[0].device_ids
+    assert await stack.plugin.service.reconcile() == ()

@@ -476,12 +476,11 @@ class Inventory:
             raise InvalidArgument("retire", "must be true or false, and true only with healthy false")
         if retire and self.remediator is None:
             raise InvalidArgument("retire", f"remediation is off on node {self.state.name}")
-        now = self.clock()
-        transitions = self.state.book.set(CardUuid(info.uuid), healthy, who, note, now)
-        await self._record(transitions)
-        if retire:
-            await self._changed_remedy(self.state.remedies.retire(CardUuid(info.uuid), who, note, now), [])
-        h = self.state.book.of(info.uuid)
+        uuid = CardUuid(info.uuid)
+        word = _word(healthy, retire)
+        log.warning("operator %s marks card %s (%s) %s%s", who, info.card.index, uuid, word, _note(note))
+        changed = await self._operator_word(uuid, healthy, retire, who, note)
+        h = self.state.book.of(uuid)
         card = {
             "uuid": info.uuid,
             "index": info.card.index,
@@ -489,9 +488,23 @@ class Inventory:
             "reason": h.reason,
             "since": h.since,
             "by": h.by,
-            "remediation": self.state.remedies.of(CardUuid(info.uuid)).stage.value,
+            "remediation": self.state.remedies.of(uuid).stage.value,
         }
-        return {"card": card, "changed": bool(transitions) or retire}
+        return {"card": card, "changed": changed}
+
+    async def _operator_word(self, uuid: CardUuid, healthy: bool, retire: bool, who: str, note: str) -> bool:
+        """An operator's word always wins: healthy ends any remediation (whatever the health book
+        held), retire moves the holders off and keeps the card out. Whether anything changed."""
+        now = self.clock()
+        transitions = self.state.book.set(uuid, healthy, who, note, now)
+        await self._record(transitions)
+        steps: list[Step] = []
+        if retire:
+            steps = self.state.remedies.retire(uuid, who, note, now)
+        elif healthy and self.remediator is not None:
+            steps = self.state.remedies.on_healed(uuid, f"operator:{who}", now)
+        await self._changed_remedy(steps, [])
+        return bool(transitions or steps) or retire
 
     async def get(self, request: Any) -> dict[str, Any]:
         return self.state.message(self.clock())
@@ -503,6 +516,14 @@ def _index(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument("index", f"must be a card index, got {value!r}")
     return value
+
+
+def _word(healthy: bool, retire: bool) -> str:
+    return "retired" if retire else "healthy" if healthy else "unhealthy"
+
+
+def _note(note: str) -> str:
+    return f": {note}" if note else ""
 
 
 def _problems(problems: tuple[str, ...]) -> str:

@@ -181,6 +181,43 @@ async def test_gpuledger_health_shows_a_card_s_stages_after_an_xid(
         assert "card 2 (" in text and "checked: back in service" in text
 
 
+async def test_an_operator_s_word_always_wins_and_is_logged(
+    nats_server: NatsServer, allocator: RunningAllocator, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    api = allocator.stub()
+    async with inventory(nats_server.url, fake, None):
+        await wait_for(lambda: _with(api, 2, health="healthy"), what="gpu-a in the ledger")
+        fake.inject_xid(2, 79)
+        await wait_for(lambda: _with(api, 2, remedy="drain"), what="card 2 to be drained")
+        mark = ("--node", "gpu-a", "--by", "ana", "--note", "riser replaced")
+        assert await _cli(nats_server.url, *mark, "--card", "2", "--healthy") == 0  # while draining
+        await wait_for(lambda: _with(api, 2, health="healthy", remedy=""), what="card 2 healed by ana")
+        assert await _cli(nats_server.url, *mark, "--card", "3", "--unhealthy") == 0  # while serving
+        await wait_for(lambda: _with(api, 3, health="unhealthy", remedy=""), what="card 3 out (no new work)")
+        assert await _cli(nats_server.url, *mark, "--card", "4", "--retire") == 0  # while serving
+        await wait_for(lambda: _with(api, 4, remedy="retired"), what="card 4 retired (empty: at once)")
+
+        nc = await bus.connect(nats_server.url, "test")
+        try:
+            said = await wait_for(lambda: _asked(nc), what="the inventory")
+        finally:
+            await nc.close()
+    cards = {c["index"]: c for c in said["extra"]["cards"]}
+    assert cards[2]["remediation"]["history"][-1]["reason"] == "healed by operator:ana"
+    assert (cards[3]["remediation"]["stage"], cards[3]["health"]["by"]) == ("faulted", "operator:ana")
+    assert [(s["stage"], s["reason"]) for s in cards[4]["remediation"]["history"]] == [
+        ("faulted", "riser replaced"),  # no new work at once
+        ("quarantined", "retired by operator:ana (riser replaced)"),
+        ("drained", "no holder and no process"),
+        ("retired", "drained; its fault retires it"),
+    ]
+    assert fake.calls.get("gpu_reset", 0) == 0  # a retired card is not reset
+    for word in ("2 (GPU-", "3 (GPU-", "4 (GPU-"):
+        assert f"operator ana marks card {word}" in caplog.text
+    assert "remediation serving (healed by operator:ana)" in caplog.text
+
+
 async def _cli(url: str, *argv: str) -> int:
     args = parser().parse_args(["health", "--nats-url", url, *argv])
     code: int = await args.run(args)

@@ -328,3 +328,25 @@ def test_the_remediator_adopts_the_ledger_s_remedies_and_keeps_the_cards_unhealt
 
 def _info(card: Card) -> CardInfo:
     return CardInfo(replace(card, health=Health.HEALTHY, health_reason="", remedy=Remedy.NONE))
+
+
+@pytest.mark.parametrize(
+    "inputs",
+    [
+        [fault(Action.NO_NEW_WORK)],
+        [fault(Action.RESET)],
+        [fault(Action.RESET), empty],
+        [fault(Action.RESET), empty, begin],
+        [fault(Action.RESET), empty, begin, reset(ResetOutcome.OK)],
+        [fault(Action.RETIRE), empty],
+        [retire],
+    ],
+    ids=["faulted", "quarantined", "drained", "resetting", "checking", "retired", "retiring"],
+)
+def test_an_operator_s_heal_wins_at_every_stage(inputs: list[Input]) -> None:
+    book = RemediationBook()
+    for i, step in enumerate(inputs):
+        step(book, 100.0 + i)
+    [back] = book.on_healed(A, "operator:ops", 200.0)
+    assert (back.stage, back.reason, book.of(A).remedy) == (Stage.SERVING, "healed by operator:ops", Remedy.NONE)
+    assert book.on_reset(A, ResetOutcome.OK, "", 201.0) == [] and book.on_check(A, (), 201.0) == []

@@ -17,7 +17,7 @@ from itertools import combinations
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, Grant, Node, OwnerKind
-from gpuledger_core.slots import holders_of_ids
+from gpuledger_core.slots import cards_of, holders_of_ids
 
 PodKey = tuple[str, str]  # (namespace, name): PodResources has no pod UID
 Served = Mapping[AllocationId, Collection[int]]
@@ -52,6 +52,7 @@ class Found:
     ids: tuple[str, ...]  # the device IDs the container gets
     rehome: bool = False  # the grant moves onto ``ids`` (they differ from its reserved IDs)
     guessed: bool = False  # picked among interchangeable reservations without knowing the pod
+    trade: Slot | None = None  # a look-alike pending container whose cards ``ids`` are on: swap first
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,8 +200,24 @@ def resolve(
         return Refused(f"no container on {ledger.node.name} has a reservation for {len(ids)} device(s)")
     decided = choose(fits, ledger.node, admitting)
     if isinstance(decided, Found):
-        return Found(decided.slot, ordered, rehome=True, guessed=decided.guessed)
+        trade = _trade(decided.slot, ids, fits, ledger.node)
+        return Found(decided.slot, ordered, rehome=True, guessed=decided.guessed, trade=trade)
     return decided
+
+
+def _trade(slot: Slot, ids: frozenset[str], pending_slots: tuple[Slot, ...], node: Node) -> Slot | None:
+    """Free IDs on cards another pending container reserved, one that looks like ``slot``'s: the
+    two trade reservations before ``slot`` moves onto the IDs. Neither is admitted yet and which
+    of them holds which cards makes no difference to either; without it the move is refused
+    whenever that reservation holds the cards whole."""
+    cards = cards_of(ids)
+    if cards_of(slot.ids) == cards:
+        return None
+    mine = signature(slot, node)
+    return next(
+        (s for s in pending_slots if cards_of(s.ids) == cards and s != slot and signature(s, node) == mine),
+        None,
+    )
 
 
 def _within_pod(

@@ -291,9 +291,10 @@ class PluginService:
     async def _bind(self, found: m.Found) -> Outcome:
         slot, ref = found.slot, (found.slot.allocation.id, found.slot.index)
         now, inventory = self.clock(), self.inventory
+        trade = None if found.trade is None else ((found.trade.allocation.id, found.trade.index), found.trade.ids)
 
         def bound(ledger: NodeLedger | None) -> NodeLedger:
-            new = bind(ledger, ref, slot.ids, found.ids, now)
+            new = bind(ledger, ref, slot.ids, found.ids, now, trade)
             if self.policy.names_devices and inventory is not None:  # on the cards it binds (a rehome moves them)
                 allocation = new.get(ref[0])
                 assert allocation is not None
@@ -312,6 +313,14 @@ class PluginService:
         self.steered.pop(frozenset(found.ids), None)
         how = "rehomed" if found.rehome else "guessed" if found.guessed else "exact"
         IDENTITY.labels(how).inc()
+        if found.trade is not None:
+            log.info(
+                "kubelet chose %s, on the cards reserved for %s: it and %s traded reservations",
+                ",".join(found.ids),
+                found.trade.describe(),
+                slot.describe(),
+                extra={"allocation": allocation.id, "node": self.node},
+            )
         log.info(
             "allocated %s to %s container %r (%s): cards %s",
             ",".join(found.ids),

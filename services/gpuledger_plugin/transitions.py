@@ -1,6 +1,7 @@
 """The plugin's ledger changes, as pure transitions for ``LedgerStore.mutate``.
 
-- ``bind``: the container was answered: its grant holds the IDs kubelet chose, and the
+- ``bind``: the container was answered: its grant holds the IDs kubelet chose (trading
+  reservations first with a look-alike pending container whose cards they are on), and the
   allocation is ``bound``;
 - ``rehome``: a grant moves onto the device IDs kubelet chose (same shares, maybe other cards of
   the same model), only if the cards still fit;
@@ -27,22 +28,31 @@ def bind(
     expected: Collection[str],
     ids: Collection[str],
     now: float,
+    trade: tuple[GrantRef, Collection[str]] | None = None,
 ) -> NodeLedger:
-    """Re-home the grant onto ``ids`` if they differ, then commit (reserved -> bound).
+    """Re-home the grant onto ``ids`` if they differ, then commit (reserved -> bound); with
+    ``trade`` (another grant and its IDs), the two swap their reservations first.
 
-    ``expected`` is the grant's IDs when the decision was made; if someone changed them since,
-    the decision is stale and this raises ``Conflict``.
+    ``expected`` is the grant's IDs when the decision was made; if someone changed them since (or
+    the traded grant's), the decision is stale and this raises ``Conflict``.
     """
     ledger = _present(ledger)
-    grant = _grant(ledger, ref)
-    if frozenset(grant.device_ids) != frozenset(expected):
-        raise Conflict(f"the reservation of container {grant.container!r} changed while answering")
-    if frozenset(ids) != frozenset(grant.device_ids):
+    _expect(ledger, ref, expected)
+    if trade is not None:
+        _expect(ledger, *trade)
+        ledger = swap(ledger, ref, trade[0])
+    if frozenset(ids) != frozenset(_grant(ledger, ref).device_ids):
         ledger = rehome(ledger, ref, ids)
     allocation = _allocation(ledger, ref[0])
     if allocation.state is AllocState.RESERVED:
         ledger = commit(ledger, allocation.id, now)
     return ledger
+
+
+def _expect(ledger: NodeLedger, ref: GrantRef, expected: Collection[str]) -> None:
+    grant = _grant(ledger, ref)
+    if frozenset(grant.device_ids) != frozenset(expected):
+        raise Conflict(f"the reservation of container {grant.container!r} changed while answering")
 
 
 def rehome(ledger: NodeLedger, ref: GrantRef, ids: Collection[str]) -> NodeLedger:

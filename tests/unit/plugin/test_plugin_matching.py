@@ -6,6 +6,7 @@ from gpuledger_core.ids import AllocationId
 from gpuledger_core.model import Grant
 from gpuledger_core.slots import node_slots
 from gpuledger_plugin.matching import Ambiguous, Found, Refused, pending, resolve, steer
+from gpuledger_plugin.transitions import bind
 
 from .plugin_fixtures import SLOTS, ids_of, ledger_with, node, pod, share
 
@@ -109,6 +110,35 @@ def test_resolve_rehomes_free_ids_onto_the_only_reservation_of_that_size() -> No
     assert isinstance(got, Found)
     assert got.rehome
     assert got.slot.allocation.owner.name == "a"
+
+
+def test_free_slot_of_a_card_a_look_alike_pending_pod_reserved_trades_the_reservations() -> None:
+    """kubelet gives the oldest pending pod's container a free slot of the card a younger pod
+    reserved whole; both are still to admit and look alike: they trade reservations, and the
+    container moves onto the slot kubelet chose, rather than being refused for a card held."""
+    ledger = ledger_with(
+        pod("old", Grant("c", (share(0, exclusive=True),)), created=1.0),
+        pod("young", Grant("c", (share(1, exclusive=True),)), created=2.0),
+    )
+    got = resolve(ledger, {}, ["GPU-1::2"])
+    assert isinstance(got, Found)
+    assert got.slot.allocation.owner.name == "old"
+    assert got.trade is not None and got.trade.allocation.owner.name == "young"
+    trade = ((got.trade.allocation.id, got.trade.index), got.trade.ids)
+    bound = bind(ledger, (got.slot.allocation.id, got.slot.index), got.slot.ids, got.ids, 5.0, trade)
+    assert ids_of(bound, "old") == ("GPU-1::2",)
+    assert ids_of(bound, "young") == ids_of(ledger, "old")
+
+
+def test_a_card_reserved_by_a_pod_of_another_shape_is_not_traded() -> None:
+    ledger = ledger_with(
+        pod("a", Grant("c", (share(0, exclusive=True),))),
+        pod("b", Grant("c", (share(1, mem=2048),))),
+    )
+    got = resolve(ledger, {}, ["GPU-1::2"], admitting={("ns", "a")})
+    assert isinstance(got, Found)
+    assert got.slot.allocation.owner.name == "a"
+    assert got.trade is None  # binding it fails: the card is not free for a whole-card grant
 
 
 def test_resolve_refuses_ids_spanning_two_pods() -> None:

@@ -1,5 +1,7 @@
 // The dashboard: every node and card, filled bars for memory and compute, holders on hover and
-// click, health colours; refreshed from /api/cluster whenever the ledger's event stream moves.
+// click, health colours and a card's repair (draining, resetting, retired, with its fault's reason);
+// refreshed from /api/cluster whenever the ledger's event stream moves. A card's remediation history
+// is its node inventory's, not the ledger's: `gpuledger health --node N` shows it.
 "use strict";
 const $ = (id) => document.getElementById(id);
 let cluster = [];
@@ -13,16 +15,34 @@ function holderText(h) {
   return `${who}${h.container ? "[" + h.container + "]" : ""} (${share}, ${h.state})`;
 }
 
+// the ledger's remedy (docs/remediation.md) as the dashboard names it
+const REPAIRS = { drain: "draining", reset: "resetting", retired: "retired" };
+
+// "healthy", "unhealthy" (no new work, its holders stay) or the card's repair
+function cardState(card) { return REPAIRS[card.remedy] || card.health; }
+
+function stateText(card) {
+  const state = cardState(card);
+  return card.health_reason ? `${state}: ${card.health_reason}` : state;
+}
+
+function escape(text) {
+  return String(text).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
+}
+
 function cardElement(node, card) {
   const el = document.createElement("div");
-  el.className = "card" + (card.health === "healthy" ? "" : " unhealthy");
+  const state = cardState(card);
+  el.className = "card" + (state === "healthy" ? "" : " unhealthy") + (card.remedy ? ` repair ${state}` : "");
   el.dataset.node = node.name;
   el.dataset.index = card.index;
   const memUsed = card.memory_mib - card.free_mem_mib;
   const coreUsed = 1000 - card.free_core_milli;
-  el.title = card.holders.map(holderText).join("\n") || "free";
+  const holders = card.holders.map(holderText).join("\n") || "free";
+  el.title = state === "healthy" ? holders : `${stateText(card)}\n${holders}`;
+  const why = state === "healthy" ? "" : `<div class="state" title="${escape(stateText(card))}">${escape(stateText(card))}</div>`;
   el.innerHTML = `
-    <div class="label"><b>card ${card.index}</b><span>${card.model}</span><span class="health">${card.health}</span></div>
+    <div class="label"><b>card ${card.index}</b><span>${card.model}</span><span class="health">${state}</span></div>${why}
     <div class="bar mem" title="memory ${memUsed}/${card.memory_mib} MiB"><div style="width:${pct(memUsed, card.memory_mib)}%"></div></div>
     <div class="bar core" title="compute ${coreUsed / 10}%"><div style="width:${pct(coreUsed, 1000)}%"></div></div>
     <div class="label"><span class="mem-text">${memUsed}/${card.memory_mib} MiB</span><span class="holders">${card.holders.length} holder(s)</span></div>`;
@@ -62,8 +82,11 @@ function showDetails() {
   const card = node && node.cards.find((c) => c.index === selected[1]);
   if (!card) { box.hidden = true; return; }
   const rows = card.holders.map((h) => `<tr><td>${holderText(h)}</td><td>${h.allocation_id}</td></tr>`).join("");
-  box.innerHTML = `<button id="close" title="close">×</button><b>${node.name} card ${card.index}</b> ${card.uuid}<br>${card.model}, ${card.health}, ` +
-    `${card.free_mem_mib} MiB and ${card.free_core_milli / 10}% compute free` +
+  const repair = card.remedy
+    ? `<p class="repair-note">${escape(stateText(card))}<br>its history: <code>gpuledger health --node ${escape(node.name)}</code></p>`
+    : "";
+  box.innerHTML = `<button id="close" title="close">×</button><b>${node.name} card ${card.index}</b> ${card.uuid}<br>${card.model}, ${escape(stateText(card))}, ` +
+    `${card.free_mem_mib} MiB and ${card.free_core_milli / 10}% compute free` + repair +
     `<table>${rows || "<tr><td>no holders</td></tr>"}</table>`;
   box.hidden = false;
   $("close").addEventListener("click", () => { selected = null; box.hidden = true; });

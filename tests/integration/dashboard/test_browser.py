@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from nats.aio.client import Client
 
+from gpuledger_common.announce import announce
+from gpuledger_core.model import Health, Remedy
+from gpuledger_dev.fleet import Fleet
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 from tests.support.browser import chromium
 from tests.support.replicas import RunningAllocator
@@ -17,12 +22,18 @@ DETAILS = "document.getElementById('details')"
 FILTER = "document.getElementById('filter-node')"
 
 
+def p4_card(index: int) -> str:
+    return f'document.querySelector(\'.card[data-node="p4-0"][data-index="{index}"]\')'
+
+
 def rtx_card() -> str:
     return 'document.querySelector(\'.card[data-node="rtx-0"][data-index="0"]\')'
 
 
 @pytest.mark.timeout(90)
-async def test_dashboard_shows_the_cluster_and_follows_allocations(allocator: RunningAllocator) -> None:
+async def test_dashboard_shows_the_cluster_and_follows_allocations(
+    allocator: RunningAllocator, nc: Client, fleet: Fleet
+) -> None:
     url = f"http://127.0.0.1:{allocator.http_port()}/"
     async with chromium() as page:
         await page.goto(url)
@@ -58,6 +69,23 @@ async def test_dashboard_shows_the_cluster_and_follows_allocations(allocator: Ru
             "!document.getElementById('details').hidden && document.getElementById('details').textContent"
         )
         assert "notebook-7" in details and "rtx-0 card 0" in details
+
+        # a card under repair is shown apart from a plain unhealthy one, with its fault's reason
+        p4 = next(n.node for n in fleet.nodes if n.node.name == "p4-0")
+        xid = "XID 79: GPU has fallen off the bus"
+        repairs = (replace(p4.cards[0], health=Health.UNHEALTHY, health_reason=xid, remedy=Remedy.DRAIN),)
+        repairs += (replace(p4.cards[1], health=Health.UNHEALTHY, health_reason="bad fan", remedy=Remedy.RETIRED),)
+        await announce(nc, [replace(p4, cards=repairs)])
+        draining = await page.wait_for(f"{p4_card(0)}.classList.contains('draining') && {p4_card(0)}.className")
+        assert draining == "card unhealthy repair draining"
+        assert await page.evaluate(f"{p4_card(0)}.querySelector('.health').textContent") == "draining"
+        assert await page.evaluate(f"{p4_card(0)}.querySelector('.state').textContent") == f"draining: {xid}"
+        assert await page.evaluate(f"{p4_card(0)}.title") == f"draining: {xid}\nfree"
+        assert await page.evaluate(f"{p4_card(1)}.className") == "card unhealthy repair retired"
+        await page.evaluate(f"{p4_card(1)}.click()")
+        details = await page.wait_for(f"{DETAILS}.textContent.includes('retired: bad fan') && {DETAILS}.textContent")
+        assert "gpuledger health --node p4-0" in details
+        assert await page.evaluate(f"{rtx_card()}.className") == "card"
 
         await page.evaluate(
             "(e => { e.value = 'p4'; e.dispatchEvent(new Event('input')); })(document.getElementById('filter-node'))"

@@ -73,8 +73,10 @@ async def test_dashboard_shows_the_cluster_and_follows_allocations(
         # a card under repair is shown apart from a plain unhealthy one, with its fault's reason
         p4 = next(n.node for n in fleet.nodes if n.node.name == "p4-0")
         xid = "XID 79: GPU has fallen off the bus"
-        repairs = (replace(p4.cards[0], health=Health.UNHEALTHY, health_reason=xid, remedy=Remedy.DRAIN),)
-        repairs += (replace(p4.cards[1], health=Health.UNHEALTHY, health_reason="bad fan", remedy=Remedy.RETIRED),)
+        repairs = (
+            replace(p4.cards[0], health=Health.UNHEALTHY, health_reason=xid, remedy=Remedy.DRAIN),
+            replace(p4.cards[1], health=Health.UNHEALTHY, health_reason="bad fan", remedy=Remedy.RETIRED),
+        )
         await announce(nc, [replace(p4, cards=repairs)])
         draining = await page.wait_for(f"{p4_card(0)}.classList.contains('draining') && {p4_card(0)}.className")
         assert draining == "card unhealthy repair draining"

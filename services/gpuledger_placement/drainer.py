@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 DRAINED = "GpuledgerCardDrained"
 BLOCKED = "GpuledgerDrainBlocked"
 DRAINING = "GpuledgerDrainingCard"
+RETIRED = "GpuledgerCardRetired"
 FIRST_BACKOFF_S = 5.0
 MAX_BACKOFF_S = 300.0
 PASS_S = 30.0
@@ -113,6 +114,8 @@ class Drainer:
     _going: set[str] = field(default_factory=set)  # pod uids evicted here or being deleted
     _blocked: set[str] = field(default_factory=set)  # pod uids told of a refusal
     _told: set[tuple[str, str]] = field(default_factory=set)  # cards whose Node Event was recorded
+    retired: dict[tuple[str, str], tuple[str, Card]] = field(default_factory=dict)  # (node, uuid) -> node, card
+    _told_retired: set[tuple[str, str]] = field(default_factory=set)  # retired cards whose Node Event was recorded
     _seen: set[str] = field(default_factory=set)  # uids looked at in this sweep
     _claim_pods: dict[str, list[PodRef]] = field(default_factory=dict)  # claim uid -> its pods, as last read
 
@@ -137,6 +140,10 @@ class Drainer:
         self._seen = set()
         for card in list(self.cards.values()):
             await self._drain(card)
+        for key, (node, retired) in list(self.retired.items()):
+            if key not in self._told_retired:
+                self._told_retired.add(key)
+                await self._tell_retired(node, retired)
         self._forget()
 
     def _rescan(self) -> None:
@@ -146,11 +153,16 @@ class Drainer:
             self._dirty.update(node for node, _ in self.cards)
         dirty, self._dirty = self._dirty, set()
         self.cards = {key: card for key, card in self.cards.items() if key[0] not in dirty}
+        self.retired = {key: found for key, found in self.retired.items() if key[0] not in dirty}
         for node in dirty:
             entry = self.view.entries.get(node)
             for card in draining(entry.ledger) if entry is not None else ():
                 self.cards[card.key] = card
+            for retired in entry.ledger.node.cards if entry is not None else ():
+                if retired.remedy is Remedy.RETIRED:
+                    self.retired[(node, retired.uuid)] = (node, retired)
         self._told &= set(self.cards)  # a card back (or gone) starts a new episode when it drains again
+        self._told_retired &= set(self.retired)  # one returned by an operator is told of again if retired again
         CARDS_DRAINING.set(len(self.cards))
 
     def _until_next(self) -> float:
@@ -283,6 +295,15 @@ class Drainer:
         path, body = node_event(card.node, DRAINING, message, "Warning", self.clock())
         await self._create(path, body, DRAINING)
         log.info("drain: %s", message)
+
+    async def _tell_retired(self, node: str, card: Card) -> None:
+        """A Warning on the Node, once per retirement: the card stays out until an operator acts."""
+        why = card.health_reason or "unhealthy"
+        message = (f"card {card.index} ({card.uuid}) is retired until an operator acts ({why}); "
+                   f"`gpuledger health --node {node}` shows its history")  # fmt: skip
+        path, body = node_event(NodeName(node), RETIRED, message, "Warning", self.clock())
+        await self._create(path, body, RETIRED)
+        log.warning("drain: node %s: %s", node, message)
 
     async def _event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         path, body = pod_event(pod, reason, message, "Warning", self.clock())

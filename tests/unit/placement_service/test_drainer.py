@@ -27,7 +27,7 @@ from gpuledger_core.model import (
     OwnerKind,
     Remedy,
 )
-from gpuledger_placement.drainer import BLOCKED, DRAINED, DRAINING, Drainer, draining
+from gpuledger_placement.drainer import BLOCKED, DRAINED, DRAINING, RETIRED, Drainer, draining
 from gpuledger_placement.view import FleetView
 
 NODE = NodeName("n1")
@@ -265,6 +265,28 @@ async def test_the_node_is_told_once_per_episode() -> None:
     await worker.sweep()
     assert api.reasons().count(("Node", "n1", DRAINING)) == 2
     assert api.evictions() == ["first", "second"]
+
+
+async def test_a_retired_card_is_told_on_the_node_once_per_retirement() -> None:
+    api = FakeApi()
+    view = FleetView(None, 0.0, slots_per_card=4)
+    retired = NodeLedger(Node(NODE, (card(0), card(1, Remedy.RETIRED))), ())
+    view.apply(NODE, retired, 1)
+    worker = drainer(api, view)
+    await worker.sweep()
+    view.apply(NODE, retired, 2)
+    worker.changed(NODE)
+    await worker.sweep()
+    assert api.reasons() == [("Node", "n1", RETIRED)]
+    assert "card 1 (GPU-1) is retired until an operator acts (XID 79" in api.events[0]["message"]
+    assert api.evictions() == []
+    view.apply(NODE, NodeLedger(Node(NODE, (card(0), card(1))), ()), 3)  # an operator returned it
+    worker.changed(NODE)
+    await worker.sweep()
+    view.apply(NODE, retired, 4)  # retired again: told again
+    worker.changed(NODE)
+    await worker.sweep()
+    assert api.reasons() == [("Node", "n1", RETIRED)] * 2
 
 
 @pytest.mark.timeout(5)

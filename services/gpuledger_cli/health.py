@@ -13,7 +13,7 @@ from typing import Any
 from nats.aio.client import Client
 
 from gpuledger_cli import health_report
-from gpuledger_common import bus, inventory_api
+from gpuledger_common import bus, card_history, inventory_api
 from gpuledger_common.natscreds import FIELDS, HELP, credentials_of
 from gpuledger_common.settings import SettingsError, env_default, nats_servers
 from gpuledger_core import codec
@@ -98,24 +98,24 @@ async def connect(args: argparse.Namespace) -> Client:
     return await bus.connect(servers(args.nats_url), "gpuledger-cli", credentials=credentials)
 
 
-async def node_report(nc: Client, node: str, status: NodeStatus | None = None) -> health_report.NodeReport:
+async def node_report(nc: Client, node: str, status: NodeStatus | None = None) -> card_history.NodeReport:
     """The node's inventory's account; the ledger's (``status``, else asked for) if it does not answer."""
     try:
-        return health_report.from_inventory(await inventory_api.get_inventory(nc, node))
+        return card_history.from_inventory(await inventory_api.get_inventory(nc, node))
     except Unavailable as err:
         problem = f"its inventory does not answer: {err}"
     status = status or (await ledger_nodes(nc, node))[0]
-    return health_report.from_ledger(status, problem)
+    return card_history.from_ledger(status, problem)
 
 
-async def cluster_reports(nc: Client) -> list[health_report.NodeReport]:
+async def cluster_reports(nc: Client) -> list[card_history.NodeReport]:
     """Every node of the ledger; the inventory of each node with a card not serving is asked."""
     reports = []
     for status in await ledger_nodes(nc):
-        if health_report.needs_inventory(status):
+        if card_history.needs_inventory(status):
             reports.append(await node_report(nc, status.name, status))
         else:
-            reports.append(health_report.from_ledger(status, ""))
+            reports.append(card_history.from_ledger(status, ""))
     return reports
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from gpuledger_cli import health_report
 from gpuledger_cli.__main__ import main
+from gpuledger_common import card_history
 from gpuledger_core.ids import CardUuid, NodeName
 from gpuledger_core.model import Card, Health, Remedy
 from gpuledger_core.status import CardStatus, NodeStatus
@@ -96,7 +97,7 @@ def message() -> Any:
 
 
 def test_each_card_has_its_health_action_stage_and_since() -> None:
-    report = health_report.from_inventory(message())
+    report = card_history.from_inventory(message())
     got = {c.index: (c.health, c.action, c.stage, c.since, c.remedy) for c in report.cards}
     assert got == {
         0: ("healthy", "", "serving", 0.0, ""),
@@ -108,7 +109,7 @@ def test_each_card_has_its_health_action_stage_and_since() -> None:
 
 
 def test_a_history_merges_health_transitions_and_steps_in_time() -> None:
-    one = health_report.from_inventory(message()).cards[1]
+    one = card_history.from_inventory(message()).cards[1]
     assert [(e.at - T0, e.what, e.by) for e in one.history] == [
         (10, "fault", "xid"),
         (10, "quarantined", "rule:remediation"),
@@ -121,7 +122,7 @@ def test_a_history_merges_health_transitions_and_steps_in_time() -> None:
 
 
 def test_the_node_text_lists_every_card_then_the_histories() -> None:
-    text = health_report.node_text(health_report.from_inventory(message()), T0 + 160)
+    text = health_report.node_text(card_history.from_inventory(message()), T0 + 160)
     lines = text.splitlines()
     assert lines[0] == "node gpu-a: 5 card(s): 2 serving, 1 faulted, 1 quarantined, 1 retired"
     assert lines[1].split() == ["CARD", "UUID", "HEALTH", "ACTION", "STAGE", "SINCE", "REASON"]
@@ -134,7 +135,7 @@ def test_the_node_text_lists_every_card_then_the_histories() -> None:
 
 
 def test_the_node_text_of_one_card() -> None:
-    text = health_report.node_text(health_report.from_inventory(message()), T0, card="GPU-4")
+    text = health_report.node_text(card_history.from_inventory(message()), T0, card="GPU-4")
     assert text.splitlines()[0] == "node gpu-a: 1 card(s): 1 retired"
     assert "GPU-2" not in text and "card 4 (GPU-4):" in text
 
@@ -149,11 +150,11 @@ def ledger_card(
 def test_the_cluster_text_has_a_line_per_card_not_serving_and_totals() -> None:
     fine = NodeStatus(NodeName("gpu-b"), (ledger_card(0), ledger_card(1)))
     away = NodeStatus(NodeName("gpu-c"), (ledger_card(0, Health.UNHEALTHY, "XID 79", Remedy.RESET),))
-    assert not health_report.needs_inventory(fine) and health_report.needs_inventory(away)
+    assert not card_history.needs_inventory(fine) and card_history.needs_inventory(away)
     reports = [
-        health_report.from_inventory(message()),
-        health_report.from_ledger(fine, ""),
-        health_report.from_ledger(away, "its inventory does not answer"),
+        card_history.from_inventory(message()),
+        card_history.from_ledger(fine, ""),
+        card_history.from_ledger(away, "its inventory does not answer"),
     ]
     lines = health_report.cluster_text(reports, T0 + 160).splitlines()
     assert [line.split()[:5] for line in lines[1:5]] == [
@@ -167,7 +168,7 @@ def test_the_cluster_text_has_a_line_per_card_not_serving_and_totals() -> None:
 
 
 def test_the_json_has_every_node_s_cards_and_totals() -> None:
-    raw = health_report.to_json([health_report.from_inventory(message())])
+    raw = health_report.to_json([card_history.from_inventory(message())])
     assert json.loads(json.dumps(raw)) == raw
     assert raw["totals"] == {"faulted": 1, "quarantined": 1, "retired": 1, "serving": 2}
     two = raw["nodes"][0]["cards"][2]

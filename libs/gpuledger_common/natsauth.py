@@ -120,6 +120,7 @@ def permissions(role: Role, node: str = "") -> Permissions:
                 "$JS.FC.>",
                 f"{EVENTS}.>",
                 f"{PLACEMENT}.place",
+                f"{INVENTORY}.*.get",  # a card's history for the dashboard: the inventory's read only
                 LEDGER_YIELD,
             ),
             (f"{ALLOCATOR}.>", f"{INVENTORY}.*", f"{HEARTBEAT}.*", LEDGER_YIELD, inbox),

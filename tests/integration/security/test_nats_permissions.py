@@ -14,7 +14,7 @@ import pytest
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeout
 
-from gpuledger_common import bus
+from gpuledger_common import bus, inventory_api
 from gpuledger_common.announce import announce
 from gpuledger_common.natsauth import Role
 from gpuledger_common.natscreds import NatsCredentials
@@ -161,6 +161,30 @@ async def test_a_reader_reads_and_cannot_write(secure: SecureNats, ledger: Ledge
     assert violations(secure, "reader", "gpuledger.v1.allocator.release") == 1
     node_b, _ = await ledger.read("node-b")
     assert node_b is not None and node_b.node.labels == ()
+
+
+async def test_the_allocator_reads_an_inventory_and_cannot_mark_a_card(secure: SecureNats) -> None:
+    """The dashboard's card history: the allocator asks node-a's inventory ``get``; its
+    ``set_health`` stays the operator's."""
+    asked: list[str] = []
+
+    async def handler(body: object) -> object:
+        asked.append("get")
+        return {"node": {"name": "node-a"}}
+
+    async with connected(secure, Role.INVENTORY, "node-a") as inventory, connected(secure, Role.ALLOCATOR) as nc:
+        responder = await bus.Responder(inventory, inventory_api.get_subject("node-a"), handler).start()
+        marker = await bus.Responder(inventory, inventory_api.set_health_subject("node-a"), handler).start()
+        try:
+            said = await inventory_api.get_inventory(nc, "node-a", timeout=5.0)
+            assert said["node"]["name"] == "node-a"
+            with pytest.raises(Unavailable):  # a refused publish: nothing answers
+                await inventory_api.set_card_health(nc, "node-a", 0, True, "allocator", timeout=1.0)
+        finally:
+            await marker.close()
+            await responder.close()
+    assert asked == ["get"]
+    assert violations(secure, "allocator", "gpuledger.v1.inventory.node-a.set_health") == 1
 
 
 async def test_a_user_cannot_read_replies_to_another(secure: SecureNats) -> None:

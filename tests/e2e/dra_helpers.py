@@ -17,7 +17,7 @@ import yaml
 from gpuledger_dev.controlplane.api import ApiError, KubeApi
 from gpuledger_dev.controlplane.cluster import KWOK_NODE_LABEL, ControlPlane
 from gpuledger_dev.natsserver import NatsServer
-from gpuledger_inventory.app import Running, serve
+from gpuledger_inventory.app import Running, build_gpus, serve
 from gpuledger_inventory.kube import SliceApi
 from gpuledger_inventory.publisher import SlicePublisher
 from gpuledger_inventory.settings import InventorySettings
@@ -35,6 +35,7 @@ class DraNode:
     name: str
     api: KubeApi
     running: Running
+    nvml: Any = None  # its fake NVML, where a test injects faults
 
     @property
     def publisher(self) -> SlicePublisher:
@@ -83,10 +84,12 @@ async def dra_node(
         await api.create("/api/v1/nodes", body)
         stop = asyncio.Event()
         started: asyncio.Future[Running] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(serve(settings, slice_api=slice_api, stop=stop, on_started=started.set_result))
+        gpus, host = build_gpus(settings)
+        serving = serve(settings, gpus=gpus, host=host, slice_api=slice_api, stop=stop, on_started=started.set_result)
+        task = asyncio.create_task(serving)
         try:
             running = await asyncio.wait_for(asyncio.shield(started), 30)
-            yield DraNode(name, api, running)
+            yield DraNode(name, api, running, getattr(gpus, "nvml", None))
         finally:
             stop.set()
             await asyncio.wait_for(task, 30)

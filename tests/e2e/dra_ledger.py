@@ -79,10 +79,11 @@ async def bound(api: KubeApi, ns: str, name: str, timeout: float = 60) -> dict[s
 
 
 def gated_node(
-    cp: ControlPlane, server: NatsServer, profile: str, pods: int = 20
+    cp: ControlPlane, server: NatsServer, profile: str, pods: int = 20, **settings: Any
 ) -> contextlib.AbstractAsyncContextManager[DraNode]:
-    """A DRA node whose devices carry the binding condition: kube-scheduler waits for the ledger."""
-    return dra_node(cp, server, profile, pods, dra_binding_conditions=True)
+    """A DRA node whose devices carry the binding condition: kube-scheduler waits for the ledger;
+    ``settings``: more of its inventory's settings."""
+    return dra_node(cp, server, profile, pods, dra_binding_conditions=True, **settings)
 
 
 @dataclass
@@ -109,18 +110,24 @@ class World:
 
 @contextlib.asynccontextmanager
 async def gated_world(
-    cp: ControlPlane, server: NatsServer, kubeconfig: Path, profile: str, placement: bool = True, **settings: Any
+    cp: ControlPlane,
+    server: NatsServer,
+    kubeconfig: Path,
+    profile: str,
+    placement: bool = True,
+    node_settings: dict[str, Any] | None = None,
+    **settings: Any,
 ) -> AsyncIterator[World]:
     """kube-scheduler (a profile without the extender), the allocator and, unless not
     ``placement``, placement with the claims controller (and ``settings``); a gated DRA node of
-    ``profile``, its slices published and its ledger written; the DeviceClasses; a namespace of the
-    node's name."""
+    ``profile`` (its inventory with ``node_settings``), its slices published and its ledger
+    written; the DeviceClasses; a namespace of the node's name."""
     await asyncio.to_thread(cp.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
     async with contextlib.AsyncExitStack() as stack:
         allocator = await stack.enter_async_context(running_allocator(server.url))
         if placement:
             await stack.enter_async_context(placement_with_claims(server, kubeconfig, **settings))
-        node = await stack.enter_async_context(gated_node(cp, server, profile))
+        node = await stack.enter_async_context(gated_node(cp, server, profile, **(node_settings or {})))
         ns = await stack.enter_async_context(namespace(node.api, node.name))
         await published(node)
         await ensure_device_class(node.api)

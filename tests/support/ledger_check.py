@@ -105,6 +105,14 @@ def check(
     return report
 
 
+def over_capacity(ledgers: Iterable[NodeLedger], slots_per_card: int, *, mix_isolation: bool = False) -> list[str]:
+    """The findings of the first kind alone: every card over capacity."""
+    report = Report()
+    for ledger in ledgers:
+        _capacity(ledger, slots_per_card, report, mix_isolation)
+    return report.findings
+
+
 def _capacity(ledger: NodeLedger, slots_per_card: int, report: Report, mix_isolation: bool) -> None:
     use = node_use(ledger.live())
     for card in ledger.node.cards:

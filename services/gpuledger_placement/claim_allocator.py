@@ -31,7 +31,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -72,6 +72,7 @@ PODS = "/api/v1/pods"
 CLASSES = f"{RESOURCE}/deviceclasses"
 JSON_PATCH = "application/json-patch+json"
 RETRY_S = 5.0
+FINALIZE_TRIES = 5  # writes of a claim's finalizer before the claims controller is left to add it
 CONCURRENCY = 64  # pods settled at once: each holds its slot through four API calls and a ledger write
 CHANGE_RETRY_S = 0.5  # the first back-off of a waiting pod, doubled on each try up to retry_s
 EVENT_REPEAT_S = 60.0  # the same event on the same pod, at most this often
@@ -116,6 +117,7 @@ class ClaimAllocator:
     _on_change: set[str] = field(default_factory=set)  # waiting pods past their back-off: a change ends the wait
     _early: dict[str, _Early] = field(default_factory=dict)  # claim uid -> its allocation begun on its creation
     _pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # pod uid -> its newest gated version
+    _finalizers: set[asyncio.Task[None]] = field(default_factory=set)  # finalizers being written
     _told: dict[str, tuple[str, float]] = field(default_factory=dict)  # pod uid -> its last event's reason, when
     preempt: Callable[[Mapping[str, Any], ClaimAsk, list[str]], None] | None = None  # ``Preemptor.consider_claim``
 
@@ -328,7 +330,6 @@ class ClaimAllocator:
             return reserve(forget(ledger, allocation.id), allocation, mix_isolation=self.view.mix_isolation)
 
         self.claims.allocating.add(ref.uid)
-        finalized = asyncio.create_task(self._finalize(ref, raw))  # beside the compare-and-set, not after it
         try:
             for _ in range(CHOICE_ROUNDS):  # claims placed at once fill a node the view still shows free
                 ledgers = self._held_room(ref, now) or [
@@ -352,11 +353,9 @@ class ClaimAllocator:
                 break
             else:
                 raise Exhausted(f"{ref.describe()}: the nodes chosen for it kept filling up before it was written")
-            await self._write(ref, finalized, planned["status"], pod, planned["allocation"])
+            await self._write(ref, raw, planned["status"], pod, planned["allocation"])
         finally:
             self.claims.allocating.discard(ref.uid)
-            with contextlib.suppress(GpuledgerError):
-                await finalized  # its failure, if any, failed the write (or the claim stays unallocated)
         allocation = planned["allocation"]
         CLAIMS_ALLOCATED.inc()
         log.info(
@@ -399,44 +398,68 @@ class ClaimAllocator:
         if not task.cancelled():
             task.exception()
 
-    async def _finalize(self, ref: ClaimRef, raw: Mapping[str, Any]) -> dict[str, Any]:
-        """The claim with gpuledger's finalizer, written (where it lacks it) while the ledger's
-        compare-and-set runs: the claim cannot be deleted under an allocation the ledger holds. A
-        finalizer left on a claim that then fits nowhere does no harm: the claims controller
-        removes it when the claim is deleted (``ClaimsController._unfinalized``), and a claim that
-        is not allocated is never taken for mode C's."""
-        body = copy.deepcopy(dict(raw))
-        finalizers = body["metadata"].setdefault("finalizers", [])
-        if FINALIZER in finalizers:
-            return body
-        finalizers.append(FINALIZER)
-        return await self.api.replace_object(claim_path(ref), body)
-
     async def _write(
-        self,
-        ref: ClaimRef,
-        finalized: Awaitable[dict[str, Any]],
-        status: dict[str, Any],
-        pod: Mapping[str, Any],
-        held: Allocation,
+        self, ref: ClaimRef, raw: Mapping[str, Any], status: dict[str, Any], pod: Mapping[str, Any], held: Allocation
     ) -> None:
-        """The claim's allocation once its finalizer is written, reserved for the pod as
-        kube-scheduler's PreBind would reserve it (which then finds nothing to write).
-        kube-controller-manager keeps the reservation while the pod may still run, and drops it once
-        the pod is gone or deleted before being scheduled. If the API server refuses either write,
-        the claim as it is now decides (``ClaimsController.withdraw``): this entry is released unless
-        the claim was allocated meanwhile (by another replica: the ledger then follows that
-        allocation)."""
+        """The claim's allocation, reserved for the pod as kube-scheduler's PreBind would reserve it
+        (which then finds nothing to write), then gpuledger's finalizer beside the pod's way on
+        (``_finalize``). kube-controller-manager keeps the reservation while the pod may still run,
+        and drops it once the pod is gone or deleted before being scheduled. If the API server
+        refuses the write, the claim as it is now decides (``ClaimsController.withdraw``): this
+        entry is released unless the claim was allocated meanwhile (by another replica: the ledger
+        then follows that allocation)."""
         try:
-            body = await finalized
+            body = copy.deepcopy(dict(raw))
             meta = pod["metadata"]
             reserved = [r for r in (body.get("status") or {}).get("reservedFor") or [] if r.get("uid") != meta["uid"]]
             reserved.append({"resource": "pods", "name": meta["name"], "uid": meta["uid"]})
             body["status"] = {**(body.get("status") or {}), "allocation": status, "reservedFor": reserved}
-            await self.api.replace_object(f"{claim_path(ref)}/status", body)
+            written = await self.api.replace_object(f"{claim_path(ref)}/status", body)
         except GpuledgerError:
             await self.claims.withdraw(ref, held, "the claim's allocation could not be written")
             raise
+        self.claims.finalizing.add(ref.uid)
+        task = asyncio.create_task(self._finalize(ref, written))
+        self._finalizers.add(task)
+        task.add_done_callback(self._finalizers.discard)
+
+    async def _finalize(self, ref: ClaimRef, claim: Mapping[str, Any]) -> None:
+        """gpuledger's finalizer on the claim it has just allocated, so that the claim is not deleted
+        under an allocation the ledger holds while a pod may use it. It is written after the
+        allocation (with its resourceVersion) while the pod goes on to kube-scheduler, not on the
+        pod's way: the pod is scheduled a tenth of a second later at the earliest and starts later
+        still; a claim deleted in between is simply gone (its entry released by the claims
+        controller), and its pod cannot start without it. A claim changed meanwhile is read again;
+        one no longer allocated by gpuledger gets none; where every try fails, the claims controller
+        adds it (``ClaimsController._mend``)."""
+        path = claim_path(ref)
+        try:
+            for attempt in range(FINALIZE_TRIES):
+                meta = claim.get("metadata") or {}
+                if FINALIZER in (meta.get("finalizers") or []) or meta.get("deletionTimestamp"):
+                    return
+                if claims.ref_of(claim).uid != ref.uid or not claims.results_of(claim, self.claims.driver):
+                    return  # deallocated meanwhile (kube-scheduler's PostFilter), or another claim of that name
+                body = copy.deepcopy(dict(claim))
+                body["metadata"].setdefault("finalizers", []).append(FINALIZER)
+                try:
+                    await self.api.replace_object(path, body)
+                    return
+                except Conflict:
+                    pass
+                except GpuledgerError as err:
+                    log.warning("allocation: the finalizer of %s not written (%s); tried again", ref.describe(), err)
+                    await asyncio.sleep(min(RETRY_S, 0.2 * 2**attempt))
+                claim = await self.api.get_object(path)
+            log.error("allocation: the finalizer of %s could not be written; the claims controller adds it",
+                      ref.describe())  # fmt: skip
+        except NotFound:
+            return
+        except GpuledgerError as err:
+            log.error("allocation: the finalizer of %s not written (%s); the claims controller adds it",
+                      ref.describe(), err)  # fmt: skip
+        finally:
+            self.claims.finalizing.discard(ref.uid)
 
     def _held_room(self, ref: ClaimRef, now: float) -> list[NodeLedger]:
         """Where preemption holds the claim's room: that node's ledger as it will be once the claim

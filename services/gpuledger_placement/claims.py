@@ -62,6 +62,7 @@ RETRY_S = 1.0
 GRACE_S = 30.0  # an entry younger than this survives a listing that does not show its claim
 CONFLICT_ROUNDS = 5
 ALLOCATED_BY_LEDGER = "gpuledger.io/allocation"  # the finalizer of the claims mode C allocated
+DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"  # kube-scheduler's, on the claims it allocates
 ABSENT_RETRY_S = 60.0  # dra_claims=auto without DRA: how often to look again
 WRITING_S = 30.0  # an entry of an unallocated claim this young may be a placement replica's, still writing the claim
 UNUSED_AFTER_S = 10.0  # a mode-C claim reserved for no pod is deallocated no sooner after its allocation
@@ -99,6 +100,7 @@ class ClaimsController:
     # the claim from before that write must not release the entry (claim_allocator.py)
     allocating: set[str] = field(default_factory=set)
     written_here: dict[str, str] = field(default_factory=dict)  # claim uid -> the entry mode C just wrote for it
+    finalizing: set[str] = field(default_factory=set)  # claim uids whose finalizer mode C is writing now
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -247,6 +249,8 @@ class ClaimsController:
                 return
             if not gated or decided == COMMITTED:
                 CLAIMS.labels("mirrored" if not gated else "kept").inc()
+                if not gated:
+                    await self._mend(raw)
                 return
             message = f"ledger allocation {allocation.id} on {allocation.node}"
             if await self._decide(raw, devices, COMMITTED, "Reserved", message) is not None:
@@ -337,6 +341,28 @@ class ClaimsController:
         CLAIMS.labels("deallocated").inc()
         log.info("claims: %s deallocated: no pod uses it any more; its ledger entry released", ref.describe())
         return True
+
+    async def _mend(self, raw: Mapping[str, Any]) -> None:
+        """gpuledger's finalizer on a claim mode C allocated, where the allocator that wrote the
+        allocation could not write it after (it stopped in between, or every try failed). Such a
+        claim holds gpuledger's results with no binding condition and neither gpuledger's finalizer
+        nor kube-scheduler's own (kube-scheduler writes its finalizer before any allocation it
+        makes). One allocated less than ``WRITING_S`` ago is left to its allocator and looked at
+        again later."""
+        meta, ref = raw.get("metadata") or {}, claims.ref_of(raw)
+        finalizers = meta.get("finalizers") or []
+        if ALLOCATED_BY_LEDGER in finalizers or DELETE_PROTECTION in finalizers or meta.get("deletionTimestamp"):
+            return
+        if ref.uid in self.finalizing:
+            return
+        if self.clock() - fields.allocated_at(raw) < WRITING_S:
+            self._look_again(ref)
+            return
+        body = copy.deepcopy(dict(raw))
+        body["metadata"].setdefault("finalizers", []).append(ALLOCATED_BY_LEDGER)
+        with contextlib.suppress(Conflict, NotFound):  # changed meanwhile: its next version is settled
+            await self.api.replace_object(claim_path(ref), body)
+            log.warning("claims: %s: gpuledger's finalizer added (its allocator did not)", ref.describe())
 
     async def _being_written(self, raw: Mapping[str, Any], entry: Allocation) -> bool:
         """Whether the live entry of this unallocated claim may be mode C's, written by another

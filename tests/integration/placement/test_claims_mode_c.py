@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from nats.aio.client import Client
@@ -26,6 +26,7 @@ from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Allocation, AllocState, Node
 from gpuledger_core.preemption import PREEMPTED_BY
 from gpuledger_dev.fleet import Fleet
+from gpuledger_placement.claim_allocator import ClaimAllocator
 from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, DRIVER, WRITING_S, ClaimsController, claim_path
 from gpuledger_placement.view import FleetView
 
@@ -332,3 +333,51 @@ async def test_a_gate_waits_until_the_watch_of_claims_brings_the_claim_allocated
         watching.cancel()
         for task in controller._busy.values():
             task.cancel()
+
+
+async def test_a_claim_mode_c_allocated_without_its_finalizer_gets_it_from_the_claims_controller_once_old(
+    nc: Client, fleet: Fleet
+) -> None:
+    """The allocator writes the finalizer after the allocation; where it could not (it stopped in
+    between), the claims controller adds it once the allocation is ``WRITING_S`` old, and never to
+    a claim kube-scheduler allocated (its own finalizer) or one the allocator is finalizing now."""
+    api, store, view, controller = await world(nc)
+    bare, _ = await allocated_by_ledger(api, store, view, fleet, "bare", "gpu-0", age_s=60)
+    young, _ = await allocated_by_ledger(api, store, view, fleet, "young", "gpu-1", age_s=1)
+    theirs, _ = await allocated_by_ledger(api, store, view, fleet, "theirs", "gpu-2", age_s=60)
+    mine, _ = await allocated_by_ledger(api, store, view, fleet, "mine", "gpu-3", age_s=60)
+    reserved = [{"resource": "pods", "name": "app", "uid": "pod-1"}]
+    finalizers = {"bare": [], "young": [], "theirs": ["resource.kubernetes.io/delete-protection"], "mine": []}
+    for claim in (bare, young, theirs, mine):
+        path = claim_path(claims.ref_of(claim))
+        api.items[path]["metadata"]["finalizers"] = finalizers[claim["metadata"]["name"]]
+        api.items[path]["status"]["reservedFor"] = reserved
+    controller.finalizing.add("uid-mine")
+    for claim in (bare, young, theirs, mine):
+        await controller.settle(await api.get_object(claim_path(claims.ref_of(claim))))
+    after = {n: api.items[claim_path(ClaimRef(NS, n, f"uid-{n}"))]["metadata"]["finalizers"] for n in finalizers}
+    assert after == {"bare": [ALLOCATED_BY_LEDGER], "young": [], "mine": [],
+                     "theirs": ["resource.kubernetes.io/delete-protection"]}  # fmt: skip
+    assert set(controller._rechecks) == {"uid-young"}  # left to its allocator, looked at again later
+    controller._rechecks.pop("uid-young").cancel()
+
+
+async def test_the_allocator_writes_the_finalizer_after_the_allocation_read_again_on_a_conflict(
+    nc: Client, fleet: Fleet
+) -> None:
+    api, store, view, controller = await world(nc)
+    claim, _ = await allocated_by_ledger(api, store, view, fleet, "new", "gpu-0", age_s=0)
+    path = claim_path(claims.ref_of(claim))
+    api.items[path]["metadata"]["finalizers"] = []
+    allocator = ClaimAllocator(cast(Any, api), controller, view, policy=lambda: cast(Any, None))
+    stale = await api.get_object(path)
+    api.put(path, await api.get_object(path))  # changed since: the first write conflicts
+    controller.finalizing.add("uid-new")
+    await allocator._finalize(claims.ref_of(claim), stale)
+    assert api.items[path]["metadata"]["finalizers"] == [ALLOCATED_BY_LEDGER] and controller.finalizing == set()
+    gone, _ = await allocated_by_ledger(api, store, view, fleet, "dealloc", "gpu-1", age_s=0)
+    gone_path = claim_path(claims.ref_of(gone))
+    api.items[gone_path]["metadata"]["finalizers"] = []
+    api.items[gone_path]["status"] = {}  # deallocated meanwhile: no finalizer for it
+    await allocator._finalize(claims.ref_of(gone), await api.get_object(gone_path))
+    assert api.items[gone_path]["metadata"]["finalizers"] == []

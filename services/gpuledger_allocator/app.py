@@ -12,6 +12,7 @@ from grpclib.server import Server
 from nats.aio.client import Client
 
 from gpuledger_allocator.api_grpc import AllocatorApi
+from gpuledger_allocator.api_history import inventory_asker
 from gpuledger_allocator.api_nats import serve_nats
 from gpuledger_allocator.dashboard import dashboard_app
 from gpuledger_allocator.finder import BuiltinFinder, PlacementFinder
@@ -105,7 +106,7 @@ async def _serve(
     grpc = await _serve_apis(settings, stack, nc, service)
     stack.callback(unregister_metrics, view)
     lifecycle.background(stack, tasks, register_metrics(view).warm())
-    ops = ops_app(lambda: "" if nc.is_connected else "NATS disconnected", dashboard_app(view))
+    ops = ops_app(lambda: "" if nc.is_connected else "NATS disconnected", dashboard_app(view, inventory_asker(nc)))
     http = await lifecycle.http_site(stack, ops, settings.http_host, settings.http_port)
     host, port = settings.grpc_listen_host, _grpc_port(grpc)
     ops_port = bound_port(http)

@@ -1,4 +1,5 @@
-"""The web dashboard: a small static page, the cluster as JSON, and the ledger's events as SSE."""
+"""The web dashboard: a small static page, the cluster as JSON, the ledger's events as SSE, and a
+card's history (api_history.py: asked of its node's inventory)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
+from gpuledger_allocator.api_history import AskInventory, history_route
 from gpuledger_allocator.queries import cluster
 from gpuledger_allocator.view import ClusterView
 from gpuledger_core import codec
@@ -22,7 +24,7 @@ STATIC = Path(__file__).resolve().parent / "static"
 KEEPALIVE_S = 15.0
 
 
-def dashboard_app(view: ClusterView) -> web.Application:
+def dashboard_app(view: ClusterView, ask_inventory: AskInventory) -> web.Application:
     app = web.Application()
 
     async def index(_: web.Request) -> web.FileResponse:
@@ -59,5 +61,6 @@ def dashboard_app(view: ClusterView) -> web.Application:
     app.router.add_get("/", index)
     app.router.add_get("/api/cluster", cluster_json)
     app.router.add_get("/api/events", events)
+    app.router.add_get("/api/nodes/{node}/cards/{uuid}/history", history_route(view, ask_inventory))
     app.router.add_static("/static", STATIC)
     return app

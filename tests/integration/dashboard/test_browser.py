@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
+from gpuledger_common import bus
 from gpuledger_common.announce import announce
+from gpuledger_common.inventory_api import get_subject
 from gpuledger_core.model import Health, Remedy
 from gpuledger_dev.fleet import Fleet
 from gpuledger_proto.gpuledger.allocator import v1 as pb
@@ -24,6 +26,37 @@ FILTER = "document.getElementById('filter-node')"
 
 def p4_card(index: int) -> str:
     return f'document.querySelector(\'.card[data-node="p4-0"][data-index="{index}"]\')'
+
+
+HISTORY = f"[...{DETAILS}.querySelectorAll('.timeline .step')].map(s => [...s.children].map(c => c.textContent))"
+T0 = 1_700_000_000.0  # 2023-11-14 22:13:20Z
+
+
+def p4_inventory(uuid: str) -> bus.Handler:
+    """p4-0's inventory answering ``get``: card 1 faulted, then retired by an operator."""
+    by_hand = "retired by operator:ana (<i>fan</i> replaced)"
+    steps = [("quarantined", 1, by_hand), ("drained", 2, "no holder and no process"), ("retired", 3, "drained")]
+    card = {
+        "uuid": uuid,
+        "index": 1,
+        "health": {"state": "unhealthy", "reason": "bad fan", "since": T0, "by": "operator:ana", "action": "retire"},
+        "remediation": {
+            "stage": "retired",
+            "since": T0 + 3,
+            "history": [{"at": T0 + dt, "stage": stage, "reason": why} for stage, dt, why in steps],
+        },
+    }
+    fault = {"node": "p4-0", "at": T0, "uuid": uuid, "health": "unhealthy", "reason": "bad fan", "by": "operator:ana"}
+    message = {
+        "node": {"name": "p4-0", "cards": [{"uuid": uuid, "remedy": "retired"}]},
+        "at": T0 + 3,
+        "extra": {"cards": [card], "health_log": [fault]},
+    }
+
+    async def answer(_: object) -> object:
+        return message
+
+    return answer
 
 
 def rtx_card() -> str:
@@ -69,6 +102,9 @@ async def test_dashboard_shows_the_cluster_and_follows_allocations(
             "!document.getElementById('details').hidden && document.getElementById('details').textContent"
         )
         assert "notebook-7" in details and "rtx-0 card 0" in details
+        # nobody serves rtx-0's inventory: the page says its history cannot be had
+        unavailable = await page.wait_for(f"{DETAILS}.querySelector('#history .problem')?.textContent")
+        assert unavailable == "history unavailable: the node's inventory did not answer"
 
         # a card under repair is shown apart from a plain unhealthy one, with its fault's reason
         p4 = next(n.node for n in fleet.nodes if n.node.name == "p4-0")
@@ -78,6 +114,7 @@ async def test_dashboard_shows_the_cluster_and_follows_allocations(
             replace(p4.cards[1], health=Health.UNHEALTHY, health_reason="bad fan", remedy=Remedy.RETIRED),
         )
         await announce(nc, [replace(p4, cards=repairs)])
+        inventory = await bus.Responder(nc, get_subject("p4-0"), p4_inventory(p4.cards[1].uuid)).start()
         draining = await page.wait_for(f"{p4_card(0)}.classList.contains('draining') && {p4_card(0)}.className")
         assert draining == "card unhealthy repair draining"
         assert await page.evaluate(f"{p4_card(0)}.querySelector('.health').textContent") == "draining"
@@ -87,6 +124,19 @@ async def test_dashboard_shows_the_cluster_and_follows_allocations(
         await page.evaluate(f"{p4_card(1)}.click()")
         details = await page.wait_for(f"{DETAILS}.textContent.includes('retired: bad fan') && {DETAILS}.textContent")
         assert "gpuledger health --node p4-0" in details
+        # its history, asked of p4-0's inventory: a timeline of its stages, every word as text
+        steps = await page.wait_for(f"{DETAILS}.querySelectorAll('.timeline .step').length === 4 && {HISTORY}")
+        await inventory.close()
+        assert [step[1] for step in steps] == ["fault", "quarantined", "drained", "retired"]
+        assert steps[0] == ["2023-11-14 22:13:20Z", "fault", "bad fan", "operator:ana"]
+        by_hand = [
+            "2023-11-14 22:13:21Z",
+            "quarantined",
+            "retired by operator:ana (<i>fan</i> replaced)",
+            "operator:ana",
+        ]
+        assert steps[1] == by_hand and steps[-1][3] == "rule:remediation"
+        assert await page.evaluate(f"{DETAILS}.querySelector('.timeline i') === null")
         assert await page.evaluate(f"{rtx_card()}.className") == "card"
 
         await page.evaluate(

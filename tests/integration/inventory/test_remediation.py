@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -216,6 +217,56 @@ async def test_an_operator_s_word_always_wins_and_is_logged(
     for word in ("2 (GPU-", "3 (GPU-", "4 (GPU-"):
         assert f"operator ana marks card {word}" in caplog.text
     assert "remediation serving (healed by operator:ana)" in caplog.text
+
+
+async def test_the_dashboard_shows_a_card_s_history_asked_of_its_inventory(
+    nats_server: NatsServer, allocator: RunningAllocator, tmp_path: Path
+) -> None:
+    """GET /api/nodes/<node>/cards/<uuid>/history: the allocator asks the node's inventory; a
+    name that is not one is refused (400), an unknown node or card is not found (404), and an
+    inventory that does not answer is said to, with what the ledger shows."""
+    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    api = allocator.stub()
+    nodes = f"http://127.0.0.1:{allocator.http_port()}/api/nodes"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        async with inventory(nats_server.url, fake, tmp_path / "health.json"):
+            uuid = (await wait_for(lambda: _with(api, 2, health="healthy"), what="gpu-a in the ledger")).uuid
+            history = f"{nodes}/gpu-a/cards/{uuid}/history"
+            fake.inject_xid(2, 79)
+            await wait_for(lambda: _with(api, 2, remedy="drain"), what="card 2 to be drained")
+            status, body = await _get(http, history)
+            assert (status, body["stage"], body["problem"]) == (200, "quarantined", "")
+            assert [e["what"] for e in body["history"]] == ["fault", "quarantined"]
+
+            fake.set_processes(2, [])
+            await wait_for(lambda: _with(api, 2, health="healthy", remedy=""), what="card 2 back")
+            status, body = await _get(http, history)
+            assert (status, body["health"], body["stage"], body["source"]) == (200, "healthy", "serving", "inventory")
+            whats = [e["what"] for e in body["history"]]
+            assert whats == ["fault", "quarantined", "drained", "resetting", "reset", "back", "healthy"]
+            fault, back = body["history"][0], body["history"][-2]
+            assert (fault["by"], back["by"]) == ("xid", "rule:remediation") and fault["reason"].startswith("XID 79")
+            assert all(e["at"] > 0 for e in body["history"])
+
+            for path, code, word in (
+                (f"{nodes}/gpu-*/cards/{uuid}/history", 400, "node: "),
+                (f"{nodes}/GPU-A/cards/{uuid}/history", 400, "node: "),
+                (f"{nodes}/gpu-a/cards/card-2/history", 400, "uuid: "),
+                (f"{nodes}/gpu-b/cards/{uuid}/history", 404, "not in the ledger"),
+                (f"{nodes}/gpu-a/cards/GPU-0000/history", 404, "not on node"),
+            ):
+                status, body = await _get(http, path)
+                assert status == code and word in body["error"], (path, body)
+
+        status, body = await _get(http, history)  # its inventory stopped: the ledger's word
+    assert (status, body["source"], body["history"]) == (200, "ledger", [])
+    assert body["problem"] == "history unavailable: the node's inventory did not answer"
+    assert body["health"] == "healthy" and body["uuid"] == uuid
+
+
+async def _get(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
+    async with http.get(url) as reply:
+        return reply.status, await reply.json()
 
 
 async def _cli(url: str, *argv: str) -> int:

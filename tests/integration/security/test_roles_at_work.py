@@ -1,7 +1,8 @@
 """Each service does its work with its own NATS user and nothing more: the allocator and
 placement as themselves, each node's inventory and plugin as that node's users, the operator's
-``gpuledger health``, over TLS; a reader may see ``gpuledger health``'s report; the only permission
-violation is the reader's attempt to set a card's health."""
+``gpuledger health``, over TLS; a reader may see ``gpuledger health``'s report, and the dashboard
+a card's history (the allocator asks the inventory); the only permission violation is the
+reader's attempt to set a card's health."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 from nats.aio.client import Client
 
@@ -28,7 +31,7 @@ from gpuledger_inventory.app import serve as serve_inventory
 from gpuledger_inventory.settings import InventorySettings
 from gpuledger_plugin.ledger_port import StoreLedger
 from gpuledger_proto.gpuledger.allocator import v1 as pb
-from tests.support.replicas import running_allocator, running_placement, wait_for
+from tests.support.replicas import RunningAllocator, running_allocator, running_placement, wait_for
 
 FLEET_YAML = """
 nodes:
@@ -85,6 +88,13 @@ async def running_inventory(secure: SecureNats, node: str, directory: Path) -> A
         await asyncio.wait_for(task, 10.0)
 
 
+async def dashboard_history(allocator: RunningAllocator, uuid: str) -> Any:
+    url = f"http://127.0.0.1:{allocator.http_port()}/api/nodes/node-a/cards/{uuid}/history"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http, http.get(url) as reply:
+        assert reply.status == 200
+        return await reply.json()
+
+
 async def test_every_service_works_with_its_own_user(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     async with secure_nats(["node-a", "node-b"]) as secure:
@@ -125,6 +135,9 @@ async def test_every_service_works_with_its_own_user(tmp_path: Path, caplog: pyt
                 assert sorted(r.node for r in await cluster_reports(nc)) == ["node-a", "node-b"]
                 with pytest.raises(Unavailable):
                     await set_card_health(nc, "node-a", 0, True, "reader", "", timeout=1.0)
+            history = await dashboard_history(allocator, card.uuid)  # the allocator asks node-a's inventory
+            assert (history["health"], history["source"], history["problem"]) == ("unhealthy", "inventory", "")
+            assert [(e["what"], e["by"]) for e in history["history"]] == [("fault", "operator:ops")]
         assert "starting with" in caplog.text  # the settings were logged, and no password with them
         assert not [user for user, password in secure.passwords.items() if password in caplog.text]
         refused = [line for line in secure.log.splitlines() if "Violation" in line]

@@ -9,7 +9,7 @@ Answered by the node's inventory (request/reply with the ``bus`` envelope):
 - ``gpuledger.v1.inventory.<node>.set_health``: ``{"uuid"|"index", "healthy", "by", "note", "retire"}``
 - ``gpuledger.v1.inventory.<node>.get``: ``{}`` -> the current ``InventoryMessage`` (each card's
   health, action, remediation stage and history in ``extra``: what ``gpuledger health`` shows;
-  a reader may ask it)
+  a reader may ask it, and the allocator, for the dashboard's card history)
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def test_dev_up_once_runs_the_scenario() -> None:
     assert "scenario passed" in done.stdout
     assert "FAIL" not in done.stdout
     assert "demo/app-a[app]" in done.stdout  # the ledger table is printed
-    assert "unhealthy (XID 79)" in done.stdout
+    assert "unhealthy (XID 79: GPU has fallen off the bus)" in done.stdout
     assert "stopped every process; removed sockets and logs" in done.stdout
 
 

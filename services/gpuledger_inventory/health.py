@@ -156,6 +156,10 @@ class HealthBook:
         self.cards[uuid] = CardHealth(Health.HEALTHY, Cause.NONE, "", now, by)
         return [self._record(Transition(now, uuid, Health.HEALTHY, reason, by))]
 
+    def on_repaired(self, uuid: CardUuid, by: str, now: float) -> list[Transition]:
+        """Rule ``remediation``: the card was drained, reset where it needed it, and passed its check."""
+        return self._heal(uuid, by, "repaired and checked: back in service", now)
+
     def on_nvml_up(self, now: float) -> list[Transition]:
         """Rule ``nvml-returned``: heal the cards that were unhealthy only because NVML failed."""
         if not self.policy.recover_on_nvml_return:

@@ -161,8 +161,7 @@ class Remediator:
         steps = self.book.on_check(uuid, problems, now)
         healed: list[Transition] = []
         if self.book.of(uuid).stage is Stage.SERVING:
-            # the health book's own heal, recorded by this rule (its public set() says "operator:")
-            healed = self.host.state.book._heal(uuid, BY, "repaired and checked: back in service", now)
+            healed = self.host.state.book.on_repaired(uuid, BY, now)
         await self.host.changed(steps, healed)
 
     def _card(self, uuid: CardUuid) -> Card | None:

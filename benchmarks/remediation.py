@@ -53,6 +53,7 @@ NODES = ("a100-0", "a100-1")
 CARDS, CARD_MIB = 8, 81920
 REPLICAS, SHARE_MIB = 12, 40000
 POLL_S = 0.1
+ROUND_S = 300.0
 FAKE_RESET_S = 0.5  # the fake NVML's reset of a card without a script (docs/fleet-file.md)
 
 
@@ -246,6 +247,17 @@ def report(rounds: list[Round], model: Model) -> None:
         print(f"\nGPU-hours lost, node-level / card-granular: {totals['node'] / totals['card']:.1f}x")
 
 
+async def bounded(work: Awaitable[Round], seconds: float) -> Round:
+    """``work``, cut off after ``seconds`` with every task's stack printed (where it waited)."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await work
+    except TimeoutError:
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=8)
+        raise
+
+
 def fleet_file() -> Path:
     path = Path(tempfile.mkdtemp(prefix="gl-remediation-")) / "fleet.yaml"
     path.write_text(yaml.safe_dump({"nodes": [{"name": n, "profile": "a100-sxm-8"} for n in NODES]}))
@@ -261,7 +273,7 @@ async def main_async(rounds: int, model: Model) -> None:
         async with ledger_reader(stack.nats_url, stack.operator) as read:
             for index in range(rounds):
                 for run in (card_round, node_round):
-                    found = await run(stack, cluster.api, read, index)
+                    found = await bounded(run(stack, cluster.api, read, index), ROUND_S)
                     _say(str(found))
                     results.append(found)
         report(results, model)

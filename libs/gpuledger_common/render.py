@@ -76,7 +76,8 @@ def allocation(a: Allocation) -> str:
 
 
 def _health(card: Card) -> str:
-    """A card's health, why, and its repair when one is under way (``unhealthy (XID 79: GPU has fallen off the bus) [drain]``)."""
+    """A card's health, why, and its repair when one is under way
+    (``unhealthy (XID 79: GPU has fallen off the bus) [drain]``)."""
     reason = f" ({card.health_reason})" if card.health_reason else ""
     remedy = f" [{card.remedy.value}]" if card.remedy else ""
     return card.health.value + reason + remedy

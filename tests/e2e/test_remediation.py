@@ -194,7 +194,7 @@ async def _repaired_then_retired(
     by_uid = {p["metadata"]["uid"]: p["metadata"]["name"] for p in first}
     fault = await node.fail(card)
     await node.reached(card, Stage.QUARANTINED, fault)
-    again = await wait_for(_replaced(api, ns, set(by_uid) - victims), 120, "the evicted pods replaced", POLL_S)
+    again = await wait_for(_replaced(api, ns, set(by_uid) - victims, victims), 120, "the evicted pods replaced", POLL_S)
     new = {p["metadata"]["uid"] for p in again} - set(by_uid)
     found = next(n for n in await sampler.read() if n.node.name == sampler.node)
     none_on(found, card, new)
@@ -231,8 +231,12 @@ async def _still_retired(sampler: LedgerSampler) -> bool:
     return bool(after) and all(s.remedy is Remedy.RETIRED for s in after) and after[-1].at - after[0].at >= 3
 
 
-def _replaced(api: KubeApi, ns: str, kept: set[str]) -> Callable[[], Awaitable[list[dict[str, Any]] | None]]:
-    """Every pod not on the card still the same one, running; the ReplicaSet whole again."""
+def _replaced(
+    api: KubeApi, ns: str, kept: set[str], victims: set[str]
+) -> Callable[[], Awaitable[list[dict[str, Any]] | None]]:
+    """Every pod not on the card still the same one, running; every pod on it gone; the ReplicaSet
+    whole again (the drainer evicts the card's pods one after another: one may be replaced and
+    running before the next is evicted)."""
     wait = settled(api, ns)
 
     async def check() -> list[dict[str, Any]] | None:
@@ -241,7 +245,7 @@ def _replaced(api: KubeApi, ns: str, kept: set[str]) -> Callable[[], Awaitable[l
             return None
         uids = {p["metadata"]["uid"] for p in found}
         assert kept <= uids, f"pods not on the failing card went: {sorted(kept - uids)}"
-        return found
+        return found if not uids & victims else None
 
     return check
 
@@ -333,7 +337,13 @@ async def _dra_repaired(
     kept = {r["name"] for uid, c in first.items() if uid not in victims for r in c["status"]["reservedFor"]}
     fault = await node.fail(card)
     await node.reached(card, Stage.QUARANTINED, fault)
-    again = await wait_for(_claims_placed(api, ns, DRA_REPLICAS), 120, "the evicted pods' replacements placed", POLL_S)
+    placed = _claims_placed(api, ns, DRA_REPLICAS)
+
+    async def replaced() -> dict[str, dict[str, Any]] | None:  # the card's claims gone, not only all placed
+        found = await placed()
+        return found if found is not None and not victims & set(found) else None
+
+    again = await wait_for(replaced, 120, "the evicted pods' replacements placed", POLL_S)
     new = set(again) - set(first)
     (found,) = await sampler.read()
     none_on(found, card, new)

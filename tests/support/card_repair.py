@@ -138,7 +138,9 @@ class Sample:
 class LedgerSampler:
     """Reads the ledger every ``interval`` seconds while running. ``findings``: a card over capacity
     anywhere, or a holder on the watched card (``node``, ``index``) that was not there when its
-    repair began (one placed on it while its remedy is set)."""
+    repair began (one placed on it while its remedy is set). ``returned``: a holder that was there
+    when the repair began, left, and was seen on the card again while its remedy was set (an
+    evicted pod's entry shown again; kept apart: it is no placement on the card under repair)."""
 
     read: Read
     node: str
@@ -146,7 +148,9 @@ class LedgerSampler:
     slots_per_card: int = 8
     interval: float = 0.2
     findings: list[str] = field(default_factory=list)
+    returned: list[str] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
+    _began: frozenset[str] = frozenset()  # the card's holders when its repair began
     last_error: str = ""
 
     async def run(self) -> None:
@@ -172,9 +176,12 @@ class LedgerSampler:
         holders = frozenset(a.owner.key for a in found.live() if any(s.index == self.index for s in a.shares()))
         self.samples.append(Sample(time.time(), card.health, card.remedy, holders))
         if card.remedy is Remedy.NONE:
+            self._began = holders
             return holders
-        for stranger in sorted(holders - allowed):
+        for stranger in sorted(holders - self._began):
             self.findings.append(f"{stranger} placed on card {self.index} of {self.node} under repair ({card.remedy})")
+        for back in sorted((holders & self._began) - allowed):
+            self.returned.append(f"{back} seen again on card {self.index} of {self.node} after it left ({card.remedy})")
         return allowed & holders
 
     def first(self, since: float, remedy: Remedy, health: Health | None = None) -> float | None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import itertools
 import logging
 import time
@@ -43,11 +42,11 @@ from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, forget, release, reserve
-from gpuledger_core.model import Allocation
 from gpuledger_core.packing import NodeState, Policy
 from gpuledger_core.preemption import room_held
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement.claim_fields import pod_owner
+from gpuledger_placement.claim_write import write_allocation
 from gpuledger_placement.claims import (
     ALLOCATED_BY_LEDGER,
     RESOURCE,
@@ -72,7 +71,6 @@ PODS = "/api/v1/pods"
 CLASSES = f"{RESOURCE}/deviceclasses"
 JSON_PATCH = "application/json-patch+json"
 RETRY_S = 5.0
-FINALIZE_TRIES = 5  # writes of a claim's finalizer before the claims controller is left to add it
 CONCURRENCY = 64  # pods settled at once: each holds its slot through four API calls and a ledger write
 CHANGE_RETRY_S = 0.5  # the first back-off of a waiting pod, doubled on each try up to retry_s
 EVENT_REPEAT_S = 60.0  # the same event on the same pod, at most this often
@@ -353,7 +351,11 @@ class ClaimAllocator:
                 break
             else:
                 raise Exhausted(f"{ref.describe()}: the nodes chosen for it kept filling up before it was written")
-            await self._write(ref, raw, planned["status"], pod, planned["allocation"])
+            task = await write_allocation(
+                self.api, self.claims, ref, raw, planned["status"], pod, planned["allocation"]
+            )
+            self._finalizers.add(task)
+            task.add_done_callback(self._finalizers.discard)
         finally:
             self.claims.allocating.discard(ref.uid)
         allocation = planned["allocation"]
@@ -397,69 +399,6 @@ class ClaimAllocator:
             del self._early[uid]
         if not task.cancelled():
             task.exception()
-
-    async def _write(
-        self, ref: ClaimRef, raw: Mapping[str, Any], status: dict[str, Any], pod: Mapping[str, Any], held: Allocation
-    ) -> None:
-        """The claim's allocation, reserved for the pod as kube-scheduler's PreBind would reserve it
-        (which then finds nothing to write), then gpuledger's finalizer beside the pod's way on
-        (``_finalize``). kube-controller-manager keeps the reservation while the pod may still run,
-        and drops it once the pod is gone or deleted before being scheduled. If the API server
-        refuses the write, the claim as it is now decides (``ClaimsController.withdraw``): this
-        entry is released unless the claim was allocated meanwhile (by another replica: the ledger
-        then follows that allocation)."""
-        try:
-            body = copy.deepcopy(dict(raw))
-            meta = pod["metadata"]
-            reserved = [r for r in (body.get("status") or {}).get("reservedFor") or [] if r.get("uid") != meta["uid"]]
-            reserved.append({"resource": "pods", "name": meta["name"], "uid": meta["uid"]})
-            body["status"] = {**(body.get("status") or {}), "allocation": status, "reservedFor": reserved}
-            written = await self.api.replace_object(f"{claim_path(ref)}/status", body)
-        except GpuledgerError:
-            await self.claims.withdraw(ref, held, "the claim's allocation could not be written")
-            raise
-        self.claims.finalizing.add(ref.uid)
-        task = asyncio.create_task(self._finalize(ref, written))
-        self._finalizers.add(task)
-        task.add_done_callback(self._finalizers.discard)
-
-    async def _finalize(self, ref: ClaimRef, claim: Mapping[str, Any]) -> None:
-        """gpuledger's finalizer on the claim it has just allocated, so that the claim is not deleted
-        under an allocation the ledger holds while a pod may use it. It is written after the
-        allocation (with its resourceVersion) while the pod goes on to kube-scheduler, not on the
-        pod's way: the pod is scheduled a tenth of a second later at the earliest and starts later
-        still; a claim deleted in between is simply gone (its entry released by the claims
-        controller), and its pod cannot start without it. A claim changed meanwhile is read again;
-        one no longer allocated by gpuledger gets none; where every try fails, the claims controller
-        adds it (``ClaimsController._mend``)."""
-        path = claim_path(ref)
-        try:
-            for attempt in range(FINALIZE_TRIES):
-                meta = claim.get("metadata") or {}
-                if FINALIZER in (meta.get("finalizers") or []) or meta.get("deletionTimestamp"):
-                    return
-                if claims.ref_of(claim).uid != ref.uid or not claims.results_of(claim, self.claims.driver):
-                    return  # deallocated meanwhile (kube-scheduler's PostFilter), or another claim of that name
-                body = copy.deepcopy(dict(claim))
-                body["metadata"].setdefault("finalizers", []).append(FINALIZER)
-                try:
-                    await self.api.replace_object(path, body)
-                    return
-                except Conflict:
-                    pass
-                except GpuledgerError as err:
-                    log.warning("allocation: the finalizer of %s not written (%s); tried again", ref.describe(), err)
-                    await asyncio.sleep(min(RETRY_S, 0.2 * 2**attempt))
-                claim = await self.api.get_object(path)
-            log.error("allocation: the finalizer of %s could not be written; the claims controller adds it",
-                      ref.describe())  # fmt: skip
-        except NotFound:
-            return
-        except GpuledgerError as err:
-            log.error("allocation: the finalizer of %s not written (%s); the claims controller adds it",
-                      ref.describe(), err)  # fmt: skip
-        finally:
-            self.claims.finalizing.discard(ref.uid)
 
     def _held_room(self, ref: ClaimRef, now: float) -> list[NodeLedger]:
         """Where preemption holds the claim's room: that node's ledger as it will be once the claim

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from nats.aio.client import Client
@@ -26,7 +26,7 @@ from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Allocation, AllocState, Node
 from gpuledger_core.preemption import PREEMPTED_BY
 from gpuledger_dev.fleet import Fleet
-from gpuledger_placement.claim_allocator import ClaimAllocator
+from gpuledger_placement.claim_write import finalize
 from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, DRIVER, WRITING_S, ClaimsController, claim_path
 from gpuledger_placement.view import FleetView
 
@@ -369,15 +369,14 @@ async def test_the_allocator_writes_the_finalizer_after_the_allocation_read_agai
     claim, _ = await allocated_by_ledger(api, store, view, fleet, "new", "gpu-0", age_s=0)
     path = claim_path(claims.ref_of(claim))
     api.items[path]["metadata"]["finalizers"] = []
-    allocator = ClaimAllocator(cast(Any, api), controller, view, policy=lambda: cast(Any, None))
     stale = await api.get_object(path)
     api.put(path, await api.get_object(path))  # changed since: the first write conflicts
     controller.finalizing.add("uid-new")
-    await allocator._finalize(claims.ref_of(claim), stale)
+    await finalize(api, controller, claims.ref_of(claim), stale)
     assert api.items[path]["metadata"]["finalizers"] == [ALLOCATED_BY_LEDGER] and controller.finalizing == set()
     gone, _ = await allocated_by_ledger(api, store, view, fleet, "dealloc", "gpu-1", age_s=0)
     gone_path = claim_path(claims.ref_of(gone))
     api.items[gone_path]["metadata"]["finalizers"] = []
     api.items[gone_path]["status"] = {}  # deallocated meanwhile: no finalizer for it
-    await allocator._finalize(claims.ref_of(gone), await api.get_object(gone_path))
+    await finalize(api, controller, claims.ref_of(gone), await api.get_object(gone_path))
     assert api.items[gone_path]["metadata"]["finalizers"] == []

@@ -43,6 +43,8 @@ class Cause(StrEnum):
     LEDGER = "ledger"  # found under repair in the node's ledger at a start without a saved book
 
 
+NVML_FAILED = "NVML failed:"  # how the reason of a card unhealthy for NVML's own failure begins
+
 # the class of the causes that are not XIDs (an old state file's card gets its action from it)
 CAUSE_CLASSES = {
     Cause.ECC: FaultClass.ECC_UNCORRECTABLE,
@@ -140,7 +142,7 @@ class HealthBook:
         return self._fail(uuid, Cause.REGISTRATION, problem, action, now)
 
     def on_nvml_down(self, cards: Iterable[CardUuid], error: str, now: float) -> list[Transition]:
-        action, reason = self.policy.faults.for_class(FaultClass.NVML), f"NVML failed: {error}"
+        action, reason = self.policy.faults.for_class(FaultClass.NVML), f"{NVML_FAILED} {error}"
         return [t for uuid in cards for t in self._fail(uuid, Cause.NVML, reason, action, now)]
 
     def on_resumed(self, uuid: CardUuid, reason: str, action: Action, now: float) -> list[Transition]:

@@ -25,7 +25,7 @@ from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Card, Health, Remedy
 from gpuledger_inventory import metrics
 from gpuledger_inventory.faults import Action
-from gpuledger_inventory.health import Transition
+from gpuledger_inventory.health import NVML_FAILED, Transition
 from gpuledger_inventory.nvml import NvmlUnavailable
 from gpuledger_inventory.remediation import RemediationBook, ResetOutcome, Stage, Step, need_of, resumed_goal
 from gpuledger_inventory.repair import Checker, Resetter
@@ -80,15 +80,25 @@ class Remediator:
         self._poke_if(steps)
         return steps
 
-    def adopt(self, ledger: NodeLedger | None, now: float) -> tuple[list[Step], list[Transition]]:
+    def adopt(
+        self, ledger: NodeLedger | None, now: float, *, health_saved: bool = False
+    ) -> tuple[list[Step], list[Transition]]:
         """A start without a saved book (no state file): each card the node's ledger shows under
         repair resumes from its remedy (``RemediationBook.adopt``) and stays unhealthy meanwhile;
-        called with the ledger's first read, before the node's first publication."""
+        one it shows unhealthy under no remedy (a fault that takes no new work, an operator's
+        word) stays unhealthy, faulted, until an operator heals it (``_held_unhealthy``), unless a
+        saved health book says how it is (``health_saved``); called with the ledger's first read,
+        before the node's first publication."""
         steps: list[Step] = []
         transitions: list[Transition] = []
         health = self.host.state.book
         for card in ledger.node.cards if ledger is not None else ():
-            if card.remedy is Remedy.NONE or card.uuid in self.book.cards:
+            if card.uuid in self.book.cards:
+                continue
+            if card.remedy is Remedy.NONE:
+                if not health_saved and _held_unhealthy(card) and health.of(card.uuid).health is Health.HEALTHY:
+                    transitions += health.on_resumed(card.uuid, card.health_reason, Action.NO_NEW_WORK, now)
+                    steps += self.book.on_fault(card.uuid, Action.NO_NEW_WORK, card.health_reason, now)
                 continue
             goal = resumed_goal(card.remedy, card.health_reason, health.policy.faults)
             steps += self.book.adopt(card.uuid, card.remedy, goal, card.health_reason, now)
@@ -177,3 +187,9 @@ def record_metrics(steps: list[Step], book: RemediationBook) -> None:
         elif step.stage is Stage.SERVING and step.reason.startswith("checked"):
             metrics.FAULT_TO_BACK.observe(step.took_s)
     metrics.RETIRED_CARDS.set(len(book.in_stage(Stage.RETIRED)))
+
+
+def _held_unhealthy(card: Card) -> bool:
+    """The ledger shows the card unhealthy for a reason a restart must not forget: anything but
+    NVML's own failure (the inventory asks NVML again at its start, and heals that when it answers)."""
+    return card.health is Health.UNHEALTHY and not card.health_reason.startswith(NVML_FAILED)

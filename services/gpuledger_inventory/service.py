@@ -65,6 +65,7 @@ class HealthStore:
 
     def __init__(self, path: str) -> None:
         self.path = Path(path) if path else None
+        self.found = self.path is not None and self.path.exists()  # a book saved by an earlier run
 
     def _raw(self) -> dict[str, Any]:
         if self.path is None or not self.path.exists():
@@ -178,7 +179,7 @@ class Inventory:
     async def _adopt(self, remediator: Remediator, ledger: NodeLedger | None) -> None:
         """The ledger's first read, at a start without a saved remediation: its remedies resume."""
         self._adopting = False
-        steps, transitions = remediator.adopt(ledger, self.clock())
+        steps, transitions = remediator.adopt(ledger, self.clock(), health_saved=self.store.found)
         if steps:
             log.warning("resuming the remediation of %d card(s) from the node's ledger", len(steps))
         await self._changed_remedy(steps, transitions)
@@ -210,9 +211,7 @@ class Inventory:
         now = self.clock()
         metrics.SCAN_SECONDS.observe(scan.took_s)
         metrics.CARDS.set(len(scan.cards))
-        log.info(
-            "scanned %d cards in %.3fs%s", len(scan.cards), scan.took_s, _problems(scan.problems)
-        )
+        log.info("scanned %d cards in %.3fs%s", len(scan.cards), scan.took_s, _problems(scan.problems))
         self._nvml_failed = ""
         transitions = self.state.apply_scan(scan, now) + self.state.nvml_up(now)
         failed = await asyncio.to_thread(self.gpus.watch, self.state.scan or scan)
@@ -256,9 +255,7 @@ class Inventory:
             await self._changed_remedy(self._fault_under_repair(event, now), [])
         acted = "yes" if transitions else "no"
         metrics.HEALTH_EVENTS.labels(kind=event.kind.value, acted=acted).inc()
-        log.info(
-            "health event %s xid=%s on %s (%s)", event.kind.value, event.xid, event.uuid, acted
-        )
+        log.info("health event %s xid=%s on %s (%s)", event.kind.value, event.xid, event.uuid, acted)
         await self._record(transitions)
 
     # --- lending NVML to a reset ----------------------------------------------------------------
@@ -322,9 +319,7 @@ class Inventory:
             return
         for card in usage.cards:
             metrics.CARD_PROCESSES.labels(uuid=card.uuid).set(len(card.processes))
-            metrics.CARD_PROCESS_MEMORY.labels(uuid=card.uuid).set(
-                sum(p.used_mib or 0 for p in card.processes)
-            )
+            metrics.CARD_PROCESS_MEMORY.labels(uuid=card.uuid).set(sum(p.used_mib or 0 for p in card.processes))
             if card.memory_used_mib is not None:
                 metrics.CARD_MEMORY_USED.labels(uuid=card.uuid).set(card.memory_used_mib)
         await self._record(self.state.apply_usage(usage, self.clock()))
@@ -411,11 +406,7 @@ class Inventory:
     async def _publish_loop(self) -> None:
         interval = self.settings.inventory_interval_s
         while True:
-            wait = (
-                max(0.0, self._last_at + interval - time.monotonic())
-                if self.ready.is_set()
-                else 1.0
-            )
+            wait = max(0.0, self._last_at + interval - time.monotonic()) if self.ready.is_set() else 1.0
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._changed.wait()
@@ -467,9 +458,7 @@ class Inventory:
             raise InvalidArgument("by", "must name who decides (an operator or a tool)")
         info = self.state.card_info(request.get("uuid"), _index(request.get("index")))
         if info is None:
-            raise NotFound(
-                f"no card {request.get('uuid') or request.get('index')} on node {self.state.name}"
-            )
+            raise NotFound(f"no card {request.get('uuid') or request.get('index')} on node {self.state.name}")
         note = str(request.get("note") or "")
         retire = request.get("retire", False)
         if not isinstance(retire, bool) or (retire and healthy):

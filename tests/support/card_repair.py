@@ -151,6 +151,7 @@ class LedgerSampler:
     returned: list[str] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     _began: frozenset[str] = frozenset()  # the card's holders when its repair began
+    _left: dict[str, str] = field(default_factory=dict)  # a holder that left: its entries then
     last_error: str = ""
 
     async def run(self) -> None:
@@ -181,7 +182,12 @@ class LedgerSampler:
         for stranger in sorted(holders - self._began):
             self.findings.append(f"{stranger} placed on card {self.index} of {self.node} under repair ({card.remedy})")
         for back in sorted((holders & self._began) - allowed):
-            self.returned.append(f"{back} seen again on card {self.index} of {self.node} after it left ({card.remedy})")
+            self.returned.append(
+                f"{back} seen again on card {self.index} of {self.node} after it left ({card.remedy}, {card.health}):"
+                f" now {_entry(found, back)}; when it left {self._left.get(back, 'unknown')}"
+            )
+        for left in sorted(allowed - holders):
+            self._left[left] = _entry(found, left)
         return allowed & holders
 
     def first(self, since: float, remedy: Remedy, health: Health | None = None) -> float | None:
@@ -200,6 +206,16 @@ class LedgerSampler:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _entry(found: NodeLedger, owner: str) -> str:
+    """The owner's entries in the node's ledger, as a reader can tell them apart."""
+    entries = [
+        f"{a.id} {a.state} cards {sorted({s.index for s in a.shares()})} updated {a.updated_at:.2f} {a.reason!r}"
+        for a in found.allocations
+        if a.owner.key == owner
+    ]
+    return "; ".join(entries) or "no entry"
 
 
 def _seen(sample: Sample) -> tuple[Health, Remedy, frozenset[str]]:

@@ -150,6 +150,32 @@ async def test_a_restart_without_a_state_file_resumes_the_remediation_from_the_l
     assert all(c.get("remedy") == "retired" for c in twos[first:])
 
 
+async def test_a_card_that_takes_no_new_work_stays_unhealthy_across_a_restart_without_a_state_file(
+    nats_server: NatsServer, allocator: RunningAllocator
+) -> None:
+    """A fault that only stops new work sets no remedy in the ledger; a restart without a saved
+    book keeps the card unhealthy from the ledger's health (it used to come back healthy)."""
+    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    api = allocator.stub()
+    async with inventory(nats_server.url, fake, None):
+        await wait_for(lambda: _with(api, 3, health="healthy"), what="gpu-a in the ledger")
+        fake.inject_xid(3, 1)  # contact support: no new work, nothing moved
+        before = await wait_for(lambda: _with(api, 3, health="unhealthy"), what="card 3 unhealthy")
+        assert before.remedy == ""
+    async with inventory(nats_server.url, fake, None):
+        nc = await bus.connect(nats_server.url, "test")
+        try:
+            said = await wait_for(lambda: _asked(nc), what="the restarted inventory")
+        finally:
+            await nc.close()
+        three = next(c for c in said["extra"]["cards"] if c["index"] == 3)
+        assert three["health"]["state"] == "unhealthy" and three["health"]["by"] == "ledger"
+        assert three["health"]["reason"] == before.health_reason
+        await asyncio.sleep(0.5)  # a publication after the start would have said healthy by now
+        after = await _with(api, 3)
+        assert after is not None and after.health == "unhealthy" and after.remedy == ""
+
+
 async def _published_after(published: list[Any], first: int) -> bool:
     return len(published) > first
 

@@ -13,7 +13,7 @@ from gpuledger_core.ids import CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Card, Health, Node, Remedy
 from gpuledger_inventory.faults import Action, FaultPolicy
-from gpuledger_inventory.health import CardHealth, Cause, HealthBook, Transition
+from gpuledger_inventory.health import CardHealth, Cause, HealthBook, HealthPolicy, Transition
 from gpuledger_inventory.inventory import CardInfo
 from gpuledger_inventory.remediation import (
     HISTORY_LIMIT,
@@ -350,3 +350,28 @@ def test_an_operator_s_heal_wins_at_every_stage(inputs: list[Input]) -> None:
     [back] = book.on_healed(A, "operator:ops", 200.0)
     assert (back.stage, back.reason, book.of(A).remedy) == (Stage.SERVING, "healed by operator:ops", Remedy.NONE)
     assert book.on_reset(A, ResetOutcome.OK, "", 201.0) == [] and book.on_check(A, (), 201.0) == []
+
+
+def test_a_card_the_ledger_shows_unhealthy_under_no_remedy_stays_unhealthy_after_a_restart() -> None:
+    """Without a saved book a no-new-work fault (or an operator's word) is not forgotten; a card
+    unhealthy only because NVML failed is left to NVML, which the inventory asks again."""
+    nvml_down = "NVML failed: the driver is not loaded"
+    cards = (
+        Card(A, 0, "H100", 81559, health=Health.UNHEALTHY, health_reason="XID 94: contained ECC error"),
+        Card(B, 1, "H100", 81559, health=Health.UNHEALTHY, health_reason=nvml_down),
+        Card(CardUuid("GPU-c"), 2, "H100", 81559),
+    )
+    host = _Host(NodeState(NodeName("gpu-a"), "fake", HealthBook(HealthPolicy(recover_after_s=60.0))))
+    remediator = Remediator(host, cast(Resetter, None), cast(Checker, None), clock=lambda: 7.0, interval_s=1.0)
+    steps, transitions = remediator.adopt(NodeLedger(Node(NodeName("gpu-a"), cards)), 7.0)
+    assert [(s.uuid, s.stage) for s in steps] == [(A, Stage.FAULTED)]
+    assert [(t.uuid, t.health, t.by, t.action) for t in transitions] == [
+        (A, Health.UNHEALTHY, "ledger", Action.NO_NEW_WORK)
+    ]
+    assert host.state.book.of(A).reason == "XID 94: contained ECC error"
+    assert host.state.book.of(B).health is Health.HEALTHY
+    assert remediator.book.of(A).remedy is Remedy.NONE  # nothing moves its holders
+    assert host.state.book.tick(10_000.0) == []  # no rule heals it (its fault's time is unknown): an operator does
+    saved = _Host(NodeState(NodeName("gpu-a"), "fake", HealthBook()))
+    again = Remediator(saved, cast(Resetter, None), cast(Checker, None), clock=lambda: 7.0, interval_s=1.0)
+    assert again.adopt(NodeLedger(Node(NodeName("gpu-a"), cards)), 7.0, health_saved=True) == ([], [])

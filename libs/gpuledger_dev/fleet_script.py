@@ -14,48 +14,8 @@ from typing import Any
 from gpuledger_common.profiles import PROFILES
 from gpuledger_core.model import Node
 from gpuledger_dev.fleet import Fleet, FleetNode, _Cursor, _Lined
-
-
-@dataclass(frozen=True, slots=True)
-class MigProfile:
-    name: str
-    slices: int
-    memory_mib: int
-    multiprocessors: int
-
-
-def _profiles(*rows: tuple[str, int, int, int]) -> dict[str, MigProfile]:
-    return {name: MigProfile(name, s, m, sm) for name, s, m, sm in rows}
-
-
-# What NVML reports per instance (memorySizeMB, multiprocessorCount), by card memory class.
-MIG_40GB = _profiles(
-    ("1g.5gb", 1, 4864, 14),
-    ("2g.10gb", 2, 9856, 28),
-    ("3g.20gb", 3, 19968, 42),
-    ("4g.20gb", 4, 19968, 56),
-    ("7g.40gb", 7, 40192, 98),
-)
-MIG_80GB = _profiles(
-    ("1g.10gb", 1, 9728, 16),
-    ("2g.20gb", 2, 19968, 32),
-    ("3g.40gb", 3, 40192, 60),
-    ("4g.40gb", 4, 40192, 64),
-    ("7g.80gb", 7, 80384, 132),
-)
-MIG_SLICES = 7
-_MIG_MODELS = ("A100", "A30", "H100", "H200", "H800")
-DEFAULT_LAYOUT = {
-    40: ("3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"),
-    80: ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"),
-}
-
-
-def mig_profiles(model: str, memory_mib: int) -> dict[str, MigProfile] | None:
-    """The MIG profiles a card offers, or None for a card without MIG."""
-    if not any(m in model for m in _MIG_MODELS):
-        return None
-    return MIG_40GB if memory_mib <= 49152 else MIG_80GB
+from gpuledger_dev.mig_layout import LayoutError, place_all
+from gpuledger_dev.mig_profiles import GiProfile, default_layout, mig_model
 
 
 class FaultKind(StrEnum):
@@ -89,7 +49,8 @@ class ResetSpec:
 @dataclass(frozen=True, slots=True)
 class MigLayout:
     card: int
-    instances: tuple[MigProfile, ...]
+    instances: tuple[GiProfile, ...]
+    starts: tuple[int, ...]  # each instance's placement, as the driver would choose it
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +101,8 @@ def node_script(fleet: Fleet, fleet_node: FleetNode | str) -> NodeScript:
     node = fn.node
     mig = _mig(c, node)
     if not mig and profile is not None and profile.mig:
-        mig = tuple(_default_layout(node, i) for i in range(len(node.cards)))
+        defaults = (_default_layout(node, i) for i in range(len(node.cards)))
+        mig = tuple(m for m in defaults if m is not None)
     processes = tuple(_process(p, node, mig) for p in _items(c, "processes"))
     faults = tuple(_fault(f, node, mig) for f in _items(c, "faults"))
     resets = tuple(_reset(r, node) for r in _items(c, "resets"))
@@ -164,11 +126,13 @@ def _card_index(c: _Cursor, node: Node, key: str = "card") -> int:
     return index
 
 
-def _default_layout(node: Node, index: int) -> MigLayout:
+def _default_layout(node: Node, index: int) -> MigLayout | None:
     card = node.cards[index]
-    table = mig_profiles(card.model, card.memory_mib) or MIG_40GB
-    names = DEFAULT_LAYOUT[40 if table is MIG_40GB else 80]
-    return MigLayout(index, tuple(table[n] for n in names))
+    model = mig_model(card.model, card.memory_mib)
+    if model is None:
+        return None
+    instances = default_layout(model)
+    return MigLayout(index, instances, tuple(place_all(model, instances)))
 
 
 def _mig(c: _Cursor, node: Node) -> tuple[MigLayout, ...]:
@@ -179,17 +143,20 @@ def _mig(c: _Cursor, node: Node) -> tuple[MigLayout, ...]:
         if any(m.card == index for m in layouts):
             raise mc.fail("card", f"card {index} is partitioned twice")
         card = node.cards[index]
-        table = mig_profiles(card.model, card.memory_mib)
-        if table is None:
+        model = mig_model(card.model, card.memory_mib)
+        if model is None:
             raise mc.fail("card", f"{card.model} has no MIG")
         names = mc.get("instances", list)
-        unknown = [n for n in names if n not in table]
-        if unknown or not names:
-            raise mc.fail("instances", f"must be a list of {', '.join(table)}, got {names!r}")
-        instances = tuple(table[n] for n in names)
-        if sum(p.slices for p in instances) > MIG_SLICES:
-            raise mc.fail("instances", f"use more than the card's {MIG_SLICES} slices")
-        layouts.append(MigLayout(index, instances))
+        found = [model.by_name(n) for n in names]
+        if not names or any(p is None for p in found):
+            offered = ", ".join(p.name for p in model.profiles)
+            raise mc.fail("instances", f"must be a list of {offered}, got {names!r}")
+        instances = tuple(p for p in found if p is not None)
+        try:
+            starts = place_all(model, instances)
+        except LayoutError as err:
+            raise mc.fail("instances", str(err)) from err
+        layouts.append(MigLayout(index, instances, tuple(starts)))
     return tuple(layouts)
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pynvml as _nvml
 
-from gpuledger_dev.fake_nvml.model import FakeCard, FakeMig, MiB, pci
+from gpuledger_dev.fake_nvml.mig_state import FakeMig
+from gpuledger_dev.fake_nvml.model import FakeCard, MiB, pci
 from gpuledger_dev.fake_nvml.state import NvmlState
 
 
@@ -85,7 +86,7 @@ class DeviceCalls(NvmlState):
         if isinstance(found, FakeMig):
             card = self._cards[found.parent]
             total = found.profile.memory_mib
-            used = sum(m or 0 for _, m, s in card.processes if s == found.slot)
+            used = sum(m or 0 for _, m, w in card.processes if w and w[0] == found.gi.id)
         else:
             total = found.memory_mib
             used = sum(m or 0 for _, m, _ in found.processes)

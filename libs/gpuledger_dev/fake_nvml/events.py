@@ -14,7 +14,8 @@ from typing import Any
 
 import pynvml as _nvml
 
-from gpuledger_dev.fake_nvml.model import ALL_INSTANCES, Event, EventSet, FakeCard, FakeMig, MiB
+from gpuledger_dev.fake_nvml.mig_state import FakeMig
+from gpuledger_dev.fake_nvml.model import ALL_INSTANCES, Event, EventSet, FakeCard, MiB
 from gpuledger_dev.fake_nvml.state import NvmlState
 
 _BASE_EVENTS = (
@@ -31,8 +32,8 @@ class EventCalls(NvmlState):
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
         found = self._any("nvmlDeviceGetComputeRunningProcesses", handle)
         card = self._cards[found.parent] if isinstance(found, FakeMig) else found
-        rows = [p for p in card.processes if not isinstance(found, FakeMig) or p[2] == found.slot]
-        return [_process(pid, mem, slot) for pid, mem, slot in rows]
+        rows = [p for p in card.processes if not isinstance(found, FakeMig) or p[2] == found.where]
+        return [_process(pid, mem, where) for pid, mem, where in rows]
 
     # --- events --------------------------------------------------------------------------------
 
@@ -60,7 +61,7 @@ class EventCalls(NvmlState):
         if not card.events_supported:
             raise _nvml.NVMLError_NotSupported()
         mask = _BASE_EVENTS | (_ECC_EVENTS if card.arch.ecc else 0)
-        return int(mask | (_nvml.nvmlEventMigConfigChange if card.migs is not None else 0))
+        return int(mask | (_nvml.nvmlEventMigConfigChange if card.mig is not None else 0))
 
     def nvmlDeviceGetSupportedEventTypes(self, handle: Any) -> int:
         return self._supported(self._card("nvmlDeviceGetSupportedEventTypes", handle))
@@ -97,14 +98,14 @@ class EventCalls(NvmlState):
         return None
 
 
-def _process(pid: int, memory_mib: int | None, slot: int | None) -> Any:
-    gi = ALL_INSTANCES if slot is None else slot + 1
+def _process(pid: int, memory_mib: int | None, where: tuple[int, int] | None) -> Any:
+    gi, ci = (ALL_INSTANCES, ALL_INSTANCES) if where is None else where
     return _nvml.nvmlFriendlyObject(
         {
             "pid": pid,
             "usedGpuMemory": None if memory_mib is None else memory_mib * MiB,
             "gpuInstanceId": gi,
-            "computeInstanceId": ALL_INSTANCES if slot is None else 0,
+            "computeInstanceId": ci,
         }
     )
 

@@ -1,17 +1,19 @@
 """What the fake NVML's node is made of: the chips it knows (``Arch``), its cards with their
-NVLinks, MIG instances and processes, the events it queues and the event sets that read them; and
-the cards built from a fleet node (``cards_of``), their PCI bus IDs and NVLink peers included.
+NVLinks, MIG (``mig_state``) and processes, the events it queues and the event sets that read them;
+and the cards built from a fleet node (``cards_of``), their PCI bus IDs, NVLink peers and the fleet
+file's MIG layout included.
 """
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import pynvml as _nvml
 
-from gpuledger_dev.fleet_script import MigProfile, NodeScript, mig_profiles
+from gpuledger_dev.fake_nvml.mig_state import CardMig
+from gpuledger_dev.fleet_script import MigLayout, NodeScript
+from gpuledger_dev.mig_profiles import mig_model
 
 MiB = 1024 * 1024
 ALL_INSTANCES = 0xFFFFFFFF
@@ -46,19 +48,6 @@ def arch_of(model: str) -> Arch:
 
 
 @dataclass(slots=True)
-class FakeMig:
-    parent: int
-    slot: int
-    profile: MigProfile
-    uuid: str
-    handle: Any = field(default_factory=_nvml.struct_c_nvmlDevice_t)
-
-    @property
-    def gi(self) -> int:
-        return self.slot + 1
-
-
-@dataclass(slots=True)
 class Ecc:
     """A card's memory errors: counts since the last reset (volatile) and for its life (aggregate),
     and what row remapping or page retirement has pending or failed."""
@@ -83,6 +72,10 @@ class Ecc:
         self.remap_pending = self.pages_pending = False
 
 
+# pid, MiB (None: unknown), and inside which MIG device: (GPU instance ID, compute instance ID)
+Process = tuple[int, int | None, tuple[int, int] | None]
+
+
 @dataclass(slots=True)
 class FakeCard:
     index: int
@@ -93,10 +86,8 @@ class FakeCard:
     bus_id: str
     arch: Arch
     links: list[tuple[int, str]]  # (remote device type, remote bus id) per active NVLink
-    migs: list[FakeMig] | None  # None: no MIG on this card; []: MIG capable, disabled
-    processes: list[tuple[int, int | None, int | None]] = field(
-        default_factory=list
-    )  # pid, MiB, mig slot
+    mig: CardMig | None  # None: no MIG on this card
+    processes: list[Process] = field(default_factory=list)
     lost: bool = False
     events_supported: bool = True
     handle: Any = field(default_factory=_nvml.struct_c_nvmlDevice_t)
@@ -139,22 +130,32 @@ def cards_of(sim: NodeScript) -> list[FakeCard]:
     cards = [_build_card(sim, i) for i in range(len(sim.node.cards))]
     _link(sim, cards)
     for p in sim.processes:
-        cards[p.card].processes.append((p.pid, p.memory_mib, p.mig))
+        mig = cards[p.card].mig
+        where = None if p.mig is None or mig is None else mig.fleet[p.mig]
+        cards[p.card].processes.append((p.pid, p.memory_mib, where))
     return cards
 
 
 def _build_card(sim: NodeScript, i: int) -> FakeCard:
     spec = sim.node.cards[i]
+    model = mig_model(spec.model, spec.memory_mib)
+    mig = None if model is None else CardMig(i, spec.uuid, model)
     layout = sim.layout(i)
-    migs: list[FakeMig] | None = None
-    if mig_profiles(spec.model, spec.memory_mib) is not None:
-        migs = []
-        for slot, prof in enumerate(layout.instances if layout else ()):
-            mig_uuid = f"MIG-{uuid.uuid5(uuid.NAMESPACE_OID, f'{spec.uuid}/{slot}')}"
-            migs.append(FakeMig(i, slot, prof, mig_uuid))
+    if mig is not None and layout is not None:
+        _partition(mig, layout)
     arch = arch_of(spec.model)
     bus = spec.pci_bus_id or default_bus_id(i)
-    return FakeCard(i, spec.uuid, spec.model, spec.memory_mib, spec.numa, bus, arch, [], migs)
+    return FakeCard(i, spec.uuid, spec.model, spec.memory_mib, spec.numa, bus, arch, [], mig)
+
+
+def _partition(mig: CardMig, layout: MigLayout) -> None:
+    """The fleet file's layout, as an operator makes it: MIG on, each GPU instance with one compute
+    instance of the whole of it (``nvidia-smi mig -cgi ... -C``)."""
+    mig.current = mig.pending = True
+    for profile, start in zip(layout.instances, layout.starts, strict=True):
+        gi = mig.add_gi(profile, start)
+        ci = mig.add_ci(gi, profile.slices, 0)
+        mig.fleet.append(ci.where)
 
 
 def _link(sim: NodeScript, cards: list[FakeCard]) -> None:

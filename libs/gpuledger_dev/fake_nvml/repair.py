@@ -5,7 +5,9 @@ retirement and row remapping (in pynvml's shapes); and ``gpu_reset``, which stan
 A reset is scripted per card in the fleet file (``resets``: ok, fail, hang, unsupported, how long,
 whether a lost card comes back); a card without a script resets fine in half a second. It is
 refused while the card has processes. One that succeeds clears the volatile ECC counts, applies a
-pending row remap or page retirement (a failed remap stays) and brings a lost card back.
+pending row remap or page retirement (a failed remap stays), applies a pending MIG mode (no MIG
+instance survives it) and brings a lost card back. ``nvmlDeviceGetHandleByUUID`` takes a MIG
+device's UUID too, and answers with the MIG device's handle.
 """
 
 from __future__ import annotations
@@ -29,12 +31,17 @@ class RepairCalls(NvmlState):
         text = uuid.decode() if isinstance(uuid, bytes) else uuid
         with self._cond:
             self._enter("nvmlDeviceGetHandleByUUID")
-            card = next((c for c in self._cards if c.uuid == text), None)
-            if card is None:
-                raise _nvml.NVMLError_NotFound()
-            if card.lost:
-                raise _nvml.NVMLError_GpuIsLost()
-            return ctypes.pointer(card.handle)
+            for card in self._cards:
+                migs = card.mig.devices() if card.mig else []
+                found = (
+                    card if card.uuid == text else next((m for m in migs if m.uuid == text), None)
+                )
+                if found is None:
+                    continue
+                if card.lost:
+                    raise _nvml.NVMLError_GpuIsLost()
+                return ctypes.pointer(found.handle)
+            raise _nvml.NVMLError_NotFound()
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
         card = self._card("nvmlDeviceGetTotalEccErrors", handle)
@@ -82,6 +89,8 @@ class RepairCalls(NvmlState):
         if spec.result is ResetResult.FAIL or (card.lost and not spec.returns):
             return FakeReset(spec.seconds, 255, f"Unable to reset {where}: Unknown Error")
         card.ecc.reset()
+        if card.mig is not None:
+            card.mig.reset()
         card.lost = False
         return FakeReset(spec.seconds, 0, f"{where} was successfully reset.")
 

@@ -16,13 +16,14 @@ from typing import Any
 
 import pynvml as _nvml
 
+from gpuledger_dev.fake_nvml.mig_state import FakeMig
 from gpuledger_dev.fake_nvml.model import (
     ALL_INSTANCES,
     XID_FALLEN_OFF_BUS,
     Event,
     EventSet,
     FakeCard,
-    FakeMig,
+    Process,
     cards_of,
 )
 from gpuledger_dev.fleet_script import FaultKind, FaultSpec, NodeScript
@@ -72,11 +73,11 @@ class NvmlState:
             self._fire_due()
             self._cond.notify_all()
 
-    def inject_xid(self, card: int, xid: int, mig: int | None = None) -> None:
-        gi = ALL_INSTANCES if mig is None else mig + 1
-        self._push(
-            Event(card, _nvml.nvmlEventTypeXidCriticalError, xid, gi, 0 if mig is not None else gi)
-        )
+    def inject_xid(self, card: int, xid: int, gi: int | None = None, ci: int | None = None) -> None:
+        """An XID event; inside a MIG device when given its GPU (and compute) instance ID."""
+        gi_id = ALL_INSTANCES if gi is None else gi
+        ci_id = ALL_INSTANCES if ci is None else ci
+        self._push(Event(card, _nvml.nvmlEventTypeXidCriticalError, xid, gi_id, ci_id))
 
     def inject_ecc(self, card: int, double: bool = True) -> None:
         with self._cond:
@@ -96,7 +97,8 @@ class NvmlState:
             self._down_forced = down
             self._cond.notify_all()
 
-    def set_processes(self, card: int, processes: list[tuple[int, int | None, int | None]]) -> None:
+    def set_processes(self, card: int, processes: list[Process]) -> None:
+        """(pid, MiB or None, (GPU instance ID, compute instance ID) or None) per process."""
         with self._cond:
             self._cards[card].processes = list(processes)
 
@@ -132,8 +134,7 @@ class NvmlState:
                 Event(fault.card, _nvml.nvmlEventTypeXidCriticalError, XID_FALLEN_OFF_BUS)
             )
         elif fault.kind is FaultKind.XID:
-            gi = ALL_INSTANCES if fault.mig is None else fault.mig + 1
-            ci = ALL_INSTANCES if fault.mig is None else 0
+            gi, ci = self._fleet_mig(fault.card, fault.mig)
             self._events.append(
                 Event(fault.card, _nvml.nvmlEventTypeXidCriticalError, fault.xid or 0, gi, ci)
             )
@@ -143,6 +144,17 @@ class NvmlState:
             ecc.remap_failure |= fault.kind is FaultKind.REMAP_FAILURE
             ecc.pages_pending |= fault.kind is FaultKind.PAGES_PENDING
             self._ecc_event(fault.card, fault.kind is not FaultKind.ECC_SINGLE)
+
+    def _fleet_mig(self, card: int, index: int | None) -> tuple[int, int]:
+        """The (GPU instance, compute instance) IDs of the fleet file's MIG instance ``index``;
+        NVML's "all instances" for none, or for one a reset or a destroy has taken away."""
+        mig = self._cards[card].mig
+        if index is None or mig is None or index >= len(mig.fleet):
+            return ALL_INSTANCES, ALL_INSTANCES
+        where = mig.fleet[index]
+        if all(d.where != where for d in mig.devices()):
+            return ALL_INSTANCES, ALL_INSTANCES
+        return where
 
     def _ecc_event(self, card: int, double: bool) -> None:
         self._cards[card].ecc.count(double)
@@ -188,7 +200,7 @@ class NvmlState:
                 if card.lost:
                     raise _nvml.NVMLError_GpuIsLost()
                 return card
-            for mig in card.migs or ():
+            for mig in card.mig.devices() if card.mig else ():
                 if ctypes.addressof(mig.handle) == address:
                     if card.lost:
                         raise _nvml.NVMLError_GpuIsLost()

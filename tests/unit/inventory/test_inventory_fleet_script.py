@@ -141,7 +141,7 @@ def test_a_mig_profile_gets_a_default_layout() -> None:
             "a100-mig-1",
             5,
             "nodes[0].mig[0].instances",
-            "7 slices",
+            "4g.20gb does not fit beside 4g.20gb",
         ),
     ],
 )

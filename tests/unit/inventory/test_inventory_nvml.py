@@ -103,7 +103,8 @@ def test_mig_instances_and_their_processes() -> None:
     assert card.mig_mode is MigMode.ENABLED
     assert [m.memory_mib for m in card.mig] == [19968, 9856, 4864, 4864]
     assert [m.slices for m in card.mig] == [3, 2, 1, 1]
-    assert [m.gpu_instance for m in card.mig] == [1, 2, 3, 4]
+    # the IDs NVML gives 3g.20gb, 2g.10gb and two 1g.5gb placed at 4, 0, 2 and 3 (docs/mig.md)
+    assert [m.gpu_instance for m in card.mig] == [2, 3, 9, 10]
     assert all(m.uuid.startswith("MIG-") for m in card.mig)
     usage = gpus.usage(scan).cards[0]
     assert [(p.pid, p.used_mib, p.mig_uuid) for p in usage.processes] == [

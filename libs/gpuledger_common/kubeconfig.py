@@ -147,6 +147,43 @@ async def from_file(kubeconfig: str) -> Configuration:
     return await load(Mode.KUBECONFIG, kubeconfig)
 
 
+@dataclass(frozen=True, slots=True)
+class UserAccess:
+    """A person's access as kubectl reads it: the client configuration of one context, the context's
+    name and namespace ("" when it names none), and the kubeconfig file(s) it came from."""
+
+    configuration: Configuration
+    context: str
+    namespace: str
+    files: str
+
+
+async def for_user(files: str, context: str = "") -> UserAccess:
+    """The access of ``context`` ("": the current context) in ``files``, kubectl's list of kubeconfig
+    files (paths joined by ``os.pathsep``, as in ``$KUBECONFIG``; merged the way kubectl merges them).
+    A list naming no file that exists, a context that is not there, or a file the client cannot use is
+    a ``SettingsError`` that says which."""
+    if not _any_file(files):
+        raise SettingsError(f"kubeconfig: no such file: {files or '(none given)'}")
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    try:
+        loader = await config.load_kube_config(
+            config_file=files, context=context or None, client_configuration=configuration
+        )
+    except Exception as err:  # ConfigException, OSError, YAML errors: not a usable kubeconfig or context
+        which = f"context {context!r} of " if context else ""
+        raise SettingsError(f"kubeconfig: cannot use {which}{files}: {err}") from err
+    chosen = loader.current_context or {}
+    namespace = str((chosen.get("context") or {}).get("namespace") or "")
+    return UserAccess(configuration, str(chosen.get("name") or context), namespace, files)
+
+
+def _any_file(files: str) -> bool:
+    return any(Path(p).expanduser().is_file() for p in files.split(os.pathsep) if p)
+
+
 def _load_in_cluster(configuration: Configuration, pod: Pod) -> None:
     from kubernetes_asyncio import config
 

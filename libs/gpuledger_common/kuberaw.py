@@ -57,9 +57,28 @@ class RawKube:
     ) -> Any:
         """One request; the decoded JSON answer, or the gpuledger error for its status.
         ``timeout_s``: this request's own limit (else the session's)."""
+        data = None if body is None else json.dumps(body, separators=(",", ":"))
+        status, raw = await self.request(what, method, path, data, content_type, params, timeout_s)
+        found = json_of(raw)
+        if 200 <= status < 300:
+            return found
+        raise http_error(status, what, found)
+
+    async def request(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        data: str | None = None,
+        content_type: str = JSON,
+        params: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[int, bytes]:
+        """One request; its status and body as they came, whatever the status (for a caller that
+        tells statuses apart itself, as a path through the API server's proxy must). Only a request
+        that gets no answer raises: ``Unavailable``."""
         try:
             headers = await self._headers(content_type)
-            data = None if body is None else json.dumps(body, separators=(",", ":"))
             async with self._http.request(
                 method,
                 self._server + path,
@@ -70,15 +89,11 @@ class RawKube:
                 server_hostname=self._server_name,
                 timeout=aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None,
             ) as response:
-                status, raw = response.status, await response.read()
+                return response.status, await response.read()
         except GpuledgerError:
             raise
         except Exception as err:  # timeouts, refused connections, TLS: all mean "not now"
             raise Unavailable(f"Kubernetes API unreachable for {what}: {err or type(err).__name__}") from err
-        found = json_of(raw)
-        if 200 <= status < 300:
-            return found
-        raise http_error(status, what, found)
 
     async def watch(
         self, path: str, params: Mapping[str, str], timeout_s: float = 300.0

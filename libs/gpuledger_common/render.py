@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpuledger_core.model import Allocation, Card
 from gpuledger_core.status import Holder, NodeStatus
@@ -34,12 +34,27 @@ def holder(h: Holder) -> str:
 
 
 def cluster(nodes: Sequence[NodeStatus]) -> str:
+    table_text = cards(nodes)
+    if not table_text:
+        return "no cards in the ledger"
+    count = sum(len(n.cards) for n in nodes)
+    used = sum(1 for n in nodes for c in n.cards if c.holders)
+    return table_text + f"\n{len(nodes)} node(s), {count} card(s), {used} in use"
+
+
+def cards(nodes: Sequence[NodeStatus], others: Mapping[str, int] | None = None) -> str:
+    """One row per card (and per node whose ledger value cannot be read); "" when there is none.
+    ``others``: per card UUID, how many of its holders were left out of ``nodes`` (a view of one
+    namespace), said after the holders shown."""
     rows: list[list[str]] = []
     for node in nodes:
         if node.unreadable:  # nothing is placed there: its ledger value cannot be read
             rows.append([f"{node.name} (unreadable: {node.unreadable})", *["-"] * 7])
         for c in node.cards:
-            holders = "; ".join(holder(h) for h in c.holders) or "-"
+            shown = [holder(h) for h in c.holders]
+            hidden = (others or {}).get(c.card.uuid, 0)
+            if hidden:
+                shown.append(f"+{hidden} in other namespaces")
             rows.append(
                 [
                     node.name + (" (stale)" if node.stale else ""),
@@ -49,16 +64,13 @@ def cluster(nodes: Sequence[NodeStatus]) -> str:
                     f"{c.free_core_milli / 10:g}%",
                     _health(c.card),
                     f"{c.foreign_processes} proc, {c.foreign_mib} MiB" if c.foreign_processes else "-",
-                    holders,
+                    "; ".join(shown) or "-",
                 ]
             )
     if not rows:
-        return "no cards in the ledger"
-    cards = sum(len(n.cards) for n in nodes)
-    used = sum(1 for n in nodes for c in n.cards if c.holders)
-    summary = f"\n{len(nodes)} node(s), {cards} card(s), {used} in use"
+        return ""
     headers = ["NODE", "CARD", "MODEL", "FREE MiB", "FREE CORE", "HEALTH", "FOREIGN", "HOLDERS"]
-    return table(headers, rows) + summary
+    return table(headers, rows)
 
 
 def allocation(a: Allocation) -> str:

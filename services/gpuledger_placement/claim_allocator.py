@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -46,6 +44,7 @@ from gpuledger_core.packing import NodeState, Policy
 from gpuledger_core.preemption import room_held
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement.claim_fields import pod_owner
+from gpuledger_placement.claim_pods import GATE, claim_names, configs_of, describe, gated, of_driver, share_ids
 from gpuledger_placement.claim_write import write_allocation
 from gpuledger_placement.claims import (
     ALLOCATED_BY_LEDGER,
@@ -64,7 +63,6 @@ from gpuledger_placement.preemption_note import preemption_of, victim_left
 from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
-GATE = "gpuledger.io/allocate"
 FINALIZER = ALLOCATED_BY_LEDGER
 CLASS_CHOICE = "gpuledger.io/allocation"  # a DeviceClass annotated "scheduler" stays mode B
 PODS = "/api/v1/pods"
@@ -90,10 +88,6 @@ class AllocatorApi(ClaimApi, Protocol):
 class _Early:
     task: asyncio.Task[None]
     ask: ClaimAsk
-
-
-def gated(pod: Mapping[str, Any]) -> bool:
-    return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
 @dataclass(slots=True)
@@ -194,7 +188,7 @@ class ClaimAllocator:
                     try:
                         done = await self.settle(pod)
                     except GpuledgerError as err:
-                        log.warning("allocation: pod %s not settled (%s); tried again", _describe(pod), err)
+                        log.warning("allocation: pod %s not settled (%s); tried again", describe(pod), err)
                         done = False
                 if not done:
                     await self._wait(uid, backoff)
@@ -245,7 +239,7 @@ class ClaimAllocator:
         namespace = str(pod["metadata"]["namespace"])
         left = await victim_left(pod, self._get_pod)
         if left:
-            log.debug("allocation: pod %s waits for pod %s, preempted for it, to end", _describe(pod), left)
+            log.debug("allocation: pod %s waits for pod %s, preempted for it, to end", describe(pod), left)
             return False
         classes = await self._mode_c_classes()
         written: list[Mapping[str, Any]] = []
@@ -292,7 +286,7 @@ class ClaimAllocator:
         ref, now, policy, host = ask.ref, self.clock(), self.policy(), self._host(pod)
         asked = pod_ask_from(pod)  # the pod's CPU and memory: the policies weigh them as for a classic pod
         sizes = {"cpu_milli": asked.cpu_milli, "memory_mib": asked.memory_mib}
-        configs = _configs(raw, classes, self.claims.driver)
+        configs = configs_of(raw, classes, self.claims.driver)
         planned: dict[str, Any] = {}
 
         def transition(ledger: NodeLedger | None) -> NodeLedger:
@@ -307,7 +301,7 @@ class ClaimAllocator:
             )  # fmt: skip
             status = allocation_status(
                 plan.allocation, ledger.node, self.claims.driver, now, shareable=self.view.slots_per_card > 1,
-                chosen=plan.chosen, configs=configs, share_id=_share_ids(ref),
+                chosen=plan.chosen, configs=configs, share_id=share_ids(ref),
             )  # fmt: skip
             written_claim = {"metadata": raw["metadata"], "status": {"allocation": status}}
             devices = claims.results_of(written_claim, self.claims.driver)
@@ -362,7 +356,7 @@ class ClaimAllocator:
         CLAIMS_ALLOCATED.inc()
         log.info(
             "allocation: %s allocated on %s (cards %s) for pod %s",
-            ref.describe(), allocation.node, ",".join(str(s.index) for s in allocation.shares()), _describe(pod),
+            ref.describe(), allocation.node, ",".join(str(s.index) for s in allocation.shares()), describe(pod),
         )  # fmt: skip
 
     def _claim_added(self, raw: Mapping[str, Any]) -> None:
@@ -433,7 +427,7 @@ class ClaimAllocator:
         found = {
             str(c["metadata"]["name"]): c
             for c in listed["items"]
-            if _of_driver(c, self.claims.driver)
+            if of_driver(c, self.claims.driver)
             and ((c["metadata"].get("annotations") or {}).get(CLASS_CHOICE) or "ledger") != "scheduler"
         }
         self._classes = (self.clock(), found)
@@ -453,71 +447,18 @@ class ClaimAllocator:
             path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
             await self.api.patch_object(path, patch, JSON_PATCH)
         except InvalidArgument as err:  # the gates moved meanwhile: the pod's next version is settled
-            raise Conflict(f"the scheduling gates of pod {_describe(pod)} changed: {err}") from err
+            raise Conflict(f"the scheduling gates of pod {describe(pod)} changed: {err}") from err
 
     async def _event(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
         meta = pod["metadata"]
         said, at = self._told.get(meta["uid"], ("", float("-inf")))
         if said == reason and self.clock() - at < EVENT_REPEAT_S:
-            log.debug("allocation: pod %s: %s again: %s", _describe(pod), reason, message)
+            log.debug("allocation: pod %s: %s again: %s", describe(pod), reason, message)
             return  # tried again on a ledger change: the pod's events say it once a minute
         self._told[meta["uid"]] = (reason, self.clock())
         path, body = pod_event(pod, reason, message, "Warning", self.clock())
         try:
             await self.api.create_object(path, body)
         except GpuledgerError as err:
-            log.warning("allocation: cannot record the event %s for pod %s: %s", reason, _describe(pod), err)
-        log.info("allocation: pod %s: %s: %s", _describe(pod), reason, message)
-
-
-def _share_ids(ref: ClaimRef) -> Callable[[], str]:
-    """The share IDs of the claim's results, in order: derived from the claim's uid, so that the
-    same plan gives the same IDs (and the same ledger allocation id) however often it is made."""
-    counter = itertools.count()
-    return lambda: str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpuledger.io/claims/{ref.uid}/{next(counter)}"))
-
-
-def claim_names(pod: Mapping[str, Any]) -> list[str] | None:
-    """The names of the pod's claims; None while a template's claim is not created yet."""
-    listed = (pod.get("status") or {}).get("resourceClaimStatuses") or []
-    statuses = {s.get("name"): s.get("resourceClaimName") for s in listed}
-    names = []
-    for claim in (pod.get("spec") or {}).get("resourceClaims") or []:
-        if claim.get("resourceClaimName"):
-            names.append(str(claim["resourceClaimName"]))
-        elif claim.get("resourceClaimTemplateName"):
-            generated = statuses.get(claim.get("name"))
-            if not generated:
-                return None
-            names.append(str(generated))
-    return names
-
-
-def _of_driver(device_class: Mapping[str, Any], driver: str) -> bool:
-    """Whether the class selects devices of ``driver`` (its CEL selectors name it)."""
-    selectors = (device_class.get("spec") or {}).get("selectors") or []
-    return any(f'device.driver == "{driver}"' in str((s.get("cel") or {}).get("expression", "")) for s in selectors)
-
-
-def _configs(raw: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]], driver: str) -> list[dict[str, Any]]:
-    """The configuration kube-scheduler copies into the allocation: each request's class's
-    (``FromClass``), then the claim's own (``FromClaim``), for our driver."""
-    out: list[dict[str, Any]] = []
-    devices = (raw.get("spec") or {}).get("devices") or {}
-    for request in devices.get("requests") or []:
-        names = [request["exactly"]["deviceClassName"]] if request.get("exactly") else [
-            s.get("deviceClassName") for s in request.get("firstAvailable") or []]  # fmt: skip
-        for name in dict.fromkeys(names):
-            for config in ((classes.get(str(name)) or {}).get("spec") or {}).get("config") or []:
-                if (config.get("opaque") or {}).get("driver") == driver:
-                    out.append({"source": "FromClass", "requests": [request["name"]], "opaque": config["opaque"]})
-    for config in devices.get("config") or []:
-        if (config.get("opaque") or {}).get("driver") == driver:
-            out.append({"source": "FromClaim", **({"requests": config["requests"]} if config.get("requests") else {}),
-                        "opaque": config["opaque"]})  # fmt: skip
-    return out
-
-
-def _describe(pod: Mapping[str, Any]) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace')}/{meta.get('name')}"
+            log.warning("allocation: cannot record the event %s for pod %s: %s", reason, describe(pod), err)
+        log.info("allocation: pod %s: %s: %s", describe(pod), reason, message)

@@ -12,8 +12,9 @@ from typing import Any, cast
 
 import pytest
 
-from gpuledger_placement.claim_allocator import GATE, ClaimAllocator, _configs, _of_driver, claim_names, gated
+from gpuledger_placement.claim_allocator import ClaimAllocator
 from gpuledger_placement.claim_cache import ClaimCache
+from gpuledger_placement.claim_pods import GATE, claim_names, configs_of, gated, of_driver
 from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION, Preemption
 
 DRIVER = "gpu.gpuledger.io"
@@ -42,7 +43,7 @@ def test_only_our_gate_makes_a_pod_ours() -> None:
 def test_a_class_is_ours_when_its_selector_names_our_driver() -> None:
     ours = {"spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}" && x'}}]}}
     theirs = {"spec": {"selectors": [{"cel": {"expression": 'device.driver == "gpu.example.com"'}}]}}
-    assert _of_driver(ours, DRIVER) and not _of_driver(theirs, DRIVER) and not _of_driver({}, DRIVER)
+    assert of_driver(ours, DRIVER) and not of_driver(theirs, DRIVER) and not of_driver({}, DRIVER)
 
 
 def test_the_configs_are_copied_as_kube_scheduler_copies_them() -> None:
@@ -51,7 +52,7 @@ def test_the_configs_are_copied_as_kube_scheduler_copies_them() -> None:
         "requests": [{"name": "gpu", "exactly": {"deviceClassName": "mps.gpu.gpuledger.io"}}],
         "config": [{"requests": ["gpu"], "opaque": MPS}, {"opaque": {"driver": "other"}}],
     }}}  # fmt: skip
-    assert _configs(claim, classes, DRIVER) == [
+    assert configs_of(claim, classes, DRIVER) == [
         {"source": "FromClass", "requests": ["gpu"], "opaque": MPS},
         {"source": "FromClaim", "requests": ["gpu"], "opaque": MPS},
     ]

@@ -56,11 +56,11 @@ __all__ = [
 class FakeNvml(DeviceCalls, MigCalls, GpuInstanceCalls, ComputeInstanceCalls, EventCalls, RepairCalls):
     """One node's NVML, as the ``pynvml`` module would present it."""
 
-    # --- module surface that is not a function: constants and exception classes ----------------
+    # --- module surface that is not a function: constants, exception classes and structs -------
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(_nvml, name)
-        is_error = isinstance(value, type) and issubclass(value, Exception)
-        if is_error or not callable(value) or name == "nvmlExceptionClass":
+        is_type = isinstance(value, type)  # exception classes, and the structs callers fill
+        if is_type or not callable(value) or name == "nvmlExceptionClass":
             return value
         raise AttributeError(f"the fake NVML does not implement {name}")

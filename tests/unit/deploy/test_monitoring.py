@@ -8,10 +8,14 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
+from .kustomize import merge
+from .manifests import named, rendered
 from .monitoring import (
+    COMPONENT,
     NATS_EXPORTER_SERIES,
     PENDING,
     RULE_TESTS,
@@ -219,3 +223,44 @@ def test_every_alert_has_a_promtool_test_where_it_fires_and_one_where_it_stays_q
 
 def test_the_prometheusrule_of_the_component_holds_the_rules_file() -> None:
     assert component_rule_groups() == rules()["groups"]
+
+
+# --- the kustomize component -----------------------------------------------------------------
+
+
+def test_the_component_lists_every_file_beside_it() -> None:
+    component = yaml.safe_load((COMPONENT / "kustomization.yaml").read_text())
+    assert component["kind"] == "Component"
+    listed = {*component["resources"], *(p["path"] for p in component["patches"])}
+    assert listed == {p.name for p in COMPONENT.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+@pytest.mark.parametrize("version", ["1.30", "1.36"])
+def test_the_component_keeps_nats_and_its_policy_valid(version: str) -> None:
+    """The exporter patched into the production NATS StatefulSet, and the NetworkPolicy for its port."""
+    nats = named(rendered("overlays/production"), "StatefulSet", "gpuledger-nats")
+    merge(nats, yaml.safe_load((COMPONENT / "nats-exporter.yaml").read_text()))
+    names = [c["name"] for c in nats["spec"]["template"]["spec"]["containers"]]
+    assert sorted(names) == ["nats", "nats-exporter"]
+    kubernetes_validate.validate(nats, version, strict=True)
+    policy = yaml.safe_load((COMPONENT / "network.yaml").read_text())
+    kubernetes_validate.validate(policy, version, strict=True)
+    assert policy["spec"]["podSelector"]["matchLabels"] == nats["spec"]["selector"]["matchLabels"]
+
+
+def test_the_podmonitors_select_the_pods_and_ports_that_serve_metrics() -> None:
+    objects = rendered("overlays/production")
+    workloads = {
+        "gpuledger-allocator": "Deployment",
+        "gpuledger-placement": "Deployment",
+        "gpuledger-node": "DaemonSet",
+    }
+    for name, kind in workloads.items():
+        monitor = podmonitors()[name]
+        template = named(objects, kind, name)["spec"]["template"]
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= template["metadata"]["labels"].items(), name
+        ports = {p["name"] for c in template["spec"]["containers"] for p in c.get("ports", ())}
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            assert endpoint["port"] in ports, name
+            assert endpoint["path"] == "/metrics"

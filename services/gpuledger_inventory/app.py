@@ -9,6 +9,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client
@@ -19,6 +20,8 @@ from gpuledger_common.settings import describe
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import NodeName
 from gpuledger_inventory import http
+from gpuledger_inventory.attribution import Attributing
+from gpuledger_inventory.cgroups import ProcCgroups
 from gpuledger_inventory.health import HealthPolicy
 from gpuledger_inventory.kube import KubeNodeApi, KubeSliceApi, NodeApi, SliceApi
 from gpuledger_inventory.nvml import Gpus, NvmlGpus, load_pynvml
@@ -57,6 +60,14 @@ def build_gpus(settings: InventorySettings) -> tuple[Gpus, Host]:
         return NvmlGpus(fake, fake.numa_node, "fake"), Host(sim.node.cpu_milli, sim.node.memory_mib, sim.node.labels)
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return NvmlGpus(load_pynvml()), Host((os.cpu_count() or 0) * 1000, pages // MiB)
+
+
+def attributing(settings: InventorySettings, gpus: Gpus) -> Gpus:
+    """NVML's processes with their pods, read under ``proc_root`` (empty: not attributed)."""
+    if not settings.proc_root:
+        log.info("proc_root is empty: GPU processes are not attributed to pods")
+        return gpus
+    return Attributing(gpus, ProcCgroups(Path(settings.proc_root)).of)
 
 
 def build_repair(settings: InventorySettings, gpus: Gpus) -> tuple[Resetter, Checker] | None:
@@ -131,6 +142,7 @@ async def serve(
         if gpus is None:
             gpus, default_host = build_gpus(settings)
             host = host or default_host
+        gpus = attributing(settings, gpus)
         closing = functools.partial(asyncio.to_thread, gpus.close)
         stack.push_async_callback(lifecycle.bounded(settings.stop_timeout_s, closing, "NVML"))
         policy = HealthPolicy(settings.faults(), settings.recover_on_nvml_return, settings.recover_after_s)
@@ -172,4 +184,3 @@ async def _serve(
     lifecycle.background(stack, tasks, inventory.run())
     stack.callback(stopping.set)
     return url
-

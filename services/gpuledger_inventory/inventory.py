@@ -64,6 +64,8 @@ class GpuProcess:
     pid: int
     used_mib: int | None = None  # None: the driver cannot tell
     mig_uuid: str | None = None
+    pod_uid: str | None = None  # from its cgroup (cgroups.py); None: in no pod, or not read
+    container_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,7 @@ class CardUsage:
 @dataclass(frozen=True, slots=True)
 class Usage:
     cards: tuple[CardUsage, ...] = field(default=())
+    attributed: bool = False  # each process's pod_uid and container_id were read (attribution.py)
 
     def of(self, uuid: str) -> CardUsage | None:
         return next((c for c in self.cards if c.uuid == uuid), None)

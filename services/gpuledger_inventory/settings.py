@@ -28,6 +28,9 @@ class InventorySettings(KubeClientSettings):
     heartbeat_interval_s: float = option(5.0, "how often the heartbeat is published")
     inventory_interval_s: float = option(30.0, "how often the inventory is published even without a change")
     poll_interval_s: float = option(10.0, "how often memory and processes are read")
+    proc_root: str = option(
+        "/proc", "the host's /proc: each GPU process's pod from its cgroup (docs/audit.md; empty: not attributed)"
+    )
     event_wait_ms: int = option(1000, "one NVML event wait (bounds how long a stop takes)")
     nvml_retry_max_s: float = option(30.0, "the longest wait between NVML re-initialisations")
     ignore_xids: frozenset[int] = option(

@@ -13,7 +13,7 @@ from gpuledger_core import codec
 from gpuledger_core.ids import CardUuid, NodeName
 from gpuledger_core.model import Card, Node
 from gpuledger_inventory.health import HealthBook, Transition, transition_to
-from gpuledger_inventory.inventory import CardInfo, CardUsage, Scan, Usage
+from gpuledger_inventory.inventory import CardInfo, CardUsage, GpuProcess, Scan, Usage
 from gpuledger_inventory.remediation import RemediationBook, step_to
 
 SCHEMA = 1
@@ -128,7 +128,7 @@ class NodeState:
                     for m in info.mig
                 ],
             },
-            "processes": [{"pid": p.pid, "used_mib": p.used_mib, "mig_uuid": p.mig_uuid} for p in usage.processes],
+            "processes": [self._process(p) for p in usage.processes],
             "health": {
                 "state": health.health.value,
                 "cause": health.cause.value,
@@ -139,6 +139,14 @@ class NodeState:
             },
             "remediation": self._remediation(info),
         }
+
+    def _process(self, p: GpuProcess) -> dict[str, Any]:
+        """A process, with its pod and container where processes are attributed (else no such keys:
+        a reader cannot tell a process in no pod from one nobody looked for)."""
+        found: dict[str, Any] = {"pid": p.pid, "used_mib": p.used_mib, "mig_uuid": p.mig_uuid}
+        if self.usage.attributed:
+            found |= {"pod_uid": p.pod_uid, "container_id": p.container_id}
+        return found
 
     def _remediation(self, info: CardInfo) -> dict[str, Any]:
         card = self.remedies.of(info.uuid)

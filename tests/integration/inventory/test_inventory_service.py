@@ -78,6 +78,10 @@ class Stack:
     running: Running
 
 
+POD_UID = "0c1e6b8e-54c1-4b7e-9d7a-3f2a1b0c9d8e"
+CONTAINER_ID = "ab" * 32
+
+
 def node_of(message: Any) -> Node:
     return codec.node_from(codec.Reader(message["node"]))
 
@@ -118,7 +122,10 @@ async def stack(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[Stack]
         await nc.subscribe(f"gpuledger.v1.{subject}", cb=feed.on_msg)
     stop = asyncio.Event()
     started: asyncio.Future[Running] = asyncio.get_running_loop().create_future()
-    s = settings(nats_server.url, state_file=str(tmp_path / "health.json"))
+    proc = tmp_path / "proc"  # the host's /proc as the inventory reads it: pid 4242 runs in a pod
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "cgroup").write_text(f"0::/kubepods/burstable/pod{POD_UID}/{CONTAINER_ID}\n")
+    s = settings(nats_server.url, state_file=str(tmp_path / "health.json"), proc_root=str(proc))
     task = asyncio.create_task(
         serve(
             s,
@@ -159,7 +166,13 @@ async def test_foreign_processes_are_reported(stack: Stack) -> None:
         lambda m: bool(m["extra"]["cards"]) and m["extra"]["cards"][2]["processes"]
     )
     assert message["extra"]["cards"][2]["processes"] == [
-        {"pid": 4242, "used_mib": 1000, "mig_uuid": None}
+        {
+            "pid": 4242,
+            "used_mib": 1000,
+            "mig_uuid": None,
+            "pod_uid": POD_UID,
+            "container_id": CONTAINER_ID,
+        }
     ]
     stack.fake.set_processes(2, [])
     await stack.inventory.next(lambda m: m["extra"]["cards"][2]["processes"] == [])

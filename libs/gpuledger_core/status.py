@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from gpuledger_core.card_usage import Usage
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Allocation, AllocState, Card, Owner
+from gpuledger_core.model import Allocation, AllocState, Card, Owner, OwnerKind
 from gpuledger_core.usage import free_of
 
 
@@ -21,14 +22,8 @@ class Holder:
     exclusive: bool
     state: AllocState
     since: float
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """What NVML sees running on a card: compute processes and the memory they use."""
-
-    processes: int = 0
-    used_mib: int = 0
+    used_mib: int | None = None  # the memory its pod's processes use on the card; None: not measured
+    over: bool = False  # a share using more memory than granted (docs/audit.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,19 +54,26 @@ def holders_of(allocations: Iterable[Allocation]) -> dict[str, list[Holder]]:
         for grant in a.grants:
             for share in grant.cards:
                 holder = Holder(
-                    a.id, a.owner, grant.container, share.mem_mib, share.core_milli,
-                    share.exclusive, a.state, a.created_at,
+                    a.id,
+                    a.owner,
+                    grant.container,
+                    share.mem_mib,
+                    share.core_milli,
+                    share.exclusive,
+                    a.state,
+                    a.created_at,
                 )
                 found.setdefault(share.uuid, []).append(holder)
     return found
 
 
 def foreign(holders: Sequence[Holder], usage: Usage) -> tuple[int, int]:
-    """(processes, MiB) on a card that the ledger does not account for.
+    """(processes, MiB) on a card that the ledger does not account for, when nobody can tell whose
+    a process is (an inventory that does not attribute, or use no pod holder accounts for).
 
     On a card nobody holds, every process is foreign. On a shared card, memory used beyond what
-    the holders were granted is foreign (NVML cannot say whose process is whose). A card held
-    whole is its holder's to use as it likes.
+    the holders were granted is foreign (one process: NVML cannot say which). A card held whole is
+    its holder's to use as it likes.
     """
     if not holders:
         return usage.processes, usage.used_mib
@@ -79,6 +81,37 @@ def foreign(holders: Sequence[Holder], usage: Usage) -> tuple[int, int]:
         return 0, 0
     over = usage.used_mib - sum(h.mem_mib for h in holders)
     return (1 if over > 0 else 0), max(0, over)
+
+
+def audit(holders: Sequence[Holder], usage: Usage) -> tuple[tuple[Holder, ...], int, int]:
+    """The card's holders with their use and over-grant mark, and its foreign (processes, MiB)
+    (docs/audit.md). A pod holder uses what its pod's processes on the card use; two containers
+    of one pod on the card are measured together, against the sum of their grants. What no pod
+    holder accounts for is judged by ``foreign`` against the holders cgroups cannot name (tools,
+    DRA claims). Without attribution the whole card is judged so, and nobody is measured."""
+    if usage.attributed is None:
+        return tuple(holders), *foreign(holders, usage)
+    pods = {h.owner.id for h in holders if h.owner.kind is OwnerKind.POD}
+    used: dict[str, int] = dict.fromkeys(pods, 0)
+    granted: dict[str, int] = dict.fromkeys(pods, 0)
+    rest = Usage()
+    for p in usage.attributed:
+        if p.pod_uid is not None and p.pod_uid in pods:
+            used[p.pod_uid] += p.used_mib
+        else:
+            rest = Usage(rest.processes + 1, rest.used_mib + p.used_mib)
+    for h in holders:
+        if h.owner.kind is OwnerKind.POD:
+            granted[h.owner.id] += h.mem_mib
+    measured = tuple(_measured(h, used, granted) for h in holders)
+    return measured, *foreign([h for h in holders if h.owner.kind is not OwnerKind.POD], rest)
+
+
+def _measured(h: Holder, used: Mapping[str, int], granted: Mapping[str, int]) -> Holder:
+    if h.owner.kind is not OwnerKind.POD:
+        return h
+    mine = used[h.owner.id]
+    return replace(h, used_mib=mine, over=not h.exclusive and mine > granted[h.owner.id])
 
 
 def node_status(
@@ -95,11 +128,8 @@ def node_status(
     for card in ledger.node.cards:
         if model and card.model != model:
             continue
-        held = tuple(holders.get(card.uuid, ()))
         seen = (usage or {}).get(card.uuid, Usage())
-        extra_processes, extra_mib = foreign(held, seen)
+        held, extra_processes, extra_mib = audit(holders.get(card.uuid, ()), seen)
         free = free_of(card, use.get(card.uuid))
-        cards.append(
-            CardStatus(card, free.mem_mib, free.core_milli, held, seen.processes, extra_processes, extra_mib)
-        )
+        cards.append(CardStatus(card, free.mem_mib, free.core_milli, held, seen.processes, extra_processes, extra_mib))
     return NodeStatus(ledger.node.name, tuple(cards), stale, revision)

@@ -14,12 +14,12 @@ from gpuledger_allocator.view import ClusterView
 from gpuledger_common.bus import SUBJECT_PREFIX, decode, subscribed
 from gpuledger_common.store import LedgerStore
 from gpuledger_core import codec
+from gpuledger_core.card_usage import Usage, usage_of
 from gpuledger_core.codec import Reader
 from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger, with_node
 from gpuledger_core.model import Node
-from gpuledger_core.status import Usage
 
 log = logging.getLogger(__name__)
 INVENTORY = f"{SUBJECT_PREFIX}.inventory.*"
@@ -92,14 +92,6 @@ def _upsert(node: Node) -> Callable[[NodeLedger | None], NodeLedger]:
 
 
 def usage_from(r: Reader) -> dict[str, Usage]:
-    """Processes per card from the inventory's ``extra.cards`` (absent or malformed: none)."""
-    extra = r.raw.get("extra")
-    cards = extra.get("cards") if isinstance(extra, dict) else None
-    found: dict[str, Usage] = {}
-    for card in cards if isinstance(cards, list) else ():
-        processes = card.get("processes") if isinstance(card, dict) else None
-        if not isinstance(processes, list) or not isinstance(card.get("uuid"), str):
-            continue
-        used = sum(p.get("used_mib") or 0 for p in processes if isinstance(p, dict))
-        found[card["uuid"]] = Usage(len(processes), int(used))
-    return found
+    """Processes per card from the inventory's ``extra.cards`` (absent or malformed: none), each
+    with its pod where the inventory attributes them (docs/audit.md)."""
+    return usage_of(r.raw.get("extra"))

@@ -19,8 +19,9 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
 
 from gpuledger_allocator.view import ClusterView
+from gpuledger_core.card_usage import Usage
 from gpuledger_core.ids import NodeName
-from gpuledger_core.status import NodeStatus, Usage
+from gpuledger_core.status import NodeStatus
 
 MODEL_GAUGES = {  # per model (label ``model``): sums over the model's cards
     "cards": ("gpuledger_model_cards", "Cards of the model in the ledger"),

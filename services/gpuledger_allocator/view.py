@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 from gpuledger_common.store import LedgerStore
 from gpuledger_common.store.follow import follow
+from gpuledger_core.card_usage import Usage
 from gpuledger_core.events import LedgerEvent, diff
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, Owner
-from gpuledger_core.status import NodeStatus, Usage, node_status
+from gpuledger_core.status import NodeStatus, node_status
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from prometheus_client.core import Metric
 from gpuledger_allocator.metrics import LedgerMetrics
 from gpuledger_allocator.queries import cluster
 from gpuledger_allocator.view import ClusterView
+from gpuledger_core.card_usage import Usage
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Grant
-from gpuledger_core.status import Usage
 from gpuledger_dev.fleet import parse_fleet
 from tests.unit.core.builders import allocation, whole
 

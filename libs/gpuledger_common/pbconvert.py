@@ -168,6 +168,9 @@ def holder_to(h: Holder) -> pb.Holder:
         exclusive=h.exclusive,
         state=h.state.value,
         since=h.since,
+        measured=h.used_mib is not None,
+        used_mib=h.used_mib or 0,
+        over_grant=h.over,
     )
 
 
@@ -181,6 +184,8 @@ def holder_from(m: pb.Holder) -> Holder:
         m.exclusive,
         enum_of(AllocState, m.state, "state"),
         m.since,
+        m.used_mib if m.measured else None,
+        m.over_grant,
     )
 
 

@@ -30,7 +30,15 @@ def holder(h: Holder) -> str:
     if h.container:
         who += f"[{h.container}]"
     share = "whole card" if h.exclusive else f"{h.mem_mib} MiB, {h.core_milli / 10:g}%"
-    return f"{who} ({share}, {h.state.value}, {ago(h.since)})"
+    return f"{who} ({share}{_used(h)}, {h.state.value}, {ago(h.since)})"
+
+
+def _used(h: Holder) -> str:
+    """What the holder's processes use of the card, where measured, and a mark when it is over its
+    grant (docs/audit.md)."""
+    if h.used_mib is None:
+        return ""
+    return f", uses {h.used_mib} MiB" + (" OVER GRANT" if h.over else "")
 
 
 def cluster(nodes: Sequence[NodeStatus]) -> str:

@@ -431,6 +431,8 @@ def holder_to(h: Holder) -> Json:
         "exclusive": h.exclusive,
         "state": h.state.value,
         "since": h.since,
+        "used_mib": h.used_mib,
+        "over": h.over,
     }
 
 
@@ -438,7 +440,7 @@ def holder_from(r: Reader) -> Holder:
     return Holder(
         AllocationId(r.text("allocation_id")), owner_from(r.obj("owner")), r.text("container", ""),
         r.integer("mem_mib"), r.integer("core_milli"), r.flag("exclusive"),
-        r.enum("state", AllocState), r.number("since", 0.0),
+        r.enum("state", AllocState), r.number("since", 0.0), r.opt_int("used_mib"), r.flag("over"),
     )
 
 

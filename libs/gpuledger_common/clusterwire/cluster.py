@@ -55,6 +55,9 @@ def holder_bytes(h: Holder) -> bytes:
     flag(out, 6, h.exclusive)
     text(out, 7, h.state.value)
     double(out, 8, h.since)
+    flag(out, 9, h.used_mib is not None)
+    number(out, 10, h.used_mib or 0)
+    flag(out, 11, h.over)
     return b"".join(out)
 
 
@@ -135,6 +138,9 @@ HOLDER: Spec = {
     6: ("exclusive", VARINT),
     7: ("state", LENGTH),
     8: ("since", FIXED64),
+    9: ("measured", VARINT),
+    10: ("used_mib", VARINT),
+    11: ("over_grant", VARINT),
 }
 CARD: Spec = {
     1: ("uuid", LENGTH),
@@ -181,6 +187,8 @@ def holder_from(data: bytes, path: str) -> Holder:
         bool(uint(v, "exclusive")),
         state,
         DOUBLE.unpack(since)[0] if isinstance(since, bytes) else 0.0,
+        uint(v, "used_mib") if uint(v, "measured") else None,
+        bool(uint(v, "over_grant")),
     )
 
 

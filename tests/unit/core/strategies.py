@@ -102,6 +102,8 @@ holders = st.builds(
     st.booleans(),
     st.sampled_from(AllocState),
     times,
+    st.none() | mib,
+    st.booleans(),
 )
 card_statuses = st.builds(CardStatus, cards, mib, core, st.lists(holders, max_size=2).map(tuple))
 node_statuses = st.builds(

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
 
+from gpuledger_core import codec
 from gpuledger_core.card_usage import ProcessUse, Usage, usage_of
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import reserve
 from gpuledger_core.model import AllocState, Grant, Owner, OwnerKind
-from gpuledger_core.status import Holder, audit, node_status
+from gpuledger_core.status import Holder, NodeStatus, audit, node_status
 
 from .builders import allocation, card, ledger, share, uuid_of, whole
+from .strategies import node_statuses
 
 pytestmark = pytest.mark.timeout(5)
 
@@ -156,3 +160,15 @@ def test_malformed_usage_is_none(extra: object) -> None:
 def test_malformed_process_fields_are_not_trusted() -> None:
     extra = {"cards": [{"uuid": "GPU-a", "processes": [{"used_mib": "9", "pod_uid": 7, "container_id": 1}, 5]}]}
     assert usage_of(extra) == {"GPU-a": Usage(2, 0, (ProcessUse(0),))}
+
+
+@settings(max_examples=200, deadline=None)
+@given(status=node_statuses)
+def test_the_dashboards_json_carries_use_and_the_mark(status: NodeStatus) -> None:
+    assert codec.node_status_from(json.loads(json.dumps(codec.node_status_to(status)))) == status
+
+
+def test_the_dashboards_json_from_an_allocator_before_the_audit_reads_as_not_measured() -> None:
+    raw = codec.holder_to(holder("p", 100))
+    del raw["used_mib"], raw["over"]
+    assert codec.holder_from(codec.Reader(raw)) == holder("p", 100)

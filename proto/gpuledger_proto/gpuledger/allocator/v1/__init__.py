@@ -157,6 +157,9 @@ class Holder(betterproto.Message):
     exclusive: bool = betterproto.bool_field(6)
     state: str = betterproto.string_field(7)
     since: float = betterproto.double_field(8)
+    measured: bool = betterproto.bool_field(9)
+    used_mib: int = betterproto.uint64_field(10)
+    over_grant: bool = betterproto.bool_field(11)
 
 
 @dataclass(eq=False, repr=False)

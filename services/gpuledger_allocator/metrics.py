@@ -3,7 +3,8 @@
 Per model and per node, not per card: seven gauges per card made 285,000 series and a 39 MB
 scrape at 5,000 nodes of 8 cards, which took 2.5 s on the allocator's event loop. Per card detail
 is in ``gpuledger inspect`` and the dashboard. Per node only where something is wrong (a stale
-heartbeat, unhealthy cards, foreign processes): a gauge of every node, 5,000 series of zeros, was
+heartbeat, unhealthy cards, foreign processes, holders over their grants; per holder only while
+it is over): a gauge of every node, 5,000 series of zeros, was
 most of a scrape's time on the event loop. The per-model sums are kept as nodes change: a scrape
 works over the nodes whose key or usage changed since the last one, not over every node.
 """
@@ -47,7 +48,16 @@ NODE_GAUGES = {  # per node (label ``node``), only for the nodes where they are 
         "gpuledger_node_foreign_processes",
         "Processes on the node's cards that the ledger does not account for (nodes with some)",
     ),
+    "over": (
+        "gpuledger_node_holders_over_grant",
+        "Holders using more memory of a card than granted, per node (nodes with some; docs/audit.md)",
+    ),
 }
+HOLDER_GAUGE = (  # per holder and card, only while it is over
+    "gpuledger_holder_over_grant_mib",
+    "Memory a holder's processes use on a card beyond its grant (holders over only; docs/audit.md)",
+)
+HOLDER_LABELS = ["node", "uuid", "holder_namespace", "holder_pod", "holder_container", "resource"]
 NODES_GAUGE = ("gpuledger_nodes", "Nodes in the ledger")
 STALE_GAUGE = ("gpuledger_nodes_stale", "Nodes in the ledger whose heartbeat stopped")
 WARM_PER_TURN = 100
@@ -96,6 +106,16 @@ class _Counted:
     sums: dict[str, _Sums]
     unhealthy: int
     foreign: int
+    over: tuple[tuple[list[str], int], ...] = ()  # per holder over its grant: its labels, MiB beyond
+
+
+def _over_of(status: NodeStatus) -> tuple[tuple[list[str], int], ...]:
+    """The node's holders over their grants: the gauge's labels and the MiB beyond the grant."""
+    return tuple(
+        ([status.name, c.card.uuid, h.owner.namespace, h.owner.name, h.container, "memory"],
+         (h.used_mib or 0) - h.mem_mib)
+        for c in status.cards for h in c.holders if h.over
+    )  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -116,11 +136,16 @@ class LedgerMetrics:
         for gone in self._counted.keys() - view.revisions.keys():
             self._forget(self._counted.pop(gone))
         nodes = {key: GaugeMetricFamily(name, text, labels=["node"]) for key, (name, text) in NODE_GAUGES.items()}
+        holders = GaugeMetricFamily(*HOLDER_GAUGE, labels=HOLDER_LABELS)
         for name, known in self._counted.items():
             if known.unhealthy:
                 nodes["unhealthy"].add_metric([name], known.unhealthy)
             if known.foreign:
                 nodes["foreign_processes"].add_metric([name], known.foreign)
+            if known.over:
+                nodes["over"].add_metric([name], len(known.over))
+            for labels, beyond in known.over:
+                holders.add_metric(labels, beyond)
         stale = view.stale_nodes()
         for name in stale:
             nodes["stale"].add_metric([name], 1.0)
@@ -134,7 +159,7 @@ class LedgerMetrics:
                 if sums.cards:
                     family.add_metric([model], getattr(sums, key))
             found.append(family)
-        return [*found, *nodes.values()]
+        return [*found, *nodes.values(), holders]
 
     async def warm(self, per_turn: int = WARM_PER_TURN) -> None:
         """Count every node before the first scrape, ``per_turn`` nodes per turn of the event loop
@@ -159,7 +184,7 @@ class LedgerMetrics:
         unhealthy = sum(part.unhealthy for part in sums.values())
         foreign = sum(part.foreign_processes for part in sums.values())
         revision, usage = self.view.revisions.get(name, 0), self.view.usage.get(name)
-        self._counted[name] = _Counted(revision, usage, sums, unhealthy, foreign)
+        self._counted[name] = _Counted(revision, usage, sums, unhealthy, foreign, _over_of(status))
 
     def _forget(self, known: _Counted) -> None:
         for model, part in known.sums.items():

@@ -9,10 +9,10 @@ from prometheus_client.core import Metric
 from gpuledger_allocator.metrics import LedgerMetrics
 from gpuledger_allocator.queries import cluster
 from gpuledger_allocator.view import ClusterView
-from gpuledger_core.card_usage import Usage
+from gpuledger_core.card_usage import ProcessUse, Usage
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
-from gpuledger_core.model import Grant
+from gpuledger_core.model import CardShare, Grant
 from gpuledger_dev.fleet import parse_fleet
 from tests.unit.core.builders import allocation, whole
 
@@ -106,3 +106,27 @@ async def test_warming_counts_every_node_ahead_of_the_first_scrape() -> None:
     await gauges.warm(per_turn=2)
     assert set(gauges._counted) == {node.node.name for node in fleet.nodes}
     assert samples(gauges.families())[("gpuledger_nodes", ())] == NODES
+
+
+def test_holders_over_their_grants_have_series_only_while_over() -> None:
+    fleet = parse_fleet("nodes:\n" + "".join(f"  - name: n{i}\n    profile: h100-sxm-8\n" for i in range(NODES)))
+    view = ClusterView(_Store(), stale_after_s=3600.0)  # type: ignore[arg-type]
+    for revision, node in enumerate(fleet.nodes, start=1):
+        view.apply(NodeName(node.node.name), NodeLedger(node.node), revision)
+    n1 = view.ledgers[NodeName("n1")]
+    card = n1.node.cards[0]
+    held = allocation("a", Grant("main", (CardShare(card.uuid, card.index, 4000, 250),)), name=NodeName("n1"))
+    view.apply(NodeName("n1"), reserve(n1, held), 100)
+    gauges = LedgerMetrics(view)
+
+    def over(used: int) -> dict[tuple[str, tuple[str, ...]], float]:
+        view.usage[NodeName("n1")] = {card.uuid: Usage(1, used, (ProcessUse(used, "uid-a", "c1"),))}
+        found = samples(gauges.families())
+        return {k: v for k, v in found.items() if "over_grant" in k[0]}
+
+    assert over(3000) == {}  # within: no series at all, on no node
+    assert over(4500) == {
+        ("gpuledger_node_holders_over_grant", ("n1",)): 1,
+        ("gpuledger_holder_over_grant_mib", ("n1", card.uuid, "default", "pod-a", "main", "memory")): 500,
+    }
+    assert over(3999) == {}  # back within: the series go

@@ -1,7 +1,7 @@
 """What ``kubectl gpuledger`` shows, from the cluster's status as the allocator serves it: the cards
 that one namespace's holders hold (or every card, for all namespaces), drawn as ``gpuledger inspect``
 draws them, and ``top``: per holder, what it was granted against what it uses, as far as the status
-measures use today. Pure: no I/O.
+measures use (the share audit, docs/audit.md). Pure: no I/O.
 
 A namespace's view shows each card that holds at least one of the namespace's pods (or claims), with
 the card's free memory and compute over all of its holders and the others' holders as a count. Tools
@@ -21,10 +21,10 @@ from gpuledger_core.status import CardStatus, Holder, NodeStatus
 
 NOT_MEASURED = "n/m"
 NOT_MEASURED_NOTE = (
-    f"{NOT_MEASURED}: not measured yet. The ledger does not yet join what NVML sees each process use to\n"
-    "the pods that run it. Measured today, per card: the compute processes NVML sees on it (CARD PROCS)\n"
-    "and, on a shared card, the memory used beyond the sum of its holders' grants (OVER GRANTS; whose,\n"
-    "NVML cannot say). A card held whole is its holder's to use as it likes."
+    f"{NOT_MEASURED}: not measured. MEM USED is what a pod's processes use on the card, where the node's\n"
+    "inventory tells each process's pod (docs/audit.md); tools' and DRA claims' use is not told apart.\n"
+    "CORE USED is not measured yet (no per-process compute use). CARD PROCS: the compute processes NVML\n"
+    "sees on the card; FOREIGN: the use there that no holder accounts for (whose, NVML cannot say)."
 )
 OUTSIDE = "(outside the ledger)"  # processes on a card nobody holds
 
@@ -127,15 +127,17 @@ class TopRow:
     granted_core_milli: int | None
     whole: bool
     used: Use
+    over: bool  # using more memory than granted (docs/audit.md)
     card_processes: int
-    card_over_grants_mib: int
+    card_foreign_processes: int
+    card_foreign_mib: int
 
 
-def used_by(holder: Holder, card: CardStatus) -> Use:
-    """What the cluster's status says ``holder`` uses of ``card``: not measured yet. NVML's
-    per-process use is not joined to holders in the status; when it is, this is the one place
-    that reads it, and every view shows it."""
-    return Use()
+def used_by(holder: Holder) -> Use:
+    """What the cluster's status says ``holder`` uses of its card: the memory its pod's processes
+    use (the share audit; None where not measured). Compute per holder is not in the status yet;
+    when it is, this is the one place that reads it, and every view shows it."""
+    return Use(mem_mib=holder.used_mib)
 
 
 def top_rows(nodes: Sequence[NodeStatus], scope: Scope) -> list[TopRow]:
@@ -151,15 +153,16 @@ def top_rows(nodes: Sequence[NodeStatus], scope: Scope) -> list[TopRow]:
 def _holder_row(node: NodeStatus, c: CardStatus, h: Holder) -> TopRow:
     return TopRow(
         h.owner.namespace, h.owner.kind.value, _name(h), h.container, node.name, c.card.index, c.card.uuid,
-        c.card.model, h.mem_mib, h.core_milli, h.exclusive, used_by(h, c), c.processes, c.foreign_mib,
+        c.card.model, h.mem_mib, h.core_milli, h.exclusive, used_by(h), h.over, c.processes,
+        c.foreign_processes, c.foreign_mib,
     )  # fmt: skip
 
 
 def _outside_row(node: NodeStatus, c: CardStatus) -> TopRow:
-    """Processes on a card nobody holds: all they use is measured, and no one's."""
+    """Processes on a card nobody holds: all they use is foreign, and measured."""
     return TopRow(
         "", "outside", OUTSIDE, "", node.name, c.card.index, c.card.uuid, c.card.model,
-        None, None, False, Use(mem_mib=c.foreign_mib), c.processes, 0,
+        None, None, False, Use(mem_mib=c.foreign_mib), False, c.processes, c.foreign_processes, c.foreign_mib,
     )  # fmt: skip
 
 
@@ -175,7 +178,7 @@ def top_text(rows: Sequence[TopRow], scope: Scope) -> str:
     if not rows:
         return "no holders in the ledger" if scope.everything else f"namespace {scope.namespace} holds no cards"
     headers = ["NAMESPACE", "HOLDER", "CONTAINER", "NODE", "CARD", "MEM GRANTED", "MEM USED"]
-    headers += ["CORE GRANTED", "CORE USED", "CARD PROCS", "OVER GRANTS"]
+    headers += ["CORE GRANTED", "CORE USED", "CARD PROCS", "FOREIGN"]
     table = render.table(headers, [_top_cells(r) for r in rows])
     unmeasured = any(r.used.mem_mib is None or r.used.core_milli is None for r in rows)
     return f"{table}\n\n{NOT_MEASURED_NOTE}" if unmeasured else table
@@ -190,11 +193,11 @@ def _top_cells(r: TopRow) -> list[str]:
         r.node,
         str(r.card),
         "-" if r.granted_mib is None else f"{r.granted_mib} MiB{whole}",
-        NOT_MEASURED if r.used.mem_mib is None else f"{r.used.mem_mib} MiB",
+        NOT_MEASURED if r.used.mem_mib is None else f"{r.used.mem_mib} MiB" + (" OVER GRANT" if r.over else ""),
         "-" if r.granted_core_milli is None else f"{r.granted_core_milli / 10:g}%{whole}",
         NOT_MEASURED if r.used.core_milli is None else f"{r.used.core_milli / 10:g}%",
         str(r.card_processes),
-        f"{r.card_over_grants_mib} MiB" if r.card_over_grants_mib else "-",
+        f"{r.card_foreign_processes} proc, {r.card_foreign_mib} MiB" if r.card_foreign_processes else "-",
     ]
 
 
@@ -215,8 +218,9 @@ def top_json(rows: Sequence[TopRow], scope: Scope) -> dict[str, Any]:
                 "model": r.model,
                 "granted": {"mem_mib": r.granted_mib, "core_milli": r.granted_core_milli, "whole": r.whole},
                 "used": {"mem_mib": r.used.mem_mib, "core_milli": r.used.core_milli},
+                "over": r.over,
                 "card_processes": r.card_processes,
-                "card_over_grants_mib": r.card_over_grants_mib,
+                "card_foreign": {"processes": r.card_foreign_processes, "mem_mib": r.card_foreign_mib},
             }
             for r in rows
         ],

@@ -284,13 +284,23 @@ async def test_a_viewer_sees_its_namespaces_pods_on_their_cards_as_the_ledger_ho
         other_ns = await shown_json(cluster, proxied.viewer, "-n", TEAM_B)
         assert shown_holders(other_ns["nodes"]) == others
 
+        # top: each holder's grant, and its use as the status says it (the share audit's, where the
+        # node's inventory tells processes' pods; n/m where not); compute use is not measured.
         top = await kubectl_gpuledger(cluster, proxied.viewer, "top")
         assert top.code == 0, top.err
+        used = {
+            h["owner"]["name"]: "n/m" if h.get("used_mib") is None else str(h["used_mib"])
+            for n in (await shown_json(cluster, proxied.viewer))["nodes"]
+            for c in n["cards"]
+            for h in c["holders"]
+        }
         rows = [line.split() for line in top.out.split("\n\n")[0].splitlines()[1:]]
         assert sorted((r[0], r[1], r[3], r[5], r[7]) for r in rows) == [
-            (TEAM_A, name, NODE, "1000", "n/m") for name in pods[TEAM_A]
+            (TEAM_A, name, NODE, "1000", used[name]) for name in pods[TEAM_A]
         ]
-        assert "n/m: not measured yet" in top.out
+        top_json = await shown_json(cluster, proxied.viewer, "top")
+        assert [h["used"]["core_milli"] for h in top_json["holders"]] == [None, None]
+        assert "n/m: not measured." in top.out
 
 
 @pytest.mark.timeout(120)

@@ -5,6 +5,7 @@ measured said so."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from gpuledger_cli import kubectl_view as view
 from gpuledger_common import render
@@ -115,8 +116,8 @@ def test_top_has_one_row_per_holder_and_card_granted_against_used() -> None:
         ("infer", "p4-0", 1, 4096, 250, False),
         ("train", "p4-0", 0, 16384, 1000, True),
     ]
-    assert all(r.used == view.Use() for r in rows)  # per-holder use is not in the status yet
-    assert [(r.card_processes, r.card_over_grants_mib) for r in rows] == [(3, 512), (1, 0)]
+    assert all(r.used == view.Use() and not r.over for r in rows)  # no attribution in this status
+    assert [(r.card_processes, r.card_foreign_processes, r.card_foreign_mib) for r in rows] == [(3, 1, 512), (1, 0, 0)]
 
 
 def test_top_with_all_namespaces_shows_tools_and_use_outside_the_ledger() -> None:
@@ -138,23 +139,11 @@ def test_top_text_says_what_is_not_measured() -> None:
     header, infer, train = text.split("\n\n")[0].splitlines()
     assert header.split() == [
         "NAMESPACE", "HOLDER", "CONTAINER", "NODE", "CARD", "MEM", "GRANTED", "MEM", "USED",
-        "CORE", "GRANTED", "CORE", "USED", "CARD", "PROCS", "OVER", "GRANTS",
+        "CORE", "GRANTED", "CORE", "USED", "CARD", "PROCS", "FOREIGN",
     ]  # fmt: skip
     assert infer.split() == [
-        "team-a",
-        "infer",
-        "app",
-        "p4-0",
-        "1",
-        "4096",
-        "MiB",
-        "n/m",
-        "25%",
-        "n/m",
-        "3",
-        "512",
-        "MiB",
-    ]
+        "team-a", "infer", "app", "p4-0", "1", "4096", "MiB", "n/m", "25%", "n/m", "3", "1", "proc,", "512", "MiB",
+    ]  # fmt: skip
     assert train.split() == [
         "team-a", "train", "app", "p4-0", "0", "16384", "MiB", "(whole)", "n/m", "100%", "(whole)", "n/m", "1", "-",
     ]  # fmt: skip
@@ -179,5 +168,19 @@ def test_top_json_keeps_a_place_for_what_is_not_measured() -> None:
     assert found["namespace"] == "team-a"
     first = found["holders"][0]
     assert first["granted"] == {"mem_mib": 4096, "core_milli": 250, "whole": False}
-    assert first["used"] == {"mem_mib": None, "core_milli": None}
-    assert (first["card_processes"], first["card_over_grants_mib"]) == (3, 512)
+    assert (first["used"], first["over"]) == ({"mem_mib": None, "core_milli": None}, False)
+    assert (first["card_processes"], first["card_foreign"]) == (3, {"processes": 1, "mem_mib": 512})
+
+
+def test_top_shows_what_the_share_audit_measured_and_marks_a_share_over_its_grant() -> None:
+    measured = replace(holder("team-a", "infer", 4096, 250), used_mib=5000, over=True)
+    within = replace(holder("team-a", "train", 4096, 250), used_mib=1200)
+    nodes = [NodeStatus(NodeName("p4-0"), (card(1, measured, within, processes=2),))]
+    rows = view.top_rows(nodes, A)
+    assert [(r.holder, r.used, r.over) for r in rows] == [
+        ("infer", view.Use(mem_mib=5000), True),
+        ("train", view.Use(mem_mib=1200), False),
+    ]
+    infer, train = view.top_text(rows, A).splitlines()[1:3]
+    assert "5000 MiB OVER GRANT" in infer and "1200 MiB" in train and "OVER" not in train
+    assert view.top_json(rows, A)["holders"][0]["used"] == {"mem_mib": 5000, "core_milli": None}

@@ -25,6 +25,7 @@ from gpuledger_core.errors import Unavailable
 from gpuledger_core.packing import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
 from gpuledger_placement.assumed import Assumptions
+from gpuledger_placement.auditor import Auditor
 from gpuledger_placement.binder import Binder
 from gpuledger_placement.claim_allocator import ClaimAllocator
 from gpuledger_placement.claims import ClaimsController
@@ -216,6 +217,9 @@ async def _serve(
             stack.push_async_callback(preemptor.stop)
         if settings.drain == "on":  # the holders of a card whose remedy is drain are evicted
             lifecycle.background(stack, tasks, Drainer(pods, parts.view).run())
+        auditor = Auditor(pods, parts.view, settings.over_grant_action, settings.over_grant_grace_s)
+        lifecycle.background(stack, tasks, auditor.run())  # pods over their grants: told, or evicted
+        stack.push_async_callback((await auditor.listen(nc)).unsubscribe)
         if settings.dra_claims != "off":  # the ledger decides DRA allocations
             claims = ClaimsController(pods, store, parts.view, memory_step_mib=settings.dra_memory_step_mib)
             lifecycle.background(stack, tasks, claims.run(optional=settings.dra_claims == "auto"))

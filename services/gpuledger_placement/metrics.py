@@ -74,3 +74,10 @@ DRAIN_EVICTIONS = Counter(
 CARDS_DRAINING = Gauge(
     "gpuledger_placement_draining_cards", "Cards whose remedy is drain in the ledger, whose holders placement evicts"
 )
+
+OVER_GRANT_ACTIONS = Counter(
+    "gpuledger_placement_over_grant_actions_total",
+    "Pods over their grant on a card (docs/audit.md): told (the Event recorded by this replica), evicted, "
+    "refused (an eviction a PodDisruptionBudget or the API server refused; tried again)",
+    ["action"],
+)

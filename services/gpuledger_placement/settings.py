@@ -99,6 +99,12 @@ class PlacementSettings(KubeClientSettings):
         "node's inventory marked remedy drain (Eviction API, PodDisruptionBudgets respected, refusals tried again "
         "with a back-off); the inventory asks only where remediation is on: on or off",
     )
+    over_grant_action: str = option(
+        "report",
+        "a pod using more of a card's memory than granted (docs/audit.md): report (a Warning Event on the pod) or "
+        "evict (also evicted, through the Eviction API, if still over after over_grant_grace_s)",
+    )
+    over_grant_grace_s: float = option(300.0, "how long a pod may stay over its grant before over_grant_action evict")
     dra_memory_step_mib: int = option(256, "the inventory's dra_memory_step_mib: the slices' memory grid")
     nats_queue: str = option("placement", "NATS queue group of the placement subjects")
     stop_timeout_s: float = option(10.0, "how long in-flight requests may take to finish at shutdown")
@@ -164,6 +170,9 @@ class PlacementSettings(KubeClientSettings):
         require(0 <= self.defrag_moves_per_hour <= 10_000, "defrag_moves_per_hour", "must be 0..10000")
         require(0 <= self.defrag_cooldown_s <= 7 * 86400, "defrag_cooldown_s", "must be 0..604800 seconds")
         require(self.drain in ("on", "off"), "drain", f"must be on or off, got {self.drain!r}")
+        action = self.over_grant_action
+        require(action in ("report", "evict"), "over_grant_action", f"must be report or evict, got {action!r}")
+        require(0 <= self.over_grant_grace_s <= 86400, "over_grant_grace_s", "must be 0..86400 seconds")
         require(1 <= self.dra_memory_step_mib <= 65536, "dra_memory_step_mib", "must be 1..65536")
         require(self.stale_after_s >= 0, "stale_after_s", "must not be negative")
         require(self.workload_window >= 1, "workload_window", "must be at least 1")

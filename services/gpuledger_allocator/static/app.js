@@ -14,7 +14,9 @@ function pct(used, total) { return total > 0 ? Math.round((100 * used) / total) 
 function holderText(h) {
   const who = h.owner.kind === "pod" && h.owner.name ? `${h.owner.namespace}/${h.owner.name}` : `${h.owner.kind}:${h.owner.id}`;
   const share = h.exclusive ? "whole card" : `${h.mem_mib} MiB, ${h.core_milli / 10}%`;
-  return `${who}${h.container ? "[" + h.container + "]" : ""} (${share}, ${h.state})`;
+  // what its processes use of the card, where the inventory attributes them (docs/audit.md)
+  const used = h.used_mib === null || h.used_mib === undefined ? "" : `, uses ${h.used_mib} MiB${h.over ? " OVER GRANT" : ""}`;
+  return `${who}${h.container ? "[" + h.container + "]" : ""} (${share}${used}, ${h.state})`;
 }
 
 // the ledger's remedy (docs/remediation.md) as the dashboard names it
@@ -35,7 +37,8 @@ function escape(text) {
 function cardElement(node, card) {
   const el = document.createElement("div");
   const state = cardState(card);
-  el.className = "card" + (state === "healthy" ? "" : " unhealthy") + (card.remedy ? ` repair ${state}` : "");
+  const over = card.holders.filter((h) => h.over).length;
+  el.className = "card" + (state === "healthy" ? "" : " unhealthy") + (card.remedy ? ` repair ${state}` : "") + (over ? " over" : "");
   el.dataset.node = node.name;
   el.dataset.index = card.index;
   const memUsed = card.memory_mib - card.free_mem_mib;
@@ -47,7 +50,7 @@ function cardElement(node, card) {
     <div class="label"><b>card ${card.index}</b><span>${escape(card.model)}</span><span class="health">${escape(state)}</span></div>${why}
     <div class="bar mem" title="memory ${memUsed}/${card.memory_mib} MiB"><div style="width:${pct(memUsed, card.memory_mib)}%"></div></div>
     <div class="bar core" title="compute ${coreUsed / 10}%"><div style="width:${pct(coreUsed, 1000)}%"></div></div>
-    <div class="label"><span class="mem-text">${memUsed}/${card.memory_mib} MiB</span><span class="holders">${card.holders.length} holder(s)</span></div>`;
+    <div class="label"><span class="mem-text">${memUsed}/${card.memory_mib} MiB</span><span class="holders">${card.holders.length} holder(s)</span>${over ? `<span class="over-grant" title="holders using more memory than granted">${over} over grant</span>` : ""}</div>`;
   el.addEventListener("click", () => { selected = [node.name, card.index]; showDetails(); });
   return el;
 }

@@ -53,13 +53,6 @@ NATS_EXPORTER_SERIES = (
     "jetstream_server_total_message_bytes",
     "jetstream_server_max_storage",
 )
-# Series the rules read that no service exports yet, with the labels they are written against:
-# the share audit (issue 35, item 1) exports it from the inventory (docs/monitoring.md).
-PENDING = {
-    "gpuledger_inventory_holder_over_grant": frozenset(
-        {"uuid", "holder_namespace", "holder_pod", "holder_container", "resource"}
-    )
-}
 SUFFIXES = {
     "counter": (("_total", frozenset()),),
     "gauge": (("", frozenset()),),
@@ -136,7 +129,7 @@ class Known:
     series: dict[str, frozenset[str]]
 
     @classmethod
-    def everything(cls, pending: bool = True) -> Known:
+    def everything(cls) -> Known:
         targets = target_labels()
         series = {
             name: found.labels | frozenset.intersection(*(targets[job] for job in found.jobs))
@@ -144,8 +137,6 @@ class Known:
         }
         series.update(dict.fromkeys(NATS_EXPORTER_SERIES, NATS_EXPORTER_LABELS | targets["gpuledger-nats"]))
         series["up"] = frozenset.intersection(*targets.values())  # Prometheus's own, per target
-        if pending:
-            series.update({name: labels | targets["gpuledger-node"] for name, labels in PENDING.items()})
         return cls(series)
 
 

@@ -17,7 +17,6 @@ from .manifests import named, rendered
 from .monitoring import (
     COMPONENT,
     NATS_EXPORTER_SERIES,
-    PENDING,
     RULE_TESTS,
     Checker,
     Known,
@@ -93,24 +92,12 @@ def test_histograms_and_counters_have_the_suffixes_prometheus_sees() -> None:
 
 @pytest.mark.parametrize(("title", "query"), board_queries(dashboard()))
 def test_every_board_query_reads_exported_series_and_labels(title: str, query: str) -> None:
-    assert Checker(Known.everything(pending=False)).check(query) == [], title
+    assert Checker(Known.everything()).check(query) == [], title
 
 
 @pytest.mark.parametrize("name", sorted(alerts()))
 def test_every_alert_reads_exported_series_and_labels(name: str) -> None:
     assert Checker(Known.everything()).check(alerts()[name]["expr"]) == []
-
-
-def test_pending_series_are_read_by_an_alert_and_not_exported_yet() -> None:
-    """The share audit's gauge: once a service exports it, take it out of PENDING so that the alert is
-    checked against the real labels (and this test will say so)."""
-    read: set[str] = set()
-    for rule in alerts().values():
-        checker = Checker(Known.everything())
-        checker.check(rule["expr"])
-        read |= checker.read
-    assert set(PENDING) <= read
-    assert not set(PENDING) & set(exported()), "exported now: remove it from PENDING in monitoring.py"
 
 
 def test_no_metric_label_is_renamed_by_a_target_label() -> None:
@@ -184,7 +171,7 @@ def test_the_board_follows_the_namespace_and_node_variables() -> None:
     series = exported()
     for panel in data_panels(dashboard()):
         for target in panel["targets"]:
-            checker = Checker(Known.everything(pending=False))
+            checker = Checker(Known.everything())
             checker.check(target["expr"].replace("$__rate_interval", "5m"))
             assert 'namespace=~"$namespace"' in target["expr"], panel["title"]
             if any(series[n].jobs <= node_jobs for n in checker.read if n in series):

@@ -1,5 +1,5 @@
-"""Wiring: NATS, the ledger store, the view, the APIs, the sweeper, the tool drains, the reconciler and
-the ops endpoints."""
+"""Wiring: NATS, the ledger store, the view, the APIs, the sweeper, the tool drains, the reconciler,
+the dashboard's trends and the ops endpoints."""
 
 from __future__ import annotations
 
@@ -20,11 +20,13 @@ from gpuledger_allocator.ingest import Ingest
 from gpuledger_allocator.kube import KubePodLister, PodLister
 from gpuledger_allocator.metrics import register as register_metrics
 from gpuledger_allocator.metrics import unregister as unregister_metrics
+from gpuledger_allocator.overview import Overview
 from gpuledger_allocator.podcache import PodCache
 from gpuledger_allocator.reconciler import Reconciler
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_allocator.settings import AllocatorSettings
 from gpuledger_allocator.tool_drains import ToolDrains
+from gpuledger_allocator.trends import Ring, Trends, sample_every
 from gpuledger_allocator.view import ClusterView
 from gpuledger_common import lifecycle
 from gpuledger_common.entry import stop_on_signals
@@ -106,7 +108,10 @@ async def _serve(
     grpc = await _serve_apis(settings, stack, nc, service)
     stack.callback(unregister_metrics, view)
     lifecycle.background(stack, tasks, register_metrics(view).warm())
-    ops = ops_app(lambda: "" if nc.is_connected else "NATS disconnected", dashboard_app(view, inventory_asker(nc)))
+    overview, trends = Overview(view), _trends(settings)
+    lifecycle.background(stack, tasks, sample_every(trends, overview))
+    dashboard = dashboard_app(view, inventory_asker(nc), overview, trends)
+    ops = ops_app(lambda: "" if nc.is_connected else "NATS disconnected", dashboard)
     http = await lifecycle.http_site(stack, ops, settings.http_host, settings.http_port)
     host, port = settings.grpc_listen_host, _grpc_port(grpc)
     ops_port = bound_port(http)
@@ -129,6 +134,11 @@ async def _serve_apis(
     await grpc.start(settings.grpc_listen_host, settings.grpc_port, ssl=_grpc_tls(settings))
     stack.push_async_callback(_closed, grpc)
     return grpc
+
+
+def _trends(settings: AllocatorSettings) -> Trends:
+    cluster = Ring(settings.trends_step_s, settings.trends_hours)
+    return Trends(cluster, Ring(settings.node_trends_step_s, settings.node_trends_hours))
 
 
 async def _closed(grpc: Server) -> None:

@@ -1,4 +1,5 @@
-"""The web dashboard: a small static page, the cluster as JSON, the ledger's events as SSE, and a
+"""The web dashboard (docs/dashboard.md): the static page (cluster, node and card views), the
+cluster as JSON, its aggregates and trends (api_overview.py), the ledger's events as SSE, and a
 card's history (api_history.py: asked of its node's inventory)."""
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import orjson
 from aiohttp import web
 
 from gpuledger_allocator.api_history import AskInventory, history_route
+from gpuledger_allocator.api_overview import overview_routes
+from gpuledger_allocator.overview import Overview
 from gpuledger_allocator.queries import cluster
+from gpuledger_allocator.trends import Trends
 from gpuledger_allocator.view import ClusterView
 from gpuledger_core import codec
 
@@ -24,7 +28,9 @@ STATIC = Path(__file__).resolve().parent / "static"
 KEEPALIVE_S = 15.0
 
 
-def dashboard_app(view: ClusterView, ask_inventory: AskInventory) -> web.Application:
+def dashboard_app(
+    view: ClusterView, ask_inventory: AskInventory, overview: Overview, trends: Trends
+) -> web.Application:
     app = web.Application()
 
     async def index(_: web.Request) -> web.FileResponse:
@@ -62,5 +68,6 @@ def dashboard_app(view: ClusterView, ask_inventory: AskInventory) -> web.Applica
     app.router.add_get("/api/cluster", cluster_json)
     app.router.add_get("/api/events", events)
     app.router.add_get("/api/nodes/{node}/cards/{uuid}/history", history_route(view, ask_inventory))
+    app.router.add_routes(overview_routes(overview, trends))
     app.router.add_static("/static", STATIC)
     return app

@@ -77,6 +77,10 @@ class AllocatorSettings(KubeClientSettings):
     reconcile_relist_s: float = option(
         600.0, "how often the pod watch starts again from a full listing (a safety net; watches resume on their own)"
     )
+    trends_step_s: float = option(30.0, "how often the dashboard's trends take the cluster's totals (kept in memory)")
+    trends_hours: float = option(24.0, "how many hours of the cluster's totals the dashboard's trends keep")
+    node_trends_step_s: float = option(300.0, "how often the dashboard's trends take every node's totals")
+    node_trends_hours: float = option(6.0, "how many hours of every node's totals the dashboard's trends keep")
     log_level: str = option("info", "debug, info, warning or error")
     log_format: str = option("text", "text or json")
 
@@ -113,9 +117,7 @@ class AllocatorSettings(KubeClientSettings):
         require(self.sweep_interval_s > 0, "sweep_interval_s", "must be positive")
         require(self.placement_retry_s >= 0, "placement_retry_s", "must not be negative")
         require(0 <= self.placement_ahead_s <= 60, "placement_ahead_s", "must be 0..60 seconds")
-        require(
-            1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}"
-        )
+        require(1 <= self.slots_per_card <= MAX_SLOTS_PER_CARD, "slots_per_card", f"must be 1..{MAX_SLOTS_PER_CARD}")
         require(0 <= self.tool_drain_grace_s <= 86400, "tool_drain_grace_s", "must be 0..86400 seconds")
         require(self.cas_attempts >= 1, "cas_attempts", "must be at least 1")
         require(0 <= self.ledger_retry_s <= 60, "ledger_retry_s", "must be 0..60 seconds")
@@ -123,9 +125,22 @@ class AllocatorSettings(KubeClientSettings):
         require(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be positive")
         require(self.reconcile_grace_s >= 0, "reconcile_grace_s", "must not be negative")
         require(self.reconcile_relist_s > 0, "reconcile_relist_s", "must be positive")
+        self._check_trends()
         require(self.log_format in ("text", "json"), "log_format", "must be text or json")
         require(
             self.log_level in ("debug", "info", "warning", "error"),
             "log_level",
             "must be debug, info, warning or error",
         )
+
+    def _check_trends(self) -> None:
+        require(0.05 <= self.trends_step_s <= 3600, "trends_step_s", "must be 0.05..3600 seconds")
+        require(
+            self.trends_step_s <= self.node_trends_step_s <= 86400,
+            "node_trends_step_s",
+            "must be at least trends_step_s and at most 86400 seconds",
+        )
+        for name, step in (("trends_hours", self.trends_step_s), ("node_trends_hours", self.node_trends_step_s)):
+            hours = getattr(self, name)
+            require(0 < hours <= 24 * 14, name, "must be more than 0 and at most 336 hours")
+            require(hours * 3600 / step <= 100_000, name, "keeps at most 100000 samples: take a longer step")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuledger_dev.mig_profiles import GiProfile, MigModel
+from gpuledger_core.mig_profiles import GiProfile, MigModel
 
 Placed = tuple[GiProfile, int]  # a profile at a start (in memory slices)
 

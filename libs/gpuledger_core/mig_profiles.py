@@ -40,18 +40,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import pynvml as _nvml
-
-_P1, _P2, _P3, _P4, _P7 = (
-    _nvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE,
-    _nvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE,
-    _nvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE,
-    _nvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE,
-    _nvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE,
-)
-_P1_ME = _nvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1  # 1g+me
-_P1_BIG = _nvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2  # 1g with two memory slices
-_P2_ME = _nvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1  # 2g+me (A30)
+# NVML's profile indexes (``NVML_GPU_INSTANCE_PROFILE_*`` in nvml.h and pynvml), written out: the
+# core imports no NVML binding. The fake NVML's tests check them against pynvml's constants.
+_P1, _P2, _P3, _P4, _P7 = 0, 1, 2, 3, 4  # ..._1_SLICE, _2_SLICE, _3_SLICE, _4_SLICE, _7_SLICE
+_P1_ME = 7  # NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1: 1g+me
+_P2_ME = 8  # NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1: 2g+me (A30)
+_P1_BIG = 9  # NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2: 1g with two memory slices
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +113,7 @@ def _row(
 ) -> GiProfile:
     """``slices`` is (compute, memory); ``engines`` is (copy engines, decoders, JPEG, OFA)."""
     ce, dec, jpeg, ofa = engines
-    return GiProfile(
-        name, index, profile_id, *slices, memory_mib, sms, ce, dec, jpeg, ofa, instances, starts
-    )
+    return GiProfile(name, index, profile_id, *slices, memory_mib, sms, ce, dec, jpeg, ofa, instances, starts)
 
 
 # fmt: off

@@ -12,10 +12,10 @@ from enum import StrEnum
 from typing import Any
 
 from gpuledger_common.profiles import PROFILES
+from gpuledger_core.mig_layout import LayoutError, place_all
+from gpuledger_core.mig_profiles import GiProfile, default_layout, mig_model
 from gpuledger_core.model import Node
 from gpuledger_dev.fleet import Fleet, FleetNode, _Cursor, _Lined
-from gpuledger_dev.mig_layout import LayoutError, place_all
-from gpuledger_dev.mig_profiles import GiProfile, default_layout, mig_model
 
 
 class FaultKind(StrEnum):

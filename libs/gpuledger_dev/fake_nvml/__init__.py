@@ -11,7 +11,7 @@ conventions and return shapes, with the quirks of the real binding (reference se
   ``(0,)`` and passing it fails like the raw ctypes call does;
 - MIG queries on cards without MIG raise NotSupported; empty MIG slots raise NotFound; MIG is
   modelled as NVML has it (mode and pending mode, GPU and compute instances, placements, per card
-  model from NVIDIA's MIG User Guide: ``gpuledger_dev.mig_profiles``; docs/mig.md);
+  model from NVIDIA's MIG User Guide: ``gpuledger_core.mig_profiles``; docs/mig.md);
 - on NVSwitch systems every NVLink's remote device is a SWITCH and only the NVLink P2P status tells
   which GPUs are joined;
 - ``nvmlEventSetWait`` blocks until an event or the timeout, then raises ``NVMLError_Timeout``.

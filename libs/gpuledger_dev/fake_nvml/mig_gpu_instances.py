@@ -3,7 +3,7 @@ capacity, creation (where NVML chooses, or at a placement), listing, lookup and 
 
 Profile calls take a profile *index* (``NVML_GPU_INSTANCE_PROFILE_*``); the others take the profile
 *ID* that the profile information reports, as NVML's do. The card's table is
-``gpuledger_dev.mig_profiles``; what fits, and where NVML puts an instance, ``gpuledger_dev.mig_layout``.
+``gpuledger_core.mig_profiles``; what fits, and where NVML puts an instance, ``gpuledger_core.mig_layout``.
 Answers: NotSupported on a card without MIG or with MIG off (possible placements excepted, which NVML
 lists either way) and for a profile the card does not offer; InvalidArgument for an unknown profile
 ID or a placement the profile does not offer; InsufficientResources when the placement is taken, no
@@ -19,11 +19,11 @@ from typing import Any
 
 import pynvml as _nvml
 
+from gpuledger_core.mig_layout import choose, fits_at, remaining
+from gpuledger_core.mig_profiles import GiProfile
 from gpuledger_dev.fake_nvml.mig_handles import MigHandles, deref, out_array, set_count
 from gpuledger_dev.fake_nvml.mig_state import CardMig, FakeGpuInstance
 from gpuledger_dev.fake_nvml.model import Event
-from gpuledger_dev.mig_layout import choose, fits_at, remaining
-from gpuledger_dev.mig_profiles import GiProfile
 
 
 def _profile(mig: CardMig, profile_id: int) -> GiProfile:

@@ -1,6 +1,6 @@
 """A card's MIG as the fake NVML holds it: the mode and its pending change, the GPU instances with
 their placements, and their compute instances, each of which is a MIG device (a UUID and a device
-handle of its own). The rules of what fits are ``gpuledger_dev.mig_layout``'s; the calls that change
+handle of its own). The rules of what fits are ``gpuledger_core.mig_layout``'s; the calls that change
 this state, and the errors they answer with, are in ``mig`` and ``mig_instances``.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pynvml as _nvml
 
-from gpuledger_dev.mig_layout import Placed, gpu_instance_id
-from gpuledger_dev.mig_profiles import GiProfile, MigModel
+from gpuledger_core.mig_layout import Placed, gpu_instance_id
+from gpuledger_core.mig_profiles import GiProfile, MigModel
 
 # A GPU instance's compute instance profiles by its compute slices: {CI slices: CI starts}.
 # The guide shows 3g.20gb's (1c x3, 2c x1, 3g x1) and an A30 2g's (1c x2, 2g x1); the others follow

@@ -11,9 +11,9 @@ from typing import Any
 
 import pynvml as _nvml
 
+from gpuledger_core.mig_profiles import mig_model
 from gpuledger_dev.fake_nvml.mig_state import CardMig
 from gpuledger_dev.fleet_script import MigLayout, NodeScript
-from gpuledger_dev.mig_profiles import mig_model
 
 MiB = 1024 * 1024
 ALL_INSTANCES = 0xFFFFFFFF

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuledger_dev.mig_profiles import MigModel, mig_model
+from gpuledger_core.mig_profiles import MigModel, mig_model
 from gpuledger_inventory.nvml import load_pynvml
 from tests.support.mig_driver import (
     CARDS,

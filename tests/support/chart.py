@@ -313,18 +313,22 @@ def _workload(doc: Doc) -> None:
 def to_doc(source: str, obj: Obj) -> Doc:
     doc = Doc(obj)
     kind, name = obj["kind"], obj["metadata"]["name"]
-    obj["metadata"]["labels"][doc.hole(lambda indent, _: f'{indent}{{{{- include "gpuledger.labels" $ | nindent {len(indent)} }}}}')] = None
+    obj["metadata"]["labels"][
+        doc.hole(lambda indent, _: f'{indent}{{{{- include "gpuledger.labels" $ | nindent {len(indent)} }}}}')
+    ] = None
     if kind in ("Deployment", "StatefulSet", "DaemonSet"):
         _workload(doc)
-    elif kind == "PodDisruptionBudget":
+    elif kind == "PodDisruptionBudget" and name != "gpuledger-nats":  # NATS's allows one down: harmless
         doc.condition = f"gt (int $.Values.{CENTRAL[name]}.replicas) 1"
     elif kind == "ConfigMap" and name.endswith("-settings"):
         obj["data"] = doc.hole(settings(name, obj["data"]))
     elif kind == "ConfigMap" and name == "gpuledger-scheduler-config":
-        obj["data"] = _replace_strings(obj["data"], f"schedulerName: {SCHEDULER}", "schedulerName: {{ $.Values.scheduler.name }}")
+        obj["data"] = _replace_strings(
+            obj["data"], f"schedulerName: {SCHEDULER}", "schedulerName: {{ $.Values.scheduler.name }}"
+        )
     elif kind == "Namespace":
         doc.condition = "$.Values.namespace.create"
-    if kind.endswith("AdmissionPolicy") or kind.endswith("AdmissionPolicyBinding"):
+    if kind.endswith(("AdmissionPolicy", "AdmissionPolicyBinding")):
         doc.obj = obj = _replace_strings(obj, SCHEDULER, "{{ $.Values.scheduler.name }}")
         if name == "gpuledger-gpu-nodes-through-gpuledger":
             doc.condition = "$.Values.guard.admissionPolicy"
@@ -391,14 +395,14 @@ def nats_auth() -> str:
     """The ``authorization`` block as ``gpuledger nats-config`` writes it, for the chart's users."""
     node = "nodexnamex"
     central = [r for r in Role if r not in PER_NODE]
-    lines = ['{{- define "gpuledger.natsAuthConf" -}}', "{{- $pw := .passwords }}", "authorization {", "  users = ["]
+    lines = ['{{- define "gpuledger.natsAuthConf" -}}', "{{- $pw := .passwords -}}", "authorization {", "  users = ["]
     for role in central:
         lines.append("    " + _user_line(role, "", f'{{{{ index $pw "{role}" | toJson }}}}') + ",")
     lines.append("    {{- range $node := .nodes }}")
     for role in PER_NODE:
         password = f'{{{{ index $pw (printf "{role}-%s" $node) | toJson }}}}'
         lines.append("    " + _user_line(role, node, password).replace(node, "{{ $node }}") + ",")
-    lines += ["    {{- end }}", "  ]", "}", "{{- end }}"]
+    lines += ["    {{- end }}", "  ]", "}", "{{ end }}"]
     return "\n".join(lines) + "\n"
 
 
@@ -415,7 +419,9 @@ def generate() -> dict[str, str]:
         stem = source.replace("/", "-").replace("components-", "")
         if all(o["kind"] == "ConfigMap" for o in objects):
             defines, uses = render_configmaps(source, objects)
-            files[f"_{stem.removesuffix('.yaml')}.tpl"] = header.replace("# ", "{{- /* ", 1).rstrip("\n") + " */}}\n" + defines
+            files[f"_{stem.removesuffix('.yaml')}.tpl"] = (
+                header.replace("# ", "{{- /* ", 1).rstrip("\n") + " */}}\n" + defines
+            )
             files[stem] = header + uses
         else:
             files[stem] = header + "".join(render_doc(to_doc(source, obj)) for obj in objects)
@@ -426,17 +432,22 @@ def generate() -> dict[str, str]:
     return files
 
 
+def stale(out: Path = OUT) -> list[str]:
+    """The files under ``out`` that differ from what the generator writes, or that it does not write."""
+    files = generate()
+    changed = [n for n, text in files.items() if not (out / n).is_file() or (out / n).read_text() != text]
+    return sorted(changed + [p.name for p in out.glob("*") if p.name not in files])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the committed templates; write nothing")
     args = parser.parse_args(argv)
-    files = generate()
     if args.check:
-        stale = sorted(n for n, text in files.items() if not (OUT / n).is_file() or (OUT / n).read_text() != text)
-        extra = sorted(p.name for p in OUT.glob("*") if p.name not in files)
-        for name in stale + extra:
-            print(f"stale: {OUT / name}", file=sys.stderr)
-        return 1 if stale or extra else 0
+        for name in stale():
+            print(f"stale: {OUT / name} (run python -m tests.support.chart)", file=sys.stderr)
+        return 1 if stale() else 0
+    files = generate()
     OUT.mkdir(parents=True, exist_ok=True)
     for path in OUT.glob("*"):
         if path.name not in files:

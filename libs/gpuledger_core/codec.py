@@ -20,12 +20,15 @@ from gpuledger_core.model import (
     Allocation,
     AllocState,
     Card,
+    CardMode,
     CardShare,
     Drain,
     Grant,
     Health,
     Isolation,
     Link,
+    MigInstance,
+    MigSlot,
     Node,
     Owner,
     OwnerKind,
@@ -42,6 +45,18 @@ Json = dict[str, Any]
 # was written before it was recorded, and is schema 1. A writer never replaces a value of a
 # newer schema than its own (it would drop the fields it does not know): see ``check_writable``.
 SCHEMA = 1
+# A node's value that holds a card in MIG mode is written in schema 2: a reader that knows only
+# schema 1 would take the card for a whole one (and its instances' holders for shares) and drop its
+# instances when writing it back, so it must read it and never write it. Every other value and body
+# is still written in schema 1, byte for byte as before. ``KNOWN`` is the newest schema this code
+# reads and writes.
+MIG_SCHEMA = 2
+KNOWN = MIG_SCHEMA
+
+
+def node_schema(node: Node) -> int:
+    """The schema a ledger value of ``node`` is written in."""
+    return MIG_SCHEMA if any(c.mode is CardMode.MIG for c in node.cards) else SCHEMA
 
 
 def schema_of(raw: object) -> int:
@@ -56,9 +71,9 @@ def schema_of(raw: object) -> int:
 
 def check_writable(schema: int, what: str) -> None:
     """Refuse to replace ``what``, written in ``schema``, when this code knows an older one."""
-    if schema > SCHEMA:
+    if schema > KNOWN:
         raise FailedPrecondition(
-            f"{what} was written in schema {schema} by a newer gpuledger; this one knows schema {SCHEMA} "
+            f"{what} was written in schema {schema} by a newer gpuledger; this one knows schema {KNOWN} "
             "and would drop what it does not know: finish the upgrade (or roll it back) before this "
             "replica writes it"
         )
@@ -198,7 +213,27 @@ def card_to(card: Card) -> Json:
     }
     if card.remedy is not Remedy.NONE:  # written only when set: a serving card's value is as before
         out["remedy"] = card.remedy.value
+    if card.mode is not CardMode.WHOLE:  # likewise: a card that is not in MIG mode is as before
+        out["mode"] = card.mode.value
+    if card.instances:
+        out["instances"] = [instance_to(i) for i in card.instances]
     return out
+
+
+def slot_to(slot: MigSlot) -> Json:
+    return {"profile": slot.profile, "start": slot.start, "size": slot.size}
+
+
+def slot_from(r: Reader) -> MigSlot:
+    return MigSlot(r.text("profile"), r.integer("start"), r.integer("size"))
+
+
+def instance_to(instance: MigInstance) -> Json:
+    return {**slot_to(instance.slot), "static": instance.static, "uuid": instance.uuid}
+
+
+def instance_from(r: Reader) -> MigInstance:
+    return MigInstance(slot_from(r), r.flag("static", True), r.text("uuid", ""))
 
 
 def card_from(r: Reader) -> Card:
@@ -213,6 +248,8 @@ def card_from(r: Reader) -> Card:
         pci_bus_id=r.text("pci_bus_id", ""),
         health_reason=r.text("health_reason", ""),
         remedy=r.enum("remedy", Remedy, Remedy.NONE),
+        mode=r.enum("mode", CardMode, CardMode.WHOLE),
+        instances=r.items("instances", instance_from),
     )
 
 
@@ -273,18 +310,21 @@ def node_from(r: Reader) -> Node:
 
 
 def request_to(request: Request) -> Json:
-    return {
+    out: Json = {
         "count": request.count,
         "mem_mib": request.mem_mib,
         "core_milli": request.core_milli,
         "models": sorted(request.models),
     }
+    if request.mig:  # written only when set
+        out["mig"] = request.mig
+    return out
 
 
 def request_from(r: Reader) -> Request:
     count, mem, core = r.integer("count", 1), r.opt_int("mem_mib"), r.opt_int("core_milli")
-    models = frozenset(r.strings("models"))
-    return r.wrap(lambda: Request(count=count, mem_mib=mem, core_milli=core, models=models))
+    models, mig = frozenset(r.strings("models")), r.text("mig", "")
+    return r.wrap(lambda: Request(count=count, mem_mib=mem, core_milli=core, models=models, mig=mig))
 
 
 def owner_to(owner: Owner) -> Json:
@@ -298,18 +338,27 @@ def owner_from(r: Reader) -> Owner:
 
 
 def share_to(share: CardShare) -> Json:
-    return {
+    out: Json = {
         "uuid": share.uuid,
         "index": share.index,
         "mem_mib": share.mem_mib,
         "core_milli": share.core_milli,
         "exclusive": share.exclusive,
     }
+    if share.mig is not None:  # written only when set: a share of a card is as before
+        out["mig"] = slot_to(share.mig)
+    return out
 
 
 def share_from(r: Reader) -> CardShare:
+    mig = slot_from(r.obj("mig")) if r.raw.get("mig") is not None else None
     return CardShare(
-        CardUuid(r.text("uuid")), r.integer("index"), r.integer("mem_mib"), r.integer("core_milli"), r.flag("exclusive")
+        CardUuid(r.text("uuid")),
+        r.integer("index"),
+        r.integer("mem_mib"),
+        r.integer("core_milli"),
+        r.flag("exclusive"),
+        mig,
     )
 
 
@@ -385,7 +434,7 @@ def allocation_from(r: Reader) -> Allocation:
 
 def ledger_to(ledger: NodeLedger) -> Json:
     return {
-        "schema": SCHEMA,
+        "schema": node_schema(ledger.node),
         "node": node_to(ledger.node),
         "allocations": [allocation_to(a) for a in ledger.allocations],
     }

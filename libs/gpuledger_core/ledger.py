@@ -12,7 +12,8 @@ from types import MappingProxyType
 
 from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument, NotFound, Released
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
-from gpuledger_core.model import Allocation, AllocState, CardShare, Grant, Isolation, Node, Owner, Request
+from gpuledger_core.mig import mig_problem
+from gpuledger_core.model import Allocation, AllocState, CardMode, CardShare, Grant, Isolation, Node, Owner, Request
 from gpuledger_core.room import Refusal, Want, card_state, refusal
 from gpuledger_core.usage import CardUse, allocation_use, node_use, tier_problem
 
@@ -83,18 +84,27 @@ def reserve(ledger: NodeLedger, allocation: Allocation, *, mix_isolation: bool =
     if ledger.get(allocation.id) is not None:
         raise FailedPrecondition(f"allocation {allocation.id} already exists")
     use = ledger.use()
-    for share in _merged(allocation):
+    instances: list[CardShare] = []
+    for share in _merged(allocation, instances):
         problem = share_problem(ledger.node, use.get(share.uuid), share, allocation.isolation, mix_isolation)
+        if problem:
+            raise Exhausted(problem)
+    if instances:
+        problem = mig_problem(ledger.node, ledger.allocations, instances)
         if problem:
             raise Exhausted(problem)
     return NodeLedger(ledger.node, (*ledger.allocations, allocation))
 
 
-def _merged(allocation: Allocation) -> Iterable[CardShare]:
-    """The allocation's total hold per card, as one share each."""
+def _merged(allocation: Allocation, instances: list[CardShare]) -> Iterable[CardShare]:
+    """The allocation's total hold per card, as one share each; its MIG instances, each held
+    whole on its own, go to ``instances`` instead (``mig.mig_problem`` checks them)."""
     for uuid, use in allocation_use(allocation).items():
-        index = next(s.index for s in allocation.shares() if s.uuid == uuid)
-        yield CardShare(uuid, index, use.mem_mib, use.core_milli, use.exclusive)
+        first = next(s for s in allocation.shares() if s.uuid == uuid)
+        if first.mig is not None:
+            instances.extend(s for s in allocation.shares() if s.uuid == uuid)
+            continue
+        yield CardShare(uuid, first.index, use.mem_mib, use.core_milli, use.exclusive)
 
 
 def share_problem(
@@ -113,6 +123,8 @@ def share_problem(
     label = f"card {card.index} ({card.uuid}) on {node.name}"
     if found is Refusal.UNHEALTHY:
         return f"{label} is unhealthy"
+    if found is Refusal.MIG:
+        return f"{label} is in MIG mode: it takes MIG instances only, no share or whole card"
     if found is Refusal.HELD:
         return f"{label} is held by {use.holders if use else 0} other(s)"
     if found is Refusal.MEMORY:
@@ -183,6 +195,24 @@ def prune(ledger: NodeLedger, now: float, keep_s: float = RELEASED_RETENTION_S) 
 def tidy(ledger: NodeLedger, now: float) -> NodeLedger:
     """What every write does first: expire leases, forget old releases."""
     return prune(expire(ledger, now), now)
+
+
+def set_mode(ledger: NodeLedger, uuid: CardUuid, mode: CardMode) -> NodeLedger:
+    """The card in ``mode``: refused (``FailedPrecondition``, naming the card) while anyone holds
+    it or, leaving MIG mode, while it has GPU instances. The same mode changes nothing."""
+    card = ledger.node.card(uuid)
+    if card is None:
+        raise NotFound(f"card {uuid} is not on node {ledger.node.name}")
+    if card.mode is mode:
+        return ledger
+    label = f"card {card.index} ({uuid}) on {ledger.node.name}"
+    holders = ledger.use().get(uuid)
+    if holders is not None and holders.holders:
+        raise FailedPrecondition(f"{label} has {holders.holders} holder(s): its mode changes only when it is empty")
+    if card.instances:
+        raise FailedPrecondition(f"{label} has {len(card.instances)} MIG instance(s): destroy them first")
+    cards = tuple(replace(c, mode=mode) if c.uuid == uuid else c for c in ledger.node.cards)
+    return replace(ledger, node=replace(ledger.node, cards=cards))
 
 
 def with_node(ledger: NodeLedger, node: Node) -> NodeLedger:

@@ -14,6 +14,7 @@ from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 
 CORE_WHOLE = 1000
 MAX_CARDS_PER_REQUEST = 64
+MIG_SMALLEST = "smallest"  # Request.mig: the smallest profile of the card's model that holds mem and core
 
 
 class PcieLevel(IntEnum):
@@ -39,6 +40,14 @@ class Remedy(StrEnum):
     DRAIN = "drain"  # its holders must move off (placement evicts them)
     RESET = "reset"  # empty, being reset or checked: takes nothing
     RETIRED = "retired"  # out of service until an operator acts
+
+
+class CardMode(StrEnum):
+    """How a card is shared: whole or by memory shares (the default), or split into MIG instances
+    (docs/mig.md). A card is in one mode at a time; the mode changes only while the card is empty."""
+
+    WHOLE = "whole"  # one holder takes it whole, or several hold shares of it
+    MIG = "mig"  # a set of MIG placements, each instance held whole by one holder
 
 
 class AllocState(StrEnum):
@@ -69,6 +78,30 @@ class Link:
 
 
 @dataclass(frozen=True, slots=True)
+class MigSlot:
+    """A MIG placement: a GPU instance of ``profile`` (its name, ``1g.10gb``) over the memory slices
+    ``[start, start + size)`` of its card (``gpuledger_core.mig_profiles``)."""
+
+    profile: str
+    start: int
+    size: int
+
+    def overlaps(self, other: MigSlot) -> bool:
+        return self.start < other.start + other.size and other.start < self.start + self.size
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """A GPU instance that exists on a card in MIG mode, as the node's inventory reports it:
+    ``static`` when an operator made it (gpuledger uses it, never destroys it), else made by
+    gpuledger on demand; ``uuid`` is its MIG device's (``MIG-...``), once it has one."""
+
+    slot: MigSlot
+    static: bool = True
+    uuid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Card:
     uuid: CardUuid
     index: int
@@ -80,10 +113,16 @@ class Card:
     pci_bus_id: str = ""
     health_reason: str = ""  # why the card is unhealthy (empty when healthy)
     remedy: Remedy = Remedy.NONE  # its repair, decided by the node's inventory
+    mode: CardMode = CardMode.WHOLE
+    instances: tuple[MigInstance, ...] = ()  # in MIG mode: the GPU instances that exist
 
     @property
     def healthy(self) -> bool:
         return self.health is Health.HEALTHY
+
+    @property
+    def mig(self) -> bool:
+        return self.mode is CardMode.MIG
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +154,11 @@ class Request:
     mem_mib: int | None = None
     core_milli: int | None = None
     models: frozenset[str] = frozenset()
+    mig: str = ""  # a MIG instance on each card: a profile's name, or MIG_SMALLEST (docs/mig.md)
 
     def __post_init__(self) -> None:
+        if self.mig:
+            self._check_mig()
         if not 1 <= self.count <= MAX_CARDS_PER_REQUEST:
             raise InvalidArgument("gpu", f"must be 1..{MAX_CARDS_PER_REQUEST} cards, got {self.count}")
         if self.mem_mib is not None and self.mem_mib <= 0:
@@ -124,9 +166,16 @@ class Request:
         if self.core_milli is not None and not 1 <= self.core_milli <= CORE_WHOLE:
             raise InvalidArgument("gpu-core", f"must be 1..100 percent, got {self.core_milli / 10:g}")
 
+    def _check_mig(self) -> None:
+        sized = self.mem_mib is not None or self.core_milli is not None
+        if self.mig == MIG_SMALLEST and not sized:
+            raise InvalidArgument("mig", "the smallest profile that fits needs gpu-mem or gpu-core to fit")
+        if self.mig != MIG_SMALLEST and sized:
+            raise InvalidArgument("mig", f"profile {self.mig} names its memory and compute: no gpu-mem or gpu-core")
+
     @property
     def exclusive(self) -> bool:
-        return self.mem_mib is None and self.core_milli is None
+        return self.mem_mib is None and self.core_milli is None and not self.mig
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -167,6 +216,7 @@ class CardShare:
     mem_mib: int
     core_milli: int
     exclusive: bool = False
+    mig: MigSlot | None = None  # the MIG placement held whole (mem and core: the profile's)
 
 
 @dataclass(frozen=True, slots=True)

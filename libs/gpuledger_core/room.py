@@ -52,11 +52,13 @@ class CardState:
     numa: int | None = None
     slots_free: int = UNTRACKED  # kubelet slots no holder takes
     tiers: frozenset[Isolation] = frozenset()  # the isolation tiers of its holders
+    mig: bool = False  # in MIG mode: it takes MIG instances only (``gpuledger_core.mig``)
 
     @property
     def open(self) -> bool:
-        """Whether a new holder could come: healthy, with a free slot where slots are counted."""
-        return self.healthy and self.slots_free != 0
+        """Whether a new holder of a share or a whole card could come: healthy, not in MIG mode,
+        with a free slot where slots are counted."""
+        return self.healthy and self.slots_free != 0 and not self.mig
 
     @property
     def room(self) -> int:
@@ -74,7 +76,7 @@ def card_state(card: Card, use: CardUse | None, slots_free: int = UNTRACKED) -> 
     """A live card as its holders (``use``) leave it, with ``slots_free`` kubelet slots."""
     mem, core, idle, tiers = free_parts(card, use)
     healthy, memory = card.healthy, card.memory_mib
-    return CardState(card.index, card.model, core, memory, mem, idle, healthy, card.numa, slots_free, tiers)
+    return CardState(card.index, card.model, core, memory, mem, idle, healthy, card.numa, slots_free, tiers, card.mig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,7 @@ class Refusal(Enum):
 
     UNHEALTHY = "unhealthy"
     MODEL = "model"
+    MIG = "mig"  # the card is in MIG mode: no share and no whole card
     SLOTS = "slots"
     HELD = "held"  # an exclusive want, and the card has holders
     MEMORY = "memory"
@@ -114,6 +117,8 @@ def refusal(card: CardState, want: Want, mix: bool = False) -> Refusal | None:
         return Refusal.UNHEALTHY
     if want.models and card.model not in want.models:
         return Refusal.MODEL
+    if card.mig:
+        return Refusal.MIG
     if card.slots_free == 0:
         return Refusal.SLOTS
     if want.exclusive:
@@ -139,9 +144,11 @@ def why_not(cards: Sequence[CardState], want: Want, count: int, mix: bool = Fals
     if not wanted:
         models = ", ".join(sorted({c.model for c in cards})) or "no cards"
         return f"no card of model {'|'.join(sorted(want.models))} (has {models})"
-    healthy = [c for c in wanted if c.healthy]
+    healthy = [c for c in wanted if c.healthy and not c.mig]
     if len(healthy) < count:
-        return f"{len(healthy)} healthy card(s) of the {count} needed"
+        mig = sum(1 for c in wanted if c.mig)
+        split = f" ({mig} other(s) in MIG mode, which take MIG instances only)" if mig else ""
+        return f"{len(healthy)} healthy card(s) of the {count} needed{split}"
     if want.exclusive:
         return f"{sum(1 for c in healthy if c.idle)} free whole card(s) of the {count} needed"
     slotted = [c for c in healthy if c.slots_free != 0]

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from gpuledger_core import codec
+from gpuledger_core import codec, mig
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.model import CORE_WHOLE, Allocation, Isolation, Owner, OwnerKind, Request
@@ -232,6 +232,9 @@ def _container_ask(container: Mapping[str, Any], init: bool, at: int, models: fr
     wanted = _extended(container)
     if not wanted:
         return None
+    if any(mig.is_resource(key) for key in wanted):
+        _mig_ask(wanted, where, models)
+        return None  # it asked for no instance (each count 0)
     if GPU not in wanted:
         raise InvalidArgument(where, f"{GPU_MEM} and {GPU_CORE} need {GPU} (the number of cards) beside them")
     count = _count(wanted[GPU], f"{where} {GPU}", "cards")
@@ -248,13 +251,30 @@ def _container_ask(container: Mapping[str, Any], init: bool, at: int, models: fr
     return ContainerAsk(name, request, init)
 
 
+def _mig_ask(wanted: Mapping[str, Any], where: str, models: frozenset[str]) -> None:
+    """A container that asks for MIG instances: checked (``mig.request_of``), then refused, naming
+    what is missing: the ledger holds MIG instances (docs/mig.md), placement does not place pods on
+    them yet."""
+    if GPU in wanted:
+        raise InvalidArgument(where, f"asks for {GPU} and MIG instances: a container takes one or the other")
+    counts = {k: _count(v, f"{where} {k}", "instances") for k, v in wanted.items() if mig.is_resource(k)}
+    mem = _count(wanted[GPU_MEM], f"{where} {GPU_MEM}", "MiB") if GPU_MEM in wanted else None
+    core = _count(wanted[GPU_CORE], f"{where} {GPU_CORE}", "percent") if GPU_CORE in wanted else None
+    try:
+        request = mig.request_of(counts, mem, None if core is None else core * CORE_WHOLE // 100, models)
+    except InvalidArgument as err:
+        raise InvalidArgument(f"{where} {err.field}", err.problem) from err
+    if request is not None:
+        raise InvalidArgument(where, f"asks for MIG instances ({request.mig}), which placement does not place yet")
+
+
 def _extended(container: Mapping[str, Any]) -> dict[str, Any]:
     """gpuledger's resources of one container: limits, or requests where no limit is given."""
     resources = _obj(container, "resources")
     found: dict[str, Any] = {}
     for part in ("requests", "limits"):
         for key, value in _obj(resources, part).items():
-            if key in (GPU, GPU_MEM, GPU_CORE):
+            if key in (GPU, GPU_MEM, GPU_CORE) or mig.is_resource(key):
                 found[key] = value
     return found
 

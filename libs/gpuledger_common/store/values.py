@@ -36,9 +36,11 @@ class Inventory:
     json: bytes
     prefix: bytes = field(init=False)
     fragment: orjson.Fragment = field(init=False)
+    schema: int = field(init=False)  # what a value of this inventory is written in (codec.node_schema)
 
     def __post_init__(self) -> None:
-        self.prefix = b'{"schema":%d,"node":' % codec.SCHEMA + self.json + b',"allocations":'
+        self.schema = codec.node_schema(self.node)
+        self.prefix = b'{"schema":%d,"node":' % self.schema + self.json + b',"allocations":'
         self.fragment = orjson.Fragment(self.json)
 
 
@@ -86,9 +88,9 @@ class Values:
         if not isinstance(raw, dict) or not isinstance(raw.get("node"), dict):
             return codec.ledger_from(raw)  # says what is wrong
         schema = codec.schema_of(raw)
-        if schema > codec.SCHEMA:  # read as far as this code knows it; never written back
+        if schema > codec.KNOWN:  # read as far as this code knows it; never written back
             if self.newer.get(node) != schema:
-                log.warning("the ledger of %s is in schema %d, newer than this one's %d", node, schema, codec.SCHEMA)
+                log.warning("the ledger of %s is in schema %d, newer than this one's %d", node, schema, codec.KNOWN)
             self.newer[node] = schema
         else:
             self.newer.pop(node, None)
@@ -144,7 +146,7 @@ class Values:
             now[a.id] = part
         self.parts[name] = now
         parts = [part.fragment for part in now.values()]
-        return encode({"schema": codec.SCHEMA, "node": inventory.fragment, "allocations": parts})
+        return encode({"schema": inventory.schema, "node": inventory.fragment, "allocations": parts})
 
 
 def parsed(data: bytes, what: str = "ledger value") -> object:

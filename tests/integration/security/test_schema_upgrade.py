@@ -19,7 +19,8 @@ from gpuledger_common import bus
 from gpuledger_common.store import LedgerStore, node_key
 from gpuledger_core import codec
 from gpuledger_core.errors import FailedPrecondition
-from gpuledger_core.ledger import NodeLedger, with_node
+from gpuledger_core.ledger import NodeLedger, set_mode, with_node
+from gpuledger_core.model import CardMode
 from gpuledger_dev.fleet import Fleet
 
 # libs/gpuledger_core/codec.py of 67708c1, the last commit whose codec wrote no schema
@@ -72,12 +73,12 @@ async def test_a_value_of_a_newer_schema_is_read_and_never_written_over(nc: Clie
     store = await LedgerStore.open(nc, retry_s=1.0)
     ledger = ledger_of(fleet)
     name = ledger.node.name
-    newer = codec.ledger_to(ledger) | {"schema": codec.SCHEMA + 1, "placement_hints": {"rack": "r4"}}
+    newer = codec.ledger_to(ledger) | {"schema": codec.KNOWN + 1, "placement_hints": {"rack": "r4"}}
     newer["node"] = newer["node"] | {"power_cap_w": 300}  # additive: a field this codec does not know
     revision = await store.kv.put(node_key(name), orjson.dumps(newer))
     assert (await store.read(name))[0] == ledger  # read as far as it is known
     relabelled = with_node(ledger, dataclasses.replace(ledger.node, labels=(("zone", "b"),)))
-    with pytest.raises(FailedPrecondition, match=rf"schema {codec.SCHEMA + 1} .* knows schema {codec.SCHEMA}"):
+    with pytest.raises(FailedPrecondition, match=rf"schema {codec.KNOWN + 1} .* knows schema {codec.KNOWN}"):
         await store.mutate(name, lambda _: relabelled)
     entry = await store.kv.get(node_key(name))
     assert entry.revision == revision and orjson.loads(entry.value or b"") == newer  # nothing lost
@@ -125,3 +126,23 @@ async def test_an_answer_over_the_servers_max_payload_is_refused_saying_so(nc: C
             await bus.request(nc, "gpuledger.v1.test.big", {"size": nc.max_payload}, timeout=5)
     finally:
         await responder.close()
+
+
+async def test_a_node_with_a_mig_card_is_schema_2_and_a_replica_that_knows_1_never_writes_it(
+    nc: Client, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica of before MIG would take a MIG card for a whole one and drop its instances: the
+    node's value says schema 2, which that replica reads and refuses to write over."""
+    store = await LedgerStore.open(nc)
+    ledger = ledger_of(fleet)
+    name = ledger.node.name
+    mig = set_mode(ledger, ledger.node.cards[0].uuid, CardMode.MIG)
+    await store.mutate(name, lambda _: mig)
+    entry = await store.kv.get(node_key(name))
+    assert orjson.loads(entry.value or b"")["schema"] == codec.MIG_SCHEMA
+    monkeypatch.setattr(codec, "KNOWN", codec.SCHEMA)  # the replica of before
+    older = await LedgerStore.open(nc, retry_s=1.0)
+    relabelled = with_node(mig, dataclasses.replace(mig.node, labels=(("zone", "b"),)))
+    with pytest.raises(FailedPrecondition, match=rf"schema {codec.MIG_SCHEMA} .* knows schema {codec.SCHEMA}"):
+        await older.mutate(name, lambda _: relabelled)
+    assert (await store.kv.get(node_key(name))).revision == entry.revision

@@ -265,3 +265,23 @@ def test_an_api_timestamp_reads_as_seconds_since_the_epoch_or_the_default() -> N
     assert convert.epoch_of("2026-12-01T00:00:10.5+00:00", -1.0) == 1796083210.5
     for bad in (None, "", "yesterday", 12):
         assert convert.epoch_of(bad, -1.0) == -1.0
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"gpuledger.io/mig-1g.10gb": "1"}, "asks for MIG instances (1g.10gb), which placement does not place yet"),
+        ({"gpuledger.io/mig": "1", "gpuledger.io/gpu-mem": "8000"}, "asks for MIG instances (smallest)"),
+        ({"gpuledger.io/mig-9g.1gb": "1"}, "gpuledger.io/mig-9g.1gb: no card model offers the MIG profile 9g.1gb"),
+        ({"gpuledger.io/mig-1g.10gb": "1", "gpuledger.io/gpu": "1"}, "asks for gpuledger.io/gpu and MIG instances"),
+        ({"gpuledger.io/mig-1g.10gb": "1.5"}, "must be a whole number of instances"),
+    ],
+)
+def test_a_pod_asking_for_mig_is_refused_naming_why(limits: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        convert.pod_ask_from(pod(container("c", limits)))
+    assert message in str(caught.value) and "spec.containers[0] (c)" in str(caught.value)
+
+
+def test_a_pod_asking_for_no_mig_instance_asks_nothing() -> None:
+    assert not convert.pod_ask_from(pod(container("c", {"gpuledger.io/mig-1g.10gb": "0"}))).wants_cards

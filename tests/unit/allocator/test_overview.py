@@ -58,7 +58,7 @@ def test_totals_add_the_rows_up_and_used_only_where_reported() -> None:
     whole = totals([a, b])
     assert (whole.cards, whole.memory_mib, whole.granted_mib, whole.used_mib) == (3, 110, 44, 3)
     assert (whole.core_milli, whole.granted_core_milli, whole.holders, whole.over) == (3000, 500, 3, 1)
-    assert (whole.models, whole.namespaces, whole.stale) == (("X", "Y"), {"n1", "n2"}, True)
+    assert (whole.models, whole.namespaces, whole.stale) == (("X", "Y"), frozenset({"n1", "n2"}), True)
     assert whole.frag == Fragmentation(6, 60) and dict(whole.states) == {"healthy": 2, "retired": 1}
     assert totals([a]).used_mib is None
 

@@ -154,7 +154,8 @@ async def test_a_card_that_takes_no_new_work_stays_unhealthy_across_a_restart_wi
     nats_server: NatsServer, allocator: RunningAllocator
 ) -> None:
     """A fault that only stops new work sets no remedy in the ledger; a restart without a saved
-    book keeps the card unhealthy from the ledger's health (it used to come back healthy)."""
+    book keeps the card unhealthy from the ledger's health (it used to come back healthy), and
+    no publication of the restarted inventory says otherwise."""
     fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
     api = allocator.stub()
     async with inventory(nats_server.url, fake, None):
@@ -162,18 +163,30 @@ async def test_a_card_that_takes_no_new_work_stays_unhealthy_across_a_restart_wi
         fake.inject_xid(3, 1)  # contact support: no new work, nothing moved
         before = await wait_for(lambda: _with(api, 3, health="unhealthy"), what="card 3 unhealthy")
         assert before.remedy == ""
-    async with inventory(nats_server.url, fake, None):
-        nc = await bus.connect(nats_server.url, "test")
-        try:
-            said = await wait_for(lambda: _asked(nc), what="the restarted inventory")
-        finally:
-            await nc.close()
-        three = next(c for c in said["extra"]["cards"] if c["index"] == 3)
-        assert three["health"]["state"] == "unhealthy" and three["health"]["by"] == "ledger"
-        assert three["health"]["reason"] == before.health_reason
-        await asyncio.sleep(0.5)  # a publication after the start would have said healthy by now
-        after = await _with(api, 3)
-        assert after is not None and after.health == "unhealthy" and after.remedy == ""
+    nc = await bus.connect(nats_server.url, "test")
+    published: list[Any] = []
+    try:
+
+        async def keep(msg: Msg) -> None:
+            published.append(json.loads(msg.data))
+
+        await nc.subscribe(inventory_api.inventory_subject("gpu-a"), cb=keep)
+        async with inventory(nats_server.url, fake, None):
+            three = await wait_for(lambda: _card_by_ledger(nc, 3), what="card 3 unhealthy, by the ledger")
+            assert three["health"]["reason"] == before.health_reason
+            await wait_for(lambda: _published_after(published, 0), what="a publication")
+            after = await _with(api, 3)
+            assert after is not None and after.health == "unhealthy" and after.remedy == ""
+        await nc.flush()
+    finally:
+        await nc.close()
+    assert all(m["node"]["cards"][3]["health"] == "unhealthy" for m in published)
+
+
+async def _card_by_ledger(nc: Client, index: int) -> Any:
+    said = await _asked(nc)
+    card = next((c for c in said["extra"]["cards"] if c["index"] == index), None) if said else None
+    return card if card is not None and card["health"]["by"] == "ledger" else None
 
 
 async def _published_after(published: list[Any], first: int) -> bool:
@@ -302,8 +315,10 @@ async def _cli(url: str, *argv: str) -> int:
 
 
 async def _asked(nc: Client) -> Any:
+    """The inventory's answer once it has scanned its cards (a start answers before it has)."""
     with contextlib.suppress(Unavailable):
-        return await bus.request(nc, inventory_api.get_subject("gpu-a"), {})
+        said = await bus.request(nc, inventory_api.get_subject("gpu-a"), {})
+        return said if said["extra"]["cards"] and said["node"]["cards"] else None
     return None
 
 

@@ -66,6 +66,7 @@ class GpuProcess:
     mig_uuid: str | None = None
     pod_uid: str | None = None  # from its cgroup (cgroups.py); None: in no pod, or not read
     container_id: str | None = None
+    sm_percent: int | None = None  # its mean share of the card's SM time since the last poll; None: not sampled
 
 
 @dataclass(frozen=True, slots=True)

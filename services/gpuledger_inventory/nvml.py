@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -106,6 +107,7 @@ class NvmlGpus:
         self._open = False
         self._handles: dict[int, Any] = {}
         self._mig_handles: dict[int, list[tuple[str, Any]]] = {}
+        self._sampled: dict[int, int] = {}  # card index -> the newest utilization sample read (us)
         self._scan = Scan(())
         self._events: Any = None
         self._wait_lock = threading.Lock()
@@ -205,9 +207,7 @@ class NvmlGpus:
         mode, pending = self._mig_mode(h)
         mig = self._mig_instances(i, h) if mode is MigMode.ENABLED else ()
         memory = self._maybe("nvmlDeviceGetMemoryInfo", h)
-        memory_mib = (
-            memory.total // MiB if memory is not None else sum(m.memory_mib or 0 for m in mig)
-        )
+        memory_mib = memory.total // MiB if memory is not None else sum(m.memory_mib or 0 for m in mig)
         if memory is None:
             problems.append(f"card {i}: memory size unknown")
         card = Card(
@@ -285,17 +285,13 @@ class NvmlGpus:
         nv = self._nvml
         pcie: dict[Pair, PcieLevel] = {}
         for a, b in pairs(list(handles)):
-            pcie[(a, b)] = pcie_level(
-                self._maybe("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b])
-            )
+            pcie[(a, b)] = pcie_level(self._maybe("nvmlDeviceGetTopologyCommonAncestor", handles[a], handles[b]))
         bus_ids = {c.card.index: c.card.pci_bus_id for c in cards if c.card.pci_bus_id}
         nvlinks = count_direct(remotes, bus_ids)
         joined: set[Pair] = set()
         for a, b in pairs([i for i in handles if switch.get(i)]):
             # NVML_P2P_CAPS_INDEX_NVLINK is 2; pass plain ints (pynvml's READ constant is a tuple)
-            status = self._maybe(
-                "nvmlDeviceGetP2PStatus", handles[a], handles[b], int(nv.NVML_P2P_CAPS_INDEX_NVLINK)
-            )
+            status = self._maybe("nvmlDeviceGetP2PStatus", handles[a], handles[b], int(nv.NVML_P2P_CAPS_INDEX_NVLINK))
             if status == nv.NVML_P2P_STATUS_OK:
                 joined.add((a, b))
         nvlinks.update(count_switched(switch, joined))
@@ -304,24 +300,40 @@ class NvmlGpus:
     # --- usage ---------------------------------------------------------------------------------
 
     def usage(self, scan: Scan) -> Usage:
-        return Usage(
-            tuple(self._card_usage(info) for info in scan.cards if info.card.index in self._handles)
-        )
+        return Usage(tuple(self._card_usage(info) for info in scan.cards if info.card.index in self._handles))
 
     def _card_usage(self, info: CardInfo) -> CardUsage:
         h = self._handles[info.card.index]
         try:
             memory = self._maybe("nvmlDeviceGetMemoryInfo", h)
-            targets: list[tuple[str | None, Any]] = [
-                *self._mig_handles.get(info.card.index, [])
-            ] or [(None, h)]
-            processes = tuple(
-                p for mig_uuid, target in targets for p in self._processes(target, mig_uuid)
-            )
+            targets: list[tuple[str | None, Any]] = [*self._mig_handles.get(info.card.index, [])] or [(None, h)]
+            processes = tuple(p for mig_uuid, target in targets for p in self._processes(target, mig_uuid))
+            sm = None if info.card.index in self._mig_handles else self._sm_percent(info.card.index, h)
         except CardLost:
             return CardUsage(info.uuid, lost=True)
         used = None if memory is None else int(memory.used) // MiB
+        if sm is not None:
+            processes = tuple(replace(p, sm_percent=sm.get(p.pid, 0)) for p in processes)
         return CardUsage(info.uuid, used, processes)
+
+    def _sm_percent(self, index: int, h: Any) -> dict[int, int] | None:
+        """Each process's mean share of the card's SM time in the samples since the last poll, in
+        percent (``nvmlDeviceGetProcessUtilization``); a process in none used no SM time. None where
+        the card or driver does not sample processes (and on a card in MIG mode, which NVML does
+        not sample per instance)."""
+        since = self._sampled.get(index, 0)
+        try:
+            samples = self._call("nvmlDeviceGetProcessUtilization", h, since)
+        except self._nvml.NVMLError_NotFound:  # no sample since: nothing ran on the SMs
+            return {}
+        except (_Unknown, self._nvml.NVMLError_InvalidArgument):
+            return None
+        by_pid: dict[int, list[int]] = {}
+        for sample in samples:
+            by_pid.setdefault(int(sample.pid), []).append(int(sample.smUtil))
+            since = max(since, int(sample.timeStamp))
+        self._sampled[index] = since
+        return {pid: round(sum(sm) / len(sm)) for pid, sm in by_pid.items()}
 
     def _processes(self, h: Any, mig_uuid: str | None) -> tuple[GpuProcess, ...]:
         try:

@@ -144,6 +144,8 @@ class NodeState:
         """A process, with its pod and container where processes are attributed (else no such keys:
         a reader cannot tell a process in no pod from one nobody looked for)."""
         found: dict[str, Any] = {"pid": p.pid, "used_mib": p.used_mib, "mig_uuid": p.mig_uuid}
+        if p.sm_percent is not None:
+            found["sm_percent"] = p.sm_percent
         if self.usage.attributed:
             found |= {"pod_uid": p.pod_uid, "container_id": p.container_id}
         return found

@@ -18,9 +18,7 @@ from gpuledger_dev.fake_nvml.mig_state import FakeMig
 from gpuledger_dev.fake_nvml.model import ALL_INSTANCES, Event, EventSet, FakeCard, MiB
 from gpuledger_dev.fake_nvml.state import NvmlState
 
-_BASE_EVENTS = (
-    _nvml.nvmlEventTypeXidCriticalError | _nvml.nvmlEventTypePState | _nvml.nvmlEventTypeClock
-)
+_BASE_EVENTS = _nvml.nvmlEventTypeXidCriticalError | _nvml.nvmlEventTypePState | _nvml.nvmlEventTypeClock
 _ECC_EVENTS = _nvml.nvmlEventTypeSingleBitEccError | _nvml.nvmlEventTypeDoubleBitEccError
 
 
@@ -34,6 +32,20 @@ class EventCalls(NvmlState):
         card = self._cards[found.parent] if isinstance(found, FakeMig) else found
         rows = [p for p in card.processes if not isinstance(found, FakeMig) or p[2] == found.where]
         return [_process(pid, mem, where) for pid, mem, where in rows]
+
+    def nvmlDeviceGetProcessUtilization(self, handle: Any, timeStamp: int) -> list[Any]:
+        """A sample per process with SM time on the card, stamped now (microseconds since the
+        epoch, as NVML stamps them); ``NVMLError_NotFound`` when none is newer than ``timeStamp``,
+        as NVML answers. Not on a MIG device: NVML does not sample processes per instance."""
+        found = self._any("nvmlDeviceGetProcessUtilization", handle)
+        if isinstance(found, FakeMig):
+            raise _nvml.NVMLError_NotSupported()
+        now = int(time.time() * 1_000_000)
+        running = {pid for pid, _, _ in found.processes}
+        samples = [(pid, sm) for pid, sm in sorted(found.sm_percent.items()) if pid in running]
+        if not samples or now <= timeStamp:
+            raise _nvml.NVMLError_NotFound()
+        return [_utilization(pid, sm, now) for pid, sm in samples]
 
     # --- events --------------------------------------------------------------------------------
 
@@ -108,6 +120,13 @@ def _process(pid: int, memory_mib: int | None, where: tuple[int, int] | None) ->
             "computeInstanceId": ci,
         }
     )
+
+
+def _utilization(pid: int, sm_percent: int, stamp: int) -> Any:
+    sample = _nvml.c_nvmlProcessUtilizationSample_t()
+    sample.pid, sample.timeStamp, sample.smUtil = pid, stamp, sm_percent
+    sample.memUtil = sample.encUtil = sample.decUtil = 0
+    return sample
 
 
 def _event_data(handle: Any, event: Event) -> Any:

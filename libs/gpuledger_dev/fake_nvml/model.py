@@ -88,6 +88,7 @@ class FakeCard:
     links: list[tuple[int, str]]  # (remote device type, remote bus id) per active NVLink
     mig: CardMig | None  # None: no MIG on this card
     processes: list[Process] = field(default_factory=list)
+    sm_percent: dict[int, int] = field(default_factory=dict)  # pid -> its share of the SMs' time lately
     lost: bool = False
     events_supported: bool = True
     handle: Any = field(default_factory=_nvml.struct_c_nvmlDevice_t)

@@ -87,9 +87,7 @@ class NvmlState:
     def lose(self, card: int) -> None:
         with self._cond:
             self._cards[card].lost = True
-            self._events.append(
-                Event(card, _nvml.nvmlEventTypeXidCriticalError, XID_FALLEN_OFF_BUS)
-            )
+            self._events.append(Event(card, _nvml.nvmlEventTypeXidCriticalError, XID_FALLEN_OFF_BUS))
             self._cond.notify_all()
 
     def set_nvml_down(self, down: bool) -> None:
@@ -101,6 +99,12 @@ class NvmlState:
         """(pid, MiB or None, (GPU instance ID, compute instance ID) or None) per process."""
         with self._cond:
             self._cards[card].processes = list(processes)
+
+    def set_utilization(self, card: int, sm_percent: dict[int, int]) -> None:
+        """Each process's (pid) share of the card's SM time in the last samples, in percent, as
+        ``nvmlDeviceGetProcessUtilization`` reports it (a pid not running on the card is not)."""
+        with self._cond:
+            self._cards[card].sm_percent = dict(sm_percent)
 
     def set_events_supported(self, card: int, supported: bool) -> None:
         self._cards[card].events_supported = supported
@@ -130,14 +134,10 @@ class NvmlState:
             return  # a window, checked by _down()
         if fault.kind is FaultKind.LOST:
             self._cards[fault.card].lost = True
-            self._events.append(
-                Event(fault.card, _nvml.nvmlEventTypeXidCriticalError, XID_FALLEN_OFF_BUS)
-            )
+            self._events.append(Event(fault.card, _nvml.nvmlEventTypeXidCriticalError, XID_FALLEN_OFF_BUS))
         elif fault.kind is FaultKind.XID:
             gi, ci = self._fleet_mig(fault.card, fault.mig)
-            self._events.append(
-                Event(fault.card, _nvml.nvmlEventTypeXidCriticalError, fault.xid or 0, gi, ci)
-            )
+            self._events.append(Event(fault.card, _nvml.nvmlEventTypeXidCriticalError, fault.xid or 0, gi, ci))
         else:
             ecc = self._cards[fault.card].ecc
             ecc.remap_pending |= fault.kind is FaultKind.REMAP_PENDING
@@ -172,11 +172,7 @@ class NvmlState:
 
     def _next_due(self) -> float | None:
         times = [f.at for f in self._pending]
-        times += [
-            f.until
-            for f in self._sim.faults
-            if f.kind is FaultKind.NVML_DOWN and f.until is not None
-        ]
+        times += [f.until for f in self._sim.faults if f.kind is FaultKind.NVML_DOWN and f.until is not None]
         future = [t - self._elapsed() for t in times if t > self._elapsed()]
         return min(future) if future else None
 

@@ -170,6 +170,7 @@ async def test_foreign_processes_are_reported(stack: Stack) -> None:
             "pid": 4242,
             "used_mib": 1000,
             "mig_uuid": None,
+            "sm_percent": 0,  # the fake samples no SM time for it
             "pod_uid": POD_UID,
             "container_id": CONTAINER_ID,
         }

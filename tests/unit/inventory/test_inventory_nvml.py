@@ -85,9 +85,7 @@ def test_pcie_bridged_pairs() -> None:
     assert links[(0, 2)] == (0, PcieLevel.HOST_BRIDGE)
 
 
-@pytest.mark.parametrize(
-    ("profile", "memory", "count"), [("rtx3090-1", 24259, 1), ("tesla-p4-2", 7611, 2)]
-)
+@pytest.mark.parametrize(("profile", "memory", "count"), [("rtx3090-1", 24259, 1), ("tesla-p4-2", 7611, 2)])
 def test_reported_memory_is_what_nvml_says(profile: str, memory: int, count: int) -> None:
     _, gpus = opened(sim_of(profile))
     cards = gpus.scan().cards
@@ -107,21 +105,46 @@ def test_mig_instances_and_their_processes() -> None:
     assert [m.gpu_instance for m in card.mig] == [2, 3, 9, 10]
     assert all(m.uuid.startswith("MIG-") for m in card.mig)
     usage = gpus.usage(scan).cards[0]
-    assert [(p.pid, p.used_mib, p.mig_uuid) for p in usage.processes] == [
-        (77, 512, card.mig[1].uuid)
-    ]
+    assert [(p.pid, p.used_mib, p.mig_uuid) for p in usage.processes] == [(77, 512, card.mig[1].uuid)]
 
 
 def test_processes_with_and_without_memory() -> None:
-    extra = (
-        "    processes:\n      - {card: 1, pid: 10, memory_mib: 2048}\n      - {card: 1, pid: 11}\n"
-    )
+    extra = "    processes:\n      - {card: 1, pid: 10, memory_mib: 2048}\n      - {card: 1, pid: 11}\n"
     _, gpus = opened(sim_of("tesla-p4-2", extra))
     scan = gpus.scan()
     usage = gpus.usage(scan)
     assert usage.cards[0].processes == ()
     assert [(p.pid, p.used_mib) for p in usage.cards[1].processes] == [(10, 2048), (11, None)]
     assert usage.cards[1].memory_used_mib == 2048
+
+
+def test_each_process_s_share_of_the_sm_time_since_the_last_poll() -> None:
+    extra = (
+        "    processes:\n      - {card: 1, pid: 10, memory_mib: 2048}\n      - {card: 1, pid: 11, memory_mib: 512}\n"
+    )
+    fake, gpus = opened(sim_of("tesla-p4-2", extra))
+    scan = gpus.scan()
+    fake.set_utilization(1, {10: 35, 99: 50})  # 99 runs on no card: never reported
+    usage = gpus.usage(scan).cards[1]
+    assert [(p.pid, p.sm_percent) for p in usage.processes] == [(10, 35), (11, 0)]
+    # nothing sampled since (NVML answers NotFound): no process used the SMs
+    fake.set_utilization(1, {})
+    assert [p.sm_percent for p in gpus.usage(scan).cards[1].processes] == [0, 0]
+
+
+def test_no_sm_share_where_processes_are_not_sampled() -> None:
+    class _NotSampled(FakeNvml):
+        def nvmlDeviceGetProcessUtilization(self, handle: object, timeStamp: int) -> object:
+            raise self.NVMLError_NotSupported()
+
+    sim = sim_of("tesla-p4-2", "    processes:\n      - {card: 0, pid: 10, memory_mib: 2048}\n")
+    fake = _NotSampled(sim)
+    gpus = NvmlGpus(fake, fake.numa_node, "fake")
+    gpus.open()
+    assert [p.sm_percent for p in gpus.usage(gpus.scan()).cards[0].processes] == [None]
+    extra = "    processes:\n      - {card: 0, pid: 77, memory_mib: 512, mig: 1}\n"
+    _, mig = opened(sim_of("a100-mig-1", extra))  # NVML samples no process per MIG instance
+    assert [p.sm_percent for p in mig.usage(mig.scan()).cards[0].processes] == [None]
 
 
 class _Unsupported(FakeNvml):
@@ -143,10 +166,7 @@ def test_not_supported_degrades_to_unknown() -> None:
     gpus.open()
     scan = gpus.scan()
     assert len(scan.cards) == 4
-    assert all(
-        c.compute_capability is None and c.card.pci_bus_id == "" and c.card.numa is None
-        for c in scan.cards
-    )
+    assert all(c.compute_capability is None and c.card.pci_bus_id == "" and c.card.numa is None for c in scan.cards)
     assert scan.cuda_version is None
     assert {ln.nvlinks for ln in scan.links} == {0}  # no bus ids to match links against
 
@@ -257,9 +277,7 @@ def test_event_wait_fails_when_nvml_fails() -> None:
         gpus.wait(1000)
 
 
-@pytest.mark.parametrize(
-    ("content", "want"), [("1\n", 1), ("-1\n", None), ("x", None), (None, None)]
-)
+@pytest.mark.parametrize(("content", "want"), [("1\n", 1), ("-1\n", None), ("x", None), (None, None)])
 def test_sysfs_numa_node(tmp_path: Path, content: str | None, want: int | None) -> None:
     device = tmp_path / "bus/pci/devices/0000:3b:00.0"
     device.mkdir(parents=True)

@@ -200,13 +200,13 @@ def test_images_pull_policy_and_secrets(tmp_path: Path) -> None:
     chart = template(
         tmp_path,
         {
-            "image": {"repository": "registry.example/gpuledger", "tag": "1.2.3", "pullPolicy": "Always"},
+            "image": {"repository": "mirror/gpuledger", "tag": "1.2.3", "pullPolicy": "Always"},
             "scheduler": {"image": {"tag": "v1.36.3"}},
             "imagePullSecrets": [{"name": "pull"}],
         },
     )
     node = pod_spec(chart, "DaemonSet", "gpuledger-node")
-    assert {c["image"] for c in node["containers"]} == {"registry.example/gpuledger:1.2.3"}
+    assert {c["image"] for c in node["containers"]} == {"mirror/gpuledger:1.2.3"}
     assert {c["imagePullPolicy"] for c in node["containers"]} == {"Always"}
     assert node["imagePullSecrets"] == [{"name": "pull"}]
     scheduler = pod_spec(chart, "Deployment", "gpuledger-scheduler")["containers"][0]

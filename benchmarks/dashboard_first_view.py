@@ -79,7 +79,7 @@ async def _summary_times(url: str, rounds: int) -> list[float]:
 async def _first_view(url: str, screenshot: str) -> float:
     async with chromium(1400, 1000) as page:
         await page.goto(url)
-        ready = float(await page.wait_for("document.body.dataset.ready", timeout=30.0))
+        ready = float(await page.wait_for("document.body?.dataset.ready", timeout=30.0))
         if screenshot:
             image = await page.screenshot()
             await asyncio.to_thread(Path(screenshot).write_bytes, image)

@@ -146,7 +146,8 @@ def test_each_container_holds_only_its_own_credentials(stack: ComposeStack, tmp_
 async def test_the_dashboard_is_served_to_the_host_and_follows_the_ledger(stack: ComposeStack) -> None:
     async with chromium() as page:
         await page.goto(stack.dashboard_url)
-        assert await page.wait_for("document.querySelectorAll('.card').length === 11", timeout=20)
+        cards = "document.querySelector('[data-tile=cards] .value')?.textContent"
+        assert await page.wait_for(f"{cards} === '11' && {cards}", timeout=20)
         await page.wait_for("document.getElementById('live').className === 'on'", timeout=20)
         made = await asyncio.to_thread(
             host, "alloc", *stack.grpc_flags, "--gpu", "1", "--gpu-mem", "1000", "--owner",
@@ -155,14 +156,15 @@ async def test_the_dashboard_is_served_to_the_host_and_follows_the_ledger(stack:
         assert made.returncode == 0, made.stderr
         allocation = alloc_json(made.stdout)
         assert allocation["node"] == "p4-0"
+        await page.evaluate("location.hash = '#/node/p4-0'")
         held = await page.wait_for(
-            "[...document.querySelectorAll('.card[data-node=\"p4-0\"]')].map(c => c.title)"
+            "[...document.querySelectorAll('.card[data-node=\"p4-0\"] .seg')].map(s => s.title)"
             ".find(t => t.includes('dashboard-watcher'))",
             timeout=20,
         )
-        assert "1000 MiB" in held
+        assert held == "tool:dashboard-watcher: 1.0 GiB (1,000 MiB)"
         summary = await page.evaluate("document.getElementById('summary').textContent")
-        assert summary.startswith("3 node(s), 11 card(s), ")
+        assert summary.startswith("p4-0: 2 cards, ")
         shot = os.environ.get("GPULEDGER_SCREENSHOT")  # for a person to look at
         if shot:
             image = await page.screenshot()

@@ -28,6 +28,11 @@ def test_the_defaults_are_valid() -> None:
         ({"GPULEDGER_CAS_ATTEMPTS": "0"}, "cas_attempts"),
         ({"GPULEDGER_LEDGER_RETRY_S": "-1"}, "ledger_retry_s"),
         ({"GPULEDGER_BUCKET_REPLICAS": "2"}, "bucket_replicas"),
+        ({"GPULEDGER_TRENDS_STEP_S": "0"}, "trends_step_s"),
+        ({"GPULEDGER_NODE_TRENDS_STEP_S": "10"}, "node_trends_step_s"),  # shorter than trends_step_s
+        ({"GPULEDGER_TRENDS_HOURS": "0"}, "trends_hours"),
+        ({"GPULEDGER_TRENDS_STEP_S": "0.1", "GPULEDGER_TRENDS_HOURS": "24"}, "trends_hours"),  # 864,000 samples
+        ({"GPULEDGER_NODE_TRENDS_HOURS": "400"}, "node_trends_hours"),
         ({"GPULEDGER_LOG_FORMAT": "xml"}, "log_format"),
         ({"GPULEDGER_LOG_LEVEL": "trace"}, "log_level"),
     ],

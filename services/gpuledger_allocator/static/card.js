@@ -1,6 +1,6 @@
 // The card view: the card's facts, its share layout (memory and compute, with a legend and units),
 // its holders (namespace, pod, container, granted and used memory and compute, isolation, since
-// when), its MIG layout where the status carries one, and its health and remediation history, which
+// when), its MIG layout (its instances, where the card is in MIG mode), and its health and remediation history, which
 // the allocator asks of the node's inventory (asked again when the card's state changes).
 "use strict";
 let cardHistory = { key: "", data: null };
@@ -51,13 +51,15 @@ const cardView = {
       element("p", "note", "n/m: not measured (memory use needs the node's inventory to attribute processes to pods; compute use is not measured yet)."));
   },
 
+  // the card's MIG instances as the ledger holds them (docs/mig.md): profile, where on the card, uuid
   mig(card) {
-    if (card.mig && Array.isArray(card.mig.instances)) {
-      const rows = card.mig.instances.map((m) => h("tr", "", element("td", "", m.profile || "-"), element("td", "", m.uuid || "-"),
-        element("td", "num", m.memory_mib ? mibUnit(m.memory_mib) : "-")));
-      return h("table", "", h("thead", "", h("tr", "", element("th", "", "profile"), element("th", "", "uuid"), element("th", "", "memory"))), h("tbody", "", ...rows));
-    }
-    return element("p", "note", card.mig ? `MIG: ${JSON.stringify(card.mig)}` : "Not in MIG mode as far as the ledger says (the ledger does not record MIG layouts yet; once it does, the instances appear here).");
+    if (card.mode !== "mig") return element("p", "note", "Not in MIG mode: the card is shared whole (see the share layout).");
+    const instances = card.instances || [];
+    if (!instances.length) return element("p", "note", "In MIG mode, with no instances.");
+    const cols = ["profile", "placement (start, size)", "uuid", "made"];
+    const rows = instances.map((m) => h("tr", "", element("td", "", m.profile), element("td", "num", `${m.start}, ${m.size}`),
+      element("td", "", m.uuid || "-"), element("td", "", m.static ? "by the operator" : "on demand")));
+    return h("table", "mig", h("thead", "", h("tr", "", ...cols.map((c) => element("th", "", c)))), h("tbody", "", ...rows));
   },
 
   history(nodeName, card) {

@@ -163,7 +163,7 @@ async def test_cluster_node_and_card_views_show_the_ledger_and_follow_it(
             "serving/infer-0 [server]30 %",
             "free70 %",
         ]
-        assert "the ledger does not record MIG layouts yet" in await page.evaluate(
+        assert "Not in MIG mode" in await page.evaluate(
             "document.getElementById('mig').textContent"
         )
         await save_screenshot(page, "card")

@@ -171,6 +171,8 @@ def holder_to(h: Holder) -> pb.Holder:
         measured=h.used_mib is not None,
         used_mib=h.used_mib or 0,
         over_grant=h.over,
+        core_measured=h.used_core_milli is not None,
+        used_core_permille=h.used_core_milli or 0,
     )
 
 
@@ -186,6 +188,7 @@ def holder_from(m: pb.Holder) -> Holder:
         m.since,
         m.used_mib if m.measured else None,
         m.over_grant,
+        m.used_core_permille if m.core_measured else None,
     )
 
 

@@ -38,7 +38,8 @@ def _used(h: Holder) -> str:
     grant (docs/audit.md)."""
     if h.used_mib is None:
         return ""
-    return f", uses {h.used_mib} MiB" + (" OVER GRANT" if h.over else "")
+    core = "" if h.used_core_milli is None else f" and {h.used_core_milli / 10:g}% of the SMs"
+    return f", uses {h.used_mib} MiB{core}" + (" OVER GRANT" if h.over else "")
 
 
 def cluster(nodes: Sequence[NodeStatus]) -> str:

@@ -15,6 +15,7 @@ class ProcessUse:
     used_mib: int
     pod_uid: str | None = None
     container_id: str | None = None
+    sm_percent: int | None = None  # its share of the card's SM time lately; None: not sampled
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,10 @@ def _mib(p: Mapping[str, Any]) -> int:
 
 
 def _process(p: Mapping[str, Any]) -> ProcessUse:
-    pod, container = p.get("pod_uid"), p.get("container_id")
+    pod, container, sm = p.get("pod_uid"), p.get("container_id"), p.get("sm_percent")
     return ProcessUse(
-        _mib(p), pod if isinstance(pod, str) and pod else None, container if isinstance(container, str) else None
+        _mib(p),
+        pod if isinstance(pod, str) and pod else None,
+        container if isinstance(container, str) else None,
+        min(sm, 100) if type(sm) is int and sm >= 0 else None,
     )

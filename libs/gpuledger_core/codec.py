@@ -77,6 +77,8 @@ def check_writable(schema: int, what: str) -> None:
             "and would drop what it does not know: finish the upgrade (or roll it back) before this "
             "replica writes it"
         )
+
+
 T = TypeVar("T")
 E = TypeVar("E", bound=Enum)
 
@@ -371,9 +373,7 @@ def grant_to(grant: Grant) -> Json:
 
 
 def grant_from(r: Reader) -> Grant:
-    return Grant(
-        r.text("container", ""), r.items("cards", share_from), r.flag("init"), r.strings("device_ids")
-    )
+    return Grant(r.text("container", ""), r.items("cards", share_from), r.flag("init"), r.strings("device_ids"))
 
 
 def allocation_to(a: Allocation) -> Json:
@@ -482,14 +482,23 @@ def holder_to(h: Holder) -> Json:
         "since": h.since,
         "used_mib": h.used_mib,
         "over": h.over,
+        "used_core_milli": h.used_core_milli,
     }
 
 
 def holder_from(r: Reader) -> Holder:
     return Holder(
-        AllocationId(r.text("allocation_id")), owner_from(r.obj("owner")), r.text("container", ""),
-        r.integer("mem_mib"), r.integer("core_milli"), r.flag("exclusive"),
-        r.enum("state", AllocState), r.number("since", 0.0), r.opt_int("used_mib"), r.flag("over"),
+        AllocationId(r.text("allocation_id")),
+        owner_from(r.obj("owner")),
+        r.text("container", ""),
+        r.integer("mem_mib"),
+        r.integer("core_milli"),
+        r.flag("exclusive"),
+        r.enum("state", AllocState),
+        r.number("since", 0.0),
+        r.opt_int("used_mib"),
+        r.flag("over"),
+        r.opt_int("used_core_milli"),
     )
 
 

@@ -24,6 +24,7 @@ class Holder:
     since: float
     used_mib: int | None = None  # the memory its pod's processes use on the card; None: not measured
     over: bool = False  # a share using more memory than granted (docs/audit.md)
+    used_core_milli: int | None = None  # its pod's processes' share of the card's SM time, per mille; None: not sampled
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,24 +95,31 @@ def audit(holders: Sequence[Holder], usage: Usage) -> tuple[tuple[Holder, ...], 
     pods = {h.owner.id for h in holders if h.owner.kind is OwnerKind.POD}
     used: dict[str, int] = dict.fromkeys(pods, 0)
     granted: dict[str, int] = dict.fromkeys(pods, 0)
+    sampled = any(p.sm_percent is not None for p in usage.attributed)
+    core: dict[str, int] | None = dict.fromkeys(pods, 0) if sampled else None
     rest = Usage()
     for p in usage.attributed:
         if p.pod_uid is not None and p.pod_uid in pods:
             used[p.pod_uid] += p.used_mib
+            if core is not None:
+                core[p.pod_uid] += 10 * (p.sm_percent or 0)
         else:
             rest = Usage(rest.processes + 1, rest.used_mib + p.used_mib)
     for h in holders:
         if h.owner.kind is OwnerKind.POD:
             granted[h.owner.id] += h.mem_mib
-    measured = tuple(_measured(h, used, granted) for h in holders)
+    measured = tuple(_measured(h, used, granted, core) for h in holders)
     return measured, *foreign([h for h in holders if h.owner.kind is not OwnerKind.POD], rest)
 
 
-def _measured(h: Holder, used: Mapping[str, int], granted: Mapping[str, int]) -> Holder:
+def _measured(h: Holder, used: Mapping[str, int], granted: Mapping[str, int], core: Mapping[str, int] | None) -> Holder:
+    """A pod holder with its use; compute is shown, never judged (docs/audit.md: SM time is how
+    busy the pod kept the card, not a limit a share can pass without MPS)."""
     if h.owner.kind is not OwnerKind.POD:
         return h
     mine = used[h.owner.id]
-    return replace(h, used_mib=mine, over=not h.exclusive and mine > granted[h.owner.id])
+    cores = None if core is None else min(core[h.owner.id], 1000)
+    return replace(h, used_mib=mine, over=not h.exclusive and mine > granted[h.owner.id], used_core_milli=cores)
 
 
 def node_status(

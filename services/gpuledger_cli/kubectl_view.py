@@ -23,8 +23,9 @@ NOT_MEASURED = "n/m"
 NOT_MEASURED_NOTE = (
     f"{NOT_MEASURED}: not measured. MEM USED is what a pod's processes use on the card, where the node's\n"
     "inventory tells each process's pod (docs/audit.md); tools' and DRA claims' use is not told apart.\n"
-    "CORE USED is not measured yet (no per-process compute use). CARD PROCS: the compute processes NVML\n"
-    "sees on the card; FOREIGN: the use there that no holder accounts for (whose, NVML cannot say)."
+    "CORE USED is the pod's processes' share of the card's SM time in NVML's samples, where the driver\n"
+    "samples processes (not on MIG cards). CARD PROCS: the compute processes NVML sees on the card;\n"
+    "FOREIGN: the use there that no holder accounts for (whose, NVML cannot say)."
 )
 OUTSIDE = "(outside the ledger)"  # processes on a card nobody holds
 
@@ -134,10 +135,9 @@ class TopRow:
 
 
 def used_by(holder: Holder) -> Use:
-    """What the cluster's status says ``holder`` uses of its card: the memory its pod's processes
-    use (the share audit; None where not measured). Compute per holder is not in the status yet;
-    when it is, this is the one place that reads it, and every view shows it."""
-    return Use(mem_mib=holder.used_mib)
+    """What the cluster's status says ``holder`` uses of its card (the share audit; None where not
+    measured): the memory its pod's processes use, and their share of the card's SM time."""
+    return Use(mem_mib=holder.used_mib, core_milli=holder.used_core_milli)
 
 
 def top_rows(nodes: Sequence[NodeStatus], scope: Scope) -> list[TopRow]:

@@ -58,6 +58,8 @@ def holder_bytes(h: Holder) -> bytes:
     flag(out, 9, h.used_mib is not None)
     number(out, 10, h.used_mib or 0)
     flag(out, 11, h.over)
+    flag(out, 12, h.used_core_milli is not None)
+    number(out, 13, h.used_core_milli or 0)
     return b"".join(out)
 
 
@@ -141,6 +143,8 @@ HOLDER: Spec = {
     9: ("measured", VARINT),
     10: ("used_mib", VARINT),
     11: ("over_grant", VARINT),
+    12: ("core_measured", VARINT),
+    13: ("used_core_permille", VARINT),
 }
 CARD: Spec = {
     1: ("uuid", LENGTH),
@@ -189,6 +193,7 @@ def holder_from(data: bytes, path: str) -> Holder:
         DOUBLE.unpack(since)[0] if isinstance(since, bytes) else 0.0,
         uint(v, "used_mib") if uint(v, "measured") else None,
         bool(uint(v, "over_grant")),
+        uint(v, "used_core_permille") if uint(v, "core_measured") else None,
     )
 
 

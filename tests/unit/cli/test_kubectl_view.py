@@ -184,3 +184,12 @@ def test_top_shows_what_the_share_audit_measured_and_marks_a_share_over_its_gran
     infer, train = view.top_text(rows, A).splitlines()[1:3]
     assert "5000 MiB OVER GRANT" in infer and "1200 MiB" in train and "OVER" not in train
     assert view.top_json(rows, A)["holders"][0]["used"] == {"mem_mib": 5000, "core_milli": None}
+
+
+def test_top_shows_a_pod_s_share_of_the_sm_time_where_nvml_samples_it() -> None:
+    busy = replace(holder("team-a", "infer", 4096, 250), used_mib=1000, used_core_milli=450)
+    nodes = [NodeStatus(NodeName("p4-0"), (card(1, busy, processes=1),))]
+    rows = view.top_rows(nodes, A)
+    assert [r.used for r in rows] == [view.Use(mem_mib=1000, core_milli=450)]
+    assert "45%" in view.top_text(rows, A).splitlines()[1]
+    assert view.top_json(rows, A)["holders"][0]["used"] == {"mem_mib": 1000, "core_milli": 450}

@@ -24,3 +24,5 @@ def test_a_holder_shows_what_it_uses_and_a_mark_when_over_its_grant() -> None:
     assert "(4096 MiB, 25%, uses 1000 MiB, bound, " in render.holder(replace(held, used_mib=1000))
     over = render.holder(replace(held, used_mib=5000, over=True))
     assert "(4096 MiB, 25%, uses 5000 MiB OVER GRANT, bound, " in over
+    busy = render.holder(replace(held, used_mib=1000, used_core_milli=375))
+    assert "(4096 MiB, 25%, uses 1000 MiB and 37.5% of the SMs, bound, " in busy

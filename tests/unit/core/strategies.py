@@ -104,6 +104,7 @@ holders = st.builds(
     times,
     st.none() | mib,
     st.booleans(),
+    st.none() | core,
 )
 card_statuses = st.builds(CardStatus, cards, mib, core, st.lists(holders, max_size=2).map(tuple))
 node_statuses = st.builds(

@@ -172,3 +172,25 @@ def test_the_dashboards_json_from_an_allocator_before_the_audit_reads_as_not_mea
     raw = codec.holder_to(holder("p", 100))
     del raw["used_mib"], raw["over"]
     assert codec.holder_from(codec.Reader(raw)) == holder("p", 100)
+
+
+def test_each_pod_holder_s_share_of_the_sm_time_is_shown_and_never_judged() -> None:
+    holders = [holder("p", 4000), holder("q", 2000), holder("t", 1000, kind=OwnerKind.TOOL)]
+    sampled = (ProcessUse(1000, "p", sm_percent=30), ProcessUse(500, "p", sm_percent=45),
+               ProcessUse(100, None, sm_percent=20), ProcessUse(1900, "q", sm_percent=None))  # fmt: skip
+    found, _, _ = audit(holders, Usage(4, 3500, sampled))
+    assert [(h.owner.id, h.used_core_milli, h.over) for h in found] == [
+        ("p", 750, False),
+        ("q", 0, False),
+        ("t", None, False),
+    ]
+    unsampled = tuple(replace(p, sm_percent=None) for p in sampled)
+    found, _, _ = audit(holders, Usage(4, 3500, unsampled))
+    assert [h.used_core_milli for h in found] == [None, None, None]
+
+
+def test_sm_percent_is_read_from_the_inventory_and_bounded() -> None:
+    rows = [{"pid": 1, "used_mib": 10, "pod_uid": "p", "sm_percent": 35}, {"pid": 2, "pod_uid": "p", "sm_percent": 250},
+            {"pid": 3, "pod_uid": "p", "sm_percent": -1}, {"pid": 4, "pod_uid": "p", "sm_percent": "9"}]  # fmt: skip
+    found = usage_of({"cards": [{"uuid": "GPU-a", "processes": rows}]})["GPU-a"]
+    assert found.attributed is not None and [p.sm_percent for p in found.attributed] == [35, 100, None, None]

@@ -160,6 +160,8 @@ class Holder(betterproto.Message):
     measured: bool = betterproto.bool_field(9)
     used_mib: int = betterproto.uint64_field(10)
     over_grant: bool = betterproto.bool_field(11)
+    core_measured: bool = betterproto.bool_field(12)
+    used_core_permille: int = betterproto.uint32_field(13)
 
 
 @dataclass(eq=False, repr=False)

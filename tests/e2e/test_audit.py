@@ -2,9 +2,10 @@
 on that card that NVML reports with the memory they use. The node's inventory runs in this process
 on the fake NVML with ``--proc-root`` a directory the test writes as a node's /proc would show the
 processes (``<pid>/cgroup`` under the pod's kubepods cgroup, systemd driver, cgroup v2): the
-inventory reads it exactly as it reads the host's.
+inventory reads it exactly as it reads the host's. The fake NVML samples the processes' SM time.
 
-Within its grant the pod's use shows in the allocator's listing and nothing happens; over it the
+Within its grant the pod's use (memory and SM time) shows in the allocator's listing and nothing
+happens; over it the
 listing marks it, the allocator's metric names it, placement puts a GpuledgerOverGrant Event on the
 pod and, with ``--over-grant-action evict``, evicts it after the grace; a process of no pod stays
 foreign and is nobody's over-grant."""
@@ -106,8 +107,10 @@ async def test_a_share_over_its_grant_is_shown_told_and_evicted_after_the_grace(
         write_process(proc, 4100, cgroup_line(uid, container))
         write_process(proc, 4200, "0::/system.slice/some-daemon.service\n")  # nobody's pod
 
+        node.nvml.set_utilization(card, {4100: 40, 4200: 5})
         within = await _using(stack, node, card, uid, 1500)
         assert not within["over"] and within["card"]["foreign_processes"] == 1, within
+        assert within["used_core_milli"] == 400, within  # its process's share of the SM time, shown
         assert not await events_of(api, ns, "GpuledgerOverGrant")
 
         over = await _using(stack, node, card, uid, GRANT + 1000)

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from gpuledger_core.model import CORE_WHOLE, Card, Isolation, Request
+from gpuledger_core.model import CORE_WHOLE, Card, CardMode, Isolation, Request
 from gpuledger_core.usage import CardUse, free_parts, tier_problem
 
 UNTRACKED = -1  # node CPU or memory, card memory or slots that nobody counts: never a reason to refuse
@@ -76,7 +76,8 @@ def card_state(card: Card, use: CardUse | None, slots_free: int = UNTRACKED) -> 
     """A live card as its holders (``use``) leave it, with ``slots_free`` kubelet slots."""
     mem, core, idle, tiers = free_parts(card, use)
     healthy, memory = card.healthy, card.memory_mib
-    return CardState(card.index, card.model, core, memory, mem, idle, healthy, card.numa, slots_free, tiers, card.mig)
+    mig = card.mode is CardMode.MIG
+    return CardState(card.index, card.model, core, memory, mem, idle, healthy, card.numa, slots_free, tiers, mig)
 
 
 @dataclass(frozen=True, slots=True)

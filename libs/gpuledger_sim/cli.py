@@ -15,6 +15,7 @@ from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.packing import POLICIES, Guard
 from gpuledger_sim.defrag import NODES_SEARCHED, Budget
 from gpuledger_sim.dra import replay_dra
+from gpuledger_sim.mig_replay import WAYS, replay_mig
 from gpuledger_sim.moving import Moving
 from gpuledger_sim.preempting import MOVING, STRATEGIES
 from gpuledger_sim.replay import Attempt, Config, Summary, replay
@@ -64,6 +65,12 @@ def parser() -> argparse.ArgumentParser:
         "--defrag-nodes",
         type=int,
         help="with --defrag: the nodes searched to clear per pod, those lacking least for it (default 16)",
+    )
+    p.add_argument(
+        "--mig",
+        choices=WAYS,
+        help="replay the GPU pods as MIG instances on A100 40 GB cards (docs/mig.md): a static all-balanced "
+        "layout, on-demand first-fit, or gpuledger's choice",
     )
     p.add_argument("--placements", type=Path, help="write one JSON line per attempt to this file")
     p.add_argument(
@@ -248,6 +255,10 @@ def run_preemption(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
+    if args.mig is not None:
+        found = replay_mig(read_nodes(args.nodes), read_pods(args.pods), args.mig, args.seed, args.tune)
+        print(json.dumps(asdict(found), indent=2), file=out)
+        return 0
     if args.preemption is not None:
         return run_preemption(args, out)
     if args.moves_per_pod is not None or args.moves_per_hour is not None or args.move_cooldown is not None:

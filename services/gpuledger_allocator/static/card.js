@@ -40,7 +40,8 @@ const cardView = {
         element("td", "", pod ? x.owner.namespace : "-"), element("td", "", pod ? x.owner.name || x.owner.id : `${x.owner.kind}:${x.owner.id}`),
         element("td", "", x.container || "-"), element("td", "num", x.exclusive ? `whole card (${gib(card.memory_mib)})` : mibUnit(x.mem_mib)),
         element("td", "num", (x.used_mib === null || x.used_mib === undefined ? "n/m" : mibUnit(x.used_mib)) + (x.over ? " OVER GRANT" : "")),
-        element("td", "num", x.exclusive ? "100 %" : milliUnit(x.core_milli)), element("td", "num", "n/m"),
+        element("td", "num", x.exclusive ? "100 %" : milliUnit(x.core_milli)),
+        element("td", "num", x.used_core_milli === null || x.used_core_milli === undefined ? "n/m" : milliUnit(x.used_core_milli)),
         element("td", "", x.isolation || "-"), element("td", "", x.state), element("td", "", `${when(x.since)} (${since(x.since)})`));
       tr.dataset.allocation = x.allocation_id;
       return tr;
@@ -48,7 +49,7 @@ const cardView = {
     const table = h("table", "holders", h("thead", "", h("tr", "", ...cols.map((c) => element("th", "", c)))),
       h("tbody", "", ...(rows.length ? rows : [h("tr", "", element("td", "note", "no holders"))])));
     return h("div", "", h("div", "table-wrap", table),
-      element("p", "note", "n/m: not measured (memory use needs the node's inventory to attribute processes to pods; compute use is not measured yet)."));
+      element("p", "note", "n/m: not measured (use needs the node's inventory to attribute processes to pods; compute used is the pods' share of the card's SM time in NVML's samples, not sampled on MIG cards)."));
   },
 
   // the card's MIG instances as the ledger holds them (docs/mig.md): profile, where on the card, uuid

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuledger_allocator.view import ClusterView
+from gpuledger_core.card_usage import Usage
 from gpuledger_core.fragmentation import Fragmentation, ledger_meter, node_fragmentation
 from gpuledger_core.ids import NodeName
 from gpuledger_core.model import Remedy
@@ -72,6 +73,7 @@ class NodeRow:
     stale: bool = False
     unreadable: str = ""
     by_model: tuple[ModelCards, ...] = ()
+    used_core_milli: int | None = None  # its processes' share of the cards' SM time; None: not sampled
 
     def has_state(self, state: str) -> bool:
         if state == "healthy":
@@ -104,7 +106,18 @@ def node_row(status: NodeStatus, frag: Fragmentation, used: Mapping[str, Any] | 
         stale=status.stale,
         unreadable=status.unreadable,
         by_model=model_cards(cards),
+        used_core_milli=sm_used(cards, used),
     )
+
+
+def sm_used(cards: Iterable[CardStatus], used: Mapping[str, Any] | None) -> int | None:
+    """The share of the cards' SM time their processes had in NVML's samples, per mille of a card,
+    summed over the cards (each at most a whole card); None where the inventory samples none."""
+    found: list[Usage] = [u for c in cards if used is not None and (u := used.get(c.card.uuid)) is not None]
+    sampled = [[p.sm_percent for p in u.attributed if p.sm_percent is not None] for u in found if u.attributed]
+    if not any(sampled):
+        return None
+    return sum(min(1000, 10 * sum(card)) for card in sampled)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +212,7 @@ def totals(rows: Sequence[NodeRow]) -> NodeRow:
     for row in rows:
         states.update(row.states)
     reported = [row.used_mib for row in rows if row.used_mib is not None]
+    sampled = [row.used_core_milli for row in rows if row.used_core_milli is not None]
     return NodeRow(
         "",
         tuple(sorted({model for row in rows for model in row.models})),
@@ -214,6 +228,7 @@ def totals(rows: Sequence[NodeRow]) -> NodeRow:
         namespaces=frozenset(ns for row in rows for ns in row.namespaces),
         frag=sum((row.frag for row in rows), Fragmentation()),
         stale=any(row.stale for row in rows),
+        used_core_milli=sum(sampled) if sampled else None,
     )
 
 
@@ -255,6 +270,7 @@ def row_json(row: NodeRow) -> dict[str, Any]:
         "used_mib": row.used_mib,
         "core_milli": row.core_milli,
         "granted_core_milli": row.granted_core_milli,
+        "used_core_milli": row.used_core_milli,
         "holders": row.holders,
         "over": row.over,
         "namespaces": sorted(row.namespaces),

@@ -25,16 +25,18 @@ from gpuledger_allocator.overview import NodeRow, Overview, totals
 
 log = logging.getLogger(__name__)
 
-# The series of a frame, in its columns' order: what a row holds (used_mib -1: not reported).
+# The series of a frame, in its columns' order: what a row holds (the used ones -1: not reported).
 SERIES = ("memory_mib", "granted_mib", "used_mib", "core_milli", "granted_core_milli", "holders", "frag_milli",
-          "free_milli")  # fmt: skip
+          "free_milli", "used_core_milli")  # fmt: skip
+REPORTED = frozenset({"used_mib", "used_core_milli"})  # the series a node may not report
 NOT_REPORTED = -1
 
 
 def columns_of(row: NodeRow) -> tuple[int, ...]:
     used = NOT_REPORTED if row.used_mib is None else row.used_mib
+    sm = NOT_REPORTED if row.used_core_milli is None else row.used_core_milli
     return (row.memory_mib, row.granted_mib, used, row.core_milli, row.granted_core_milli, row.holders,
-            round(row.frag.milli), row.frag.free_milli)  # fmt: skip
+            round(row.frag.milli), row.frag.free_milli, sm)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +89,7 @@ class Ring:
                 continue
             out["at"].append(frame.at)
             for key, value in zip(SERIES, values, strict=True):
-                out[key].append(None if key == "used_mib" and value == NOT_REPORTED else value)
+                out[key].append(None if key in REPORTED and value == NOT_REPORTED else value)
         return out
 
 

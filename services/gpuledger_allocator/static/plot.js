@@ -77,7 +77,7 @@ function linePlot(spec) {
 // the four plots of a history answer (/api/history): memory, compute, holders, fragmentation
 function historyPlots(data) {
   const gibs = (list) => list.map((v) => (v === null ? null : v / 1024));
-  const cardsOf = (list) => list.map((v) => v / 1000);
+  const cardsOf = (list) => list.map((v) => (v === null ? null : v / 1000));
   const one = short;
   return h("div", "plots",
     linePlot({ id: "memory", title: "Memory", unit: "GiB", at: data.at, format: one, series: [
@@ -87,7 +87,7 @@ function historyPlots(data) {
     linePlot({ id: "compute", title: "Compute", unit: "cards", at: data.at, format: one, series: [
       { name: "capacity", values: cardsOf(data.core_milli), color: "#6b7280", dash: "4 3" },
       { name: "granted", values: cardsOf(data.granted_core_milli), color: "#9333ea" },
-      { name: "used (not measured yet)", values: data.at.map(() => null), color: "#ea580c" }] }),
+      { name: "used (SM time)", values: cardsOf(data.used_core_milli), color: "#ea580c" }] }),
     linePlot({ id: "holders", title: "Holders", unit: "allocations", at: data.at, format: short, series: [
       { name: "holders", values: data.holders, color: "#16a34a" }] }),
     linePlot({ id: "fragmentation", title: "Fragmentation", unit: "cards", at: data.at, format: one, series: [

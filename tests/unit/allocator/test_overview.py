@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from gpuledger_allocator.overview import Filter, NodeRow, Overview, node_row, summary, totals
-from gpuledger_core.card_usage import Usage
+from gpuledger_core.card_usage import ProcessUse, Usage
 from gpuledger_core.fragmentation import Fragmentation
 from gpuledger_core.ids import NodeName
 from gpuledger_core.model import Remedy
@@ -28,6 +28,9 @@ def test_a_node_row_counts_its_cards_holders_states_and_use() -> None:
     assert row.namespaces == {"research", "serving", "batch"}
     assert row.has_state("draining") and not row.has_state("healthy") and not row.has_state("over-grant")
     assert node_row(status, Fragmentation(), None).used_mib is None  # no usage report: not measured
+    assert row.used_core_milli is None  # a report of no process's SM time: not sampled
+    sampled = Usage(2, 9000, (ProcessUse(5000, "p", sm_percent=70), ProcessUse(4000, None, sm_percent=45)))
+    assert node_row(status, Fragmentation(), {uuid: sampled}).used_core_milli == 1000  # at most the card
 
 
 @pytest.mark.parametrize(
@@ -61,6 +64,7 @@ def test_totals_add_the_rows_up_and_used_only_where_reported() -> None:
     assert (whole.models, whole.namespaces, whole.stale) == (("X", "Y"), frozenset({"n1", "n2"}), True)
     assert whole.frag == Fragmentation(6, 60) and dict(whole.states) == {"healthy": 2, "retired": 1}
     assert totals([a]).used_mib is None
+    assert totals([a, replace(b, used_core_milli=300)]).used_core_milli == 300 and whole.used_core_milli is None
 
 
 def test_a_summary_pages_the_matching_rows_by_name() -> None:

@@ -30,6 +30,7 @@ def test_a_series_holds_each_value_of_its_row_since_the_time_asked() -> None:
     a = ring.series("a", 0)
     assert a["at"] == [10.0, 12.0]
     assert a["granted_mib"] == [100, 300] and a["used_mib"] == [None, 250]  # not reported: None
+    assert a["used_core_milli"] == [None, None]
     assert (a["holders"], a["frag_milli"], a["free_milli"]) == ([1, 2], [13, 13], [400, 400])
     assert ring.series("b", 11.0)["granted_mib"] == [8, 9]
     assert ring.series("nobody", 0) == {"at": [], **{key: [] for key in SERIES}}

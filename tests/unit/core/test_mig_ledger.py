@@ -13,7 +13,7 @@ from gpuledger_core import codec
 from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument
 from gpuledger_core.ledger import NodeLedger, release, reserve, set_mode
 from gpuledger_core.mig import free_instances, free_starts, held_slots, model_of, request_of, share_of, smallest
-from gpuledger_core.mig_profiles import A30_24GB, A100_40GB, H100_80GB
+from gpuledger_core.mig_profiles import A30_24GB, A100_40GB, H100_80GB, MigModel
 from gpuledger_core.model import MIG_SMALLEST, Card, CardMode, CardShare, MigInstance, MigSlot, Node, Request
 from tests.unit.core.builders import NODE, card, holding, share, whole
 
@@ -175,7 +175,9 @@ def test_cards_not_in_mig_mode_beside_a_mig_card_keep_their_rules() -> None:
         (H100_80GB, 12000, None, "1g.20gb"),
     ],
 )
-def test_the_smallest_profile_that_holds_memory_and_compute(model, mem, core, profile) -> None:
+def test_the_smallest_profile_that_holds_memory_and_compute(
+    model: MigModel, mem: int, core: int | None, profile: str | None
+) -> None:
     found = smallest(model, mem, core)
     assert (found.name if found else None) == profile
 
@@ -252,6 +254,8 @@ def test_a_container_names_a_profile_by_its_resource() -> None:
         ({"gpuledger.io/mig": 1, "gpuledger.io/mig-1g.10gb": 1}, 10, "one MIG resource per container"),
     ],
 )
-def test_a_mig_resource_that_makes_no_sense_is_refused_by_name(counts, mem, problem) -> None:
+def test_a_mig_resource_that_makes_no_sense_is_refused_by_name(
+    counts: dict[str, int], mem: int | None, problem: str
+) -> None:
     with pytest.raises(InvalidArgument, match=re.escape(problem)):
         request_of(counts, mem, None)

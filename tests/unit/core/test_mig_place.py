@@ -128,7 +128,9 @@ def _value(model: MigModel, held: list[MigSlot], workload: MigWorkload) -> float
 
 @settings(max_examples=150, deadline=None)
 @given(scenes())
-def test_every_choice_is_one_the_ledger_takes_and_the_best_for_the_workload(scene) -> None:
+def test_every_choice_is_one_the_ledger_takes_and_the_best_for_the_workload(
+    scene: tuple[list[Card], list[Request], MigWorkload],
+) -> None:
     cards, requests, workload = scene
     chooser = MigChooser(workload)
     ledger = NodeLedger(Node(NODE, tuple(cards)))

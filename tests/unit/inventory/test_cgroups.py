@@ -114,7 +114,8 @@ def test_proc_reader_reads_under_its_root(tmp_path: Path) -> None:
 
 def test_usage_is_attributed_process_by_process(tmp_path: Path) -> None:
     proc = ProcCgroups(_tree(tmp_path, {10: SAMPLES["v2 cgroupfs guaranteed"][0]}))
-    usage = Usage((CardUsage("GPU-a", 300, (GpuProcess(10, 200), GpuProcess(11, 100))), CardUsage("GPU-b", 0)))
+    a, b = CardUuid("GPU-a"), CardUuid("GPU-b")
+    usage = Usage((CardUsage(a, 300, (GpuProcess(10, 200), GpuProcess(11, 100))), CardUsage(b, 0)))
     found = attribute(usage, proc.of)
     assert found.attributed
     assert found.cards[0].processes == (GpuProcess(10, 200, pod_uid=UID, container_id=CID), GpuProcess(11, 100))
@@ -129,7 +130,7 @@ class _Gpus:
         self.calls: list[str] = []
 
     def usage(self, scan: Scan) -> Usage:
-        return Usage((CardUsage("GPU-a", 1, (GpuProcess(10, 1),)),))
+        return Usage((CardUsage(CardUuid("GPU-a"), 1, (GpuProcess(10, 1),)),))
 
     def open(self) -> None:
         self.calls.append("open")
@@ -157,7 +158,7 @@ def test_the_wrapper_attributes_usage_and_passes_the_rest_through(tmp_path: Path
     gpus.close()
     assert inner.calls == ["open", "close"]
     assert gpus.usage(Scan(())).cards[0].processes[0].pod_uid == UID
-    assert gpus.check("GPU-a", False) == ("checked",)
+    assert gpus.check(CardUuid("GPU-a"), False) == ("checked",)
     assert (gpus.backend, gpus.nvml) == ("fake", "the fake's module")
 
 

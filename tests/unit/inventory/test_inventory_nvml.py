@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -134,7 +135,7 @@ def test_each_process_s_share_of_the_sm_time_since_the_last_poll() -> None:
 
 def test_no_sm_share_where_processes_are_not_sampled() -> None:
     class _NotSampled(FakeNvml):
-        def nvmlDeviceGetProcessUtilization(self, handle: object, timeStamp: int) -> object:
+        def nvmlDeviceGetProcessUtilization(self, handle: object, timeStamp: int) -> list[Any]:
             raise self.NVMLError_NotSupported()
 
     sim = sim_of("tesla-p4-2", "    processes:\n      - {card: 0, pid: 10, memory_mib: 2048}\n")

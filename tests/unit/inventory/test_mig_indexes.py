@@ -6,7 +6,7 @@ from __future__ import annotations
 import pynvml
 import pytest
 
-from gpuledger_core.mig_profiles import MODELS
+from gpuledger_core.mig_profiles import MODELS, MigModel
 
 _CONSTANTS = {
     "1g": pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE,
@@ -28,7 +28,7 @@ def _kind(name: str, memory_slices: int, compute: int) -> str:
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
-def test_each_profile_index_is_pynvmls_constant(model) -> None:
+def test_each_profile_index_is_pynvmls_constant(model: MigModel) -> None:
     for profile in model.profiles:
         kind = _kind(profile.name, profile.memory_slices, profile.slices)
         assert profile.index == _CONSTANTS[kind], profile.name

@@ -92,6 +92,7 @@ class ClaimsController:
     concurrency: int = 16
     _latest: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)  # uid -> newest (None: deleted)
     _refs: dict[str, ClaimRef] = field(default_factory=dict)
+    _deleted_on: dict[str, str] = field(default_factory=dict)  # uid -> the node a deleted claim's allocation named
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _rechecks: dict[str, asyncio.Task[None]] = field(default_factory=dict)  # uid -> a later look at an unused claim
     cache: ClaimCache = field(default_factory=ClaimCache)  # what the list and watch brought
@@ -166,6 +167,8 @@ class ClaimsController:
             return
         self._latest[ref.uid] = None if deleted else raw
         self._refs[ref.uid] = ref
+        if deleted and (node := self._allocated_on(raw)):
+            self._deleted_on[ref.uid] = node
         if ref.uid not in self._busy:
             self._busy[ref.uid] = asyncio.create_task(self._drain(ref.uid))
 
@@ -191,6 +194,7 @@ class ClaimsController:
             del self._busy[uid]
             if uid not in self._latest:
                 self._refs.pop(uid, None)
+                self._deleted_on.pop(uid, None)
 
     async def _fresh(self, ref: ClaimRef) -> Mapping[str, Any] | None:
         try:
@@ -261,11 +265,23 @@ class ClaimsController:
             raw = await self._fresh(ref) or {}  # changed meanwhile: decide on its newest version
         raise Conflict(f"{ref.describe()} kept changing while its status was written")
 
-    async def release(self, ref: ClaimRef, reason: str) -> None:
-        """Release the claim's ledger entry, wherever the view says it is."""
-        node = self.view.holders.get(ref.owner.key)
+    async def release(self, ref: ClaimRef, reason: str, raw: Mapping[str, Any] | None = None) -> None:
+        """Release the claim's ledger entry, wherever the view says it is; where the view does not
+        know it (another replica's write this one has not seen yet), on the node the claim's own
+        allocation (``raw``) names: the compare-and-set reads that node's ledger as it is."""
+        node = self.view.holders.get(ref.owner.key) or (self._allocated_on(raw) if raw is not None else None)
         if node:
             await self._release_on(NodeName(node), ref, reason)
+
+    def _allocated_on(self, raw: Mapping[str, Any]) -> str | None:
+        """The node the claim's allocation of our devices names; None when it names none (or several)."""
+        devices = claims.results_of(raw, self.driver)
+        if not devices:
+            return None
+        try:
+            return str(claims.node_of(claims.ref_of(raw), devices))
+        except InvalidArgument:
+            return None
 
     async def withdraw(self, ref: ClaimRef, allocation: Allocation, reason: str) -> None:
         """After mode C's write of an allocation failed: the claim as the API server holds it now
@@ -297,7 +313,7 @@ class ClaimsController:
         if (raw.get("status") or {}).get("reservedFor"):
             return True  # still in use: the pod's end clears reservedFor, and the claim comes back
         ref = claims.ref_of(raw)
-        await self.release(ref, "the claim was deleted")
+        await self.release(ref, "the claim was deleted", raw)
         body = copy.deepcopy(dict(raw))
         body["metadata"]["finalizers"] = [f for f in meta["finalizers"] if f != ALLOCATED_BY_LEDGER]
         with contextlib.suppress(NotFound):
@@ -333,7 +349,7 @@ class ClaimsController:
             written = await self.api.replace_object(f"{claim_path(ref)}/status", body)
         except (Conflict, NotFound):
             return True  # changed meanwhile: its next version is settled
-        await self.release(ref, "the claim's last consumer went")
+        await self.release(ref, "the claim's last consumer went", raw)
         written["metadata"]["finalizers"] = [f for f in written["metadata"].get("finalizers") or []
                                              if f != ALLOCATED_BY_LEDGER]  # fmt: skip
         with contextlib.suppress(Conflict, NotFound):
@@ -473,8 +489,10 @@ class ClaimsController:
             return None
 
     async def _gone(self, ref: ClaimRef) -> None:
+        """The claim deleted, or its allocation cleared: its entry released, where the view says it
+        is or, for a deleted claim the view does not know the entry of, where its allocation was."""
         self.written_here.pop(ref.uid, None)
-        node = self.view.holders.get(ref.owner.key)
+        node = self.view.holders.get(ref.owner.key) or self._deleted_on.get(ref.uid)
         if node:
             await self._release_on(NodeName(node), ref, "the claim's allocation was cleared or the claim deleted")
 

@@ -139,6 +139,28 @@ async def test_a_claim_no_pod_will_use_is_deallocated_its_entry_released_and_its
     assert await held(store, fleet, "uid-unused") is None
 
 
+async def test_a_deleted_claim_s_entry_is_released_even_before_this_replica_s_view_has_seen_it(
+    nc: Client, fleet: Fleet
+) -> None:
+    """Another placement replica allocated the claims; this replica's view has not seen those
+    writes yet when it settles their deletion: the node comes from each claim's allocation."""
+    api, store, view, _ = await world(nc)
+    blind = FleetView(store, stale_after_s=0, slots_per_card=8)  # this replica's: never fed
+    blind.ready.set()
+    controller = ClaimsController(api, store, blind)
+    deleting, _ = await allocated_by_ledger(api, store, view, fleet, "deleting", "gpu-0", age_s=60)
+    deleting["metadata"]["deletionTimestamp"] = stamp(time.time())
+    await controller.settle(deleting)  # being deleted, reserved for no pod: released, finalizer off
+    assert await held(store, fleet, "uid-deleting") is None
+    after = await api.get_object(claim_path(claims.ref_of(deleting)))
+    assert ALLOCATED_BY_LEDGER not in after["metadata"]["finalizers"]
+    deleted, _ = await allocated_by_ledger(api, store, view, fleet, "deleted", "gpu-1", age_s=60)
+    controller.offer(deleted, deleted=True)  # the watch's DELETED event, with the claim's last state
+    await controller.idle()
+    assert await held(store, fleet, "uid-deleted") is None
+    assert not blind.holders  # the view still knows neither: the releases went by the claims
+
+
 async def test_a_claim_a_waiting_pod_names_or_a_young_one_stays_allocated(nc: Client, fleet: Fleet) -> None:
     api, store, view, controller = await world(nc)
     awaited, awaited_id = await allocated_by_ledger(api, store, view, fleet, "awaited", "gpu-0", age_s=60)

@@ -65,6 +65,7 @@ ALLOCATED_BY_LEDGER = "gpuledger.io/allocation"  # the finalizer of the claims m
 DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"  # kube-scheduler's, on the claims it allocates
 ABSENT_RETRY_S = 60.0  # dra_claims=auto without DRA: how often to look again
 WRITING_S = 30.0  # an entry of an unallocated claim this young may be a placement replica's, still writing the claim
+RESYNC_S = 60.0  # how often the claims are listed again for entries no claim holds (the watch never lists)
 UNUSED_AFTER_S = 10.0  # a mode-C claim reserved for no pod is deallocated no sooner after its allocation
 
 
@@ -90,6 +91,7 @@ class ClaimsController:
     memory_step_mib: int = claims.MEMORY_STEP_MIB
     clock: Callable[[], float] = time.time
     concurrency: int = 16
+    resync_s: float = RESYNC_S
     _latest: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)  # uid -> newest (None: deleted)
     _refs: dict[str, ClaimRef] = field(default_factory=dict)
     _deleted_on: dict[str, str] = field(default_factory=dict)  # uid -> the node a deleted claim's allocation named
@@ -110,11 +112,28 @@ class ClaimsController:
         """Follow (below) until cancelled; then the work it started ends with it (a claim or pod
         still being settled, a later look at a claim), rather than going on against a ledger or an
         API server that its service has closed."""
+        sweeping = asyncio.create_task(self._sweep())
         try:
             await self._follow(optional)
         finally:
-            for task in (*self._busy.values(), *self._rechecks.values()):
+            for task in (sweeping, *self._busy.values(), *self._rechecks.values()):
                 task.cancel()
+
+    async def _sweep(self) -> None:
+        """Every ``resync_s``, the claims listed again and the entries no claim holds released
+        (``_release_orphans``), as after each full listing: a watch that runs for hours lists
+        nothing, and an entry whose release was missed (a deletion settled where the ledger was not
+        yet known) would stay until the next failure of the watch."""
+        while True:
+            await asyncio.sleep(self.resync_s)
+            try:
+                started = self.clock()
+                listed = await self.api.list_objects(LIST, {})
+                await self._release_orphans(listed["items"], started)
+            except (NotFound, FailedPrecondition):
+                continue  # no ResourceClaims here (DRA not deployed): _follow says so
+            except GpuledgerError as err:
+                log.warning("claims: looking again for entries no claim holds failed (%s)", err)
 
     async def _follow(self, optional: bool = False) -> None:
         """List, settle every claim, release what no claim holds, watch; again after any failure.
@@ -525,7 +544,7 @@ class ClaimsController:
                     continue
                 if room_held(allocation) and owner.id in existing:
                     continue  # the room preemption holds for an unallocated claim: it lapses by itself
-                if allocation.created_at > listed_at - GRACE_S or owner.id in self._busy:
+                if allocation.created_at > listed_at - GRACE_S or owner.id in self._busy or owner.id in self.allocating:
                     continue
                 await self._release_orphan(NodeName(node), ClaimRef(owner.namespace, owner.name, owner.id), allocation)
 

@@ -103,3 +103,38 @@ async def test_a_failed_release_of_an_orphan_is_logged_and_counted_and_tried_aga
         running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running
+
+
+async def test_an_entry_no_claim_holds_is_released_by_the_periodic_look_while_the_watch_runs_on(
+    nc: Client, fleet: Fleet
+) -> None:
+    """The watch never ends (no listing after the first); an entry left without its claim after that
+    listing (its deletion missed) is released by the look every ``resync_s``. One whose claim mode C
+    is allocating right now is left to it."""
+    store = await LedgerStore.open(nc, retry_s=0.5)
+    view = FleetView(store, stale_after_s=0, slots_per_card=8)
+    view.ready.set()
+    api = NoClaims()
+    controller = ClaimsController(api, store, view, resync_s=0.2)
+    running = asyncio.create_task(controller.run())
+    try:
+        await wait_for(polled(lambda: api.listings >= 1), 10, "the first listing", 0.05)
+        node = fleet.nodes[0].node
+        devices = [AllocatedDevice("gpu", node.name, "gpu-0")]
+        left = claims.ledger_allocation(ClaimRef("ns", "gone", "uid-gone"), devices, node, time.time() - 3600)
+        busy = claims.ledger_allocation(ClaimRef("ns", "busy", "uid-busy"), devices, node, time.time() - 3600)
+        controller.allocating.add("uid-busy")
+        written = await store.mutate(node.name, lambda _: NodeLedger(node, (left, busy)))
+        assert written.new is not None
+        view.apply(node.name, written.new, written.revision)
+
+        async def released() -> bool:
+            ledger, _ = await store.read(node.name)
+            return ledger is not None and [a.id for a in ledger.live()] == [busy.id]
+
+        await wait_for(released, 10, "the entry without its claim released, mode C's left", 0.1)
+        assert api.listings >= 2 and not api.relist.is_set()  # the looks listed; the watch ran on
+    finally:
+        running.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await running

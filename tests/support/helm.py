@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
-from gpuledger_dev.controlplane.build import BuildError, cache_root, go_for_builds, install, run_go
+from gpuledger_dev.controlplane.build import BuildError, run_go
+from gpuledger_dev.controlplane.toolchain import Go
+from tests.support.gotools import cli, go_install, tool_binary
 
 HELM = "v3.21.4"
 MODULE = "helm.sh/helm/v3"
@@ -26,7 +27,7 @@ CLIENT_GO = re.compile(r"^\s*k8s\.io/client-go\s+v0\.(\d+)\.\d+", re.MULTILINE)
 
 def helm_binary(root: Path | None = None) -> Path:
     """Where helm is once built (it may not exist yet)."""
-    return (root or cache_root()) / f"helm-{HELM}" / "bin" / "helm"
+    return tool_binary(f"helm-{HELM}", "helm", root)
 
 
 def kube_minor(go_mod: str) -> str:
@@ -37,15 +38,8 @@ def kube_minor(go_mod: str) -> str:
     return found.group(1)
 
 
-def build(root: Path | None = None) -> Path:
-    """Build helm if it is not in the cache; return the binary."""
-    target = helm_binary(root)
-    if target.is_file():
-        return target
-    base = root or cache_root()
-    go = go_for_builds(base)
-    gobin = base / "src" / f"helm-{HELM}"
-    gobin.mkdir(parents=True, exist_ok=True)
+def _install_args(go: Go, gobin: Path) -> list[str]:
+    """``go install``'s arguments: helm's version and the Kubernetes minor of its go.mod stamped."""
     out = run_go(go, ["mod", "download", "-json", f"{MODULE}@{HELM}"], gobin, f"fetch {MODULE}")
     minor = kube_minor(Path(json.loads(out[out.find("{") :])["GoMod"]).read_text())
     stamps = [
@@ -56,20 +50,13 @@ def build(root: Path | None = None) -> Path:
         *(f"{MODULE}/pkg/{pkg}.k8sVersionMinor={minor}" for pkg in ("lint/rules", "chartutil")),
     ]
     ldflags = " ".join(["-s -w", *(f"-X {stamp}" for stamp in stamps)])
-    args = ["install", "-trimpath", "-ldflags", ldflags, f"{MODULE}/cmd/helm@{HELM}"]
-    run_go(go, args, gobin, f"build helm {HELM} (a few minutes the first time)", {"GOBIN": str(gobin)})
-    install(gobin / "helm", target)
-    return target
+    return ["-trimpath", "-ldflags", ldflags, f"{MODULE}/cmd/helm@{HELM}"]
 
 
-def main() -> int:
-    try:
-        print(build())
-    except BuildError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
+def build(root: Path | None = None) -> Path:
+    """Build helm if it is not in the cache; return the binary."""
+    return go_install(f"helm-{HELM}", "helm", root, _install_args, f"build helm {HELM} (a few minutes the first time)")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli(build))

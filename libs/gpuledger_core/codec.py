@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import orjson
 
+from gpuledger_core.codec_mig import card_mig_from, card_mig_to, slot_from, slot_to
 from gpuledger_core.errors import FailedPrecondition, InvalidArgument
 from gpuledger_core.events import EventKind, LedgerEvent
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
@@ -28,7 +29,6 @@ from gpuledger_core.model import (
     Isolation,
     Link,
     MigInstance,
-    MigSlot,
     Node,
     Owner,
     OwnerKind,
@@ -199,6 +199,7 @@ class Reader:
 
 
 _REQUIRED: Any = object()
+_WHOLE: tuple[CardMode, tuple[MigInstance, ...]] = (CardMode.WHOLE, ())  # a card without MIG fields
 
 
 def card_to(card: Card) -> Json:
@@ -215,30 +216,14 @@ def card_to(card: Card) -> Json:
     }
     if card.remedy is not Remedy.NONE:  # written only when set: a serving card's value is as before
         out["remedy"] = card.remedy.value
-    if card.mode is not CardMode.WHOLE:  # likewise: a card that is not in MIG mode is as before
-        out["mode"] = card.mode.value
-    if card.instances:
-        out["instances"] = [instance_to(i) for i in card.instances]
+    if card.mode is not CardMode.WHOLE or card.instances:  # likewise: a card not in MIG mode is as before
+        card_mig_to(card, out)
     return out
 
 
-def slot_to(slot: MigSlot) -> Json:
-    return {"profile": slot.profile, "start": slot.start, "size": slot.size}
-
-
-def slot_from(r: Reader) -> MigSlot:
-    return MigSlot(r.text("profile"), r.integer("start"), r.integer("size"))
-
-
-def instance_to(instance: MigInstance) -> Json:
-    return {**slot_to(instance.slot), "static": instance.static, "uuid": instance.uuid}
-
-
-def instance_from(r: Reader) -> MigInstance:
-    return MigInstance(slot_from(r), r.flag("static", True), r.text("uuid", ""))
-
-
 def card_from(r: Reader) -> Card:
+    raw = r.raw
+    mode, instances = card_mig_from(r) if "mode" in raw or "instances" in raw else _WHOLE
     return Card(
         uuid=CardUuid(r.text("uuid")),
         index=r.integer("index"),
@@ -250,8 +235,8 @@ def card_from(r: Reader) -> Card:
         pci_bus_id=r.text("pci_bus_id", ""),
         health_reason=r.text("health_reason", ""),
         remedy=r.enum("remedy", Remedy, Remedy.NONE),
-        mode=r.enum("mode", CardMode, CardMode.WHOLE),
-        instances=r.items("instances", instance_from),
+        mode=mode,
+        instances=instances,
     )
 
 

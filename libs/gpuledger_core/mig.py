@@ -135,9 +135,10 @@ def placed(model: MigModel, slots: Iterable[MigSlot]) -> list[Placed]:
 
 
 def free_instances(card: Card, held: Sequence[MigSlot], profile: str) -> list[MigSlot]:
-    """The card's instances of ``profile`` that no one holds, lowest start first."""
+    """The card's healthy instances of ``profile`` that no one holds, lowest start first."""
     return sorted(
-        (i.slot for i in card.instances if i.slot.profile == profile and i.slot not in held), key=lambda s: s.start
+        (i.slot for i in card.instances if i.slot.profile == profile and not i.fault and i.slot not in held),
+        key=lambda s: s.start,
     )
 
 
@@ -158,8 +159,12 @@ def takes(card: Card, model: MigModel, slot: MigSlot, held: Sequence[MigSlot]) -
     clash = next((h for h in held if h.overlaps(slot)), None)
     if clash is not None:
         return f"{slot.profile} at {slot.start} overlaps {clash.profile} at {clash.start}, which is held"
-    if any(i.slot == slot for i in card.instances):
-        return ""  # an instance that exists, free: taken as it is
+    existing = next((i for i in card.instances if i.slot == slot), None)
+    if existing is not None:  # an instance that exists, free: taken as it is, unless it is faulted
+        if existing.fault:
+            where = f"{slot.profile}@{slot.start}"
+            return f"MIG instance {where} on card {card.index} is unhealthy: {existing.fault}"
+        return ""
     made = next((i.slot for i in card.instances if i.slot.overlaps(slot)), None)
     if made is not None:
         return f"{slot.profile} at {slot.start} overlaps the instance {made.profile} at {made.start}"

@@ -59,7 +59,7 @@ class CardView:
     def key(self) -> tuple[str, frozenset[MigSlot], frozenset[MigSlot]]:
         """What the card's options and worth depend on (cards of one key are alike)."""
         taken = frozenset(occupied(self.card, self.held))
-        free = frozenset(i.slot for i in self.card.instances if i.slot not in self.held)
+        free = frozenset(i.slot for i in self.card.instances if i.slot not in self.held and not i.fault)
         return (f"{self.card.model}/{self.card.memory_mib}", taken, free)
 
 

@@ -94,11 +94,14 @@ class MigSlot:
 class MigInstance:
     """A GPU instance that exists on a card in MIG mode, as the node's inventory reports it:
     ``static`` when an operator made it (gpuledger uses it, never destroys it), else made by
-    gpuledger on demand; ``uuid`` is its MIG device's (``MIG-...``), once it has one."""
+    gpuledger on demand; ``uuid`` is its MIG device's (``MIG-...``), once it has one. ``fault`` says
+    why the instance is unhealthy (an XID inside it): empty while it is healthy. A faulted instance
+    takes no new holder; the card and its other instances are unaffected."""
 
     slot: MigSlot
     static: bool = True
     uuid: str = ""
+    fault: str = ""
 
 
 @dataclass(frozen=True, slots=True)

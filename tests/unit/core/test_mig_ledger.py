@@ -259,3 +259,36 @@ def test_a_mig_resource_that_makes_no_sense_is_refused_by_name(
 ) -> None:
     with pytest.raises(InvalidArgument, match=re.escape(problem)):
         request_of(counts, mem, None)
+
+
+def test_a_faulted_instance_takes_no_holder_and_the_card_s_others_still_do() -> None:
+    bad = MigInstance(slot("1g.5gb", 0), static=True, uuid="MIG-bad", fault="XID 43 in the instance")
+    good = MigInstance(slot("1g.5gb", 1), static=True, uuid="MIG-good")
+    c = mig_card(2, bad, good)
+    with pytest.raises(Exhausted, match=r"MIG instance 1g.5gb@0 on card 2 is unhealthy: XID 43 in the instance"):
+        reserve(mig_ledger(c), holding("a", instance_share(c, "1g.5gb", 0)))
+    assert reserve(mig_ledger(c), holding("b", instance_share(c, "1g.5gb", 1))).get("b") is not None  # type: ignore[arg-type]
+    assert free_instances(c, [], "1g.5gb") == [good.slot]
+    with pytest.raises(Exhausted, match=r"overlaps the instance 1g.5gb at 0"):
+        reserve(mig_ledger(c), holding("c", instance_share(c, "2g.10gb", 0)))
+
+
+def test_an_instance_s_fault_is_written_only_when_set_and_round_trips() -> None:
+    healthy = MigInstance(slot("1g.5gb", 0), static=False, uuid="MIG-a")
+    faulted = MigInstance(slot("1g.5gb", 1), static=True, uuid="MIG-b", fault="XID 48 (double bit ECC)")
+    raw = codec.ledger_to(mig_ledger(mig_card(0, healthy, faulted)))
+    written = raw["node"]["cards"][0]["instances"]
+    assert "fault" not in written[0] and written[1]["fault"] == "XID 48 (double bit ECC)"
+    assert codec.ledger_from(raw).node.cards[0].instances == (healthy, faulted)
+    written[1]["fault"] = 48
+    with pytest.raises(InvalidArgument, match=r"node.cards\[0\].instances\[1\].fault: has the wrong type int"):
+        codec.ledger_from(raw)
+
+
+def test_a_card_value_without_the_mig_fields_decodes_whole_and_with_them_mig() -> None:
+    raw = codec.card_to(mig_card(0, MigInstance(slot("7g.40gb", 0))))
+    assert codec.card_from(codec.Reader(raw)).instances == (MigInstance(slot("7g.40gb", 0)),)
+    del raw["mode"]
+    assert codec.card_from(codec.Reader(raw)).mode is CardMode.WHOLE
+    del raw["instances"]
+    assert codec.card_from(codec.Reader(raw)) == card(0, 40960, model=A100)

@@ -63,6 +63,15 @@ def test_without_on_demand_only_free_instances_are_taken() -> None:
     assert chosen is not None and chosen[1].slot == free.slot
 
 
+def test_a_faulted_instance_is_never_chosen() -> None:
+    chooser = MigChooser(on_demand=False)
+    faulted = MigInstance(slot(A100_40GB, "1g.5gb", 3), fault="XID 43")
+    assert chooser.choose([CardView(mig_card(A100_40GB, 0, faulted))], Request(mig="1g.5gb")) is None
+    healthy = MigInstance(slot(A100_40GB, "1g.5gb", 4))
+    chosen = chooser.choose([CardView(mig_card(A100_40GB, 0, faulted, healthy))], Request(mig="1g.5gb"))
+    assert chosen is not None and chosen[1].slot == healthy.slot
+
+
 def test_the_workload_decides_which_future_profiles_count() -> None:
     """A 2g.10gb: with a workload of 4g.20gb it keeps the first half whole; of 3g.20gb either half
     will do, and the lowest start breaks the tie; 1g.10gb at 0 is then a worse choice than 2g's own."""

@@ -148,7 +148,7 @@ def _mig(c: _Cursor, node: Node) -> tuple[MigLayout, ...]:
             raise mc.fail("card", f"{card.model} has no MIG")
         names = mc.get("instances", list)
         found = [model.by_name(n) for n in names]
-        if not names or any(p is None for p in found):
+        if any(p is None for p in found):
             offered = ", ".join(p.name for p in model.profiles)
             raise mc.fail("instances", f"must be a list of {offered}, got {names!r}")
         instances = tuple(p for p in found if p is not None)

@@ -391,6 +391,16 @@ def test_a_fleet_layout_is_placed_largest_first_as_an_operator_tool_makes_it() -
     assert [nv.nvmlDeviceGetAttributes(m).memorySizeMB for m in migs] == [19968, 9856, 4864, 4864]
 
 
+def test_an_empty_fleet_layout_is_mig_on_with_no_instances_for_instances_made_on_demand() -> None:
+    text = "nodes:\n  - name: n1\n    profile: a100-pcie-4\n    mig:\n      - {card: 1, instances: []}\n"
+    nv = FakeNvml(node_script(parse_fleet(text, "t.yaml"), "n1"))
+    nv.nvmlInit()
+    on, off = nv.nvmlDeviceGetHandleByIndex(1), nv.nvmlDeviceGetHandleByIndex(0)
+    assert (nv.nvmlDeviceGetMigMode(on), nv.nvmlDeviceGetMigMode(off)) == ([1, 1], [0, 0])
+    info = nv.nvmlDeviceGetGpuInstanceProfileInfo(on, nv.NVML_GPU_INSTANCE_PROFILE_1_SLICE)
+    assert nv.nvmlDeviceGetGpuInstanceRemainingCapacity(on, info.id) == 7  # none made yet
+
+
 def test_a_card_without_a_layout_is_mig_capable_with_mig_off() -> None:
     nv, h = fake_card("A100-40GB")
     assert nv.nvmlDeviceGetMigMode(h) == [0, 0]

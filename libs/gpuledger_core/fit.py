@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.ids import AllocationId, CardUuid
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.mig_fit import fit_mig
+from gpuledger_core.mig_place import MigChooser
 from gpuledger_core.model import CORE_WHOLE, Allocation, Card, CardShare, Grant, Isolation, Owner, OwnerKind, Request
 from gpuledger_core.room import CardState, Want, card_state, fitting, why_not
 from gpuledger_core.slots import slot_problem, slots_free, slots_held
@@ -69,22 +71,32 @@ def choose_cards(ledger: NodeLedger, request: Request, cards: Sequence[CardState
 
 
 def fit_node(
-    ledger: NodeLedger, asks: Sequence[ContainerAsk], slots_per_card: int | None = None, tier: Tier = Tier()
+    ledger: NodeLedger,
+    asks: Sequence[ContainerAsk],
+    slots_per_card: int | None = None,
+    tier: Tier = Tier(),
+    chooser: MigChooser | None = None,
 ) -> tuple[Grant, ...]:
     """Cards for every container of one owner on this node, or ``Exhausted`` with the reason.
     With ``slots_per_card``, each app container takes a slot of each of its cards; ``tier`` is the
-    owner's isolation (its containers share cards with one another whatever it is)."""
+    owner's isolation (its containers share cards with one another whatever it is). A MIG request
+    takes instances (``mig_fit.fit_mig``, choosing with ``chooser``; None: every profile alike),
+    beside the instances the owner's containers before it took."""
     use = dict(ledger.use())
     base = slots_held(ledger.allocations)
     held = Counter(base)
     grants: list[Grant] = []
     inits = any(ask.init for ask in asks)
     for ask in asks:
-        if ask.init:  # alone on the node as it is
+        if ask.request.mig:
+            taken = [share for grant in grants for share in grant.cards]
+            shares = fit_mig(ledger, ask.request, chooser or MigChooser(), slots_per_card, taken)
+        elif ask.init:  # alone on the node as it is
             cards = card_states(ledger, ledger.use(), base, slots_per_card)
+            shares = tuple(share_for(card, ask.request) for card in choose_cards(ledger, ask.request, cards, tier))
         else:
             cards = card_states(ledger, use, held, slots_per_card)
-        shares = tuple(share_for(card, ask.request) for card in choose_cards(ledger, ask.request, cards, tier))
+            shares = tuple(share_for(card, ask.request) for card in choose_cards(ledger, ask.request, cards, tier))
         grants.append(Grant(ask.container, shares, ask.init))
         if not ask.init:
             for share in shares:

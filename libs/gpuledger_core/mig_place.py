@@ -26,6 +26,8 @@ from gpuledger_core.mig_layout import remaining
 from gpuledger_core.mig_profiles import GiProfile, MigModel
 from gpuledger_core.model import Card, MigSlot, Request
 
+MEMO_LIMIT = 65_536  # card states remembered per memo before starting afresh (a long-lived chooser)
+
 
 @dataclass(frozen=True, slots=True)
 class MigWorkload:
@@ -91,6 +93,8 @@ class MigChooser:
         key = (model.name, taken, free)
         found = self._worth.get(key)
         if found is None:
+            if len(self._worth) >= MEMO_LIMIT:
+                self._worth.clear()
             blocking = placed(model, taken)
             found = sum(
                 w * p.memory_slices * (remaining(model, p, blocking) + sum(1 for s in free if s.profile == p.name))
@@ -101,15 +105,20 @@ class MigChooser:
 
     def best(self, view: CardView, request: Request) -> Option | None:
         """The card's best option for one instance of what ``request`` asks; None: none fits."""
-        key = (view.key(), request.mig, request.mem_mib, request.core_milli, request.models)
+        card = view.card
+        if not card.mig or not card.healthy or not request.allows(card.model):
+            return None  # before the memo: its key holds neither the mode nor the health
+        key = (view.key(), request.mig, request.mem_mib, request.core_milli)
         if key in self._best:
             return self._best[key]
+        if len(self._best) >= MEMO_LIMIT:
+            self._best.clear()
         found = self._best[key] = self._best_of(view, request)
         return found
 
     def _best_of(self, view: CardView, request: Request) -> Option | None:
         card, model = view.card, model_of(view.card)
-        if model is None or not card.mig or not card.healthy or not request.allows(card.model):
+        if model is None:
             return None
         profile = profile_for(model, request)
         if profile is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gpuledger_core.model import Card, CardMode, MigInstance, MigSlot
+from gpuledger_core.model import Card, CardMode, MigInstance, MigSlot, Remedy
 
 if TYPE_CHECKING:
     from gpuledger_core.codec import Reader
@@ -29,11 +29,14 @@ def instance_to(instance: MigInstance) -> Json:
     out = {**slot_to(instance.slot), "static": instance.static, "uuid": instance.uuid}
     if instance.fault:  # written only when set: a healthy instance's value is as before
         out["fault"] = instance.fault
+    if instance.remedy is not Remedy.NONE:
+        out["remedy"] = instance.remedy.value
     return out
 
 
 def instance_from(r: Reader) -> MigInstance:
-    return MigInstance(slot_from(r), r.flag("static", True), r.text("uuid", ""), r.text("fault", ""))
+    slot, static, uuid = slot_from(r), r.flag("static", True), r.text("uuid", "")
+    return MigInstance(slot, static, uuid, r.text("fault", ""), r.enum("remedy", Remedy, Remedy.NONE))
 
 
 def card_mig_to(card: Card, out: Json) -> None:

@@ -96,12 +96,14 @@ class MigInstance:
     ``static`` when an operator made it (gpuledger uses it, never destroys it), else made by
     gpuledger on demand; ``uuid`` is its MIG device's (``MIG-...``), once it has one. ``fault`` says
     why the instance is unhealthy (an XID inside it): empty while it is healthy. A faulted instance
-    takes no new holder; the card and its other instances are unaffected."""
+    takes no new holder; the card and its other instances are unaffected. ``remedy`` is
+    ``Remedy.DRAIN`` when its fault also needs its holder moved off (placement evicts it)."""
 
     slot: MigSlot
     static: bool = True
     uuid: str = ""
     fault: str = ""
+    remedy: Remedy = Remedy.NONE
 
 
 @dataclass(frozen=True, slots=True)

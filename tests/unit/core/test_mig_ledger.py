@@ -14,7 +14,7 @@ from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument
 from gpuledger_core.ledger import NodeLedger, release, reserve, set_mode
 from gpuledger_core.mig import free_instances, free_starts, held_slots, model_of, request_of, share_of, smallest
 from gpuledger_core.mig_profiles import A30_24GB, A100_40GB, H100_80GB, MigModel
-from gpuledger_core.model import MIG_SMALLEST, Card, CardMode, CardShare, MigInstance, MigSlot, Node, Request
+from gpuledger_core.model import MIG_SMALLEST, Card, CardMode, CardShare, MigInstance, MigSlot, Node, Remedy, Request
 from tests.unit.core.builders import NODE, card, holding, share, whole
 
 A100 = "NVIDIA A100-SXM4-40GB"
@@ -275,10 +275,11 @@ def test_a_faulted_instance_takes_no_holder_and_the_card_s_others_still_do() -> 
 
 def test_an_instance_s_fault_is_written_only_when_set_and_round_trips() -> None:
     healthy = MigInstance(slot("1g.5gb", 0), static=False, uuid="MIG-a")
-    faulted = MigInstance(slot("1g.5gb", 1), static=True, uuid="MIG-b", fault="XID 48 (double bit ECC)")
+    faulted = MigInstance(slot("1g.5gb", 1), True, "MIG-b", "XID 48 (double bit ECC)", Remedy.DRAIN)
     raw = codec.ledger_to(mig_ledger(mig_card(0, healthy, faulted)))
     written = raw["node"]["cards"][0]["instances"]
-    assert "fault" not in written[0] and written[1]["fault"] == "XID 48 (double bit ECC)"
+    assert "fault" not in written[0] and "remedy" not in written[0]
+    assert (written[1]["fault"], written[1]["remedy"]) == ("XID 48 (double bit ECC)", "drain")
     assert codec.ledger_from(raw).node.cards[0].instances == (healthy, faulted)
     written[1]["fault"] = 48
     with pytest.raises(InvalidArgument, match=r"node.cards\[0\].instances\[1\].fault: has the wrong type int"):

@@ -10,15 +10,21 @@ Answered by the node's inventory (request/reply with the ``bus`` envelope):
 - ``gpuledger.v1.inventory.<node>.get``: ``{}`` -> the current ``InventoryMessage`` (each card's
   health, action, remediation stage and history in ``extra``: what ``gpuledger health`` shows;
   a reader may ask it, and the allocator, for the dashboard's card history)
+- ``gpuledger.v1.inventory.<node>.mig.make``: ``{"card", "profile", "start", "size", "holder"}`` ->
+  ``MadeMig`` as a dict: the MIG instance at that placement, made if it is not there (docs/mig.md,
+  "The node's part"); asked by the node's plugin only
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from nats.aio.client import Client
 
 from gpuledger_common import bus
+from gpuledger_core.codec import Reader
+from gpuledger_core.model import MigSlot
 
 INVENTORY = f"{bus.SUBJECT_PREFIX}.inventory"
 HEARTBEAT = f"{bus.SUBJECT_PREFIX}.heartbeat"
@@ -42,6 +48,38 @@ def set_health_subject(node: str) -> str:
 
 def get_subject(node: str) -> str:
     return f"{INVENTORY}.{node}.get"
+
+
+def mig_make_subject(node: str) -> str:
+    return f"{INVENTORY}.{node}.mig.make"
+
+
+@dataclass(frozen=True, slots=True)
+class MadeMig:
+    """A MIG instance that exists, as its node's inventory answers ``mig.make``: its MIG device's
+    ``uuid`` (``MIG-...``), its GPU and compute instance IDs, and its card's index and device minor
+    (``/dev/nvidia<minor>``; None where NVML does not say)."""
+
+    uuid: str
+    gpu_instance: int
+    compute_instance: int
+    card_index: int
+    minor: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "gpu_instance": self.gpu_instance,
+            "compute_instance": self.compute_instance,
+            "card_index": self.card_index,
+            "minor": self.minor,
+        }
+
+    @staticmethod
+    def from_json(raw: object) -> MadeMig:
+        r = Reader(raw, "mig.make's answer")
+        made = (r.text("uuid"), r.integer("gpu_instance"), r.integer("compute_instance"), r.integer("card_index"))
+        return MadeMig(*made, r.opt_int("minor"))
 
 
 class HeartbeatMessage(TypedDict):
@@ -92,3 +130,15 @@ async def set_card_health(
 async def get_inventory(nc: Client, node: str, timeout: float = 5.0) -> InventoryMessage:
     result: InventoryMessage = await bus.request(nc, get_subject(node), {}, timeout)
     return result
+
+
+async def make_mig(nc: Client, node: str, card: str, slot: MigSlot, holder: str, timeout: float) -> MadeMig:
+    """Ask ``node``'s inventory for the MIG instance at ``slot`` on ``card`` (its UUID), made for
+    ``holder`` (the allocation's id) if it is not there; answered once it exists with a compute
+    instance. Raises the ``gpuledger_core.errors`` error the inventory reported, naming card and
+    profile (``NotFound``: no such card; ``FailedPrecondition``: not in MIG mode, or the placement
+    overlaps another instance; ``InvalidArgument``: a profile or placement the card's model does
+    not offer; ``Unavailable``: NVML refused, or nobody serves that node)."""
+    payload = {"card": card, "profile": slot.profile, "start": slot.start, "size": slot.size, "holder": holder}
+    result = await bus.request(nc, mig_make_subject(node), payload, timeout)
+    return MadeMig.from_json(result)

@@ -140,7 +140,7 @@ def permissions(role: Role, node: str = "") -> Permissions:
             (f"{PLACEMENT}.>", f"{INVENTORY}.*", f"{HEARTBEAT}.*", LEDGER_YIELD, inbox),
             allow_responses=True,
         )
-    if role is Role.INVENTORY:  # DRA mode: it reads (never writes) its node's ledger, for the slices' taints
+    if role is Role.INVENTORY:  # it reads (never writes) its node's ledger: taints, drains, MIG instances' holders
         key = f"node.{node}"
         return Permissions(
             (
@@ -151,7 +151,7 @@ def permissions(role: Role, node: str = "") -> Permissions:
                 *_watches(LEDGER, key),
                 f"{API}.STREAM.INFO.KV_{OWNERS}",
             ),
-            (f"{INVENTORY}.{node}.set_health", f"{INVENTORY}.{node}.get", inbox),
+            (f"{INVENTORY}.{node}.set_health", f"{INVENTORY}.{node}.get", f"{INVENTORY}.{node}.mig.make", inbox),
             allow_responses=True,
         )
     if role is Role.PLUGIN:
@@ -164,6 +164,7 @@ def permissions(role: Role, node: str = "") -> Permissions:
                 f"$KV.{LEDGER}.{key}",
                 f"{EVENTS}.{node}",
                 f"{PLACEMENT}.preferred",
+                f"{INVENTORY}.{node}.mig.make",  # its node's inventory makes a MIG instance before a container starts
             ),
             (inbox,),
         )

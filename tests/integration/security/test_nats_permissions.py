@@ -24,7 +24,7 @@ from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_core import codec
 from gpuledger_core.errors import GpuledgerError, Unavailable
 from gpuledger_core.ledger import NodeLedger, with_node
-from gpuledger_core.model import Node
+from gpuledger_core.model import MigSlot, Node
 from gpuledger_dev.fleet import Fleet, parse_fleet
 from gpuledger_dev.secure_nats import SecureNats, secure_nats
 from gpuledger_dev.tlsca import ThrowawayCa
@@ -185,6 +185,32 @@ async def test_the_allocator_reads_an_inventory_and_cannot_mark_a_card(secure: S
             await responder.close()
     assert asked == ["get"]
     assert violations(secure, "allocator", "gpuledger.v1.inventory.node-a.set_health") == 1
+
+
+async def test_a_nodes_plugin_asks_its_own_inventory_for_a_mig_instance_and_no_other(secure: SecureNats) -> None:
+    """``mig.make``: node-a's plugin asks node-a's inventory; node-b's plugin and a reader cannot."""
+    asked: list[object] = []
+    made = inventory_api.MadeMig("MIG-x", 13, 0, 0, 0)
+
+    async def handler(body: object) -> object:
+        asked.append(body)
+        return made.to_json()
+
+    slot = MigSlot("1g.5gb", 6, 1)
+    async with contextlib.AsyncExitStack() as stack:
+        inventory = await stack.enter_async_context(connected(secure, Role.INVENTORY, "node-a"))
+        plugin_a = await stack.enter_async_context(connected(secure, Role.PLUGIN, "node-a"))
+        plugin_b = await stack.enter_async_context(connected(secure, Role.PLUGIN, "node-b"))
+        reader = await stack.enter_async_context(connected(secure, Role.READER))
+        responder = await bus.Responder(inventory, inventory_api.mig_make_subject("node-a"), handler).start()
+        stack.push_async_callback(responder.close)
+        assert await inventory_api.make_mig(plugin_a, "node-a", "GPU-a", slot, "alloc-1", 5.0) == made
+        for other in (plugin_b, reader):
+            with pytest.raises(Unavailable):  # a refused publish: nothing answers
+                await inventory_api.make_mig(other, "node-a", "GPU-a", slot, "alloc-2", 1.0)
+    assert [b["holder"] for b in asked if isinstance(b, dict)] == ["alloc-1"]
+    assert violations(secure, "plugin-node-b", "gpuledger.v1.inventory.node-a.mig.make") == 1
+    assert violations(secure, "reader", "gpuledger.v1.inventory.node-a.mig.make") == 1
 
 
 async def test_a_user_cannot_read_replies_to_another(secure: SecureNats) -> None:

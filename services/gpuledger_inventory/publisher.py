@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuledger_core.errors import Conflict, GpuledgerError
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Health
+from gpuledger_core.model import Health, MigSlot
 from gpuledger_inventory import metrics
 from gpuledger_inventory.kube import SliceApi
 from gpuledger_inventory.slices import (
@@ -35,6 +35,7 @@ from gpuledger_inventory.slices import (
     plan,
     tenancy_of,
 )
+from gpuledger_inventory.slices_mig import held_outside_dra as mig_held_outside_dra
 from gpuledger_inventory.state import NodeState
 
 log = logging.getLogger(__name__)
@@ -79,15 +80,16 @@ class SlicePublisher:
         self._roots: dict[str, str | None] = {}
         self.held: dict[str, float] = {}  # card uuid -> since when pods or tools (not claims) hold some of it
         self.tenancy: dict[str, str] = {}  # card uuid -> the isolation tier of its holders (absent: idle)
+        self.mig_held: dict[str, tuple[tuple[MigSlot, float], ...]] = {}  # card uuid -> its slots pods or tools hold
 
     def set_ledger(self, ledger: NodeLedger | None) -> None:
         """What the node's ledger says of its cards: those it gives to holders outside DRA are
         published with a NoSchedule taint, so that kube-scheduler allocates them to no new claim
         (the ledger would refuse it); every card's ``tenancy`` attribute says the isolation tier of
         its holders, which the DeviceClasses select on (an mps claim never meets a none tenant)."""
-        held, tenancy = held_outside_dra(ledger), tenancy_of(ledger)
-        if (held, tenancy) != (self.held, self.tenancy):
-            self.held, self.tenancy = held, tenancy
+        held, tenancy, mig_held = held_outside_dra(ledger), tenancy_of(ledger), mig_held_outside_dra(ledger)
+        if (held, tenancy, mig_held) != (self.held, self.tenancy, self.mig_held):
+            self.held, self.tenancy, self.mig_held = held, tenancy, mig_held
             self.poke()
 
     def poke(self) -> None:
@@ -104,7 +106,8 @@ class SlicePublisher:
             since = health.since if health.health is Health.UNHEALTHY else None
             root = self._root(info.card.pci_bus_id)
             held, tenancy = self.held.get(info.uuid), self.tenancy.get(info.uuid, "idle")
-            facts[info.uuid] = CardFacts(info.compute_capability, root, since, held, tenancy)
+            mig_held = self.mig_held.get(info.uuid, ())
+            facts[info.uuid] = CardFacts(info.compute_capability, root, since, held, tenancy, mig_held)
         return desired(self.state.node(), facts, scan.driver_version, self.config)
 
     async def run(self) -> None:

@@ -16,8 +16,13 @@ slice and device order). Field names are those of ``resource.k8s.io/v1`` (k8s.io
 - with ``binding_conditions`` every device carries ``gpuledger.io/committed`` and
   ``gpuledger.io/rejected`` (the ledger's answer, issue 11 item 2).
 
+A card in MIG mode is no device of its own: it is published as partitionable devices, one per
+MIG placement, consuming the counters of a counter set of its own (``slices_mig``); counter sets go
+in counters-only slices after the devices' (the API forbids both in one slice).
+
 Slices hold at most 64 devices (the API's limit once any device has a taint, which a card may get
-at any time). The pool is the node; any change bumps the generation of every slice in it, and
+at any time, or consumes counters) and 8 counter sets. The pool is the node; any change bumps the
+generation of every slice in it, and
 slices beyond the new count are deleted after the others are written (``plan``). What the API
 server returns is checked field by field against what was sent (``differences``): a field dropped
 by a disabled feature gate is an error that names it.
@@ -26,27 +31,32 @@ by a disabled feature gate is an error that names it.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuledger_core.errors import FailedPrecondition, InvalidArgument
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Card, Node, OwnerKind
+from gpuledger_core.model import Card, MigSlot, Node, OwnerKind
+from gpuledger_inventory import slice_fields, slices_mig
 from gpuledger_inventory.labels import family
+from gpuledger_inventory.slice_fields import (
+    MiB,
+    binary_quantity,
+    held_taint,
+    semver,
+    string,
+    unhealthy_taint,
+)
 
-DRIVER = "gpu.gpuledger.io"
+DRIVER = slice_fields.DRIVER
 API_VERSION = "resource.k8s.io/v1"
-STANDARD = "resource.kubernetes.io"
-MAX_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures: taints count as advanced
-MAX_STRING = 64  # DeviceAttributeMaxValueLength
-TAINT_UNHEALTHY = f"{DRIVER}/unhealthy"
-TAINT_HELD = f"{DRIVER}/held"  # the ledger gave (some of) the card to pods or tools outside DRA
+STANDARD = slice_fields.STANDARD
+MAX_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithTaintsOrConsumesCounters: a card may get a taint
+MAX_COUNTER_SETS_PER_SLICE = 8  # ResourceSliceMaxCounterSets
 BINDING_CONDITION = "gpuledger.io/committed"
 BINDING_FAILURE_CONDITION = "gpuledger.io/rejected"
 NVLINK_GROUP_SIZES = (2, 4, 8)
-MiB = 1024 * 1024
 
 # Which feature gate of kube-apiserver 1.36 drops which field of a device (resourceslice strategy.go).
 GATE_OF_FIELD = {
@@ -55,6 +65,8 @@ GATE_OF_FIELD = {
     "taints": "DRADeviceTaints",
     "bindingConditions": "DRADeviceBindingConditions (with DRAResourceClaimDeviceStatus)",
     "bindingFailureConditions": "DRADeviceBindingConditions (with DRAResourceClaimDeviceStatus)",
+    "sharedCounters": "DRAPartitionableDevices",
+    "consumesCounters": "DRAPartitionableDevices",
 }
 
 
@@ -83,6 +95,7 @@ class CardFacts:
     unhealthy_since: float | None = None  # when the card turned unhealthy (the taint's timeAdded)
     held_since: float | None = None  # since when the ledger has holders of the card that are not claims
     tenancy: str = "idle"  # the isolation tier of the card's holders: idle, none, mps or mixed
+    mig_held: tuple[tuple[MigSlot, float], ...] = ()  # MIG placements pods or tools hold, each since when
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,49 +117,19 @@ class Slices:
     """The desired devices of one node, cut into slices (specs without their pool generation)."""
 
     node: str
-    chunks: tuple[tuple[dict[str, Any], ...], ...] = field(default=())
+    chunks: tuple[tuple[dict[str, Any], ...], ...] = field(default=())  # devices
+    counters: tuple[tuple[dict[str, Any], ...], ...] = field(default=())  # counter sets (MIG cards)
 
+    @property
+    def count(self) -> int:
+        """How many slices the pool has: the devices' first, then the counters-only ones."""
+        return len(self.chunks) + len(self.counters)
 
-# --- quantities and values -------------------------------------------------------------------------
-
-_BINARY = (("Ei", 1 << 60), ("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10))
-
-
-def binary_quantity(n_bytes: int) -> str:
-    """A byte count in the API server's canonical form (``25769803776`` -> ``24Gi``), so what comes
-    back is what was sent."""
-    if n_bytes < 0:
-        raise InvalidArgument("quantity", f"must not be negative, got {n_bytes}")
-    for suffix, unit in _BINARY:
-        if n_bytes and n_bytes % unit == 0:
-            return f"{n_bytes // unit}{suffix}"
-    return str(n_bytes)
-
-
-_NUMBER = re.compile(r"\d+")
-
-
-def semver(text: str) -> str | None:
-    """NVIDIA's ``560.35.03`` or a compute capability ``8.6`` as a semantic version (``560.35.3``,
-    ``8.6.0``): three numeric parts without leading zeros. None if the text has no number."""
-    parts = [str(int(p)) for p in _NUMBER.findall(text)[:3]]
-    if not parts:
-        return None
-    return ".".join(parts + ["0"] * (3 - len(parts)))
-
-
-def _string(text: str) -> dict[str, str]:
-    return {"string": text[:MAX_STRING]}
-
-
-def _label_value(text: str) -> str:
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-_.")[:63].rstrip("-_.")
-    return cleaned or "unhealthy"
-
-
-def rfc3339(at: float) -> str:
-    """A time as the API server writes a ``metav1.Time`` (whole seconds, UTC)."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(at)))
+    def body(self, number: int) -> dict[str, Any]:
+        """What slice ``number`` holds: devices, or shared counters (never both: the API forbids it)."""
+        if number < len(self.chunks):
+            return {"devices": list(self.chunks[number])}
+        return {"sharedCounters": list(self.counters[number - len(self.chunks)])}
 
 
 # --- topology --------------------------------------------------------------------------------------
@@ -217,11 +200,30 @@ def device(
     config: SliceConfig,
 ) -> dict[str, Any]:
     """The ``Device`` of one card (raw JSON as the API takes it)."""
+    attributes = card_attributes(card, facts, driver_version)
+    for size, of_size in groups.items():
+        if card.index in of_size:
+            attributes[f"nvlinkGroup{size}"] = {"int": of_size[card.index]}
+    attributes["tenancy"] = string(facts.tenancy)  # DeviceClasses select on it (deploy/kubernetes/dra)
+    out: dict[str, Any] = {"name": device_name(card), "attributes": attributes}
+    out["capacity"] = capacities(card, config)
+    if config.slots_per_card > 1:
+        out["allowMultipleAllocations"] = True
+    if not card.healthy:
+        out["taints"] = [unhealthy_taint(card.health_reason, facts.unhealthy_since)]
+    if facts.held_since is not None:
+        out.setdefault("taints", []).append(held_taint(facts.held_since))
+    out.update(binding(config))
+    return out
+
+
+def card_attributes(card: Card, facts: CardFacts, driver_version: str | None) -> dict[str, Any]:
+    """What a device says of its card: the card's own device and each of its MIG placements'."""
     attributes: dict[str, Any] = {
-        "uuid": _string(card.uuid),
+        "uuid": string(card.uuid),
         "index": {"int": card.index},
-        "model": _string(card.model),
-        "productFamily": _string(family(facts.compute_capability)),
+        "model": string(card.model),
+        "productFamily": string(family(facts.compute_capability)),
         "memoryMiB": {"int": card.memory_mib},
     }
     if card.minor is not None:
@@ -231,32 +233,20 @@ def device(
         attributes["computeCapability"] = {"version": f"{major}.{minor}.0"}
     if driver_version and (version := semver(driver_version)):
         attributes["driverVersion"] = {"version": version}
-    for size, of_size in groups.items():
-        if card.index in of_size:
-            attributes[f"nvlinkGroup{size}"] = {"int": of_size[card.index]}
     if card.pci_bus_id:
-        attributes[f"{STANDARD}/pciBusID"] = _string(sysfs_bus_id(card.pci_bus_id))
+        attributes[f"{STANDARD}/pciBusID"] = string(sysfs_bus_id(card.pci_bus_id))
     if facts.pcie_root:
-        attributes[f"{STANDARD}/pcieRoot"] = _string(facts.pcie_root)
+        attributes[f"{STANDARD}/pcieRoot"] = string(facts.pcie_root)
     if card.numa is not None:
         attributes[f"{STANDARD}/numaNode"] = {"int": card.numa}
-    attributes["tenancy"] = _string(facts.tenancy)  # DeviceClasses select on it (deploy/kubernetes/dra)
-    out: dict[str, Any] = {"name": device_name(card), "attributes": attributes}
-    out["capacity"] = capacities(card, config)
-    if config.slots_per_card > 1:
-        out["allowMultipleAllocations"] = True
-    if not card.healthy:
-        taint = {"key": TAINT_UNHEALTHY, "value": _label_value(card.health_reason), "effect": "NoSchedule"}
-        if facts.unhealthy_since is not None:
-            taint["timeAdded"] = rfc3339(facts.unhealthy_since)
-        out["taints"] = [taint]
-    if facts.held_since is not None:
-        held = {"key": TAINT_HELD, "value": "outside-dra", "effect": "NoSchedule"}
-        out.setdefault("taints", []).append({**held, "timeAdded": rfc3339(facts.held_since)})
-    if config.binding_conditions:
-        out["bindingConditions"] = [BINDING_CONDITION]
-        out["bindingFailureConditions"] = [BINDING_FAILURE_CONDITION]
-    return out
+    return attributes
+
+
+def binding(config: SliceConfig) -> dict[str, Any]:
+    """The binding conditions every device carries when the ledger commits claims (mode B)."""
+    if not config.binding_conditions:
+        return {}
+    return {"bindingConditions": [BINDING_CONDITION], "bindingFailureConditions": [BINDING_FAILURE_CONDITION]}
 
 
 def capacities(card: Card, config: SliceConfig) -> dict[str, Any]:
@@ -287,19 +277,29 @@ def sysfs_bus_id(bus_id: str) -> str:
     return f"{domain[-4:].zfill(4)}:{rest}".lower() if rest else bus_id.lower()
 
 
-def desired(
-    node: Node, facts: Mapping[str, CardFacts], driver_version: str | None, config: SliceConfig
-) -> Slices:
-    """Every card of ``node`` as a device, cut into slices of at most 64."""
+def desired(node: Node, facts: Mapping[str, CardFacts], driver_version: str | None, config: SliceConfig) -> Slices:
+    """Every card of ``node`` as a device, or as its MIG placements and their counters
+    (``slices_mig``) when it is in MIG mode, cut into slices of at most 64 devices and 8 counter
+    sets."""
     groups = {size: nvlink_groups(node, size) for size in NVLINK_GROUP_SIZES}
+    cards = sorted(node.cards, key=lambda c: c.index)
     devices = [
         device(card, facts.get(card.uuid, CardFacts()), driver_version, groups, config)
-        for card in sorted(node.cards, key=lambda c: c.index)
+        for card in cards
+        if not card.mig
     ]
-    chunks = tuple(
-        tuple(devices[i : i + MAX_DEVICES_PER_SLICE]) for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)
-    )
-    return Slices(node.name, chunks)
+    places = sorted((p for card in cards for p in slices_mig.placements(card)), key=lambda p: p.order())
+    for place in places:
+        known = facts.get(place.card.uuid, CardFacts())
+        attributes = card_attributes(place.card, known, driver_version)
+        item = slices_mig.device(place, attributes, known.unhealthy_since, known.mig_held)
+        devices.append({**item, **binding(config)})
+    sets = [found for card in cards if (found := slices_mig.counter_set(card)) is not None]
+    return Slices(node.name, _cut(devices, MAX_DEVICES_PER_SLICE), _cut(sets, MAX_COUNTER_SETS_PER_SLICE))
+
+
+def _cut(items: Sequence[dict[str, Any]], size: int) -> tuple[tuple[dict[str, Any], ...], ...]:
+    return tuple(tuple(items[i : i + size]) for i in range(0, len(items), size))
 
 
 # --- the pool --------------------------------------------------------------------------------------
@@ -312,9 +312,9 @@ def slice_name(node: str, number: int) -> str:
 def spec(slices: Slices, number: int, generation: int, driver: str = DRIVER) -> dict[str, Any]:
     return {
         "driver": driver,
-        "pool": {"name": slices.node, "generation": generation, "resourceSliceCount": len(slices.chunks)},
+        "pool": {"name": slices.node, "generation": generation, "resourceSliceCount": slices.count},
         "nodeName": slices.node,
-        "devices": list(slices.chunks[number]),
+        **slices.body(number),
     }
 
 
@@ -351,17 +351,15 @@ def plan(
     slices were deleted behind its back."""
     by_name = {str(s.get("metadata", {}).get("name")): s for s in existing}
     current = max((generation_of(s) for s in existing), default=0)
-    wanted = [manifest(slices, n, current, owner, driver) for n in range(len(slices.chunks))]
+    wanted = [manifest(slices, n, current, owner, driver) for n in range(slices.count)]
     names = {w["metadata"]["name"] for w in wanted}
-    unchanged = set(by_name) == names and all(
-        same_slice(w, by_name[w["metadata"]["name"]]) for w in wanted
-    )
+    unchanged = set(by_name) == names and all(same_slice(w, by_name[w["metadata"]["name"]]) for w in wanted)
     if unchanged:
         return Plan(current)
     generation = max(current, last) + 1
     create: list[dict[str, Any]] = []
     update: list[dict[str, Any]] = []
-    for n in range(len(slices.chunks)):
+    for n in range(slices.count):
         item = manifest(slices, n, generation, owner, driver)
         old = by_name.get(item["metadata"]["name"])
         if old is None:
@@ -376,9 +374,11 @@ def plan(
 def same_slice(wanted: Mapping[str, Any], found: Mapping[str, Any]) -> bool:
     """``found`` says exactly what ``wanted`` says (its owner and spec; fields the server adds do not
     count)."""
-    return not differences(wanted.get("spec", {}), found.get("spec", {})) and not differences(
-        found.get("spec", {}), wanted.get("spec", {})
-    ) and _owners(wanted) == _owners(found)
+    return (
+        not differences(wanted.get("spec", {}), found.get("spec", {}))
+        and not differences(found.get("spec", {}), wanted.get("spec", {}))
+        and _owners(wanted) == _owners(found)
+    )
 
 
 def _owners(item: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -422,4 +422,3 @@ def check_returned(sent: Mapping[str, Any], returned: Mapping[str, Any]) -> None
 
 def _last_key(path: str) -> str:
     return re.sub(r"\[\d+\]$", "", path.rsplit(".", 1)[-1])
-

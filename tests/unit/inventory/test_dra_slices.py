@@ -24,11 +24,11 @@ from gpuledger_core.model import (
     OwnerKind,
 )
 from gpuledger_inventory.publisher import sysfs_pcie_root
+from gpuledger_inventory.slice_fields import binary_quantity, semver
 from gpuledger_inventory.slices import (
     MAX_DEVICES_PER_SLICE,
     CardFacts,
     SliceConfig,
-    binary_quantity,
     check_returned,
     desired,
     differences,
@@ -36,7 +36,6 @@ from gpuledger_inventory.slices import (
     manifest,
     nvlink_groups,
     plan,
-    semver,
     sysfs_bus_id,
     tenancy_of,
 )
@@ -44,8 +43,14 @@ from gpuledger_inventory.slices import (
 
 def card(index: int, mib: int = 81920, health: Health = Health.HEALTHY, reason: str = "") -> Card:
     return Card(
-        CardUuid(f"GPU-{index:08d}"), index, "NVIDIA H100 80GB HBM3", mib, numa=index // 4,
-        health=health, pci_bus_id=f"00000000:{0x18 + index:02X}:00.0", health_reason=reason,
+        CardUuid(f"GPU-{index:08d}"),
+        index,
+        "NVIDIA H100 80GB HBM3",
+        mib,
+        numa=index // 4,
+        health=health,
+        pci_bus_id=f"00000000:{0x18 + index:02X}:00.0",
+        health_reason=reason,
     )
 
 
@@ -121,8 +126,12 @@ def test_an_unhealthy_card_stays_published_with_a_taint() -> None:
     devices = desired(sick, {"GPU-00000001": CardFacts(unhealthy_since=1_800_000_000.7)}, None, SliceConfig()).chunks[0]
     assert [d["name"] for d in devices] == ["gpu-0", "gpu-1"]
     assert devices[1]["taints"] == [
-        {"key": "gpu.gpuledger.io/unhealthy", "value": "XID-79-fell-off-the-bus", "effect": "NoSchedule",
-         "timeAdded": "2027-01-15T08:00:00Z"}
+        {
+            "key": "gpu.gpuledger.io/unhealthy",
+            "value": "XID-79-fell-off-the-bus",
+            "effect": "NoSchedule",
+            "timeAdded": "2027-01-15T08:00:00Z",
+        }
     ]
 
 
@@ -140,8 +149,11 @@ def test_binding_conditions_are_on_every_device_when_asked() -> None:
         (mesh(range(8)), 4, {0: 0, 1: 0, 2: 0, 3: 0, 4: 4, 5: 4, 6: 4, 7: 4}),
         (mesh(range(8)), 2, {0: 0, 1: 0, 2: 2, 3: 2, 4: 4, 5: 4, 6: 6, 7: 6}),
         # DGX-1 hybrid cube mesh: two fully linked quads and cross links 0-4, 1-5, 2-6, 3-7
-        (mesh(range(4)) + mesh(range(4, 8)) + tuple(Link(i, i + 4, 1) for i in range(4)), 4,
-         {0: 0, 1: 0, 2: 0, 3: 0, 4: 4, 5: 4, 6: 4, 7: 4}),
+        (
+            mesh(range(4)) + mesh(range(4, 8)) + tuple(Link(i, i + 4, 1) for i in range(4)),
+            4,
+            {0: 0, 1: 0, 2: 0, 3: 0, 4: 4, 5: 4, 6: 4, 7: 4},
+        ),
         (mesh(range(4)) + mesh(range(4, 8)) + tuple(Link(i, i + 4, 1) for i in range(4)), 8, {}),
         ((), 2, {}),  # PCIe only
         ((Link(0, 1, 0), Link(1, 2, 4)), 2, {1: 1, 2: 1}),  # a link with no NVLinks joins nothing
@@ -218,8 +230,17 @@ def test_a_health_change_is_a_change() -> None:
 
 def test_fields_the_server_adds_are_no_difference_but_a_dropped_field_is() -> None:
     sent = {"spec": {"devices": [{"name": "gpu-0", "allowMultipleAllocations": True, "taints": [{"key": "k"}]}]}}
-    added = {"spec": {"devices": [{"name": "gpu-0", "allowMultipleAllocations": True,
-                                   "taints": [{"key": "k", "timeAdded": "2026-01-01T00:00:00Z"}]}]}}
+    added = {
+        "spec": {
+            "devices": [
+                {
+                    "name": "gpu-0",
+                    "allowMultipleAllocations": True,
+                    "taints": [{"key": "k", "timeAdded": "2026-01-01T00:00:00Z"}],
+                }
+            ]
+        }
+    }
     assert differences(sent["spec"], added["spec"]) == []
     dropped = {"spec": {"devices": [{"name": "gpu-0", "taints": [{"key": "k"}]}]}}
     assert differences(sent["spec"], dropped["spec"]) == ["devices[0].allowMultipleAllocations"]

@@ -95,7 +95,6 @@ class AnswerPolicy:
                 f"choose from {', '.join(STRATEGIES)}",
             )
 
-
     @property
     def names_devices(self) -> bool:
         """Whether answers name device nodes or CDI devices, which the node must have."""

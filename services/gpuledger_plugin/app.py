@@ -1,4 +1,5 @@
-"""Wiring: NATS, the node's ledger, placement, PodResources, the gRPC service, kubelet, ops."""
+"""Wiring: NATS, the node's ledger, placement, PodResources, the inventory (MIG instances), the gRPC
+service of each resource and its kubelet registration, ops."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from gpuledger_core.model import Isolation
 from gpuledger_plugin.answer import AnswerPolicy
 from gpuledger_plugin.kubelet import KubeletLink, Registration
 from gpuledger_plugin.ledger_port import StoreLedger
+from gpuledger_plugin.mig_allocate import NatsMigMaker
+from gpuledger_plugin.mig_resources import ours, socket_name
 from gpuledger_plugin.podresources import PodResourcesClient
 from gpuledger_plugin.preferred import NatsPreferred
 from gpuledger_plugin.server import OPTIONS, DevicePlugin
@@ -36,7 +39,8 @@ class Running:
     """What a running plugin exposes to tests: its parts, once started."""
 
     service: PluginService
-    link: KubeletLink
+    link: KubeletLink  # gpuledger.io/gpu's
+    links: dict[str, KubeletLink]  # every resource's, by name: the gpu resource's and the MIG ones served so far
     http_port: int = 0
 
 
@@ -61,19 +65,45 @@ async def running(settings: PluginSettings, stop: asyncio.Event | None = None) -
         stack.push_async_callback(lifecycle.drain, nc)
         store = await open_ledger(nc, stop, retry_s=settings.ledger_retry_s)
         service = _service(settings, nc, store)
-        handler = DevicePlugin(service, settings.answer_timeout_s, redact_url(settings.nats_url))
         wake = asyncio.Event()  # reconcile now: set after every registration with kubelet
-        link = KubeletLink(_registration(settings), handler, on_registered=wake.set)
+        link = _link(settings, service, RESOURCE_NAME, wake)
+        links = {RESOURCE_NAME: link}
         tasks = await lifecycle.task_group(stack)
         lifecycle.background(stack, tasks, service.follow_ledger())
         lifecycle.background(stack, tasks, service.bind_unbound_forever())
         lifecycle.background(stack, tasks, link.run())
+        lifecycle.background(stack, tasks, _serve_mig(settings, service, links, wake, stack, tasks))
         lifecycle.background(stack, tasks, service.reconcile_forever(settings.reconcile_interval_s, wake))
-        ops = ops_app(lambda: _not_ready(nc, service, link))
+        ops = ops_app(lambda: _not_ready(nc, service, links))
         http = await lifecycle.http_site(stack, ops, settings.http_host, settings.http_port)
         stack.callback(log.info, "gpuledger-plugin stopping")
-        yield Running(service, link, bound_port(http))
+        yield Running(service, link, links, bound_port(http))
     log.info("gpuledger-plugin stopped")
+
+
+async def _serve_mig(
+    settings: PluginSettings,
+    service: PluginService,
+    links: dict[str, KubeletLink],
+    wake: asyncio.Event,
+    stack: contextlib.AsyncExitStack,
+    tasks: asyncio.TaskGroup,
+) -> None:
+    """Serve and register each MIG resource once a card of the node first offers it (its board
+    then exists; ``board.MigBoards``); it stays served, its list empty when no card offers it."""
+    boards = service.mig_boards
+    while True:
+        await boards.added.wait()
+        boards.added.clear()
+        for name in [n for n in boards.boards if n not in links]:
+            links[name] = _link(settings, service, name, wake)
+            lifecycle.background(stack, tasks, links[name].run())
+            log.info("serving %s: a card of node %s in MIG mode offers it", name, settings.node)
+
+
+def _link(settings: PluginSettings, service: PluginService, resource: str, wake: asyncio.Event) -> KubeletLink:
+    handler = DevicePlugin(service, settings.answer_timeout_s, redact_url(settings.nats_url), resource)
+    return KubeletLink(_registration(settings, resource), handler, on_registered=wake.set)
 
 
 def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> PluginService:
@@ -88,7 +118,7 @@ def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> Plugin
         mps_host_shm_dir=settings.mps_host_shm_dir,
         cdi_spec_dirs=settings.cdi_dirs,
     )
-    pods = PodResourcesClient(settings.pod_resources_socket, RESOURCE_NAME, settings.pod_resources_timeout_s)
+    pods = PodResourcesClient(settings.pod_resources_socket, ours, settings.pod_resources_timeout_s)
     placement = NatsPreferred(nc, settings.placement_timeout_s)
     ledger = StoreLedger(store, settings.node)
     return PluginService(
@@ -102,17 +132,14 @@ def _service(settings: PluginSettings, nc: Client, store: LedgerStore) -> Plugin
         preferred_wait_s=settings.preferred_wait_s,
         allocate_wait_s=settings.allocate_wait_s,
         unreachable_wait_s=settings.unreachable_wait_s,
+        maker=NatsMigMaker(nc, settings.node, settings.mig_make_timeout_s),
+        mig_minors_file=settings.mig_minors_file,
     )
 
 
-def _registration(settings: PluginSettings) -> Registration:
-    return Registration(
-        settings.kubelet_socket,
-        settings.plugin_socket,
-        RESOURCE_NAME,
-        OPTIONS,
-        settings.kubelet_poll_s,
-    )
+def _registration(settings: PluginSettings, resource: str) -> Registration:
+    socket = f"{settings.device_plugin_dir.rstrip('/')}/{socket_name(settings.socket_name, resource)}"
+    return Registration(settings.kubelet_socket, socket, resource, OPTIONS, settings.kubelet_poll_s)
 
 
 async def _connect(settings: PluginSettings, stop: asyncio.Event | None) -> Client:
@@ -136,11 +163,12 @@ async def _connect(settings: PluginSettings, stop: asyncio.Event | None) -> Clie
             delay = min(delay * 2, 10.0)
 
 
-def _not_ready(nc: Client, service: PluginService, link: KubeletLink) -> str:
+def _not_ready(nc: Client, service: PluginService, links: dict[str, KubeletLink]) -> str:
     if not nc.is_connected:
         return "NATS disconnected"
     if service.inventory is None:
         return "the node's cards are not in the ledger yet"
-    if not link.registered.is_set():
-        return "not registered with kubelet"
+    waiting = sorted(name for name, link in links.items() if not link.registered.is_set())
+    if waiting:
+        return f"not registered with kubelet: {', '.join(waiting)}"
     return ""

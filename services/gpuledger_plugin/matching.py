@@ -10,7 +10,7 @@ docs/pod-identity.md for the argument and every failure case.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -21,6 +21,7 @@ from gpuledger_core.slots import cards_of, holders_of_ids
 
 PodKey = tuple[str, str]  # (namespace, name): PodResources has no pod UID
 Served = Mapping[AllocationId, Collection[int]]
+Accepts = Callable[[Allocation, int], bool] | None  # which grants a resource's call may match; None: all
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,26 +69,29 @@ class Refused:
 Decision = Found | Ambiguous | Refused
 
 
-def kubelet_order(allocation: Allocation) -> tuple[int, ...]:
-    """The order kubelet allocates a pod's containers in: init containers, then the others."""
+def kubelet_order(allocation: Allocation, accepts: Accepts = None) -> tuple[int, ...]:
+    """The order kubelet allocates a pod's containers in: init containers, then the others (of
+    them, those ``accepts`` takes: the containers of one resource)."""
     inits = [i for i, g in enumerate(allocation.grants) if g.init and g.device_ids]
     apps = [i for i, g in enumerate(allocation.grants) if not g.init and g.device_ids]
-    return (*inits, *apps)
+    if accepts is None:
+        return (*inits, *apps)
+    return tuple(i for i in (*inits, *apps) if accepts(allocation, i))
 
 
 def pod_allocations(ledger: NodeLedger) -> tuple[Allocation, ...]:
     return tuple(a for a in ledger.live() if a.owner.kind is OwnerKind.POD)
 
 
-def next_slot(allocation: Allocation, served: Served) -> Slot | None:
+def next_slot(allocation: Allocation, served: Served, accepts: Accepts = None) -> Slot | None:
     done = served.get(allocation.id, ())
-    index = next((i for i in kubelet_order(allocation) if i not in done), None)
+    index = next((i for i in kubelet_order(allocation, accepts) if i not in done), None)
     return None if index is None else Slot(allocation, index)
 
 
-def pending(ledger: NodeLedger, served: Served) -> tuple[Slot, ...]:
+def pending(ledger: NodeLedger, served: Served, accepts: Accepts = None) -> tuple[Slot, ...]:
     """For every pod with containers still to admit, the next one kubelet will admit."""
-    found = (next_slot(a, served) for a in pod_allocations(ledger))
+    found = (next_slot(a, served, accepts) for a in pod_allocations(ledger))
     return tuple(s for s in found if s is not None)
 
 
@@ -126,26 +130,27 @@ def steer(
     must_include: Collection[str],
     size: int,
     admitting: Collection[PodKey] | None = None,
+    accepts: Accepts = None,
 ) -> Decision:
     """GetPreferredAllocation: the reserved IDs of the container kubelet is admitting."""
     offered = frozenset(available) | frozenset(must_include)
     if must_include:
-        return _steer_within_pod(ledger, served, offered, tuple(must_include), size)
-    fits = tuple(s for s in pending(ledger, served) if len(s.ids) == size and s.ids <= offered)
+        return _steer_within_pod(ledger, served, offered, tuple(must_include), size, accepts)
+    fits = tuple(s for s in pending(ledger, served, accepts) if len(s.ids) == size and s.ids <= offered)
     if not fits:
         return Refused(f"no container on {ledger.node.name} has {size} free reserved device(s)")
     return choose(fits, ledger.node, admitting)
 
 
 def _steer_within_pod(
-    ledger: NodeLedger, served: Served, offered: frozenset[str], must: tuple[str, ...], size: int
+    ledger: NodeLedger, served: Served, offered: frozenset[str], must: tuple[str, ...], size: int, accepts: Accepts
 ) -> Decision:
     """kubelet must reuse an init container's devices: they name the pod."""
     holders = holders_of_ids(ledger)
     owners = {holders[i] for i in must if i in holders}
     if len(owners) != 1:
         return Refused(f"devices {sorted(must)} are reserved for {len(owners)} allocations, not one")
-    slot = _next_of_size(ledger.get(owners.pop()), served, size)
+    slot = _next_of_size(ledger.get(owners.pop()), served, size, accepts)
     if slot is None:
         return Refused(f"no container of that pod has {size} reserved device(s) left to admit")
     rest = [i for i in sorted(slot.ids) if i in offered and i not in must]
@@ -153,21 +158,21 @@ def _steer_within_pod(
     return Found(slot, tuple(ids), rehome=frozenset(ids) != slot.ids)
 
 
-def _next_of_size(allocation: Allocation | None, served: Served, size: int) -> Slot | None:
+def _next_of_size(allocation: Allocation | None, served: Served, size: int, accepts: Accepts) -> Slot | None:
     if allocation is None:
         return None
     done = served.get(allocation.id, ())
-    order = [i for i in kubelet_order(allocation) if i not in done]
+    order = [i for i in kubelet_order(allocation, accepts) if i not in done]
     index = next((i for i in order if len(allocation.grants[i].device_ids) == size), None)
     return None if index is None else Slot(allocation, index)
 
 
-def exact(ledger: NodeLedger, ids: frozenset[str], served: Served) -> tuple[Slot, ...]:
+def exact(ledger: NodeLedger, ids: frozenset[str], served: Served, accepts: Accepts = None) -> tuple[Slot, ...]:
     """Every container whose reserved IDs are exactly ``ids``, those still to admit first."""
     found: list[tuple[bool, int, Slot]] = []
     for allocation in pod_allocations(ledger):
         done = served.get(allocation.id, ())
-        for rank, index in enumerate(kubelet_order(allocation)):
+        for rank, index in enumerate(kubelet_order(allocation, accepts)):
             if frozenset(allocation.grants[index].device_ids) == ids:
                 found.append((index in done, rank, Slot(allocation, index)))
     return tuple(s for _, _, s in sorted(found, key=lambda f: (f[0], f[1])))
@@ -179,23 +184,24 @@ def resolve(
     device_ids: Collection[str],
     admitting: Collection[PodKey] | None = None,
     steered: Slot | None = None,
+    accepts: Accepts = None,
 ) -> Decision:
     """Allocate: the container whose reservation the IDs kubelet chose belong to."""
     ids = frozenset(device_ids)
     ordered = tuple(sorted(ids))
     if steered is not None and steered.ids == ids:
         return Found(steered, ordered)
-    matches = exact(ledger, ids, served)
+    matches = exact(ledger, ids, served, accepts)
     if matches:
-        return _confirm(ledger, served, matches[0], admitting)
+        return _confirm(ledger, served, matches[0], admitting, accepts)
     holders = holders_of_ids(ledger)
     owners = {holders[i] for i in ids if i in holders}
     if len(owners) > 1:
         names = sorted(_describe(ledger, o) for o in owners)
         return Refused(f"devices {list(ordered)} are reserved for different pods: {', '.join(names)}")
     if owners:
-        return _within_pod(ledger, served, ids, owners.pop(), holders)
-    fits = tuple(s for s in pending(ledger, served) if len(s.ids) == len(ids))
+        return _within_pod(ledger, served, ids, owners.pop(), holders, accepts)
+    fits = tuple(s for s in pending(ledger, served, accepts) if len(s.ids) == len(ids))
     if not fits:
         return Refused(f"no container on {ledger.node.name} has a reservation for {len(ids)} device(s)")
     decided = choose(fits, ledger.node, admitting)
@@ -226,6 +232,7 @@ def _within_pod(
     ids: frozenset[str],
     owner: AllocationId,
     holders: Mapping[str, AllocationId],
+    accepts: Accepts,
 ) -> Decision:
     """Some IDs are reserved for one pod: fine if they are its own, reused from its init
     containers (already admitted); otherwise kubelet took another pod's reservation."""
@@ -241,16 +248,20 @@ def _within_pod(
             f"{allocation.owner.describe()} (it did not follow GetPreferredAllocation); "
             "refusing rather than taking another pod's reservation"
         )
-    slot = _next_of_size(allocation, served, len(ids))
+    slot = _next_of_size(allocation, served, len(ids), accepts)
     if slot is None:
         return Refused(f"devices {list(ordered)} belong to a pod with no container left to admit")
     return Found(slot, ordered, rehome=frozenset(ids) != slot.ids)
 
 
-def _confirm(ledger: NodeLedger, served: Served, match: Slot, admitting: Collection[PodKey] | None) -> Decision:
+def _confirm(
+    ledger: NodeLedger, served: Served, match: Slot, admitting: Collection[PodKey] | None, accepts: Accepts
+) -> Decision:
     """An exact match that kubelet was not steered to: check no other pod could be meant."""
     rivals = tuple(
-        s for s in pending(ledger, served) if s.allocation.id != match.allocation.id and len(s.ids) == len(match.ids)
+        s
+        for s in pending(ledger, served, accepts)
+        if s.allocation.id != match.allocation.id and len(s.ids) == len(match.ids)
     )
     if not rivals or interchangeable((match, *rivals), ledger.node):
         return Found(match, tuple(sorted(match.ids)))

@@ -41,3 +41,9 @@ UNBOUND_LOST = Counter(
     "gpuledger_plugin_unbound_lost_total",
     "Containers admitted from the node's last known ledger whose reservation was gone when the ledger came back",
 )
+MIG_MADE = Counter(
+    "gpuledger_plugin_mig_instances_total",
+    "MIG instances asked of the node's inventory at Allocate: made (or found), or failed (the allocation released)",
+    ["outcome"],
+)
+MIG_DEVICES = Gauge("gpuledger_plugin_mig_devices", "Devices advertised to kubelet per MIG resource", ["resource"])

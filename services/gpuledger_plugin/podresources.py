@@ -5,6 +5,7 @@ A fresh channel per call: kubelet recreates the socket (a new inode) when it res
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from grpclib.client import Channel
@@ -18,8 +19,11 @@ class PodResourcesPort(Protocol):
     async def list(self) -> KubeletView: ...
 
 
+Ours = Callable[[str], bool] | str  # the resources whose devices are ours: a test of the name, or the one name
+
+
 class PodResourcesClient:
-    def __init__(self, socket_path: str, resource_name: str, timeout_s: float) -> None:
+    def __init__(self, socket_path: str, resource_name: Ours, timeout_s: float) -> None:
         self.socket_path, self.resource_name, self.timeout_s = socket_path, resource_name, timeout_s
 
     async def list(self) -> KubeletView:
@@ -34,11 +38,14 @@ class PodResourcesClient:
         return view_of(response, self.resource_name)
 
 
-def view_of(response: pr.ListPodResourcesResponse, resource_name: str) -> KubeletView:
+def view_of(response: pr.ListPodResourcesResponse, resource_name: Ours) -> KubeletView:
+    """Every pod's containers and the device IDs each holds of our resources (one container asks
+    for one of them: the gpu resource or one MIG resource)."""
+    ours = resource_name.__eq__ if isinstance(resource_name, str) else resource_name
     view: dict[tuple[str, str], dict[str, frozenset[str]]] = {}
     for pod in response.pod_resources:
         containers = view.setdefault((pod.namespace, pod.name), {})
         for container in pod.containers:
-            ids = {i for d in container.devices if d.resource_name == resource_name for i in d.device_ids}
+            ids = {i for d in container.devices if ours(d.resource_name) for i in d.device_ids}
             containers[container.name] = frozenset(ids)
     return view

@@ -26,8 +26,10 @@ from gpuledger_core.errors import (
     Unavailable,
 )
 from gpuledger_plugin.answer import Answer
+from gpuledger_plugin.board import DeviceBoard
 from gpuledger_plugin.devices import Advertised
 from gpuledger_plugin.metrics import ALLOCATE_SECONDS, ANSWERS, PREFERRED_SECONDS
+from gpuledger_plugin.mig_resources import GPU_RESOURCE
 from gpuledger_plugin.service import PluginService
 from gpuledger_proto import v1beta1 as dp
 
@@ -47,22 +49,35 @@ _STATUS: dict[type[GpuledgerError], Status] = {
 
 
 class DevicePlugin(dp.DevicePluginBase):  # type: ignore[misc]  # generated base is untyped
-    def __init__(self, service: PluginService, timeout_s: float, nats_url: str = "") -> None:
-        self.service, self.timeout_s, self.nats_url = service, timeout_s, nats_url
+    """One resource's service (``gpuledger.io/gpu``, or a MIG resource: ``mig_resources``); every
+    resource's calls go to the one ``PluginService``, matching only that resource's containers."""
+
+    def __init__(
+        self, service: PluginService, timeout_s: float, nats_url: str = "", resource: str = GPU_RESOURCE
+    ) -> None:
+        self.service, self.timeout_s, self.nats_url, self.resource = service, timeout_s, nats_url, resource
+
+    @property
+    def board(self) -> DeviceBoard:
+        if self.resource == GPU_RESOURCE:
+            return self.service.board
+        return self.service.mig_boards.boards[self.resource]
 
     async def get_device_plugin_options(self, empty: dp.Empty) -> dp.DevicePluginOptions:
         return OPTIONS
 
     async def list_and_watch(self, empty: dp.Empty) -> AsyncIterator[dp.ListAndWatchResponse]:
-        log.info("kubelet opened ListAndWatch")
-        async for devices in self.service.board.stream():
+        log.info("kubelet opened ListAndWatch of %s", self.resource)
+        async for devices in self.board.stream():
             yield dp.ListAndWatchResponse(devices=[device_of(d) for d in devices])
 
     async def get_preferred_allocation(self, request: dp.PreferredAllocationRequest) -> dp.PreferredAllocationResponse:
         started = time.perf_counter()
         answers = []
         for ask in request.container_requests:
-            work = self.service.preferred(ask.available_device_i_ds, ask.must_include_device_i_ds, ask.allocation_size)
+            accepts = self.service.accepts(self.resource)
+            available, must = ask.available_device_i_ds, ask.must_include_device_i_ds
+            work = self.service.preferred(available, must, ask.allocation_size, accepts)
             ids = await self._bounded("GetPreferredAllocation", work)
             answers.append(dp.ContainerPreferredAllocationResponse(device_i_ds=ids))
         PREFERRED_SECONDS.observe(time.perf_counter() - started)
@@ -74,7 +89,8 @@ class DevicePlugin(dp.DevicePluginBase):  # type: ignore[misc]  # generated base
             raise GRPCError(Status.INVALID_ARGUMENT, "Allocate needs one container request")
         answers = []
         for ask in request.container_requests:
-            outcome = await self._bounded("Allocate", self.service.allocate(ask.devices_ids))
+            work = self.service.allocate(ask.devices_ids, self.service.accepts(self.resource))
+            outcome = await self._bounded("Allocate", work)
             answers.append(response_of(outcome.answer))
         ALLOCATE_SECONDS.observe(time.perf_counter() - started)
         return dp.AllocateResponse(container_responses=answers)

@@ -11,24 +11,29 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from gpuledger_core.errors import Conflict, FailedPrecondition, GpuledgerError, NotFound, Unavailable
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Node
+from gpuledger_core.model import Allocation, Node
 from gpuledger_core.slots import card_of
 from gpuledger_plugin import matching as m
 from gpuledger_plugin.answer import Answer, AnswerPolicy, answer
+from gpuledger_plugin.appliable import unappliable
+from gpuledger_plugin.board import DeviceBoard, MigBoards
 from gpuledger_plugin.cdi_specs import CdiSpecs
-from gpuledger_plugin.devices import HEALTHY, Advertised, advertised
+from gpuledger_plugin.devices import advertised
 from gpuledger_plugin.kubelet_findings import GONE_AFTER_S, Comparison, Finding, compare, gone
 from gpuledger_plugin.ledger_port import NodeLedgerPort
-from gpuledger_plugin.metrics import DEVICES, IDENTITY, RECONCILE_MISMATCHES, RECONCILE_REPAIRS, UNBOUND_LOST
+from gpuledger_plugin.metrics import IDENTITY, RECONCILE_MISMATCHES, RECONCILE_REPAIRS, UNBOUND_LOST
+from gpuledger_plugin.mig_allocate import MigAllocate, MigMaker, Unmade
+from gpuledger_plugin.mig_answer import MIG_MINORS_FILE
+from gpuledger_plugin.mig_resources import GPU_RESOURCE, has_mig
+from gpuledger_plugin.mig_resources import accepts as accepts_of
 from gpuledger_plugin.podresources import PodResourcesPort
 from gpuledger_plugin.preferred import Placement
 from gpuledger_plugin.transitions import GrantRef, bind
@@ -40,35 +45,6 @@ T = TypeVar("T")
 UNBOUND_CONFLICTS = 10  # refusals of such a bind's write before it is given up as lost
 
 
-class DeviceBoard:
-    """The device list kubelet should have, and a stream of every new version of it."""
-
-    def __init__(self) -> None:
-        self.devices: tuple[Advertised, ...] = ()
-        self.version = 0
-        self._changed = asyncio.Condition()
-
-    async def publish(self, devices: tuple[Advertised, ...]) -> None:
-        if devices == self.devices and self.version:
-            return
-        async with self._changed:
-            self.devices, self.version = devices, self.version + 1
-            self._changed.notify_all()
-        healthy = sum(1 for d in devices if d.health == HEALTHY)
-        DEVICES.labels("healthy").set(healthy)
-        DEVICES.labels("unhealthy").set(len(devices) - healthy)
-
-    async def stream(self) -> AsyncIterator[tuple[Advertised, ...]]:
-        seen = self.version
-        yield self.devices
-        while True:
-            async with self._changed:
-                while self.version == seen:
-                    await self._changed.wait()
-                seen, devices = self.version, self.devices
-            yield devices
-
-
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """One answered Allocate: the container's answer and how it was identified."""
@@ -77,6 +53,7 @@ class Outcome:
     allocation_id: AllocationId
     container: str
     how: str
+    instances: tuple[Allocation, int] | None = None  # a MIG grant (its index): its instances still to make
 
 
 class PluginService:
@@ -93,6 +70,8 @@ class PluginService:
         preferred_wait_s: float = PREFERRED_WAIT_S,
         allocate_wait_s: float = ALLOCATE_WAIT_S,
         unreachable_wait_s: float = UNREACHABLE_WAIT_S,
+        maker: MigMaker | None = None,
+        mig_minors_file: str = MIG_MINORS_FILE,
     ) -> None:
         self.node, self.ledger, self.placement, self.pods = node, ledger, placement, pods
         self.policy, self.slots_per_card, self.clock = policy, slots_per_card, clock
@@ -102,7 +81,9 @@ class PluginService:
         self.seen: NodeLedger | None = None  # the node's ledger as the watch last brought it
         self.unbound: dict[GrantRef, tuple[frozenset[str], tuple[str, ...]]] = {}  # admitted from the copy
         self._unbound_added = asyncio.Event()
-        self.board = DeviceBoard()
+        self.board = DeviceBoard()  # gpuledger.io/gpu's
+        self.mig_boards = MigBoards(slots_per_card)
+        self.has_mig = False  # a card of the node is in MIG mode: the gpu resource's calls skip MIG grants
         self.inventory: Node | None = None
         self.served: dict[AllocationId, set[int]] = {}
         self.steered: dict[frozenset[str], GrantRef] = {}
@@ -110,6 +91,7 @@ class PluginService:
         self._lock = asyncio.Lock()
         self._calls = 0  # kubelet's calls taken so far (each may change what the plugin served or steered)
         self.cdi = CdiSpecs(policy.cdi_spec_dirs)
+        self.mig = MigAllocate(maker or Unmade(), ledger, policy, self.cdi, mig_minors_file, clock)
 
     # --- the device list ---
 
@@ -125,7 +107,16 @@ class PluginService:
         node = ledger.node if ledger is not None else None
         if node != self.inventory or not self.board.version:
             self.inventory = node
+            self.has_mig = node is not None and any(c.mig for c in node.cards)
             await self.board.publish(advertised(node, self.slots_per_card))
+            await self.mig_boards.publish(node)
+
+    def accepts(self, resource: str) -> m.Accepts:
+        """Which grants a call of ``resource`` may match (``mig_resources.accepts``); on a node
+        without a card in MIG mode, every grant for the gpu resource, as before MIG."""
+        if resource == GPU_RESOURCE and not self.has_mig:
+            return None
+        return accepts_of(resource)
 
     async def _read(self) -> NodeLedger:
         ledger = await self.ledger.read()
@@ -139,7 +130,9 @@ class PluginService:
 
     # --- GetPreferredAllocation ---
 
-    async def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+    async def preferred(
+        self, available: Sequence[str], must_include: Sequence[str], size: int, accepts: m.Accepts = None
+    ) -> list[str]:
         async with self._lock:
             self._calls += 1
             try:  # kubelet follows the hint: one made without the ledger takes others' devices
@@ -152,10 +145,10 @@ class PluginService:
                     return await self._by_topology(available, must_include, size)
                 log.warning("preferred allocation from the node's last known ledger: %s", err)
                 ledger = self.seen
-            decision = m.steer(ledger, self.served, available, must_include, size)
+            decision = m.steer(ledger, self.served, available, must_include, size, None, accepts)
             if isinstance(decision, m.Ambiguous):
                 admitting = await self._admitting(ledger)
-                decision = m.steer(ledger, self.served, available, must_include, size, admitting)
+                decision = m.steer(ledger, self.served, available, must_include, size, admitting, accepts)
             if isinstance(decision, m.Ambiguous):
                 IDENTITY.labels("refused").inc()
                 raise FailedPrecondition(_ambiguity(decision))
@@ -174,26 +167,50 @@ class PluginService:
 
     # --- Allocate ---
 
-    async def allocate(self, device_ids: Sequence[str]) -> Outcome:
+    async def allocate(self, device_ids: Sequence[str], accepts: m.Accepts = None) -> Outcome:
         """Bind the reservation these device IDs belong to, waiting for a ledger that cannot be
-        reached or would not take the write (see ``waits``)."""
+        reached or would not take the write (see ``waits``); then make its MIG instances, if it
+        holds any (``mig_allocate``), outside that wait."""
         async with self._lock:
             self._calls += 1
             what = f"Allocate for {sorted(device_ids)}"
             try:
-                return await self._patiently(what, lambda: self._allocate(device_ids), self.allocate_wait_s)
+                work = lambda: self._allocate(device_ids, accepts)  # noqa: E731
+                outcome = await self._patiently(what, work, self.allocate_wait_s)
             except NotNow as err:
-                found = await self._from_copy(device_ids)
+                found = await self._from_copy(device_ids, accepts)
                 if found is None:
                     raise Unavailable(
                         f"{err}, and the node's last known ledger holds no reservation for devices {sorted(device_ids)}"
                     ) from None
-                return found
+                return await self._with_instances(found, release=False)  # the ledger is away
+            return await self._with_instances(outcome, release=True)
+
+    async def _with_instances(self, outcome: Outcome, release: bool) -> Outcome:
+        """The outcome of a MIG grant with its instances made and its answer; where that fails, the
+        container is not answered (nor bound later, when admitted from the copy)."""
+        if outcome.instances is None or self.inventory is None:
+            return outcome
+        allocation, index = outcome.instances
+        try:
+            made = await self.mig.answer(self.inventory, allocation, allocation.grants[index], release)
+        except BaseException:
+            self.unbound.pop((allocation.id, index), None)
+            self.served.get(allocation.id, set()).discard(index)
+            raise
+        return replace(outcome, answer=made, instances=None)
+
+    def _outcome(self, allocation: Allocation, index: int, how: str) -> Outcome:
+        grant = allocation.grants[index]
+        if has_mig(grant):
+            return Outcome(Answer(), allocation.id, grant.container, how, (allocation, index))
+        assert self.inventory is not None
+        return Outcome(answer(self.inventory, allocation, grant, self.policy), allocation.id, grant.container, how)
 
     async def _patiently(self, what: str, work: Callable[[], Awaitable[T]], wait_s: float) -> T:
         return await patiently(what, work, wait_s, self.unreachable_wait_s, self.ledger.answered_at)
 
-    async def _from_copy(self, device_ids: Sequence[str]) -> Outcome | None:
+    async def _from_copy(self, device_ids: Sequence[str], accepts: m.Accepts) -> Outcome | None:
         """The container's answer from the node's last known ledger, when it holds a live
         reservation for these devices, or for other slots of the same cards (a restarted kubelet
         may have taken the reserved ones for the pod already); placement writes it before the bind.
@@ -201,7 +218,7 @@ class PluginService:
         ledger, now = self.seen, self.clock()
         if ledger is None or self.inventory is None:
             return None
-        decision = await self._resolved(ledger, device_ids)  # kubelet's PodResources needs no ledger
+        decision = await self._resolved(ledger, device_ids, accepts)  # kubelet's PodResources needs no ledger
         if not isinstance(decision, m.Found) or decision.guessed:
             return None
         slot = decision.slot
@@ -210,8 +227,9 @@ class PluginService:
         if not slot.allocation.held_at(now):
             return None
         grant = slot.allocation.grants[slot.index]
-        found = answer(self.inventory, slot.allocation, grant, self.policy)
-        self._check_appliable(found, slot)
+        found = self._outcome(slot.allocation, slot.index, "unbound")
+        if found.instances is None:
+            self._check_appliable(found.answer, slot)
         ref = (slot.allocation.id, slot.index)
         self.unbound[ref] = (frozenset(slot.ids), decision.ids)
         self._unbound_added.set()
@@ -226,7 +244,7 @@ class PluginService:
             ",".join(s.uuid for s in grant.cards),
             extra={"allocation": slot.allocation.id, "node": self.node},
         )
-        return Outcome(found, slot.allocation.id, grant.container, "unbound")
+        return found
 
     async def bind_unbound_forever(self) -> None:
         """Write the binds of containers admitted from the node's last known ledger, as soon as the
@@ -265,12 +283,12 @@ class PluginService:
         UNBOUND_LOST.inc()
         log.error("could not bind %s container %d, admitted while the ledger was away: %s", ref[0], ref[1], err)
 
-    async def _allocate(self, device_ids: Sequence[str]) -> Outcome:
+    async def _allocate(self, device_ids: Sequence[str], accepts: m.Accepts) -> Outcome:
         ledger = await self._read()
-        return await self._bind(await self._identify(ledger, device_ids))
+        return await self._bind(await self._identify(ledger, device_ids, accepts))
 
-    async def _identify(self, ledger: NodeLedger, device_ids: Sequence[str]) -> m.Found:
-        decision = await self._resolved(ledger, device_ids)
+    async def _identify(self, ledger: NodeLedger, device_ids: Sequence[str], accepts: m.Accepts) -> m.Found:
+        decision = await self._resolved(ledger, device_ids, accepts)
         if isinstance(decision, m.Ambiguous):
             IDENTITY.labels("refused").inc()
             raise FailedPrecondition(_ambiguity(decision))
@@ -279,13 +297,13 @@ class PluginService:
             raise FailedPrecondition(decision.reason)
         return decision
 
-    async def _resolved(self, ledger: NodeLedger, device_ids: Sequence[str]) -> m.Decision:
+    async def _resolved(self, ledger: NodeLedger, device_ids: Sequence[str], accepts: m.Accepts) -> m.Decision:
         """The container whose reservation these device IDs belong to (the hint kubelet took
         first), asking kubelet's PodResources which pod it admits where reservations look alike."""
         steered = _slot_of(ledger, self.steered.get(frozenset(device_ids)))
-        decision = m.resolve(ledger, self.served, device_ids, None, steered)
+        decision = m.resolve(ledger, self.served, device_ids, None, steered, accepts)
         if isinstance(decision, m.Ambiguous):
-            decision = m.resolve(ledger, self.served, device_ids, await self._admitting(ledger), steered)
+            decision = m.resolve(ledger, self.served, device_ids, await self._admitting(ledger), steered, accepts)
         return decision
 
     async def _bind(self, found: m.Found) -> Outcome:
@@ -298,7 +316,8 @@ class PluginService:
             if self.policy.names_devices and inventory is not None:  # on the cards it binds (a rehome moves them)
                 allocation = new.get(ref[0])
                 assert allocation is not None
-                self._check_appliable(answer(inventory, allocation, allocation.grants[ref[1]], self.policy), slot)
+                if not has_mig(allocation.grants[ref[1]]):  # a MIG answer is checked once its instances are made
+                    self._check_appliable(answer(inventory, allocation, allocation.grants[ref[1]], self.policy), slot)
             return new
 
         try:
@@ -330,33 +349,13 @@ class PluginService:
             ",".join(s.uuid for s in grant.cards),
             extra={"allocation": allocation.id, "node": self.node},
         )
-        return Outcome(
-            answer(self.inventory, allocation, grant, self.policy),
-            allocation.id,
-            grant.container,
-            how,
-        )
+        return self._outcome(allocation, ref[1], how)
 
     def _check_appliable(self, planned: Answer, slot: m.Slot) -> None:
-        """Refuse, before binding, an answer the runtime cannot apply: device nodes this node
-        lacks, or CDI devices no spec on it defines. kubelet would admit the pod and the runtime
-        fail its container afterwards with a message that names no card (or, for a device node,
-        start it without one); refused here, kubelet fails the pod with this message."""
-        who = slot.allocation.owner.describe()
-        missing = [d.host_path for d in planned.devices if not os.path.exists(d.host_path)]
-        if missing:
-            raise FailedPrecondition(
-                f"{who}: the device nodes {', '.join(missing)} do not exist on "
-                f"this node (is the NVIDIA driver loaded? device_dir is {self.policy.device_dir})"
-            )
-        named = [*planned.cdi_devices, *(n for v in planned.annotations.values() for n in v.split(",") if n)]
-        unknown = self.cdi.unresolved(named) if named else []
-        if unknown:
-            raise FailedPrecondition(
-                f"{who}: no CDI spec in {', '.join(self.cdi.dirs)} defines the devices {', '.join(unknown)} "
-                "(has the NVIDIA container toolkit written its spec, e.g. with nvidia-ctk cdi generate? "
-                "cdi_spec_dirs must be the runtime's)"
-            )
+        """Refuse, before binding, an answer the runtime cannot apply (``appliable``)."""
+        problem = unappliable(planned, self.policy, self.cdi)
+        if problem:
+            raise FailedPrecondition(f"{slot.allocation.owner.describe()}: {problem}")
 
     # --- which pod is kubelet admitting ---
 

@@ -10,9 +10,12 @@ from gpuledger_common.store.outage import RETRY_S
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_plugin.answer import CDI_SPEC_DIRS, STRATEGIES
 from gpuledger_plugin.kubelet_findings import GONE_AFTER_S
+from gpuledger_plugin.mig_allocate import MAKE_TIMEOUT_S
+from gpuledger_plugin.mig_answer import MIG_MINORS_FILE
+from gpuledger_plugin.mig_resources import GPU_RESOURCE
 from gpuledger_plugin.waits import ALLOCATE_WAIT_S, PREFERRED_WAIT_S, UNREACHABLE_WAIT_S
 
-RESOURCE_NAME = "gpuledger.io/gpu"
+RESOURCE_NAME = GPU_RESOURCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,7 +24,11 @@ class PluginSettings(NatsClientSettings):
 
     node: str = option("", "this node's name, as in the ledger (required)")
     device_plugin_dir: str = option("/var/lib/kubelet/device-plugins", "kubelet's device-plugin directory")
-    socket_name: str = option("gpuledger.sock", "the plugin's socket file in the device-plugin dir")
+    socket_name: str = option(
+        "gpuledger.sock",
+        "the plugin's socket file in the device-plugin dir (gpuledger.io/gpu's; each MIG resource's is "
+        "beside it: gpuledger-mig.sock, gpuledger-mig-<profile>.sock)",
+    )
     pod_resources_socket: str = option("/var/lib/kubelet/pod-resources/kubelet.sock", "kubelet's PodResources socket")
     slots_per_card: int = option(DEFAULT_SLOTS_PER_CARD, "kubelet devices advertised per card (containers sharing it)")
     device_list_strategy: str = option(
@@ -42,6 +49,16 @@ class PluginSettings(NatsClientSettings):
         "/dev",
         "the host directory holding the cards' device nodes (nvidia<minor>, nvidiactl, nvidia-uvm); "
         "containers see them under /dev whatever it is",
+    )
+    mig_minors_file: str = option(
+        MIG_MINORS_FILE,
+        "the driver's MIG capability minors; with device_specs, a MIG instance's GPU and compute instance "
+        "access nodes (/dev/nvidia-caps/nvidia-cap<minor>) are passed where it exists",
+    )
+    mig_make_timeout_s: float = option(
+        MAKE_TIMEOUT_S,
+        "how long Allocate waits for the node's inventory to make one MIG instance (answer_timeout_s bounds "
+        "the whole call; one cut short while making releases the allocation)",
     )
     default_isolation: str = option("none", "isolation for shared cards that asked for none: none or mps")
     mps_pipe_dir: str = option("/tmp/nvidia-mps", "CUDA_MPS_PIPE_DIRECTORY inside containers")
@@ -129,8 +146,10 @@ class PluginSettings(NatsClientSettings):
             "preferred_wait_s",
             "allocate_wait_s",
             "unreachable_wait_s",
+            "mig_make_timeout_s",
         ):
             require(getattr(self, name) > 0, name, "must be positive")
+        require(self.mig_minors_file.startswith("/"), "mig_minors_file", "must be an absolute path")
         for name in ("preferred_wait_s", "allocate_wait_s"):
             wait = getattr(self, name)
             limit = self.answer_timeout_s

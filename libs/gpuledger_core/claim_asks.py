@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuledger_core.claim_asks_mig import has_profile, is_mig_class, mig_request
 from gpuledger_core.claims import MEMORY_STEP_MIB, ClaimRef, isolation_among, ref_of
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.model import MAX_CARDS_PER_REQUEST, Isolation, Request
@@ -74,9 +75,11 @@ def claim_ask(
         problem = class_problem(classes[name], driver)
         if problem:
             raise InvalidArgument("spec.devices.requests", f"{where}: {problem}")
-    requests = tuple(_request(r, i, where, memory_step_mib) for i, r in enumerate(raw_requests))
+    mig = {name for name in used if is_mig_class(classes[name], driver)}
+    requests = tuple(_request(r, i, where, memory_step_mib, mig, driver) for i, r in enumerate(raw_requests))
     names = [r.name for r in requests]
     linked = tuple(_constraint(c, i, names, driver, where) for i, c in enumerate(devices.get("constraints") or []))
+    _check_linked(linked, requests, where)
     isolation = _isolation(claim, requests, classes, driver, where)
     return ClaimAsk(ref, requests, isolation, linked)
 
@@ -91,6 +94,8 @@ def class_problem(device_class: Mapping[str, Any], driver: str) -> str:
         f'device.driver == "{driver}"',
         f'device.attributes["{driver}"].tenancy != "mps"',
         f'device.attributes["{driver}"].tenancy != "none"',
+        has_profile(driver),  # the MIG class: the placements (docs/mig.md)
+        f"!{has_profile(driver)}",  # the card classes: the cards, no placement
     }
     name = (device_class.get("metadata") or {}).get("name", "")
     for selector in (device_class.get("spec") or {}).get("selectors") or []:
@@ -108,31 +113,35 @@ def _classes_of(request: Mapping[str, Any]) -> list[str]:
     return [str(s.get("deviceClassName", "")) for s in request.get("firstAvailable") or []]
 
 
-def _request(raw: Mapping[str, Any], index: int, where: str, step: int) -> RequestAsk:
+def _request(raw: Mapping[str, Any], index: int, where: str, step: int, mig: set[str], driver: str) -> RequestAsk:
     name = str(raw.get("name", ""))
     field = f"spec.devices.requests[{index}]"
     if raw.get("exactly"):
-        return RequestAsk(name, ((name, _choice(raw["exactly"], f"{field}.exactly", where, step)),))
+        return RequestAsk(name, ((name, _choice(raw["exactly"], f"{field}.exactly", where, step, mig, driver)),))
     subs = raw.get("firstAvailable") or []
     if not subs:
         raise InvalidArgument(field, f"{where}: request {name!r} has neither exactly nor firstAvailable")
     choices = tuple(
-        (f"{name}/{s.get('name', '')}", _choice(s, f"{field}.firstAvailable[{i}]", where, step))
+        (f"{name}/{s.get('name', '')}", _choice(s, f"{field}.firstAvailable[{i}]", where, step, mig, driver))
         for i, s in enumerate(subs)
     )
     return RequestAsk(name, choices)
 
 
-def _choice(raw: Mapping[str, Any], field: str, where: str, step: int) -> Request:
+def _choice(raw: Mapping[str, Any], field: str, where: str, step: int, mig: set[str], driver: str) -> Request:
     mode = raw.get("allocationMode") or "ExactCount"
     if mode != "ExactCount":
         raise InvalidArgument(f"{field}.allocationMode", f"{where}: allocationMode {mode} is left to kube-scheduler")
-    for key, what in (("selectors", "CEL selectors"), ("adminAccess", "admin access"), ("tolerations", "tolerations")):
+    of_mig = str(raw.get("deviceClassName", "")) in mig
+    refused = (("adminAccess", "admin access"), ("tolerations", "tolerations"))
+    for key, what in ((("selectors", "CEL selectors"),) if not of_mig else ()) + refused:
         if raw.get(key):
             raise InvalidArgument(f"{field}.{key}", f"{where}: {what} in a claim are left to kube-scheduler")
     count = int(raw.get("count") or 1)
     if not 1 <= count <= MAX_CARDS_PER_REQUEST:
         raise InvalidArgument(f"{field}.count", f"{where}: must be 1..{MAX_CARDS_PER_REQUEST} cards, got {count}")
+    if of_mig:
+        return mig_request(raw, count, field, where, driver)
     asked = ((raw.get("capacity") or {}).get("requests")) or {}
     unknown = sorted(set(asked) - set(CAPACITIES))
     if unknown:
@@ -165,6 +174,16 @@ def _constraint(raw: Mapping[str, Any], index: int, names: Sequence[str], driver
     if missing:
         raise InvalidArgument(f"{field}.requests", f"{where}: names no request {', '.join(missing)}")
     return tuple(dict.fromkeys(r.split("/", 1)[0] for r in requests))
+
+
+def _check_linked(linked: Sequence[Sequence[str]], requests: Sequence[RequestAsk], where: str) -> None:
+    """MIG placements carry no NVLink group: a request of them cannot be linked."""
+    of_mig = {r.name for r in requests if any(request.mig for _, request in r.choices)}
+    for group in linked:
+        named = sorted(of_mig & set(group))
+        if named:
+            problem = f"{where}: MIG request {', '.join(named)} in an NVLink constraint (a placement has no group)"
+            raise InvalidArgument("spec.devices.constraints", problem)
 
 
 def _isolation(

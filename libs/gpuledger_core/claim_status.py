@@ -4,7 +4,8 @@ the ledger allocates the claim and kube-scheduler only puts its pod on the node
 (docs/dra-mode-c.md).
 
 One result per card of each grant (a grant is named after the claim's request, as
-``ledger_allocation`` names them): driver, pool (the node), device ``gpu-<index>``. On a shareable
+``ledger_allocation`` names them): driver, pool (the node), device ``gpu-<index>`` (for a MIG
+share, its placement's device ``gpu-<index>-mig-<profile>-<start>``, with no share id). On a shareable
 card (the slices publish ``allowMultipleAllocations`` when the node has more than one slot per
 card) a result also has a fresh ``shareID`` and its ``consumedCapacity`` on the slices' grid:
 memory rounded up to whole ``memory_step_mib`` (never past the whole card as published), compute
@@ -22,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuledger_core.claims import DEVICE_PREFIX, MEMORY_STEP_MIB
+from gpuledger_core.dra_mig import device_name
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.model import CORE_WHOLE, Allocation, CardShare, Node
 from gpuledger_core.quantity import MIB
@@ -55,9 +57,9 @@ def allocation_status(
                 "request": chosen.get(grant.container, grant.container),
                 "driver": driver,
                 "pool": str(node.name),
-                "device": f"{DEVICE_PREFIX}{share.index}",
+                "device": _device(share),
             }
-            if shareable:
+            if shareable and share.mig is None:
                 result["shareID"] = share_id()
                 published = published_mib(node, share, memory_step_mib)
                 result["consumedCapacity"] = consumed(share, published, memory_step_mib)
@@ -74,6 +76,13 @@ def allocation_status(
         },
         "allocationTimestamp": datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def _device(share: CardShare) -> str:
+    """The card's device, or its MIG placement's (which takes one allocation: no share id)."""
+    if share.mig is not None:
+        return device_name(share.index, share.mig.profile, share.mig.start)
+    return f"{DEVICE_PREFIX}{share.index}"
 
 
 def published_mib(node: Node, share: CardShare, memory_step_mib: int) -> int:

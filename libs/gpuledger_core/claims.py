@@ -8,10 +8,12 @@ its driver in its node's pool (``allocation_of``); placement's claims controller
 into one ledger allocation owned by the claim (``ledger_allocation``), so that classic pods, tools
 and claims are counted against the same cards.
 
-A device is held whole when its result has no share id (the card takes one allocation) or when the
-share consumed the whole card: all of its compute and all of the memory the slice publishes (the
-card's memory rounded down to whole ``memory_step_mib``). Otherwise it is a share of the memory
-(rounded up to whole MiB) and compute (percent, as per-mille of the card) it consumed.
+A device named as a MIG placement (``dra_mig``: ``gpu-<index>-mig-<profile>-<start>``) holds that
+placement of its card (``CardShare.mig``). A card's device is held whole when its result has no
+share id (the card takes one allocation) or when the share consumed the whole card: all of its
+compute and all of the memory the slice publishes (the card's memory rounded down to whole
+``memory_step_mib``). Otherwise it is a share of the memory (rounded up to whole MiB) and compute
+(percent, as per-mille of the card) it consumed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuledger_core import dra_mig, mig
 from gpuledger_core.errors import FailedPrecondition, InvalidArgument
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.model import (
@@ -206,7 +209,9 @@ def allocation_id(ref: ClaimRef, devices: Sequence[AllocatedDevice]) -> Allocati
 
 
 def card_of(node: Node, device: AllocatedDevice) -> Card:
-    index = device.device.removeprefix(DEVICE_PREFIX)
+    """The card of a card's device (``gpu-<index>``) or of one of its MIG placements."""
+    placement = dra_mig.parse(device.device)
+    index = str(placement[0]) if placement else device.device.removeprefix(DEVICE_PREFIX)
     card = next((c for c in node.cards if str(c.index) == index), None) if index != device.device else None
     if card is None:
         raise InvalidArgument("device", f"{device.device} is no card of node {node.name}")
@@ -214,7 +219,14 @@ def card_of(node: Node, device: AllocatedDevice) -> Card:
 
 
 def share_of(card: Card, device: AllocatedDevice, memory_step_mib: int = MEMORY_STEP_MIB) -> CardShare:
-    """What the device's result holds of its card (see the module's note on whole cards)."""
+    """What the device's result holds of its card (see the module's note on whole cards); a MIG
+    placement's device holds that placement whole (``mig.share_of``)."""
+    if dra_mig.is_mig_device(device.device):
+        slot = dra_mig.slot_of(card, device.device)
+        model = mig.model_of(card)
+        profile = model.by_name(slot.profile) if model is not None else None
+        assert profile is not None  # slot_of found it in this very model
+        return mig.share_of(card, profile, slot.start)
     if device.share_id is None or device.memory_bytes is None:
         return CardShare(card.uuid, card.index, card.memory_mib, CORE_WHOLE, exclusive=True)
     mem_mib = -(-device.memory_bytes // MIB)
@@ -258,6 +270,8 @@ def ledger_allocation(
 
 def _request(shares: Sequence[CardShare]) -> Request:
     first = shares[0]
+    if first.mig is not None:
+        return Request(len(shares), mig=first.mig.profile)
     if first.exclusive:
         return Request(len(shares))
     return Request(len(shares), first.mem_mib, first.core_milli)

@@ -75,6 +75,7 @@ DEVICE_CLASS: dict[str, Any] = {  # as deploy/kubernetes/dra/deviceclass.yaml sh
             {
                 "cel": {
                     "expression": 'device.driver == "gpu.gpuledger.io" && '
+                    '!has(device.attributes["gpu.gpuledger.io"].profile) && '
                     'device.attributes["gpu.gpuledger.io"].tenancy != "mps"'
                 }
             }

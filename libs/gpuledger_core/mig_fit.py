@@ -29,7 +29,9 @@ from gpuledger_core.ids import CardUuid
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.mig import held_slots, model_of, profile_for, share_of
 from gpuledger_core.mig_place import CardView, MigChooser
+from gpuledger_core.mig_profiles import mig_model
 from gpuledger_core.model import CORE_WHOLE, MIG_SMALLEST, Card, CardShare, MigSlot, Request
+from gpuledger_core.room import CardState as RoomCard
 from gpuledger_core.slots import slots_held
 
 MADE_COST = 1e-3  # a new instance (a reconfiguration), beside the worth it takes
@@ -96,6 +98,17 @@ def mig_score(
         made = sum(1 for s in slots if s not in before[2])
         cost += MADE_COST * made + FREE_COST * (model.memory_slices - sum(s.size for s in before[1]))
     return -cost
+
+
+def mig_impossible(cards: Sequence[RoomCard], request: Request) -> str:
+    """Why ``request`` can never fit a node of ``cards`` (those of the models it allows), however
+    long it waits: fewer than ``count`` cards whose model offers its profile. A card's mode and
+    what is held change; its model does not. Empty when it might fit."""
+    offering = sum(1 for c in cards if (m := mig_model(c.model, c.mem_total)) is not None and profile_for(m, request))
+    if offering >= request.count:
+        return ""
+    models = ", ".join(sorted({c.model for c in cards}))
+    return f"has {offering} card(s) whose model offers MIG {asked(request)} ({models}), the pod needs {request.count}"
 
 
 def asked(request: Request) -> str:

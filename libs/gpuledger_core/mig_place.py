@@ -17,14 +17,14 @@ its instances are free, and the workload.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpuledger_core.mig import free_instances, free_starts, model_of, occupied, placed, profile_for
+from gpuledger_core.mig import free_instances, free_starts, model_of, occupied, placed, profile_for, smallest
 from gpuledger_core.mig_layout import remaining
-from gpuledger_core.mig_profiles import GiProfile, MigModel
-from gpuledger_core.model import Card, MigSlot, Request
+from gpuledger_core.mig_profiles import MODELS, GiProfile, MigModel
+from gpuledger_core.model import MIG_SMALLEST, Card, MigSlot, Request
 
 MEMO_LIMIT = 65_536  # card states remembered per memo before starting afresh (a long-lived chooser)
 
@@ -49,6 +49,38 @@ class MigWorkload:
             return tuple((p, 1 / len(plain)) for p in plain)
         found = ((model.by_name(name), w) for name, w in self.weights)
         return tuple((p, w) for p, w in found if p is not None)
+
+
+def profiles_asked(request: Request) -> tuple[str, ...]:
+    """The profiles a MIG request asks for, by name: the one it names, or the smallest holding
+    its memory and compute on each modelled card model (one each: the fleet's models decide which
+    of them a card weighs)."""
+    if request.mig != MIG_SMALLEST:
+        return (request.mig,)
+    return tuple(sorted({p.name for m in MODELS if (p := smallest(m, request.mem_mib, request.core_milli))}))
+
+
+@dataclass(slots=True)
+class MigAsks:
+    """The MIG instances recently asked for, by profile: a sliding window of the last ``window``
+    (as ``packing.WorkloadTracker`` keeps the recent asks for shares); ``version`` counts changes."""
+
+    window: int = 5000
+    version: int = 0
+    _seen: deque[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._seen = deque(maxlen=self.window)
+
+    def observe(self, request: Request) -> None:
+        """Count a MIG request's instances (``request.count`` of each profile it means)."""
+        names = profiles_asked(request)
+        for _ in range(request.count):
+            self._seen.extend(names)
+        self.version += 1
+
+    def workload(self) -> MigWorkload:
+        return MigWorkload.of(self._seen)
 
 
 @dataclass(frozen=True, slots=True)

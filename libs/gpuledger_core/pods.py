@@ -17,6 +17,8 @@ from gpuledger_core.errors import Exhausted
 from gpuledger_core.fit import ContainerAsk, share_for
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, reservation, reserve
+from gpuledger_core.mig_fit import fit_mig, mig_impossible
+from gpuledger_core.mig_place import MigChooser
 from gpuledger_core.model import Allocation, Grant, Isolation, Owner
 from gpuledger_core.packing import Ask, Decision, NodeState, Policy, from_ledger, place, shares
 from gpuledger_core.packing.state import UNTRACKED
@@ -47,10 +49,16 @@ class PodAsk:
 
     def single(self) -> Ask | None:
         """The one ask when one app container wants cards and no init container does (the usual
-        pod): placement can then work on cached node states. ``None`` otherwise."""
-        if len(self.containers) != 1 or self.containers[0].init:
+        pod): placement can then work on cached node states. ``None`` otherwise, and for a MIG
+        ask (its instances are planned on the node's ledger, ``mig_fit``)."""
+        if len(self.containers) != 1 or self.containers[0].init or self.containers[0].request.mig:
             return None
         return self.ask(self.containers[0])
+
+    @property
+    def mig(self) -> bool:
+        """Whether a container asks for MIG instances."""
+        return any(c.request.mig for c in self.containers)
 
     def with_models(self, resolve: Callable[[frozenset[str]], frozenset[str]]) -> PodAsk:
         """The pod with every container's model selector passed through ``resolve``."""
@@ -96,6 +104,8 @@ def impossible(node: NodeState, ask: Ask) -> str:
         return f"no card of model {'|'.join(sorted(ask.models))} (has {models})"
     if len(wanted) < ask.count:
         return f"has {len(wanted)} card(s) that qualify, the pod needs {ask.count}"
+    if ask.request.mig:
+        return mig_impossible(wanted, ask.request)
     big = [c for c in wanted if c.mem_total == UNTRACKED or c.mem_total >= ask.mem]
     if len(big) < ask.count:
         largest = max(c.mem_total for c in wanted)
@@ -104,16 +114,29 @@ def impossible(node: NodeState, ask: Ask) -> str:
 
 
 def plan(
-    ledger: NodeLedger, pod: PodAsk, policy: Policy, *, slots_per_card: int | None, mix_isolation: bool = False
+    ledger: NodeLedger,
+    pod: PodAsk,
+    policy: Policy,
+    *,
+    slots_per_card: int | None,
+    mix_isolation: bool = False,
+    chooser: MigChooser | None = None,
 ) -> tuple[Grant, ...]:
     """Cards for every container of ``pod`` on this node, or ``Exhausted`` with the reason. With
     ``slots_per_card`` (None: slots not counted) a card whose slots are all held takes no one new,
     and each app container takes a slot of each of its cards. A card held by another isolation
-    tier takes none of the pod's containers unless ``mix_isolation``."""
+    tier takes none of the pod's containers unless ``mix_isolation``. A MIG container's instances
+    are chosen by ``mig_fit.fit_mig`` with ``chooser`` (None: every profile alike), beside every
+    instance of the pod planned before it (the ledger holds all of an allocation's at once)."""
     base = ledger.live()
     grants: list[Grant] = []
     apps: list[Grant] = []
     for container in pod.containers:
+        if container.request.mig:
+            grants.append(_mig_grant(ledger, container, grants, slots_per_card, chooser))
+            if not container.init:
+                apps.append(grants[-1])
+            continue
         held = base if container.init else (*base, _provisional(ledger, pod.owner, apps))
         state = from_ledger(NodeLedger(ledger.node, held), slots_per_card=slots_per_card, mix_isolation=mix_isolation)
         ask = pod.ask(container)
@@ -132,6 +155,22 @@ def plan(
     return tuple(grants)
 
 
+def _mig_grant(
+    ledger: NodeLedger,
+    container: ContainerAsk,
+    grants: list[Grant],
+    slots_per_card: int | None,
+    chooser: MigChooser | None,
+) -> Grant:
+    taken = [share for grant in grants for share in grant.cards]
+    try:
+        found = fit_mig(ledger, container.request, chooser or MigChooser(), slots_per_card, taken)
+    except Exhausted as err:
+        why = str(err).removeprefix(f"{ledger.node.name}: ")
+        raise Exhausted(f"{ledger.node.name}: container {container.container}: {why}") from err
+    return Grant(container.container, found, container.init)
+
+
 def _provisional(ledger: NodeLedger, owner: Owner, grants: list[Grant]) -> Allocation:
     return Allocation(AllocationId("-planned-"), owner, ledger.node.name, tuple(grants))
 
@@ -147,6 +186,7 @@ def reserve_pod(
     slots_per_card: int,
     hint: Hint | None = None,
     mix_isolation: bool = False,
+    chooser: MigChooser | None = None,
 ) -> NodeLedger:
     """The one transition that places ``pod`` on this node: cards chosen on this very ledger,
     device IDs assigned, reserved. Raises ``Exhausted`` with the reason when it does not fit
@@ -154,12 +194,13 @@ def reserve_pod(
 
     ``hint``: card indexes per container chosen for this pod earlier (placement's filter), taken
     while they still fit, so that the pods chosen for this node beside it keep fitting too;
-    otherwise (or if the hint does not match the pod) the cards are chosen again."""
+    otherwise (or if the hint does not match the pod) the cards are chosen again. A pod's MIG
+    instances are chosen again (``chooser``) on this very ledger: a hint names no placement."""
     hinted = hinted_grants(ledger, pod, hint) if hint is not None else None
     if hinted is not None:
         with contextlib.suppress(Exhausted):
             return reserve_grants(ledger, pod, allocation_id, hinted, now, lease_s, slots_per_card, mix_isolation)
-    grants = plan(ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
+    grants = plan(ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation, chooser=chooser)
     return reserve_grants(ledger, pod, allocation_id, grants, now, lease_s, slots_per_card, mix_isolation)
 
 
@@ -190,9 +231,9 @@ def hint_of(grants: tuple[Grant, ...]) -> Hint:
 def hinted_grants(ledger: NodeLedger, pod: PodAsk, hint: Hint) -> tuple[Grant, ...] | None:
     """The pod's grants on the hinted cards (shares as its requests say), or None when the hint
     does not match the pod and this node (another count of containers or cards, a card not here
-    or of another model)."""
+    or of another model, or a MIG container: a hint names cards, not placements)."""
     cards = {card.index: card for card in ledger.node.cards}
-    if len(hint) != len(pod.containers):
+    if len(hint) != len(pod.containers) or pod.mig:
         return None
     grants = []
     for container, indexes in zip(pod.containers, hint, strict=True):

@@ -7,10 +7,11 @@
    a retried bind succeeds again; any other bound pod is refused). An unidentified caller (plain
    HTTP) always gets the pod read afresh.
 2. Reserve with ONE compare-and-set on the node's key: the cards filter chose for the pod while
-   they still fit (else cards chosen again on the value being replaced), kubelet device IDs
-   assigned, ``reserve``; the written value goes into placement's view at once; then claim the pod
-   in the owner index. A pod that already holds a live reservation on this node (a retried bind)
-   keeps it.
+   they still fit (else cards chosen again on the value being replaced; a MIG pod's instances are
+   always chosen again there, by the MIG chooser: ``mig_fit.fit_mig``), kubelet device IDs
+   assigned, ``reserve`` (a MIG instance's placement held in ``CardShare.mig``); the written
+   value goes into placement's view at once; then claim the pod in the owner index. A pod that
+   already holds a live reservation on this node (a retried bind) keeps it.
 3. Create the Binding, carrying the allocation as its ``gpuledger.io/allocation`` annotation (the
    API server copies a Binding's annotations onto the pod in the same write). If the API server
    says the pod is bound already, to this node, the bind succeeded earlier: done. If the bind
@@ -183,6 +184,7 @@ class Binder:
         key, policy = self.service.policies.get(pod.policy or self.service.policy)
         allocation_id = AllocationId(f"a-{secrets.token_hex(8)}")
         hint = self._hint(pod, node)
+        chooser = self.service.policies.mig_chooser() if pod.mig else None
 
         def transition(ledger: NodeLedger | None) -> NodeLedger:
             if ledger is None:
@@ -199,6 +201,7 @@ class Binder:
                 slots_per_card=self.service.view.slots_per_card,
                 hint=hint,
                 mix_isolation=self.service.view.mix_isolation,
+                chooser=chooser,
             )
 
         written = await self.store.mutate(node, transition)

@@ -233,8 +233,12 @@ def _container_ask(container: Mapping[str, Any], init: bool, at: int, models: fr
     if not wanted:
         return None
     if any(mig.is_resource(key) for key in wanted):
-        _mig_ask(wanted, where, models)
-        return None  # it asked for no instance (each count 0)
+        request = _mig_ask(wanted, where, models)
+        if request is None:
+            return None  # it asked for no instance (each count 0)
+        if init:
+            raise InvalidArgument(where, "asks for MIG instances in an init container: only app containers may")
+        return ContainerAsk(name, request, init)
     if GPU not in wanted:
         raise InvalidArgument(where, f"{GPU_MEM} and {GPU_CORE} need {GPU} (the number of cards) beside them")
     count = _count(wanted[GPU], f"{where} {GPU}", "cards")
@@ -251,21 +255,20 @@ def _container_ask(container: Mapping[str, Any], init: bool, at: int, models: fr
     return ContainerAsk(name, request, init)
 
 
-def _mig_ask(wanted: Mapping[str, Any], where: str, models: frozenset[str]) -> None:
-    """A container that asks for MIG instances: checked (``mig.request_of``), then refused, naming
-    what is missing: the ledger holds MIG instances (docs/mig.md), placement does not place pods on
-    them yet."""
+def _mig_ask(wanted: Mapping[str, Any], where: str, models: frozenset[str]) -> Request | None:
+    """The MIG request of a container that asks for MIG instances (``mig.request_of``: a profile
+    by name, or the smallest holding its gpu-mem and gpu-core); None when every count is 0."""
     if GPU in wanted:
         raise InvalidArgument(where, f"asks for {GPU} and MIG instances: a container takes one or the other")
     counts = {k: _count(v, f"{where} {k}", "instances") for k, v in wanted.items() if mig.is_resource(k)}
     mem = _count(wanted[GPU_MEM], f"{where} {GPU_MEM}", "MiB") if GPU_MEM in wanted else None
     core = _count(wanted[GPU_CORE], f"{where} {GPU_CORE}", "percent") if GPU_CORE in wanted else None
+    if core is not None and not 1 <= core <= 100:
+        raise InvalidArgument(f"{where} {GPU_CORE}", f"must be 1..100 percent of a card, got {core}")
     try:
-        request = mig.request_of(counts, mem, None if core is None else core * CORE_WHOLE // 100, models)
+        return mig.request_of(counts, mem, None if core is None else core * CORE_WHOLE // 100, models)
     except InvalidArgument as err:
         raise InvalidArgument(f"{where} {err.field}", err.problem) from err
-    if request is not None:
-        raise InvalidArgument(where, f"asks for MIG instances ({request.mig}), which placement does not place yet")
 
 
 def _extended(container: Mapping[str, Any]) -> dict[str, Any]:

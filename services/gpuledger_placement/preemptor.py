@@ -104,10 +104,11 @@ class Preemptor:
     def consider(self, raw: Mapping[str, Any], pod: PodAsk, refused: Iterable[str]) -> None:
         """Filter found no node for ``pod`` (``raw`` as the scheduler sent it); ``refused``: the
         nodes it refused for want of cards. Preempt for it in the background, unless under way or
-        tried less than ``retry_s`` ago."""
+        tried less than ``retry_s`` ago. Not for a pod with MIG asks (docs/mig.md: preemption and
+        defragmentation do not free MIG placements yet)."""
         uid = pod.owner.id
         nodes = tuple(refused)
-        if not pod.wants_cards or not nodes or uid in self._busy:
+        if not pod.wants_cards or not nodes or uid in self._busy or pod.mig:
             return
         if self.clock() - self._tried.get(uid, float("-inf")) < self.retry_s:
             return

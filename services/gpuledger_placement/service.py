@@ -31,6 +31,7 @@ from gpuledger_core.packing import (
 from gpuledger_core.pods import PodAsk, expand_models, impossible, plan, reserve_pod
 from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.hosts import HostUsage
+from gpuledger_placement.mig_rates import mig_rate
 from gpuledger_placement.policies import Policies, PolicyKey
 from gpuledger_placement.preferred import preferred_ids
 from gpuledger_placement.ranking import Ranking, Rankings
@@ -235,6 +236,7 @@ class PlacementService:
                     lease_s=self.assumed.ttl_s,
                     slots_per_card=self.view.slots_per_card,
                     mix_isolation=self.view.mix_isolation,
+                    chooser=self.policies.mig_chooser() if pod.mig else None,
                 )
             except Exhausted:
                 continue
@@ -251,7 +253,7 @@ class PlacementService:
         self.assumed.expire()
         pod = self.resolve(pod)
         key, policy = self.policies.get(pod.policy or self.policy)
-        if policy.randomized or pod.main() is None:
+        if policy.randomized or pod.main() is None or pod.mig:
             return scale(self._rates(pod, names, key, policy))
         return scale(self._ranked_rates(pod, names, key, policy))
 
@@ -264,7 +266,7 @@ class PlacementService:
         pod = self.resolve(pod)
         key, policy = self.policies.get(pod.policy or self.policy)
         self.policies.observe(pod)
-        if policy.randomized or pod.main() is None:
+        if policy.randomized or pod.main() is None or pod.mig:
             ranked = self._ranked(pod, [name for name in self.view.entries if name not in exclude], key, policy)
         else:
             ranked = self._best(pod, key, policy, exclude)
@@ -425,8 +427,9 @@ class PlacementService:
         return FITS, ""
 
     def _plan(self, entry: NodeEntry, pod: PodAsk, policy: Policy) -> tuple[Grant, ...]:
-        view = self.view
-        return plan(entry.ledger, pod, policy, slots_per_card=view.slots_per_card, mix_isolation=view.mix_isolation)
+        view, chooser = self.view, self.policies.mig_chooser() if pod.mig else None
+        spc, mix = view.slots_per_card, view.mix_isolation
+        return plan(entry.ledger, pod, policy, slots_per_card=spc, mix_isolation=mix, chooser=chooser)
 
     def _rates(self, pod: PodAsk, names: Iterable[str], key: PolicyKey, policy: Policy) -> dict[str, float | None]:
         """The policy's raw score of each node (None: does not fit)."""
@@ -448,7 +451,10 @@ class PlacementService:
             if known is not entry:
                 found[name] = cast(float | None, known)
                 continue
-            if single is None and self._pod_verdict(entry, pod, policy)[0] != FITS:
+            if pod.mig:  # planned on the node's ledger, scored by what it takes of the MIG workload
+                plan_ = partial(self._plan, entry, pod, policy)
+                score = mig_rate(entry, pod, plan_, self.policies.mig_chooser(), self.guard)
+            elif single is None and self._pod_verdict(entry, pod, policy)[0] != FITS:
                 score = None
             else:
                 score = rate(entry.state, main, policy, self.guard)

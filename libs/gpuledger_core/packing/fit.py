@@ -105,6 +105,12 @@ def fitting(node: NodeState, ask: Ask) -> tuple[int, ...]:
     return cards_fitting(node.cards, ask.want, node.mix_isolation)
 
 
+def host_problem(node: NodeState, ask: Ask, guard: Guard | None = None) -> str:
+    """Why ``node`` as a whole does not take ``ask`` (``host_refusal``), in words; empty when it does."""
+    host = host_refusal(node, ask, guard)
+    return "" if host is None else _host_sentence(host, node, ask, guard)
+
+
 def problem(node: NodeState, ask: Ask, guard: Guard | None = None) -> str:
     """Why ``ask`` does not fit ``node`` now; empty when it fits."""
     host = host_refusal(node, ask, guard)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpuledger_core.errors import InvalidArgument
-from gpuledger_core.model import Isolation, Request
+from gpuledger_core.model import MIG_SMALLEST, Isolation, Request
 from gpuledger_placement import convert
 from gpuledger_placement.convert import BadRequest, BindArgs, ExtenderArgs
 
@@ -194,9 +194,7 @@ def gpu_limits(**values: str) -> dict[str, str]:
         (gpu_limits(gpu="8000m"), Request(8)),  # whole, though written in thousandths
     ],
 )
-def test_any_quantity_with_a_whole_value_is_taken_at_its_exact_value(
-    limits: dict[str, str], expected: Request
-) -> None:
+def test_any_quantity_with_a_whole_value_is_taken_at_its_exact_value(limits: dict[str, str], expected: Request) -> None:
     [only] = convert.pod_ask_from(pod(container("c", limits, requests=limits))).containers
     assert only.request == expected
 
@@ -270,17 +268,40 @@ def test_an_api_timestamp_reads_as_seconds_since_the_epoch_or_the_default() -> N
 @pytest.mark.parametrize(
     ("limits", "message"),
     [
-        ({"gpuledger.io/mig-1g.10gb": "1"}, "asks for MIG instances (1g.10gb), which placement does not place yet"),
-        ({"gpuledger.io/mig": "1", "gpuledger.io/gpu-mem": "8000"}, "asks for MIG instances (smallest)"),
         ({"gpuledger.io/mig-9g.1gb": "1"}, "gpuledger.io/mig-9g.1gb: no card model offers the MIG profile 9g.1gb"),
         ({"gpuledger.io/mig-1g.10gb": "1", "gpuledger.io/gpu": "1"}, "asks for gpuledger.io/gpu and MIG instances"),
         ({"gpuledger.io/mig-1g.10gb": "1.5"}, "must be a whole number of instances"),
+        ({"gpuledger.io/mig": "1"}, "sizes its instances by gpuledger.io/gpu-mem or gpuledger.io/gpu-core"),
+        ({"gpuledger.io/mig": "1", "gpuledger.io/gpu-core": "150"}, "must be 1..100 percent of a card, got 150"),
+        ({"gpuledger.io/mig-1g.10gb": "1", "gpuledger.io/gpu-mem": "8000"}, "names its memory and compute"),
+        ({"gpuledger.io/mig-1g.10gb": "1", "gpuledger.io/mig-2g.20gb": "1"}, "ask for one MIG resource per container"),
     ],
 )
-def test_a_pod_asking_for_mig_is_refused_naming_why(limits: dict[str, str], message: str) -> None:
+def test_a_pod_asking_for_mig_badly_is_refused_naming_why(limits: dict[str, str], message: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
         convert.pod_ask_from(pod(container("c", limits)))
     assert message in str(caught.value) and "spec.containers[0] (c)" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("limits", "request_"),
+    [
+        ({"gpuledger.io/mig-1g.10gb": "2"}, Request(2, mig="1g.10gb")),
+        ({"gpuledger.io/mig": "1", "gpuledger.io/gpu-mem": "8000"}, Request(1, 8000, mig=MIG_SMALLEST)),
+        ({"gpuledger.io/mig": "1", "gpuledger.io/gpu-core": "30"}, Request(1, None, 300, mig=MIG_SMALLEST)),
+    ],
+)
+def test_a_pod_asking_for_mig_asks_for_instances(limits: dict[str, str], request_: Request) -> None:
+    asked = convert.pod_ask_from(pod(container("c", limits)))
+    assert [(c.container, c.request, c.init) for c in asked.containers] == [("c", request_, False)]
+    assert asked.mig and asked.single() is None
+
+
+def test_a_mig_ask_in_an_init_container_is_refused() -> None:
+    raw = pod(container("c", {}))
+    raw["spec"]["initContainers"] = [container("setup", {"gpuledger.io/mig-1g.10gb": "1"})]
+    with pytest.raises(InvalidArgument, match=r"spec.initContainers\[0\] \(setup\): asks for MIG instances in an init"):
+        convert.pod_ask_from(raw)
 
 
 def test_a_pod_asking_for_no_mig_instance_asks_nothing() -> None:

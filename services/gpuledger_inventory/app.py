@@ -28,10 +28,11 @@ from gpuledger_inventory.nvml import Gpus, NvmlGpus, load_pynvml
 from gpuledger_inventory.publisher import SlicePublisher, sysfs_pcie_root
 from gpuledger_inventory.remediation import RemediationPolicy
 from gpuledger_inventory.repair import Checker, CommandResetter, NvmlChecker, Resetter, Run, run_command, simulated
-from gpuledger_inventory.service import HealthStore, Inventory
+from gpuledger_inventory.service import Inventory
 from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.slices import SliceConfig
 from gpuledger_inventory.state import Host, NodeState
+from gpuledger_inventory.state_file import HealthStore
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024
@@ -149,6 +150,7 @@ async def serve(
         store = HealthStore(settings.state_file)
         state = NodeState(NodeName(settings.node), gpus.backend, store.load(policy), host or Host())
         state.remedies = store.load_remedies(RemediationPolicy(settings.retire_window_s))
+        state.mig = store.load_mig()
         node_api, slice_api = await build_kube(settings, stack, node_api, slice_api)
         name = f"gpuledger-inventory-{settings.node}"
         nc = await lifecycle.nats_client(stack, settings, name, stop, settings.stop_timeout_s)
@@ -173,6 +175,7 @@ async def _serve(
     for subject, handler in (
         (inventory_api.set_health_subject(settings.node), inventory.set_health),
         (inventory_api.get_subject(settings.node), inventory.get),
+        (inventory_api.mig_make_subject(settings.node), inventory.mig.make),
     ):
         responder = await bus.Responder(nc, subject, handler).start()
         stack.push_async_callback(responder.close, settings.stop_timeout_s)

@@ -30,6 +30,17 @@ class MigInstance:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuInstance:
+    """A GPU instance of a card in MIG mode: its NVML ID, its profile's name (``1g.10gb``) and
+    placement (start and size in memory slices)."""
+
+    id: int
+    profile: str
+    start: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class CardInfo:
     """One physical card as read at scan time (health lives in the health book, not here)."""
 
@@ -37,8 +48,9 @@ class CardInfo:
     compute_capability: tuple[int, int] | None = None
     mig_mode: MigMode = MigMode.UNKNOWN
     mig_pending: MigMode = MigMode.UNKNOWN
-    mig: tuple[MigInstance, ...] = ()
+    mig: tuple[MigInstance, ...] = ()  # its MIG devices (compute instances)
     nvswitch_links: int = 0  # active NVLinks that end at an NVSwitch
+    gpu_instances: tuple[GpuInstance, ...] | None = ()  # in MIG mode; None: they could not be read
 
     @property
     def uuid(self) -> CardUuid:

@@ -66,3 +66,6 @@ FAULT_TO_BACK = Histogram(
     buckets=_REPAIR_BUCKETS,
 )
 RETIRED_CARDS = Gauge("gpuledger_inventory_retired_cards", "Cards retired until an operator acts")
+MIG_CHANGES = Counter(
+    "gpuledger_inventory_mig_changes_total", "MIG instances made on demand or destroyed unheld", ["change"]
+)

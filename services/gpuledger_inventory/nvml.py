@@ -29,6 +29,7 @@ from gpuledger_inventory.inventory import (
     CardUsage,
     EventKind,
     GpuEvent,
+    GpuInstance,
     GpuProcess,
     MigInstance,
     MigMode,
@@ -36,6 +37,7 @@ from gpuledger_inventory.inventory import (
     Usage,
     cuda_version_text,
 )
+from gpuledger_inventory.mig_config import gpu_instances
 from gpuledger_inventory.topology import (
     Pair,
     build_links,
@@ -111,6 +113,7 @@ class NvmlGpus:
         self._scan = Scan(())
         self._events: Any = None
         self._wait_lock = threading.Lock()
+        self._scan_lock = threading.Lock()
 
     @property
     def nvml(self) -> Any:
@@ -166,6 +169,10 @@ class NvmlGpus:
     # --- scan ----------------------------------------------------------------------------------
 
     def scan(self) -> Scan:
+        with self._scan_lock:  # the NVML loop's scan and a MIG change's may come at once
+            return self._scan_now()
+
+    def _scan_now(self) -> Scan:
         start = time.perf_counter()
         driver = self._maybe("nvmlSystemGetDriverVersion")
         cuda = self._maybe("nvmlSystemGetCudaDriverVersion")
@@ -206,6 +213,7 @@ class NvmlGpus:
         bus = _text(pci.busId) if pci is not None else ""
         mode, pending = self._mig_mode(h)
         mig = self._mig_instances(i, h) if mode is MigMode.ENABLED else ()
+        gis = self._gpu_instances(i, h, problems) if mode is MigMode.ENABLED else ()
         memory = self._maybe("nvmlDeviceGetMemoryInfo", h)
         memory_mib = memory.total // MiB if memory is not None else sum(m.memory_mib or 0 for m in mig)
         if memory is None:
@@ -222,7 +230,16 @@ class NvmlGpus:
         capability = self._maybe("nvmlDeviceGetCudaComputeCapability", h)
         gpu_remotes, switch_links = self._nvlinks(h)
         cc = (int(capability[0]), int(capability[1])) if capability is not None else None
-        return CardInfo(card, cc, mode, pending, mig, switch_links), gpu_remotes, switch_links
+        return CardInfo(card, cc, mode, pending, mig, switch_links, gis), gpu_remotes, switch_links
+
+    def _gpu_instances(self, i: int, h: Any, problems: list[str]) -> tuple[GpuInstance, ...] | None:
+        """The GPU instances of a card in MIG mode (``mig_config``); None, and a problem, where
+        NVML does not list them."""
+        try:
+            return gpu_instances(self._nvml, h)
+        except self._nvml.NVMLError as err:
+            problems.append(f"card {i}: its MIG GPU instances cannot be read: {err}")
+            return None
 
     def _mig_mode(self, h: Any) -> tuple[MigMode, MigMode]:
         try:

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client
@@ -29,17 +25,20 @@ from gpuledger_core.ids import CardUuid
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Health
 from gpuledger_inventory import metrics
-from gpuledger_inventory.health import HealthBook, HealthPolicy, Transition
+from gpuledger_inventory.health import HealthBook, Transition
 from gpuledger_inventory.inventory import EventKind, GpuEvent
 from gpuledger_inventory.kube import NodeApi
 from gpuledger_inventory.labels import label_patch, node_labels
+from gpuledger_inventory.mig_config import MigConfig
+from gpuledger_inventory.mig_keeper import MigKeeper
 from gpuledger_inventory.nvml import Gpus, NvmlUnavailable
 from gpuledger_inventory.publisher import SlicePublisher
-from gpuledger_inventory.remediation import RemediationBook, RemediationPolicy, Step, need_of
+from gpuledger_inventory.remediation import Step, need_of
 from gpuledger_inventory.remediator import Remediator, record_metrics
 from gpuledger_inventory.repair import Checker, Resetter
 from gpuledger_inventory.settings import InventorySettings
 from gpuledger_inventory.state import NodeState, same_content
+from gpuledger_inventory.state_file import HealthStore
 
 log = logging.getLogger(__name__)
 ADOPT_WAIT_S = 10.0  # how long the first publication waits for the ledger's remedies to resume
@@ -57,48 +56,6 @@ class _Release(Exception):
 class _Hold:
     released: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-class HealthStore:
-    """The health book and the remediation book on disk, so a restart never turns a card healthy
-    silently and resumes a card's repair where it was."""
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path) if path else None
-        self.found = self.path is not None and self.path.exists()  # a book saved by an earlier run
-
-    def _raw(self) -> dict[str, Any]:
-        if self.path is None or not self.path.exists():
-            return {}
-        try:
-            raw = json.loads(self.path.read_text())
-        except (OSError, ValueError) as err:
-            raise InvalidArgument("state_file", f"cannot read {self.path}: {err}") from err
-        if not isinstance(raw, dict):
-            raise InvalidArgument("state_file", f"cannot read {self.path}: not an object")
-        return raw
-
-    def load(self, policy: HealthPolicy) -> HealthBook:
-        try:
-            return HealthBook.from_json(self._raw(), policy)
-        except (ValueError, KeyError, TypeError) as err:
-            raise InvalidArgument("state_file", f"cannot read {self.path}: {err}") from err
-
-    def load_remedies(self, policy: RemediationPolicy) -> RemediationBook:
-        try:
-            return RemediationBook.from_json(self._raw().get("remediation", {}), policy)
-        except (ValueError, KeyError, TypeError, AttributeError) as err:
-            raise InvalidArgument("state_file", f"cannot read the remediation in {self.path}: {err}") from err
-
-    def save(self, book: HealthBook, remedies: RemediationBook | None = None) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".health-")
-        body = book.to_json() | ({"remediation": remedies.to_json()} if remedies is not None else {})
-        with os.fdopen(fd, "w") as out:
-            json.dump(body, out)
-        os.replace(tmp, self.path)
 
 
 class Inventory:
@@ -134,6 +91,8 @@ class Inventory:
         # is published (a publication would overwrite the ledger's remedies with none)
         self._adopting = self.remediator is not None and not state.remedies.cards
         self._adopt_until = time.monotonic() + ADOPT_WAIT_S
+        self._save_lock = asyncio.Lock()  # saves in the order asked (a MIG intent must not be lost)
+        self.mig = MigKeeper(self, _mig_config(gpus), settings.mig_keep_s, clock)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -146,8 +105,8 @@ class Inventory:
             if self.slices is not None:
                 tg.create_task(self.slices.run(), name="slices")
                 tg.create_task(self.slices.follow(), name="slices-watch")
-            if self.slices is not None or self.remediator is not None:
-                tg.create_task(self._holders_loop(), name="holders")
+            tg.create_task(self._holders_loop(), name="holders")
+            tg.create_task(self.mig.run(), name="mig")
             if self.remediator is not None:
                 tg.create_task(self.remediator.run(), name="remediation")
 
@@ -158,7 +117,10 @@ class Inventory:
         """Follow the node's ledger: in DRA mode the slices taint the cards that pods or tools
         outside DRA hold and say each card's isolation tier (``SlicePublisher.set_ledger``); the
         remediation drains a card once nobody holds it, and at a start without a saved remediation
-        resumes the remedies the ledger shows (``_adopt``)."""
+        resumes the remedies the ledger shows (``_adopt``); the MIG keeper destroys the on-demand
+        instances nobody holds. Without slices or remediation it waits for a card in MIG mode."""
+        if self.slices is None and self.remediator is None:
+            await self.mig.wanted.wait()
         store = await open_ledger(self.nc, None)
         if self._adopting and self.remediator is not None:
             try:  # a watch says nothing of a key not there: the first read is a read
@@ -175,6 +137,7 @@ class Inventory:
                     self.slices.set_ledger(ledger)
                 if self.remediator is not None:
                     self.remediator.set_ledger(ledger)
+                self.mig.set_ledger(ledger)
 
     async def _adopt(self, remediator: Remediator, ledger: NodeLedger | None) -> None:
         """The ledger's first read, at a start without a saved remediation: its remedies resume."""
@@ -214,6 +177,7 @@ class Inventory:
         log.info("scanned %d cards in %.3fs%s", len(scan.cards), scan.took_s, _problems(scan.problems))
         self._nvml_failed = ""
         transitions = self.state.apply_scan(scan, now) + self.state.nvml_up(now)
+        self.mig.scanned()
         failed = await asyncio.to_thread(self.gpus.watch, self.state.scan or scan)
         for uuid, problem in failed.items():
             transitions += self.state.book.on_registration_failed(uuid, problem, now)
@@ -249,6 +213,8 @@ class Inventory:
         if event.kind is EventKind.MIG_CHANGE:
             log.info("MIG configuration changed on %s; scanning again", event.uuid)
             raise _Rescan()
+        if await self.mig.on_event(event):  # an XID inside one MIG instance is that instance's, not the card's
+            return
         now = self.clock()
         transitions = self.state.book.on_event(event, self.state.uuids(), now)
         if not transitions:
@@ -369,7 +335,8 @@ class Inventory:
 
     async def _save(self) -> None:
         remedies = self.state.remedies if self.remediator is not None else None
-        await asyncio.to_thread(self.store.save, self.state.book, remedies)
+        async with self._save_lock:
+            await asyncio.to_thread(self.store.save, self.state.book, remedies, self.state.mig)
 
     def _update_health_gauges(self) -> None:
         for info in self.state.scan.cards if self.state.scan else ():
@@ -493,10 +460,39 @@ class Inventory:
         elif healthy and self.remediator is not None:
             steps = self.state.remedies.on_healed(uuid, f"operator:{who}", now)
         await self._changed_remedy(steps, [])
-        return bool(transitions or steps) or retire
+        cleared = healthy and self.mig.clear(uuid)
+        if cleared:
+            await self._save()
+            await self._publish_now()
+        return bool(transitions or steps or cleared) or retire
 
     async def get(self, request: Any) -> dict[str, Any]:
         return self.state.message(self.clock())
+
+    # --- MIG (the MIG keeper's host) -------------------------------------------------------------
+
+    def nvml_open(self) -> bool:
+        return self._opened.is_set() and self.state.nvml_ok and not self._nvml_failed and not self._lent
+
+    async def rescan(self) -> None:
+        """Scan again at once (a MIG instance made or destroyed), save and publish."""
+        if self.nvml_open():
+            scan = await asyncio.to_thread(self.gpus.scan)
+            await self._record(self.state.apply_scan(scan, self.clock()))
+        await self._save()
+        await self._publish_now()
+
+    async def save(self) -> None:
+        await self._save()
+
+    async def publish(self) -> None:
+        await self._publish_now()
+
+
+def _mig_config(gpus: Gpus) -> MigConfig | None:
+    """MIG changes through the backend's NVML module (None where the backend has none)."""
+    nv = getattr(gpus, "nvml", None)
+    return MigConfig(nv) if nv is not None and hasattr(nv, "nvmlDeviceCreateGpuInstanceWithPlacement") else None
 
 
 def _index(value: Any) -> int | None:

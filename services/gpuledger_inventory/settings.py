@@ -55,6 +55,9 @@ class InventorySettings(KubeClientSettings):
     reset_timeout_s: float = option(120.0, "remediate: a reset or probe running longer is killed")
     retire_window_s: float = option(3600.0, "remediate: a card that fails again this soon after coming back is retired")
     check_command: str = option("", "remediate: a probe run after NVML's check, e.g. a short allocation (empty: none)")
+    mig_keep_s: float = option(
+        60.0, "an on-demand MIG instance nobody holds is kept this long for reuse, then destroyed (docs/mig.md)"
+    )
     log_level: str = option("info", "debug, info, warning or error")
     log_format: str = option("text", "text or json")
     stop_timeout_s: float = option(10.0, "how long each part may take to stop")
@@ -70,6 +73,7 @@ class InventorySettings(KubeClientSettings):
         require(self.stop_timeout_s > 0, "stop_timeout_s", "must be positive")
         require(self.reset_timeout_s > 0, "reset_timeout_s", "must be positive")
         require(self.retire_window_s >= 0, "retire_window_s", "must not be negative")
+        require(self.mig_keep_s >= 0, "mig_keep_s", f"must not be negative, got {self.mig_keep_s}")
         require(not self.remediate or bool(self.reset_command.strip()), "reset_command", "is required to remediate")
         self.faults()
         self._check_dra()

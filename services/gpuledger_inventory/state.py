@@ -11,9 +11,10 @@ from typing import Any
 
 from gpuledger_core import codec
 from gpuledger_core.ids import CardUuid, NodeName
-from gpuledger_core.model import Card, Node
+from gpuledger_core.model import Card, CardMode, Node
 from gpuledger_inventory.health import HealthBook, Transition, transition_to
-from gpuledger_inventory.inventory import CardInfo, CardUsage, GpuProcess, Scan, Usage
+from gpuledger_inventory.inventory import CardInfo, CardUsage, GpuProcess, MigMode, Scan, Usage
+from gpuledger_inventory.mig_book import MigBook
 from gpuledger_inventory.remediation import RemediationBook, step_to
 
 SCHEMA = 1
@@ -39,6 +40,7 @@ class NodeState:
     nvml_since: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
     remedies: RemediationBook = field(default_factory=RemediationBook)
+    mig: MigBook = field(default_factory=MigBook)
 
     def apply_scan(self, scan: Scan, now: float) -> list[Transition]:
         """Take a new scan; a card that answers GpuIsLost keeps its last known description."""
@@ -46,6 +48,7 @@ class NodeState:
         kept = tuple(previous[i] for i in scan.lost if i in previous)
         cards = tuple(sorted(scan.cards + kept, key=lambda c: c.card.index))
         self.scan = replace(scan, cards=cards)
+        self.mig.seen(self.scan)
         return [t for c in kept for t in self.book.on_lost(c.uuid, now)]
 
     def apply_usage(self, usage: Usage, now: float) -> list[Transition]:
@@ -76,6 +79,10 @@ class NodeState:
     def card(self, info: CardInfo) -> Card:
         health = self.book.of(info.uuid)
         remedy = self.remedies.of(info.uuid).remedy
+        if info.mig_mode is MigMode.ENABLED:  # its GPU instances, as the MIG book sees them
+            instances = self.mig.instances(info)
+            return replace(info.card, health=health.health, health_reason=health.reason, remedy=remedy,
+                           mode=CardMode.MIG, instances=instances)  # fmt: skip
         return replace(info.card, health=health.health, health_reason=health.reason, remedy=remedy)
 
     def node(self) -> Node:

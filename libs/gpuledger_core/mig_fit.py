@@ -174,7 +174,9 @@ def _why_not(
             return f"{what}: {_indexes(healthy)} with all {slots_per_card} kubelet slots taken (slots used up)"
     if found:
         short = f"{found} of the {request.count} instances found room, one per card"
-        return f"{what}: {short}; no other card has a free placement"
+        whole = [c for c in cards if not c.mig]
+        beside = f" ({_indexes(whole)} in {whole[0].mode} mode)" if whole else ""
+        return f"{what}: {short}; no other card has a free placement{beside}"
     return f"no free placement of {what}: {_indexes(healthy)} full"
 
 

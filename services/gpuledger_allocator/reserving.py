@@ -206,8 +206,9 @@ def release_fn(
 def _hinted(
     ledger: NodeLedger, asks: Sequence[ContainerAsk], hint: tuple[tuple[int, ...], ...] | None
 ) -> tuple[Grant, ...] | None:
-    """Grants on the hinted card indexes, or None when there is no usable hint."""
-    if hint is None or len(hint) != len(asks):
+    """Grants on the hinted card indexes, or None when there is no usable hint (a MIG ask's is
+    never: a hint names cards, not placements, so its instances are fitted again)."""
+    if hint is None or len(hint) != len(asks) or any(ask.request.mig for ask in asks):
         return None
     cards = {card.index: card for card in ledger.node.cards}
     grants = []

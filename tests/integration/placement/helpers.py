@@ -6,6 +6,12 @@ from typing import Any
 
 import aiohttp
 
+from gpuledger_core.ids import CardUuid, NodeName
+from gpuledger_core.model import Card, CardMode, MigInstance, MigSlot, Node
+
+MIG_NODE = "a100-mig"
+STATIC = MigInstance(MigSlot("3g.20gb", 4, 4), static=True, uuid="MIG-static-3g")
+
 
 def gpu_pod(
     name: str,
@@ -58,3 +64,14 @@ def args(pod: dict[str, Any], names: list[str]) -> dict[str, Any]:
 
 def bind_args(name: str, node: str, uid: str = "") -> dict[str, str]:
     return {"PodName": name, "PodNamespace": "default", "PodUID": uid or f"uid-{name}", "Node": node}
+
+
+def mig_node() -> Node:
+    """A node as its inventory reports it with MIG on: two A100 40 GB cards, card 0 in MIG mode
+    with a static 3g.20gb at 4, card 1 whole."""
+    a100 = "NVIDIA A100-SXM4-40GB"
+    cards = (
+        Card(CardUuid(f"GPU-{MIG_NODE}-0"), 0, a100, 40960, numa=0, minor=0, mode=CardMode.MIG, instances=(STATIC,)),
+        Card(CardUuid(f"GPU-{MIG_NODE}-1"), 1, a100, 40960, numa=0, minor=1),
+    )
+    return Node(NodeName(MIG_NODE), cards)

@@ -24,6 +24,7 @@ from gpuledger_plugin.dra.kube import ClaimApi, KubeClaimApi
 from gpuledger_plugin.dra.prepare import LedgerCheck, Preparer
 from gpuledger_plugin.dra.server import DraPluginV1, DraPluginV1Beta1, Registration
 from gpuledger_plugin.dra.settings import DraSettings
+from gpuledger_plugin.mig_allocate import MigMaker, NatsMigMaker
 
 log = logging.getLogger(__name__)
 
@@ -53,37 +54,48 @@ async def running(
     api: ClaimApi | None = None,
     ledger: LedgerCheck | None = None,
     stop: asyncio.Event | None = None,
+    mig: MigMaker | None = None,
 ) -> AsyncIterator[RunningDra]:
     """The DRA plugin, started; every part is stopped, the last started first, however the block
     ends (or a later part fails to start): the registration socket, the ops port, the DRA socket,
-    the API server's client, and NATS last. ``api`` and ``ledger``: given instead of made (a given
-    ``api`` is closed too)."""
+    the API server's client, and NATS last. ``api``, ``ledger`` and ``mig``: given instead of made
+    (a given ``api`` is closed too)."""
     log.info("gpuledger-plugin (DRA mode) starting with %s", describe(settings))
     async with contextlib.AsyncExitStack() as stack:
         configuration = None if api is not None else await settings.required_kube_configuration("the DRA plugin")
         if ledger is None and settings.ledger_check:
-            ledger = await _ledger(settings, stack, stop)
+            ledger, made = await _ledger(settings, stack, stop)
+            mig = mig or made
         elif ledger is None:
             log.warning("ledger_check is off: claims are prepared as kube-scheduler allocated them, unchecked")
+        if mig is None:
+            log.warning("no NATS (ledger_check is off): a claim of a MIG placement is refused at prepare")
         api = api or KubeClaimApi(configuration, settings.api_timeout_s)
         stack.push_async_callback(api.close)
-        found = await _serve(settings, stack, api, ledger)
+        found = await _serve(settings, stack, api, ledger, mig)
         stack.callback(log.info, "gpuledger-plugin (DRA mode) stopping")
         yield found
     log.info("gpuledger-plugin (DRA mode) stopped")
 
 
-async def _ledger(settings: DraSettings, stack: contextlib.AsyncExitStack, stop: asyncio.Event | None) -> LedgerCheck:
+async def _ledger(
+    settings: DraSettings, stack: contextlib.AsyncExitStack, stop: asyncio.Event | None
+) -> tuple[LedgerCheck, MigMaker]:
     """The check of each claim against the node's ledger, over NATS (waiting for NATS and the
-    ledger's buckets, as the classic plugin does); NATS drained with the stack."""
+    ledger's buckets, as the classic plugin does), and the node's inventory that makes MIG
+    instances, over the same connection; NATS drained with the stack."""
     nc = await lifecycle.nats_client(stack, settings, f"gpuledger-plugin-dra-{settings.node}", stop)
     if nc is None:
         raise Unavailable("stopped before NATS answered")
-    return LedgerEntryCheck(await open_ledger(nc, stop), settings.node)
+    return LedgerEntryCheck(await open_ledger(nc, stop), settings.node), NatsMigMaker(nc, settings.node)
 
 
 async def _serve(
-    settings: DraSettings, stack: contextlib.AsyncExitStack, api: ClaimApi, ledger: LedgerCheck | None
+    settings: DraSettings,
+    stack: contextlib.AsyncExitStack,
+    api: ClaimApi,
+    ledger: LedgerCheck | None,
+    mig: MigMaker | None = None,
 ) -> RunningDra:
     """The DRA socket, the ops port and the registration socket, each on ``stack``."""
     mps = Mps(settings.mps_pipe_dir, settings.mps_host_pipe_dir, settings.mps_host_shm_dir)
@@ -96,6 +108,8 @@ async def _serve(
         settings.prepare_timeout_s,
         mps,
         settings.device_dir,
+        mig,
+        settings.mig_minors_file,
     )
     await _serve_socket(stack, Server([DraPluginV1(preparer), DraPluginV1Beta1(preparer)]), settings.dra_socket)
     log.info("serving DRAPlugin v1 and v1beta1 on %s", settings.dra_socket)

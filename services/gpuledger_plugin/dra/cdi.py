@@ -12,6 +12,13 @@ its devices: the control device nodes and the environment, in the order of the c
 - ``GPULEDGER_EXCLUSIVE``: ``true`` when no card of the claim is shared;
 - ``CUDA_VISIBLE_DEVICES``: the UUIDs in the same order, so CUDA ordinal i is the claim's i-th card.
 
+A MIG placement's device (``dra.mig``) is the instance the node's inventory made for it: its MIG
+device UUID (``MIG-...``) where a card's UUID would be, in ``NVIDIA_VISIBLE_DEVICES`` and
+``CUDA_VISIBLE_DEVICES``; its card's device node and, where the driver's MIG minors file exists,
+the capability device nodes of its GPU and compute instance (as the classic plugin gives them,
+``gpuledger_plugin.mig_answer``); its profile's memory and compute in the limits, and
+``GPULEDGER_MIG``: each placement as ``<profile>@<start>``.
+
 A claim with isolation ``mps`` (its class's or its own opaque ``SharingConfig``) is an MPS client,
 as in classic mode (``gpuledger_plugin.answer``): ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` per CUDA
 ordinal (``0=10240M,1=10240M``), ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the smallest compute share),
@@ -30,10 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuledger_common.inventory_api import MadeMig
 from gpuledger_core.claims import AllocatedDevice, ClaimAllocation, MiB
 from gpuledger_core.errors import FailedPrecondition
-from gpuledger_core.model import Isolation
+from gpuledger_core.model import Isolation, MigSlot
 from gpuledger_plugin.answer import on_host
+from gpuledger_plugin.mig_answer import MigMinors
+from gpuledger_plugin.mig_answer import _caps as caps  # the classic plugin's rule for the capability nodes
 
 VENDOR = "k8s.gpu.gpuledger.io"
 CLASS = "claim"
@@ -61,10 +71,12 @@ class Card:
     index: int
     memory_mib: int
     minor: int | None = None
+    mig: MigSlot | None = None  # the MIG placement the device is (its card's uuid, index and minor above)
+    compute: int = 100  # percent of the card: a placement's profile's
 
 
 def cards_of(slices: Sequence[Mapping[str, Any]]) -> dict[str, Card]:
-    """Device name -> card, from the devices' attributes (slices.py writes them)."""
+    """Device name -> card, from the devices' attributes (slices.py and slices_mig.py write them)."""
     found: dict[str, Card] = {}
     for item in slices:
         for device in item.get("spec", {}).get("devices") or []:
@@ -75,8 +87,18 @@ def cards_of(slices: Sequence[Mapping[str, Any]]) -> dict[str, Card]:
                 int(attrs.get("index", {}).get("int", -1)),
                 int(attrs.get("memoryMiB", {}).get("int", 0)),
                 None if minor is None else int(minor),
+                *_placement(device),
             )
     return found
+
+
+def _placement(device: Mapping[str, Any]) -> tuple[MigSlot | None, int]:
+    attrs = device.get("attributes") or {}
+    if "profile" not in attrs:
+        return None, 100
+    slot = MigSlot(str(attrs["profile"].get("string", "")), int(attrs.get("migStart", {}).get("int", -1)),
+                   int(attrs.get("migSize", {}).get("int", 0)))  # fmt: skip
+    return slot, int(((device.get("capacity") or {}).get("compute") or {}).get("value", 100))
 
 
 def device_name(claim_uid: str, device: AllocatedDevice) -> str:
@@ -89,11 +111,17 @@ def cdi_id(name: str) -> str:
 
 
 def spec(
-    allocation: ClaimAllocation, cards: Mapping[str, Card], mps: Mps | None = None, device_dir: str = "/dev"
+    allocation: ClaimAllocation,
+    cards: Mapping[str, Card],
+    mps: Mps | None = None,
+    device_dir: str = "/dev",
+    made: Mapping[str, MadeMig] | None = None,
+    minors: MigMinors | None = None,
 ) -> dict[str, Any]:
     """The claim's CDI spec; ``FailedPrecondition`` if a device is not among this node's cards.
-    Device nodes are at ``/dev`` in the container and under ``device_dir`` on the host."""
-    devices, uuids, memory, compute = [], [], [], []
+    Device nodes are at ``/dev`` in the container and under ``device_dir`` on the host. ``made``:
+    the instance made for each MIG placement (by device name); ``minors``: the MIG minors file."""
+    devices, uuids, memory, compute, placements = [], [], [], [], []
     shared = False
     for device in allocation.devices:
         card = cards.get(device.device)
@@ -101,16 +129,20 @@ def spec(
             raise FailedPrecondition(
                 f"{allocation.ref.describe()}: device {device.device} is not published for this node"
             )
-        edits: dict[str, Any] = {}
-        if card.minor is not None:
-            edits["deviceNodes"] = [_device_node(f"/dev/nvidia{card.minor}", device_dir)]
+        instance = (made or {}).get(device.device)
+        if card.mig is not None and instance is None:
+            raise FailedPrecondition(f"{allocation.ref.describe()}: no MIG instance was made for {device.device}")
+        nodes = _nodes(card, instance, minors)
+        edits = {"deviceNodes": [_device_node(n, device_dir) for n in nodes]} if nodes else {}
         devices.append({"name": device_name(allocation.ref.uid, device), "containerEdits": edits})
-        uuids.append(card.uuid)
+        uuids.append(instance.uuid if instance is not None else card.uuid)
         whole = device.memory_bytes is None or device.memory_bytes // MiB >= card.memory_mib
         whole = whole and (device.compute is None or device.compute >= 100)
         shared = shared or not whole
         memory.append(str(card.memory_mib if device.memory_bytes is None else device.memory_bytes // MiB))
-        compute.append(str(100 if device.compute is None else device.compute))
+        compute.append(str(card.compute if device.compute is None else device.compute))
+        if card.mig is not None:
+            placements.append(f"{card.mig.profile}@{card.mig.start}")
     env = {
         "NVIDIA_VISIBLE_DEVICES": ",".join(uuids),
         "GPULEDGER_CLAIM": f"{allocation.ref.namespace}/{allocation.ref.name}",
@@ -120,6 +152,8 @@ def spec(
         "GPULEDGER_EXCLUSIVE": "false" if shared else "true",
         "CUDA_VISIBLE_DEVICES": ",".join(uuids),
     }
+    if placements:
+        env["GPULEDGER_MIG"] = ",".join(placements)
     shared_edits: dict[str, Any] = {"deviceNodes": [_device_node(p, device_dir) for p in CONTROL_DEVICES]}
     if allocation.isolation is Isolation.MPS:
         mps = mps or Mps()
@@ -136,6 +170,18 @@ def spec(
         "devices": devices,
         "containerEdits": {"env": [f"{k}={v}" for k, v in env.items()], **shared_edits},
     }
+
+
+def _nodes(card: Card, instance: MadeMig | None, minors: MigMinors | None) -> list[str]:
+    """The device nodes of a card, or of the MIG instance made on it (its card's, and its
+    capabilities' where the minors file is known)."""
+    minor = instance.minor if instance is not None and instance.minor is not None else card.minor
+    if minor is None:
+        return []
+    nodes = [f"/dev/nvidia{minor}"]
+    if instance is not None and minors is not None:
+        nodes += caps(minors, minor, instance)
+    return nodes
 
 
 def _device_node(path: str, device_dir: str) -> dict[str, str]:

@@ -7,6 +7,10 @@ on its own: one that fails never fails the others. Both are idempotent (the spec
 was prepared, so a restarted plugin unprepares what an earlier one prepared, even when the claim
 is gone from the API server), one claim at a time per UID, and bounded by ``timeout_s``.
 
+A MIG placement is made before the spec is written (``dra.mig``: the node's inventory makes the
+instance; the spec names its MIG device). Unprepare leaves the instance: the inventory destroys an
+on-demand instance once no allocation in the ledger holds it (docs/mig.md).
+
 The ledger seam (``LedgerCheck``): ``ledger.LedgerEntryCheck`` refuses a claim the node's ledger
 does not hold (placement's claims controller writes the entries); ``Unchecked`` (``ledger_check``
 off) accepts what kube-scheduler allocated.
@@ -26,6 +30,9 @@ from gpuledger_core.errors import GpuledgerError
 from gpuledger_plugin.dra import cdi
 from gpuledger_plugin.dra.kube import ClaimApi
 from gpuledger_plugin.dra.metrics import CLAIM_SECONDS, CLAIMS
+from gpuledger_plugin.dra.mig import made_for
+from gpuledger_plugin.mig_allocate import MigMaker, Unmade
+from gpuledger_plugin.mig_answer import MIG_MINORS_FILE, read_mig_minors
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +80,12 @@ class Preparer:
         timeout_s: float = 30.0,
         mps: cdi.Mps | None = None,
         device_dir: str = "/dev",
+        mig: MigMaker | None = None,
+        mig_minors_file: str = MIG_MINORS_FILE,
     ) -> None:
         self.node, self.driver, self.api, self.cdi_dir = node, driver, api, cdi_dir
         self.device_dir = device_dir
+        self.mig, self.mig_minors_file = mig or Unmade(), mig_minors_file
         self.ledger = ledger or Unchecked()
         self.timeout_s = timeout_s
         self.mps = mps or cdi.Mps()
@@ -124,7 +134,9 @@ class Preparer:
         allocation = allocation_of(raw, ref, self.driver, self.node)
         cards = cdi.cards_of(await self.api.node_slices(self.node, self.driver))
         await self.ledger.check(allocation)
-        content = cdi.spec(allocation, cards, self.mps, self.device_dir)
+        made = await made_for(self.mig, allocation, cards)
+        minors = await asyncio.to_thread(read_mig_minors, self.mig_minors_file) if made else None
+        content = cdi.spec(allocation, cards, self.mps, self.device_dir, made, minors)
         path = await asyncio.to_thread(cdi.write, self.cdi_dir, ref.uid, content)
         names = [d["name"] for d in content["devices"]]
         devices = tuple(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from gpuledger_common.kubeconfig import KubeClientSettings
 from gpuledger_common.settings import option, require
+from gpuledger_plugin.mig_answer import MIG_MINORS_FILE
 
 DRIVER = "gpu.gpuledger.io"
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -37,6 +38,11 @@ class DraSettings(KubeClientSettings):
         "the host directory holding the cards' device nodes; the CDI specs name them there (as hostPath) "
         "and at /dev in the container",
     )
+    mig_minors_file: str = option(
+        MIG_MINORS_FILE,
+        "the driver's MIG minors file: the capability device nodes a MIG placement's CDI spec names "
+        "(where it is missing, none)",
+    )
     api_timeout_s: float = option(10.0, "the longest one API server call may take")
     prepare_timeout_s: float = option(40.0, "the longest one claim's prepare may take (kubelet waits 45 s)")
     socket_poll_s: float = option(1.0, "how often to check that the registration socket is still there")
@@ -55,7 +61,8 @@ class DraSettings(KubeClientSettings):
             "driver",
             "must be a DNS subdomain of at most 63 characters",
         )
-        for name in ("registry_dir", "plugin_dir", "cdi_dir", "mps_pipe_dir", "mps_host_pipe_dir", "device_dir"):
+        paths = ("registry_dir", "plugin_dir", "cdi_dir", "mps_pipe_dir", "mps_host_pipe_dir", "device_dir")
+        for name in (*paths, "mig_minors_file"):
             require(getattr(self, name).startswith("/"), name, "must be an absolute path")
         for name in ("api_timeout_s", "prepare_timeout_s", "socket_poll_s"):
             require(getattr(self, name) > 0, name, "must be positive")

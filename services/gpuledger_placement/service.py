@@ -438,6 +438,7 @@ class PlacementService:
             return dict.fromkeys(names)
         memo_key = self._key(("rate", key, single.shape if single is not None else pod.containers))
         now, entries, assumed, counted = self.view.clock(), self.view.entries, self.assumed.nodes, self._counted
+        mig = single is None and pod.mig
         stale = self.view.stale if self.view.stale_after_s else None
         found: dict[str, float | None] = {}
         for name in names:
@@ -451,7 +452,7 @@ class PlacementService:
             if known is not entry:
                 found[name] = cast(float | None, known)
                 continue
-            if pod.mig:  # planned on the node's ledger, scored by what it takes of the MIG workload
+            if mig:  # planned on the node's ledger, scored by what it takes of the MIG workload
                 plan_ = partial(self._plan, entry, pod, policy)
                 score = mig_rate(entry, pod, plan_, self.policies.mig_chooser(), self.guard)
             elif single is None and self._pod_verdict(entry, pod, policy)[0] != FITS:

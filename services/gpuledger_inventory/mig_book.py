@@ -76,6 +76,7 @@ class MigBook:
     held: frozenset[Key] = frozenset()  # what the node's ledger holds, as last seen
     held_at: dict[Key, float] = field(default_factory=dict)  # when a record's placement was last seen held
     since: float = 0.0  # the inventory's start: nothing is due before keep_s after it
+    forgotten: list[MigRecord] = field(default_factory=list)  # forgotten by scans, not yet saved
 
     # --- the published instances -----------------------------------------------------------------
 
@@ -122,6 +123,7 @@ class MigBook:
             if info is None or all(slot_of(gi) != record.slot for gi in info.gpu_instances or ()):
                 gone.append(record)
                 self.forget(key)
+        self.forgotten += gone
         devices = {m.uuid for info in read.values() for m in info.mig}
         for uuid, fault in list(self.faults.items()):
             if uuid not in devices and fault.card not in unread:

@@ -71,11 +71,19 @@ class MigKeeper:
     def book(self) -> MigBook:
         return self.host.state.mig
 
-    def scanned(self) -> None:
-        """A scan was applied: follow the ledger from the first card in MIG mode (or record) on."""
+    async def scanned(self) -> None:
+        """A scan was applied: follow the ledger from the first card in MIG mode (or record) on;
+        the records it forgot (their instance is gone: at a start, those of a crash before making)
+        are logged and the state file saved without them."""
         if not self.book.empty() or any(True for _ in mig_cards(self.host.state.scan)):
             self.wanted.set()
             self._wake.set()
+        gone, self.book.forgotten = self.book.forgotten, []
+        for record in gone:
+            log.info("MIG %s at %s on card %s (made for %s) is gone: forgotten", record.slot.profile,
+                     record.slot.start, record.card, record.holder)  # fmt: skip
+        if gone:
+            await self.host.save()
 
     def set_ledger(self, ledger: NodeLedger | None) -> None:
         """The node's ledger now: the placements its live allocations hold."""

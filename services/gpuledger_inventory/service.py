@@ -177,7 +177,7 @@ class Inventory:
         log.info("scanned %d cards in %.3fs%s", len(scan.cards), scan.took_s, _problems(scan.problems))
         self._nvml_failed = ""
         transitions = self.state.apply_scan(scan, now) + self.state.nvml_up(now)
-        self.mig.scanned()
+        await self.mig.scanned()
         failed = await asyncio.to_thread(self.gpus.watch, self.state.scan or scan)
         for uuid, problem in failed.items():
             transitions += self.state.book.on_registration_failed(uuid, problem, now)

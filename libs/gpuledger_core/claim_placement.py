@@ -13,6 +13,11 @@ every node and taking the best, with one plan where the best node fits. A
 somewhere wins. Requests linked by an NVLink ``matchAttribute`` must get cards that are all
 connected by NVLink with each other; a node whose plan does not is passed over.
 
+A claim with MIG requests (``Request.mig``, the MIG DeviceClass) is planned on every node its host
+allows, its instances chosen by ``mig_fit.fit_mig`` (``chooser``), and the node whose plan scores
+best by ``mig_fit.mig_score`` (what it takes of the recent MIG workload) is taken, the name breaking
+ties; the share policies' score does not weigh its other requests then.
+
 The result is the claim's allocation as the ledger will hold it (owned by the claim, one grant
 per request, committed: the claim says so once written), on the slices' grid.
 """
@@ -28,6 +33,8 @@ from gpuledger_core.errors import Exhausted
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.mig_fit import mig_score
+from gpuledger_core.mig_place import MigChooser
 from gpuledger_core.model import Allocation, AllocState, Grant, Node, Request
 from gpuledger_core.packing import NodeState, Policy, from_ledger, rate
 from gpuledger_core.pods import PodAsk, plan
@@ -54,8 +61,10 @@ def place_claim(
     cpu_milli: int = 0,
     memory_mib: int = 0,
     state: Callable[[NodeLedger], NodeState] | None = None,
+    chooser: MigChooser | None = None,
 ) -> ClaimPlan:
     """The claim's allocation on the best node, or ``Exhausted`` naming why each node was not."""
+    chooser = chooser or MigChooser()
     reasons: dict[str, str] = {}
     for combo in itertools.product(*(range(len(r.choices)) for r in ask.requests)):
         picked = [r.choices[i] for r, i in zip(ask.requests, combo, strict=True)]
@@ -76,9 +85,12 @@ def place_claim(
             )
             ranked.append((-((rate(scored, main, policy) if main is not None else None) or 0.0), name, ledger))
         best: tuple[NodeLedger, tuple[Grant, ...]] | None = None
+        best_mig = float("-inf")
         for _, name, ledger in sorted(ranked, key=lambda r: (r[0], r[1])):
             try:
-                grants = plan(ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation)
+                grants = plan(
+                    ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation, chooser=chooser
+                )
             except Exhausted as err:
                 reasons[name] = str(err).removeprefix(f"{name}: ")
                 continue
@@ -86,8 +98,12 @@ def place_claim(
             if unlinked:
                 reasons[name] = unlinked
                 continue
-            best = (ledger, grants)
-            break
+            if not pod.mig:
+                best = (ledger, grants)
+                break
+            score = mig_score(ledger, [s for g in grants for s in g.cards if s.mig is not None], chooser)
+            if score > best_mig:  # every node planned; the first (by name) of the best scores kept
+                best, best_mig = (ledger, grants), score
         if best is not None:
             ledger, grants = best
             chosen = {r.name: result for r, (result, _) in zip(ask.requests, picked, strict=True)}

@@ -285,7 +285,6 @@ class ClaimAllocator:
         one node do not refuse each other's cards (as the extender's bind plans a pod again)."""
         ref, now, policy, host = ask.ref, self.clock(), self.policy(), self._host(pod)
         asked = pod_ask_from(pod)  # the pod's CPU and memory: the policies weigh them as for a classic pod
-        sizes = {"cpu_milli": asked.cpu_milli, "memory_mib": asked.memory_mib}
         configs = configs_of(raw, classes, self.claims.driver)
         planned: dict[str, Any] = {}
 
@@ -330,7 +329,7 @@ class ClaimAllocator:
                 chosen = place_claim(
                     ledgers, ask, policy, AllocationId("c-planned"), now,
                     slots_per_card=self.view.slots_per_card, host=host, mix_isolation=self.view.mix_isolation,
-                    state=self._state, **sizes,
+                    state=self._state, cpu_milli=asked.cpu_milli, memory_mib=asked.memory_mib,
                 )  # fmt: skip
                 node = chosen.allocation.node
                 try:

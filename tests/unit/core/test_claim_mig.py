@@ -15,13 +15,27 @@ import yaml
 from gpuledger_core import claims
 from gpuledger_core.claim_asks import RequestAsk, claim_ask, class_problem
 from gpuledger_core.claim_asks_mig import is_mig_class
+from gpuledger_core.claim_placement import place_claim
 from gpuledger_core.claim_status import allocation_status
 from gpuledger_core.claims import ClaimRef
-from gpuledger_core.errors import InvalidArgument
-from gpuledger_core.ids import AllocationId
+from gpuledger_core.errors import Exhausted, InvalidArgument
+from gpuledger_core.ids import AllocationId, NodeName
+from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.mig import share_of
 from gpuledger_core.mig_profiles import A100_40GB
-from gpuledger_core.model import MIG_SMALLEST, Allocation, AllocState, CardMode, Grant, MigSlot, Node, Request
+from gpuledger_core.model import (
+    MIG_SMALLEST,
+    Allocation,
+    AllocState,
+    CardMode,
+    Grant,
+    MigSlot,
+    Node,
+    Owner,
+    OwnerKind,
+    Request,
+)
+from gpuledger_core.packing import make_policy
 from tests.unit.core.builders import NODE, card
 
 DRIVER = "gpu.gpuledger.io"
@@ -150,3 +164,40 @@ def test_a_result_that_is_no_placement_of_the_nodes_cards_is_refused(device: str
         "results": [{"request": "gpu", "driver": DRIVER, "pool": str(NODE), "device": device}]}}}}  # fmt: skip
     with pytest.raises(InvalidArgument, match=why):
         claims.ledger_allocation(REF, claims.results_of(raw, DRIVER), mig_node(), now=0.0)
+
+
+def mig_ledger(name: str, *held: tuple[str, int]) -> NodeLedger:
+    """A node of one A100 in MIG mode, ``held``: placements a pod holds on it."""
+    node = Node(NodeName(name), (replace(card(0, 40960, model=A100), mode=CardMode.MIG),))
+    ledger = NodeLedger(node)
+    for profile_name, start in held:
+        profile = A100_40GB.by_name(profile_name)
+        assert profile is not None
+        owner = Owner(OwnerKind.POD, f"pod-{name}-{start}", "ns", "p")
+        grant = Grant("main", (share_of(node.cards[0], profile, start),))
+        ledger = reserve(ledger, Allocation(AllocationId(f"a-{name}-{start}"), owner, node.name, (grant,),
+                                            AllocState.BOUND, requests=(Request(1, mig=profile_name),)))  # fmt: skip
+    return ledger
+
+
+def test_mode_c_places_a_mig_claim_where_it_keeps_most_and_the_ledger_takes_what_is_written() -> None:
+    """Node a is empty, node b has half its card held: a 3g.20gb takes b's other half (the
+    chooser keeps a's card whole for what comes), not the first node by name; a node without MIG
+    says why it was passed over."""
+    plain = NodeLedger(Node(NodeName("0-plain"), (card(0, 40960, model=A100),)))
+    a, b = mig_ledger("a"), mig_ledger("b", ("4g.20gb", 0))
+    ask = claim_ask(claim(mig("gpu", selectors=[profile_is("3g.20gb")])), CLASSES, DRIVER)
+    assert ask is not None
+    found = place_claim([plain, a, b], ask, make_policy("default"), AllocationId("c-planned"), 0.0, slots_per_card=8)
+    (share,) = found.allocation.shares()
+    assert found.allocation.node == "b" and share.mig == MigSlot("3g.20gb", 4, 4)
+    status = allocation_status(found.allocation, b.node, DRIVER, 0.0, shareable=True)
+    assert [r["device"] for r in status["devices"]["results"]] == ["gpu-0-mig-3g-20gb-4"]
+    raw = {"metadata": {"namespace": "ns", "name": "c", "uid": "uid-1"}, "status": {"allocation": status}}
+    written = claims.ledger_allocation(REF, claims.results_of(raw, DRIVER), b.node, now=0.0)
+    taken = reserve(b, written)  # the ledger's own MIG rules take it
+    with pytest.raises(Exhausted, match="no node"):
+        place_claim([plain, taken], ask, make_policy("default"), AllocationId("c-2"), 0.0, slots_per_card=8)
+    with pytest.raises(Exhausted) as caught:
+        place_claim([plain], ask, make_policy("default"), AllocationId("c-3"), 0.0, slots_per_card=8)
+    assert "0-plain" in str(caught.value)

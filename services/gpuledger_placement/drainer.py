@@ -23,6 +23,10 @@ Events: ``GpuledgerCardDrained`` (Warning) on each evicted pod, naming the node,
 uuid and why it fails; ``GpuledgerDrainBlocked`` once per pod whose eviction was refused; and
 ``GpuledgerDrainingCard`` on the Node once per card episode (until the card stops draining), with
 how many holders are moved.
+
+A MIG instance whose fault needs its holder moved (``MigInstance.remedy`` drain, docs/mig.md) is
+drained the same way, alone: only the allocations holding that placement are taken apart, the
+card's other instances and holders stay, and the Events name the instance and its fault.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any, Protocol
 from gpuledger_core.errors import Conflict, GpuledgerError, NotFound
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Allocation, Card, OwnerKind, Remedy
+from gpuledger_core.model import Allocation, Card, MigInstance, OwnerKind, Remedy
 from gpuledger_placement.metrics import CARDS_DRAINING, DRAIN_EVICTIONS
 from gpuledger_placement.pod_events import node_event, pod_event
 from gpuledger_placement.repacker import controller_of
@@ -62,17 +66,23 @@ class DrainApi(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class DrainingCard:
-    """A card to drain and the live allocations holding a share of it."""
+    """A card to drain (or one MIG ``instance`` of it) and the live allocations holding it."""
 
     node: NodeName
     card: Card
     holders: tuple[Allocation, ...]
+    instance: MigInstance | None = None
 
     @property
     def key(self) -> tuple[str, str]:
-        return (self.node, self.card.uuid)
+        at = self.instance
+        return (self.node, self.card.uuid if at is None else f"{self.card.uuid}/{at.slot.profile}@{at.slot.start}")
 
     def describe(self) -> str:
+        at = self.instance
+        if at is not None:
+            where = f"MIG instance {at.slot.profile}@{at.slot.start} ({at.uuid}) on card {self.card.index}"
+            return f"{where} ({self.card.uuid}) of node {self.node} ({at.fault or 'unhealthy'})"
         why = self.card.health_reason or "unhealthy"
         return f"card {self.card.index} ({self.card.uuid}) of node {self.node} ({why})"
 
@@ -88,12 +98,19 @@ class PodRef:
 
 
 def draining(ledger: NodeLedger) -> list[DrainingCard]:
-    """The node's cards whose remedy is drain, each with its live holders."""
+    """The node's cards whose remedy is drain, each with its live holders; and the MIG instances
+    whose remedy is drain, each with the live holders of its placement."""
     found = []
     for card in ledger.node.cards:
         if card.remedy is Remedy.DRAIN:
             holders = tuple(a for a in ledger.live() if any(s.uuid == card.uuid for s in a.shares()))
             found.append(DrainingCard(ledger.node.name, card, holders))
+            continue
+        for at in card.instances:
+            if at.remedy is Remedy.DRAIN:
+                held = tuple(a for a in ledger.live() if any(s.uuid == card.uuid and s.mig == at.slot
+                                                             for s in a.shares()))  # fmt: skip
+                found.append(DrainingCard(ledger.node.name, card, held, at))
     return found
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,9 +20,12 @@ from gpuledger_core.model import (
     Allocation,
     AllocState,
     Card,
+    CardMode,
     CardShare,
     Grant,
     Health,
+    MigInstance,
+    MigSlot,
     Node,
     Owner,
     OwnerKind,
@@ -307,3 +311,26 @@ async def test_running_it_drains_a_card_as_soon_as_the_view_shows_it() -> None:
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_faulted_mig_instance_moves_only_its_own_holder_off() -> None:
+    bad, good = MigSlot("1g.5gb", 6, 1), MigSlot("1g.5gb", 5, 1)
+    faulted = MigInstance(bad, False, "MIG-bad", "XID 13 on MIG-bad: graphics engine exception", Remedy.DRAIN)
+    merely = MigInstance(MigSlot("1g.5gb", 4, 1), False, "MIG-slow", "XID 94 on MIG-slow", Remedy.NONE)
+    mig = replace(card(0), mode=CardMode.MIG, instances=(faulted, MigInstance(good, False, "MIG-good"), merely))
+
+    def on(owner: Owner, slot: MigSlot) -> Allocation:
+        share = CardShare(CardUuid("GPU-0"), 0, 5120, 142, False, slot)
+        return Allocation(AllocationId(f"a-{owner.id}"), owner, NODE, (Grant("c", (share,)),), AllocState.BOUND)
+
+    api = FakeApi()
+    for name in ("on-bad", "on-good", "on-slow"):
+        api.pod(name)
+    view = FleetView(None, 0.0, slots_per_card=4)
+    allocations = (on(pod("on-bad"), bad), on(pod("on-good"), good), on(pod("on-slow"), merely.slot))
+    view.apply(NODE, NodeLedger(Node(NODE, (mig, card(1))), allocations), 1)
+    await drainer(api, view).sweep()
+    assert api.evictions() == ["on-bad"]
+    message = next(e["message"] for e in api.events if e["involvedObject"]["name"] == "on-bad")
+    assert "MIG instance 1g.5gb@6 (MIG-bad) on card 0 (GPU-0) of node n1 (XID 13 on MIG-bad" in message
+    assert [c.instance for c in draining(NodeLedger(Node(NODE, (mig,)), allocations))] == [faulted]

@@ -4,9 +4,11 @@ score by what a plan takes of the MIG workload, place and the workload observed.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import cast
 
 import pytest
 
+from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
@@ -15,6 +17,7 @@ from gpuledger_core.mig_profiles import A100_40GB
 from gpuledger_core.model import MIG_SMALLEST, CardMode, MigInstance, MigSlot, Owner, OwnerKind, Request
 from gpuledger_core.pods import PodAsk, reserve_pod
 from gpuledger_placement.app import Parts
+from gpuledger_placement.preemptor import PreemptApi, Preemptor
 
 from .fleet import parts
 
@@ -152,3 +155,26 @@ def test_a_bind_reserves_the_instances_the_chooser_picks_on_the_ledger() -> None
             lease_s=60,
             slots_per_card=8,
         )
+
+
+def test_the_mig_workload_is_seeded_from_the_live_allocations() -> None:
+    built = parts()
+    ledger = with_mig(built)
+    _, policy = built.service.policies.get("default")
+    for n, profile in enumerate(("3g.20gb", "2g.10gb", "2g.10gb")):
+        ask = pod(Request(mig=profile), uid=f"s{n}")
+        ledger = reserve_pod(ledger, ask, policy, AllocationId(f"a-s{n}"), now=n, lease_s=60, slots_per_card=8)
+    policies = built.service.policies
+    assert policies.seed(ledger.allocations) == 3
+    assert policies.mig_chooser().workload.weights == (("2g.10gb", 2 / 3), ("3g.20gb", 1 / 3))
+    assert not policies.tracker.seen()
+
+
+async def test_no_preemption_is_tried_for_a_pod_with_mig_asks() -> None:
+    built = parts()
+    preemptor = Preemptor(cast(PreemptApi, None), cast(LedgerStore, None), built.service)
+    preemptor.consider({}, pod(Request(mig="1g.10gb")), ["a100-0"])
+    assert not preemptor._busy
+    preemptor.consider({}, pod(Request(1), uid="plain"), ["a100-0"])
+    assert preemptor._busy  # a pod asking for cards is preempted for (the control)
+    await preemptor.stop()

@@ -6,7 +6,9 @@ kube-scheduler allocates a ResourceClaim against the slices on a kwok node."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +17,13 @@ import pytest
 
 from gpuledger_common.kubeconfig import from_file
 from gpuledger_core.errors import Unavailable
-from gpuledger_dev.controlplane.cluster import ControlPlane, plain_scheduler_config
+from gpuledger_core.ids import CardUuid, NodeName
+from gpuledger_core.model import Card, CardMode, Node
+from gpuledger_dev.controlplane.api import ApiError, KubeApi
+from gpuledger_dev.controlplane.cluster import KWOK_NODE_LABEL, ControlPlane, plain_scheduler_config
 from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.kube import KubeSliceApi
-from gpuledger_inventory.slices import DRIVER, differences, manifest
+from gpuledger_inventory.slices import DRIVER, SliceConfig, desired, differences, manifest
 from tests.e2e.dra_helpers import (
     CLAIMS,
     SCHEDULER,
@@ -34,6 +39,7 @@ from tests.e2e.dra_helpers import (
 from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.asyncio(loop_scope="session")]
+MIG_CLASS = "mig.gpu.gpuledger.io"
 
 
 async def test_the_api_server_keeps_the_slices_as_the_inventory_wrote_them(
@@ -240,3 +246,67 @@ async def test_matchattribute_on_an_nvlink_group_gets_four_mutually_linked_cards
         await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod("quad", node.name, "quad"))
         results = (await allocated_claim(api, ns, "quad"))["status"]["allocation"]["devices"]["results"]
         assert sorted(r["device"] for r in results) == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]
+
+
+async def test_mig_placements_pass_validation_and_kube_scheduler_keeps_to_their_counters(
+    control_plane: ControlPlane,
+) -> None:
+    """A card in MIG mode as the inventory publishes it (slices_mig: devices that consume a counter
+    set in a counters-only slice) beside a whole card: the API server keeps the slices as sent, the
+    shipped classes keep cards and placements apart, a profile named by selector and a memory ask
+    are allocated where the counters allow, and a placement the counters no longer allow is not."""
+    await asyncio.to_thread(control_plane.start_scheduler, SCHEDULER, plain_scheduler_config(SCHEDULER))
+    assert control_plane.access is not None
+    name = f"mig-{uuid.uuid4().hex[:6]}"
+    cards = (Card(CardUuid("GPU-mig-0"), 0, "NVIDIA A100-SXM4-40GB", 40960, minor=0, mode=CardMode.MIG),
+             Card(CardUuid("GPU-mig-1"), 1, "NVIDIA A100-SXM4-40GB", 40960, minor=1))  # fmt: skip
+    wanted = desired(Node(NodeName(name), cards), {}, None, SliceConfig())
+    async with KubeApi(control_plane.access) as api, namespace(api, name) as ns:
+        capacity = {"cpu": "8", "memory": "32Gi", "pods": "20"}
+        body = {"metadata": {"name": name, "labels": dict([KWOK_NODE_LABEL])},
+                "status": {"capacity": capacity, "allocatable": capacity}}  # fmt: skip
+        await api.create("/api/v1/nodes", body)
+        try:
+            for n in range(wanted.count):
+                sent = manifest(wanted, n, 1)
+                kept = await api.create(SLICES, sent)
+                assert differences(sent["spec"], kept["spec"]) == [], n
+            await ensure_device_class(api)
+
+            async def ask(claim: str, request: dict[str, Any]) -> None:
+                await api.create(CLAIMS.format(ns=ns), {"metadata": {"name": claim},
+                                                       "spec": {"devices": {"requests": [request]}}})  # fmt: skip
+                await api.create(f"/api/v1/namespaces/{ns}/pods", claim_pod(claim, name, claim))
+
+            def profile(named: str) -> dict[str, Any]:
+                selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].profile == "{named}"'}}
+                return {"name": "gpu", "exactly": {"deviceClassName": MIG_CLASS, "selectors": [selector]}}
+
+            async def device_of(claim: str) -> str:
+                (result,) = (await allocated_claim(api, ns, claim))["status"]["allocation"]["devices"]["results"]
+                return str(result["device"])
+
+            await ask("big", profile("4g.20gb"))
+            assert await device_of("big") == "gpu-0-mig-4g-20gb-0"
+            await ask("half", {"name": "gpu", "exactly": {"deviceClassName": MIG_CLASS,
+                                                          "capacity": {"requests": {"memory": "19Gi"}}}})  # fmt: skip
+            assert await device_of("half") == "gpu-0-mig-3g-20gb-4"  # the smallest holding 19 GiB, beside the 4g
+            await ask("card", {"name": "gpu", "exactly": {"deviceClassName": DRIVER}})
+            assert await device_of("card") == "gpu-1"
+            await ask("more", profile("1g.5gb"))
+
+            async def unschedulable() -> dict[str, Any] | None:
+                pod = await api.get(f"/api/v1/namespaces/{ns}/pods/more")
+                hit = [c for c in pod.get("status", {}).get("conditions", [])
+                       if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"]  # fmt: skip
+                return hit[0] if hit else None
+
+            await wait_for(unschedulable, 60, "the 1g.5gb refused: the card's memory slices are all taken", 0.2)
+            more = await api.get(f"{CLAIMS.format(ns=ns)}/more")
+            assert not more.get("status", {}).get("allocation"), more["status"]
+        finally:
+            with contextlib.suppress(ApiError):
+                await api.delete(f"/api/v1/nodes/{name}")
+            for n in range(wanted.count):
+                with contextlib.suppress(ApiError):
+                    await api.delete(f"{SLICES}/{manifest(wanted, n, 1)['metadata']['name']}")

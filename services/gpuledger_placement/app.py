@@ -22,6 +22,7 @@ from gpuledger_common.store.ledgerwait import open_ledger
 from gpuledger_common.store.outage import within
 from gpuledger_common.tls import EXTENDER_ALPN, server_context
 from gpuledger_core.errors import Unavailable
+from gpuledger_core.mig_place import MigAsks
 from gpuledger_core.packing import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
 from gpuledger_placement.assumed import Assumptions
@@ -71,7 +72,10 @@ def build(
     if hosts is not None:  # the node's CPU and memory are part of its state: fit, the balance term, the guard
         hosts.watch(view.host_changed)
     tracker = WorkloadTracker(window=settings.workload_window)
-    policies = Policies(tracker, view.card_memory, settings.workload_refresh_s, supply=view.card_models)
+    mig_asks = MigAsks(window=settings.workload_window)
+    policies = Policies(
+        tracker, view.card_memory, settings.workload_refresh_s, supply=view.card_models, mig_asks=mig_asks
+    )
     guard, ready = parse_guard(settings.guard), _ready(view, nc, settings)
     assumed = Assumptions(settings.assume_ttl_s)
     service = PlacementService(view, policies, settings.policy, guard, ready, assumed=assumed, hosts=hosts)

@@ -8,7 +8,8 @@ instance kept to it (docs/mig.md, "The node's part: instances made and destroyed
 - ``run`` destroys the on-demand instances no live allocation of the node's ledger has held for
   ``keep_s`` (``MigBook.due``); one with processes is tried again later. Static ones are never
   destroyed.
-- ``on_event``: an XID that names a MIG instance marks that instance faulted, not its card.
+- ``on_event``: an XID that names a MIG instance marks that instance faulted, not its card; where
+  remediation is on, one whose action is drain or reset also has its holder moved (remedy drain).
 
 NVML is called through ``mig_config.MigConfig`` in worker threads, as the service's other calls.
 """
@@ -59,8 +60,11 @@ class MigHost(Protocol):
 
 
 class MigKeeper:
-    def __init__(self, host: MigHost, config: MigConfig | None, keep_s: float, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, host: MigHost, config: MigConfig | None, keep_s: float, clock: Callable[[], float], drains: bool = True
+    ) -> None:
         self.host, self.config, self.keep_s, self.clock = host, config, keep_s, clock
+        self.drains = drains  # a fault that needs its holder moved says so (remediation on, as for cards)
         self.wanted = asyncio.Event()  # a card in MIG mode, or a record: the node's ledger is followed
         self._ledger_seen = False
         self._lock = asyncio.Lock()  # one MIG change at a time
@@ -229,7 +233,8 @@ class MigKeeper:
         if action is Action.APPLICATION:
             log.info("%s: %s (the application's own fault: nothing done)", where, reason)
             return True
-        remedy = Remedy.DRAIN if action.severity >= Action.DRAIN.severity else Remedy.NONE
+        drain = self.drains and action.severity >= Action.DRAIN.severity
+        remedy = Remedy.DRAIN if drain else Remedy.NONE
         if self.book.fault(CardUuid(event.uuid), event.mig_uuid, reason, remedy, self.clock()):
             moved = "its holder must move off" if remedy is Remedy.DRAIN else "its holder stays"
             log.warning("%s is unhealthy: %s (action %s): it takes no new holder, %s; the card and its other "

@@ -92,7 +92,7 @@ class Inventory:
         self._adopting = self.remediator is not None and not state.remedies.cards
         self._adopt_until = time.monotonic() + ADOPT_WAIT_S
         self._save_lock = asyncio.Lock()  # saves in the order asked (a MIG intent must not be lost)
-        self.mig = MigKeeper(self, _mig_config(gpus), settings.mig_keep_s, clock)
+        self.mig = MigKeeper(self, _mig_config(gpus), settings.mig_keep_s, clock, drains=settings.remediate)
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:

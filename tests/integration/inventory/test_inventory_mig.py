@@ -146,7 +146,7 @@ async def test_an_xid_inside_one_instance_faults_it_and_not_its_card(
 ) -> None:
     fake = fleet()
     store = await LedgerStore.open(nc)
-    async with inventory(nats_server.url, fake, tmp_path / "state.json", xid_actions="13=drain"):
+    async with inventory(nats_server.url, fake, tmp_path / "state.json", xid_actions="13=drain", remediate=True):
         before = await wait_for(lambda: card(store, 0), what="gpu-a in the ledger")
         said = await inventory_api.get_inventory(nc, "gpu-a")
         devices = said["extra"]["cards"][0]["mig"]["instances"]

@@ -193,3 +193,15 @@ async def test_an_xid_in_one_instance_faults_that_instance_not_the_card() -> Non
     with pytest.raises(FailedPrecondition, match=r"MIG .* at .*: the instance is unhealthy: XID 43"):
         await mig.make(ask(str(card), second.slot.profile, second.slot.start))
     assert mig.clear(card) and all(not i.fault for i in host.state.node().cards[0].instances)
+
+
+async def test_without_remediation_a_drain_xid_faults_the_instance_and_moves_nobody() -> None:
+    fake, gpus = opened()
+    state = NodeState(NodeName("n1"), "fake", HealthBook(HealthPolicy(FaultPolicy({43: Action.DRAIN}))))
+    state.apply_scan(gpus.scan(), 0.0)
+    host = Host(gpus, state)
+    mig = MigKeeper(host, MigConfig(fake), 60.0, Clock(), drains=False)
+    first = state.node().cards[0].instances[0]
+    assert await mig.on_event(GpuEvent(EventKind.XID, CardUuid(uuid(host, 0)), 43, first.uuid))
+    hit = state.node().cards[0].instances[0]
+    assert hit.fault.startswith("XID 43") and hit.remedy is Remedy.NONE

@@ -31,6 +31,7 @@ from gpuledger_core.model import CORE_WHOLE, MIG_SMALLEST, Allocation, Card, Car
 RESOURCE_PREFIX = "gpuledger.io/mig-"  # gpuledger.io/mig-1g.10gb: N instances of 1g.10gb, one per card
 RESOURCE = "gpuledger.io/mig"  # N instances, one per card, each the smallest holding gpu-mem and gpu-core
 PROFILES = frozenset(p.name for m in MODELS for p in m.profiles)  # every profile some card model offers
+_BY_RESOURCE = {p.replace("+", "."): p for p in PROFILES if "+" in p}  # 1g.10gb.me -> 1g.10gb+me
 
 
 def model_of(card: Card) -> MigModel | None:
@@ -38,11 +39,20 @@ def model_of(card: Card) -> MigModel | None:
     return mig_model(card.model, card.memory_mib)
 
 
+def resource_of(profile: str) -> str:
+    """The resource that asks for instances of ``profile``: ``gpuledger.io/mig-<profile>``, a
+    ``+me`` profile's ``+`` written ``.`` (``gpuledger.io/mig-1g.10gb.me``), since a resource name
+    allows only letters, digits, ``-``, ``_`` and ``.`` (NVIDIA's device plugin writes it so too)."""
+    return f"{RESOURCE_PREFIX}{profile.replace('+', '.')}"
+
+
 def profile_of_resource(name: str) -> str | None:
-    """The profile a ``gpuledger.io/mig-<profile>`` resource names; None for any other resource."""
+    """The profile a ``gpuledger.io/mig-<profile>`` resource names (``resource_of`` read back; an
+    unknown name as written); None for any other resource."""
     if not name.startswith(RESOURCE_PREFIX):
         return None
-    return name[len(RESOURCE_PREFIX) :] or None
+    written = name[len(RESOURCE_PREFIX) :]
+    return _BY_RESOURCE.get(written, written) or None
 
 
 def is_resource(name: str) -> bool:

@@ -131,11 +131,11 @@ def _device_nodes(
         if card not in paths:
             paths.append(card)
         if minors is not None:
-            paths.extend(_caps(minors, gpu, instance))
+            paths.extend(caps(minors, gpu, instance))
     return tuple(DeviceNode(p, on_host(p, device_dir)) for p in paths)
 
 
-def _caps(minors: MigMinors, gpu: int, made: MadeMig) -> list[str]:
+def caps(minors: MigMinors, gpu: int, made: MadeMig) -> list[str]:
     """The capability device nodes of the instance's GPU instance and compute instance."""
     names = (
         f"gpu{gpu}/gi{made.gpu_instance}/access",

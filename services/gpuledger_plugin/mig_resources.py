@@ -5,8 +5,7 @@ One plugin process serves several kubelet resources, each on its own socket:
 
 - ``gpuledger.io/gpu``: every card that is not in MIG mode;
 - ``gpuledger.io/mig-<profile>``: every card in MIG mode whose model offers the profile
-  (``mig.model_of``); a ``+me`` profile's ``+`` is written ``.`` (``1g.10gb.me``), since a resource
-  name allows only letters, digits, ``-``, ``_`` and ``.``;
+  (``mig.model_of``); a ``+me`` profile's ``+`` is written ``.`` (``1g.10gb.me``: ``mig.resource_of``);
 - ``gpuledger.io/mig``: every card in MIG mode whose model has MIG at all (the smallest profile
   that fits is chosen per card by placement).
 
@@ -32,11 +31,6 @@ GPU_RESOURCE = "gpuledger.io/gpu"
 Accepts = Callable[[Allocation, int], bool]  # may a resource's call admit grant i of the allocation?
 
 
-def resource_of(profile: str) -> str:
-    """The kubelet resource of a MIG profile: ``gpuledger.io/mig-<profile>``, ``+`` as ``.``."""
-    return f"{mig.RESOURCE_PREFIX}{profile.replace('+', '.')}"
-
-
 def mig_cards(node: Node | None) -> tuple[Card, ...]:
     """The node's cards in MIG mode whose model has MIG, by index."""
     if node is None:
@@ -54,7 +48,7 @@ def device_lists(node: Node | None, slots_per_card: int) -> dict[str, tuple[Adve
         devices = card_devices(card, slots_per_card, HEALTHY if card.healthy else UNHEALTHY)
         lists.setdefault(mig.RESOURCE, []).extend(devices)
         for profile in model.profiles:
-            lists.setdefault(resource_of(profile.name), []).extend(devices)
+            lists.setdefault(mig.resource_of(profile.name), []).extend(devices)
     return {name: tuple(found) for name, found in sorted(lists.items())}
 
 
@@ -108,12 +102,10 @@ def _of_profile(profile: str) -> Accepts:
     return accepts
 
 
-def accepts(resource: str, profiles: frozenset[str] = mig.PROFILES) -> Accepts:
+def accepts(resource: str) -> Accepts:
     """Which containers a call of ``resource`` may be matching (see the module doc)."""
     if resource == GPU_RESOURCE:
         return _without_mig
     if resource == mig.RESOURCE:
         return _any_instance
-    wanted = resource.removeprefix(mig.RESOURCE_PREFIX)
-    profile = next((p for p in profiles if p.replace("+", ".") == wanted), wanted)
-    return _of_profile(profile)
+    return _of_profile(mig.profile_of_resource(resource) or "")

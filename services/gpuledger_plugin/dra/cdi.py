@@ -42,8 +42,7 @@ from gpuledger_core.claims import AllocatedDevice, ClaimAllocation, MiB
 from gpuledger_core.errors import FailedPrecondition
 from gpuledger_core.model import Isolation, MigSlot
 from gpuledger_plugin.answer import on_host
-from gpuledger_plugin.mig_answer import MigMinors
-from gpuledger_plugin.mig_answer import _caps as caps  # the classic plugin's rule for the capability nodes
+from gpuledger_plugin.mig_answer import MigMinors, caps
 
 VENDOR = "k8s.gpu.gpuledger.io"
 CLASS = "claim"

@@ -21,12 +21,13 @@ from gpuledger_core import mig
 from gpuledger_core.errors import FailedPrecondition
 from gpuledger_core.ids import AllocationId, CardUuid
 from gpuledger_core.ledger import NodeLedger, set_mode
+from gpuledger_core.mig import resource_of
 from gpuledger_core.mig_profiles import A100_40GB, H100_80GB
 from gpuledger_core.model import AllocState, CardMode, CardShare, Node
 from gpuledger_dev.fake_kubelet import AdmissionError, FakeContainer, FakeKubelet
 from gpuledger_dev.natsserver import NatsServer
 from gpuledger_plugin.app import running
-from gpuledger_plugin.mig_resources import GPU_RESOURCE, resource_of
+from gpuledger_plugin.mig_resources import GPU_RESOURCE
 
 from .conftest import NODE, SLOTS, Stack, make_node, pod, settings_for, share
 

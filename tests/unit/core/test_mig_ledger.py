@@ -12,7 +12,18 @@ import pytest
 from gpuledger_core import codec
 from gpuledger_core.errors import Exhausted, FailedPrecondition, InvalidArgument
 from gpuledger_core.ledger import NodeLedger, release, reserve, set_mode
-from gpuledger_core.mig import free_instances, free_starts, held_slots, model_of, request_of, share_of, smallest
+from gpuledger_core.mig import (
+    PROFILES,
+    free_instances,
+    free_starts,
+    held_slots,
+    model_of,
+    profile_of_resource,
+    request_of,
+    resource_of,
+    share_of,
+    smallest,
+)
 from gpuledger_core.mig_profiles import A30_24GB, A100_40GB, H100_80GB, MigModel
 from gpuledger_core.model import MIG_SMALLEST, Card, CardMode, CardShare, MigInstance, MigSlot, Node, Remedy, Request
 from tests.unit.core.builders import NODE, card, holding, share, whole
@@ -238,6 +249,13 @@ def test_a_container_names_a_profile_by_its_resource() -> None:
     assert request_of({"gpuledger.io/mig-1g.10gb": 0}, None, None) is None
     models = frozenset({"A100"})
     assert request_of({"gpuledger.io/mig": 1}, 8000, 200, models) == Request(1, 8000, 200, models, mig=MIG_SMALLEST)
+
+
+def test_a_media_extension_profile_is_asked_with_a_dot_since_a_resource_name_has_no_plus() -> None:
+    assert resource_of("1g.10gb+me") == "gpuledger.io/mig-1g.10gb.me"
+    assert resource_of("3g.40gb") == "gpuledger.io/mig-3g.40gb"
+    assert request_of({"gpuledger.io/mig-1g.10gb.me": 1}, None, None) == Request(1, mig="1g.10gb+me")
+    assert all(profile_of_resource(resource_of(p)) == p for p in PROFILES)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from gpuledger_core import mig
 from gpuledger_core.errors import FailedPrecondition
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
+from gpuledger_core.mig import resource_of
 from gpuledger_core.mig_profiles import A100_40GB, H100_80GB
 from gpuledger_core.model import (
     MIG_SMALLEST,
@@ -34,7 +35,7 @@ from gpuledger_plugin.answer import DEVICE_LIST_MOUNT_ROOT, AnswerPolicy
 from gpuledger_plugin.board import MigBoards
 from gpuledger_plugin.devices import advertised
 from gpuledger_plugin.mig_answer import mig_answer, parse_mig_minors
-from gpuledger_plugin.mig_resources import GPU_RESOURCE, accepts, device_lists, resource_of, socket_name
+from gpuledger_plugin.mig_resources import GPU_RESOURCE, accepts, device_lists, socket_name
 
 SLOTS = 4
 A100 = "NVIDIA A100-SXM4-40GB"

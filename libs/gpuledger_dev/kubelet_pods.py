@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from gpuledger_core import mig
 from gpuledger_dev import apiserver_quantity as quantity
 from gpuledger_dev.fake_kubelet import FakeContainer, FakePod
 
@@ -22,7 +23,10 @@ TERMINAL = ("Succeeded", "Failed")
 
 
 def fake_pod(pod: dict[str, Any], resource: str) -> FakePod:
-    """The pod as the device manager sees it; ValueError if a count is not a quantity."""
+    """The pod as the device manager sees it; ValueError if a count is not a quantity, or if a
+    container asks for more than one device plugin resource of ours. A container asks for
+    ``resource`` (the kubelet's own, ``gpuledger.io/gpu``) or one MIG resource
+    (``gpuledger.io/mig-<profile>``, ``gpuledger.io/mig``: the plugin's other resources)."""
     meta, spec = pod["metadata"], pod.get("spec", {})
     containers = [_container(c, resource, init=True) for c in spec.get("initContainers") or []]
     containers += [_container(c, resource, init=False) for c in spec.get("containers") or []]
@@ -31,9 +35,15 @@ def fake_pod(pod: dict[str, Any], resource: str) -> FakePod:
 
 def _container(container: dict[str, Any], resource: str, init: bool) -> FakeContainer:
     resources = container.get("resources") or {}
-    raw = (resources.get("limits") or {}).get(resource) or (resources.get("requests") or {}).get(resource)
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
+    asked = sorted({name for name in (*limits, *requests) if name == resource or mig.is_resource(name)})
+    if len(asked) > 1:
+        raise ValueError(f"container {container['name']} asks for {' and '.join(asked)}: one device resource each")
+    name = asked[0] if asked else resource
+    raw = limits.get(name) or requests.get(name)
     restartable = init and container.get("restartPolicy") == "Always"
-    return FakeContainer(container["name"], _count(raw, resource), init, restartable)
+    mine = "" if name == resource else name
+    return FakeContainer(container["name"], _count(raw, name), init, restartable, mine)
 
 
 def _count(raw: object, resource: str) -> int:
@@ -84,9 +94,15 @@ def rejected_patch(pod_uid: str, reason: str, message: str) -> dict[str, Any]:
     return {"metadata": {"uid": pod_uid}, "status": {"phase": "Failed", "reason": reason, "message": message}}
 
 
-def node_devices_patch(resource: str, capacity: int, allocatable: int) -> dict[str, Any]:
-    """A patch for ``nodes/{name}/status`` that sets one resource and keeps everything else."""
-    return {"status": {"capacity": {resource: str(capacity)}, "allocatable": {resource: str(allocatable)}}}
+def node_devices_patch(counts: dict[str, tuple[int, int]]) -> dict[str, Any]:
+    """A patch for ``nodes/{name}/status`` that sets each resource's (capacity, allocatable) and
+    keeps everything else."""
+    return {
+        "status": {
+            "capacity": {r: str(c) for r, (c, _) in counts.items()},
+            "allocatable": {r: str(a) for r, (_, a) in counts.items()},
+        }
+    }
 
 
 def _stamp(now: datetime | None) -> str:

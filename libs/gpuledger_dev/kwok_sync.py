@@ -122,8 +122,9 @@ async def write_node_devices(
     seen: Callable[[], None],
     written: Callable[[tuple[int, int]], None],
 ) -> None:
-    """Patch the node's capacity (all devices) and allocatable (healthy ones) for the resource once
-    the plugin has registered, whenever its device list changes and every ``resync_s``."""
+    """Patch the node's capacity (all devices) and allocatable (healthy ones) of every resource the
+    plugin registered (``resource_name``, and the MIG resources beside it) once it has registered
+    ``resource_name``, whenever a device list changes and every ``resync_s``."""
     backoff, generation = Backoff(settings), -1
     path = f"/api/v1/nodes/{node}/status"
 
@@ -136,8 +137,13 @@ async def write_node_devices(
             seen()
         if devices.registrations:
             counts = (len(devices.devices), len(devices.healthy()))
+            every = {settings.resource_name: counts} | {
+                name: (len(e.devices), len(e.healthy()))
+                for name, e in devices.endpoints.items()
+                if e.registrations and name != settings.resource_name
+            }
             try:
-                await api.patch(path, node_devices_patch(settings.resource_name, *counts), STRATEGIC)
+                await api.patch(path, node_devices_patch(every), STRATEGIC)
             except (ApiError, *UNREACHABLE) as err:
                 log.warning("node %s: writing the device counts failed, will retry: %r", node, err)
                 await backoff.sleep()

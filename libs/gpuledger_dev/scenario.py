@@ -1,8 +1,9 @@
 """The demo scenario of the local stack, checked as it runs.
 
 It follows the two field reports the project grew from (apps sharing one RTX 3090 and two Tesla P4
-by memory, in units of 256 MiB), plus a 4-card job on an 8xH100 NVSwitch node and a card that
-turns unhealthy mid-run. Every pod goes the whole way: the scheduler asks the extender (filter,
+by memory, in units of 256 MiB), plus a 4-card job on an 8xH100 NVSwitch node, a card that
+turns unhealthy mid-run, and MIG instances on an A100 node (``scenario_mig``). Every pod goes the
+whole way: the scheduler asks the extender (filter,
 prioritize, bind: the ledger reserves), then the node's kubelet admits it and the plugin shim
 answers Allocate with the cards and limits the ledger holds for that container. A deleted pod's
 cards come back through the allocator's reconciliation with the (simulated) API server.
@@ -18,6 +19,7 @@ from gpuledger_common.allocator_client import allocator
 from gpuledger_core.model import Node
 from gpuledger_dev.fake_cluster import Outcome, gpu_pod
 from gpuledger_dev.local_stack import Stack
+from gpuledger_dev.scenario_mig import run_classic_mig
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 UNIT_MIB = 256
@@ -59,6 +61,7 @@ async def run_scenario(stack: Stack, say: Say) -> bool:
     await _rtx(stack, checks)
     await _p4(stack, checks)
     await _h100(stack, checks)
+    await run_classic_mig(stack, checks)
     return not checks.failed
 
 

@@ -7,7 +7,8 @@ on the H100 node whose cards must share an NVLink group (``matchAttribute``), an
 turns unhealthy (tainted in the slice: never allocated again). Every pod goes the whole way:
 kube-scheduler allocates its claim from the slices, the claims controller reserves exactly that in
 the ledger and marks it committed, the pod is bound, the node's kubelet has the DRA plugin prepare
-the claim, and the container's environment is that of the claim's CDI spec.
+the claim, and the container's environment is that of the claim's CDI spec. Then MIG instances
+through claims of the class ``mig.gpu.gpuledger.io`` (``scenario_mig``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from gpuledger_dev.scenario import (
     released_reason,
     wait_unhealthy,
 )
+from gpuledger_dev.scenario_mig import NODE as MIG_NODE
+from gpuledger_dev.scenario_mig import mig_request, run_mig
 
 CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
 
@@ -51,6 +54,7 @@ async def run_dra_scenario(stack: Stack, say: Say) -> bool:
     await _rtx(stack, cluster, checks)
     await _p4(cluster, checks)
     await _h100(stack, cluster, checks)
+    await _mig(stack, cluster, checks)
     return not checks.failed
 
 
@@ -123,6 +127,19 @@ async def _h100(stack: Stack, cluster: RealCluster, checks: Checks) -> None:
     fits = await claim_and_run(cluster, "after-fault", cards(len(free))[0], "h100-0")
     got = card_indexes(node, fits)
     checks.check(got == sorted(free), f"a {len(free)}-card claim gets {got}, never the tainted card {sick}", f"{fits}")
+
+
+async def _mig(stack: Stack, cluster: RealCluster, checks: Checks) -> None:
+    """The MIG step (``scenario_mig``) through claims of the class ``mig.gpu.gpuledger.io``."""
+
+    async def run(name: str, sized: dict[str, Any] | None, profile: str) -> Outcome:
+        request = mig_request(profile, None if sized is None else int(sized["memory"]))
+        return await claim_and_run(cluster, name, request, MIG_NODE)
+
+    async def card() -> Outcome:
+        return await claim_and_run(cluster, "a100-whole", cards(1)[0], MIG_NODE)
+
+    await run_mig(stack, checks, run, card)
 
 
 async def _delete(stack: Stack, cluster: RealCluster, checks: Checks, name: str) -> None:

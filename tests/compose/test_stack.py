@@ -24,7 +24,15 @@ from .conftest import TIMINGS
 
 pytestmark = pytest.mark.timeout(300)
 
-SERVICES = {"nats", "allocator", "placement", "inventory-rtx-0", "inventory-p4-0", "inventory-h100-0"}
+SERVICES = {
+    "nats",
+    "allocator",
+    "placement",
+    "inventory-rtx-0",
+    "inventory-p4-0",
+    "inventory-h100-0",
+    "inventory-a100-mig-0",
+}
 ONE_SHOT = {"credentials"}
 LOG_LINE = re.compile(r"^(?P<service>[a-z0-9-]+?)-1\s+\| (?P<text>.*)$")
 
@@ -48,7 +56,7 @@ def test_every_service_is_healthy_by_its_health_check(stack: ComposeStack) -> No
 def test_inspect_and_alloc_from_the_host_on_the_published_port(stack: ComposeStack) -> None:
     table = host("inspect", *stack.grpc_flags)
     assert table.returncode == 0, table.stderr
-    assert "3 node(s), 11 card(s)" in table.stdout
+    assert "4 node(s), 15 card(s)" in table.stdout
     made = host(
         "alloc", *stack.grpc_flags, "--gpu", "1", "--gpu-mem", "4096", "--owner", "host-tool", "--json"
     )

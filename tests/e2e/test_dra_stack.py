@@ -150,7 +150,7 @@ FAULTS: dict[str, Callable[[Stack], Awaitable[None]]] = {
     "nats-server-sigkill": kill_nats,
     "kubelet-restart": restart_kubelet,
 }
-BURST = 48  # shares of 1 GiB and 1 %: 8 a card by slots; the fleet has 11 cards, one turns unhealthy
+BURST = 48  # shares of 1 GiB and 1 %: 8 a card by slots; the fleet has 12 cards not in MIG mode, one turns unhealthy
 
 
 @pytest.mark.timeout(420)
@@ -208,7 +208,7 @@ async def second_placement(stack: Stack) -> None:
 
 
 MODE_C_FAULTS: dict[str, tuple[int, Callable[[Stack], Awaitable[None]]]] = {
-    "two-placements": (200, second_placement),  # 88 slots on the 11 cards: most of the burst waits, gated
+    "two-placements": (200, second_placement),  # 96 slots on the 12 cards: most of the burst waits, gated
     "placement-sigkill": (BURST, lambda stack: kill_service(stack, "placement")),
     "nats-server-sigkill": (BURST, kill_nats),
 }

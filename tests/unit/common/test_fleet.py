@@ -123,9 +123,9 @@ def test_a_profile_can_be_overridden() -> None:
 def test_the_packaged_dev_fleet_loads() -> None:
     text = (resources.files("gpuledger_dev") / "fleets" / "dev.yaml").read_text(encoding="utf-8")
     fleet = parse_fleet(text, "dev.yaml")
-    assert [n.node.name for n in fleet.nodes] == ["rtx-0", "p4-0", "h100-0"]
+    assert [n.node.name for n in fleet.nodes] == ["rtx-0", "p4-0", "h100-0", "a100-mig-0"]
     assert fleet.node("p4-0").profile == "tesla-p4-2"
-    with pytest.raises(KeyError, match="rtx-0, p4-0, h100-0"):
+    with pytest.raises(KeyError, match="rtx-0, p4-0, h100-0, a100-mig-0"):
         fleet.node("nope")
 
 

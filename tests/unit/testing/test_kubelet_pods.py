@@ -24,6 +24,7 @@ from gpuledger_dev.kubelet_pods import (
 from gpuledger_dev.kwok_kubelet import KwokKubeletSettings
 
 GPU = "gpuledger.io/gpu"
+MIG = "gpuledger.io/mig-1g.10gb"
 
 
 def pod(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
@@ -55,6 +56,20 @@ def test_containers_in_admission_order_with_counts_from_limits_or_requests() -> 
         FakeContainer("requested", 3),
         FakeContainer("cpu", 0),
     ]
+
+
+def test_a_container_asking_for_a_mig_resource_is_admitted_under_it() -> None:
+    mig_app = {"name": "mig", "resources": {"limits": {MIG: "1", "cpu": "1"}}}
+    smallest = {"name": "small", "resources": {"requests": {"gpuledger.io/mig": "1", "gpuledger.io/gpu-mem": "8000"}}}
+    found = fake_pod(pod(containers=[mig_app, smallest, container("whole", "1")]), GPU)
+    assert found.in_admission_order() == [
+        FakeContainer("mig", 1, resource=MIG),
+        FakeContainer("small", 1, resource="gpuledger.io/mig"),
+        FakeContainer("whole", 1),
+    ]
+    both = {"name": "both", "resources": {"limits": {MIG: "1", GPU: "1"}}}
+    with pytest.raises(ValueError, match=f"container both asks for {GPU} and {MIG}: one device resource each"):
+        fake_pod(pod(containers=[both]), GPU)
 
 
 @pytest.mark.parametrize(("quantity", "count"), [("2", 2), ("1k", 1000), ("1e1", 10), ("1500m", 2), ("1Ki", 1024)])
@@ -101,7 +116,10 @@ def test_patches_carry_the_uid_and_merge_by_key() -> None:
         "metadata": {"uid": "u1"},
         "status": {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": "Pod was rejected: x"},
     }
-    assert node_devices_patch(GPU, 8, 6) == {"status": {"capacity": {GPU: "8"}, "allocatable": {GPU: "6"}}}
+    assert node_devices_patch({GPU: (8, 6)}) == {"status": {"capacity": {GPU: "8"}, "allocatable": {GPU: "6"}}}
+    assert node_devices_patch({GPU: (8, 6), MIG: (16, 8)}) == {
+        "status": {"capacity": {GPU: "8", MIG: "16"}, "allocatable": {GPU: "6", MIG: "8"}}
+    }
 
 
 @pytest.mark.parametrize(

@@ -8,15 +8,20 @@ from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.events import LedgerEvent
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
+from gpuledger_core.mig import PROFILES
 from gpuledger_core.model import (
+    MIG_SMALLEST,
     Allocation,
     AllocState,
     Card,
+    CardMode,
     CardShare,
     Drain,
     Grant,
     Health,
     Isolation,
+    MigInstance,
+    MigSlot,
     Owner,
     OwnerKind,
     Remedy,
@@ -25,7 +30,7 @@ from gpuledger_core.model import (
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
-E = TypeVar("E", OwnerKind, Isolation, AllocState, Health, Remedy)
+E = TypeVar("E", OwnerKind, Isolation, AllocState, Health, Remedy, CardMode)
 
 
 def enum_of(kind: type[E], value: str, field: str, default: E | None = None) -> E:
@@ -73,15 +78,27 @@ def request_from(msg: pb.ResourceRequest | None, field: str) -> Request:
     _typed(msg.models, list, f"{field}.models")
     for i, model in enumerate(msg.models):
         _typed(model, str, f"{field}.models[{i}]")
+    _typed(msg.mig, str, f"{field}.mig")
     try:
         return Request(
             count=msg.gpu,
             mem_mib=msg.gpu_mem_mib,
             core_milli=msg.gpu_core_permille,
             models=frozenset(m for m in msg.models if m),
+            mig=mig_of(msg.mig),
         )
     except InvalidArgument as err:
         raise InvalidArgument(f"{field}.{err.field}", err.problem) from err
+
+
+def mig_of(asked: str) -> str:
+    """A request's ``mig`` as asked: "" (none), ``MIG_SMALLEST``, or a profile some card model
+    offers; any other name is refused here, as ``mig.request_of`` refuses a resource naming it,
+    rather than placed nowhere. (``Request`` checks the sizes that go with each.)"""
+    if asked and asked != MIG_SMALLEST and asked not in PROFILES:
+        known = ", ".join(sorted(PROFILES))
+        raise InvalidArgument("mig", f"no card model offers the MIG profile {asked!r} (known: {MIG_SMALLEST}, {known})")
+    return asked
 
 
 def request_to(request: Request) -> pb.ResourceRequest:
@@ -90,6 +107,7 @@ def request_to(request: Request) -> pb.ResourceRequest:
         gpu_mem_mib=request.mem_mib,
         gpu_core_permille=request.core_milli,
         models=sorted(request.models),
+        mig=request.mig,
     )
 
 
@@ -107,12 +125,49 @@ def _ask_from(c: pb.ContainerRequest, field: str) -> ContainerAsk:
 
 def share_to(s: CardShare) -> pb.CardShare:
     return pb.CardShare(
-        uuid=s.uuid, index=s.index, mem_mib=s.mem_mib, core_permille=s.core_milli, exclusive=s.exclusive
+        uuid=s.uuid,
+        index=s.index,
+        mem_mib=s.mem_mib,
+        core_permille=s.core_milli,
+        exclusive=s.exclusive,
+        mig=slot_to(s.mig),
     )
 
 
 def share_from(m: pb.CardShare) -> CardShare:
-    return CardShare(CardUuid(m.uuid), m.index, m.mem_mib, m.core_permille, m.exclusive)
+    return CardShare(CardUuid(m.uuid), m.index, m.mem_mib, m.core_permille, m.exclusive, slot_from(m.mig))
+
+
+def slot_to(slot: MigSlot | None) -> pb.MigSlot | None:
+    return None if slot is None else pb.MigSlot(profile=slot.profile, start=slot.start, size=slot.size)
+
+
+def slot_from(m: pb.MigSlot | None) -> MigSlot | None:
+    """None when unset (a placement always names its profile)."""
+    if m is None or not m.profile:
+        return None
+    return MigSlot(m.profile, m.start, m.size)
+
+
+def instance_to(c: CardStatus, i: MigInstance) -> pb.MigInstanceStatus:
+    """One of the card's instances, with the allocation holding it where one of its holders does."""
+    holder = c.holder_of(i)
+    return pb.MigInstanceStatus(
+        profile=i.slot.profile,
+        start=i.slot.start,
+        size=i.slot.size,
+        static=i.static,
+        uuid=i.uuid,
+        allocation_id=holder.allocation_id if holder is not None else "",
+        fault=i.fault,
+        remedy=i.remedy.value,
+    )
+
+
+def instance_from(m: pb.MigInstanceStatus) -> MigInstance:
+    """An instance as the ledger holds it (who holds it is the card's holders' to say)."""
+    slot = MigSlot(m.profile, m.start, m.size)
+    return MigInstance(slot, m.static, m.uuid, m.fault, enum_of(Remedy, m.remedy, "remedy", Remedy.NONE))
 
 
 def allocation_to(a: Allocation) -> pb.Allocation:
@@ -173,6 +228,7 @@ def holder_to(h: Holder) -> pb.Holder:
         over_grant=h.over,
         core_measured=h.used_core_milli is not None,
         used_core_permille=h.used_core_milli or 0,
+        mig=slot_to(h.mig),
     )
 
 
@@ -189,6 +245,7 @@ def holder_from(m: pb.Holder) -> Holder:
         m.used_mib if m.measured else None,
         m.over_grant,
         m.used_core_permille if m.core_measured else None,
+        slot_from(m.mig),
     )
 
 
@@ -209,6 +266,8 @@ def node_status_to(s: NodeStatus) -> pb.NodeStatus:
             foreign_mem_mib=c.foreign_mib,
             health_reason=c.card.health_reason,
             remedy=c.card.remedy.value,
+            mode=c.card.mode.value,
+            instances=[instance_to(c, i) for i in c.card.instances],
         )
         for c in s.cards
     ]
@@ -227,6 +286,8 @@ def node_status_from(m: pb.NodeStatus) -> NodeStatus:
                 enum_of(Health, c.health, "health", Health.HEALTHY),
                 health_reason=c.health_reason,
                 remedy=enum_of(Remedy, c.remedy, "remedy", Remedy.NONE),
+                mode=enum_of(CardMode, c.mode, "mode", CardMode.WHOLE),
+                instances=tuple(instance_from(i) for i in c.instances),
             ),
             c.free_mem_mib,
             c.free_core_permille,

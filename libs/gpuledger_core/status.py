@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from gpuledger_core.card_usage import Usage
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Allocation, AllocState, Card, Owner, OwnerKind
+from gpuledger_core.model import Allocation, AllocState, Card, MigInstance, MigSlot, Owner, OwnerKind
 from gpuledger_core.usage import free_of
 
 
@@ -25,6 +25,7 @@ class Holder:
     used_mib: int | None = None  # the memory its pod's processes use on the card; None: not measured
     over: bool = False  # a share using more memory than granted (docs/audit.md)
     used_core_milli: int | None = None  # its pod's processes' share of the card's SM time, per mille; None: not sampled
+    mig: MigSlot | None = None  # the MIG placement it holds whole (its instance, once the node made it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,10 @@ class CardStatus:
     processes: int = 0
     foreign_processes: int = 0
     foreign_mib: int = 0
+
+    def holder_of(self, instance: MigInstance) -> Holder | None:
+        """Who holds ``instance`` of the card (in MIG mode), as its holders say; None: nobody."""
+        return next((h for h in self.holders if h.mig == instance.slot), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,7 @@ def holders_of(allocations: Iterable[Allocation]) -> dict[str, list[Holder]]:
                     share.exclusive,
                     a.state,
                     a.created_at,
+                    mig=share.mig,
                 )
                 found.setdefault(share.uuid, []).append(holder)
     return found

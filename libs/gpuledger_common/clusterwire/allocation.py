@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuledger_common.clusterwire.cluster import owner_bytes, owner_from
+from gpuledger_common.clusterwire.cluster import mig_slot, owner_bytes, owner_from
 from gpuledger_common.clusterwire.wire import (
     LENGTH,
     MASK64,
@@ -26,6 +26,7 @@ from gpuledger_common.clusterwire.wire import (
     uint32,
     values_of,
 )
+from gpuledger_common.pbconvert import mig_of
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.model import Allocation, CardShare, Drain, Grant, Owner, Request
@@ -40,6 +41,7 @@ def share_bytes(s: CardShare) -> bytes:
     number(out, 3, s.mem_mib)
     number(out, 4, s.core_milli)
     flag(out, 5, s.exclusive)
+    mig_slot(out, 6, s.mig)
     return b"".join(out)
 
 
@@ -107,6 +109,7 @@ RESOURCE_REQUEST: Spec = {
     2: ("gpu_mem_mib", VARINT),
     3: ("gpu_core_permille", VARINT),
     4: ("models[]", LENGTH),
+    5: ("mig", LENGTH),
 }
 CONTAINER_REQUEST: Spec = {1: ("container", LENGTH), 2: ("request", LENGTH), 3: ("init", VARINT)}
 ALLOCATE_REQUEST: Spec = {
@@ -158,20 +161,20 @@ def _container_from(data: bytes, path: str) -> ContainerAsk:
     v = values_of(data, path, CONTAINER_REQUEST)
     request = v.get("request", b"")  # absent: an empty request, refused for its 0 cards
     assert isinstance(request, bytes)
-    return ContainerAsk(
-        string(v, "container", path), _request_from(request, f"{path}.request"), bool(uint(v, "init"))
-    )
+    return ContainerAsk(string(v, "container", path), _request_from(request, f"{path}.request"), bool(uint(v, "init")))
 
 
 def _request_from(data: bytes, path: str) -> Request:
     v = values_of(data, path, RESOURCE_REQUEST)
     models = [text_of(m, f"{path}.models[{i}]") for i, m in enumerate(items(v, "models[]"))]
+    mig = string(v, "mig", path)
     try:
         return Request(
             count=uint32(v, "gpu"),
             mem_mib=uint(v, "gpu_mem_mib") & MASK64 if "gpu_mem_mib" in v else None,  # optional: absent is None
             core_milli=uint32(v, "gpu_core_permille") if "gpu_core_permille" in v else None,
             models=frozenset(m for m in models if m),
+            mig=mig_of(mig),
         )
     except InvalidArgument as err:
         raise InvalidArgument(f"{path}.{err.field}", err.problem) from err

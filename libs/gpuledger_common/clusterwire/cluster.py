@@ -1,5 +1,6 @@
 """The cluster listing's messages, written and read: ``Cluster``, ``NodeStatus``, ``CardStatus``,
-``Holder`` and ``Owner``, made from and into the core's ``NodeStatus`` directly.
+``Holder``, ``Owner``, ``MigSlot`` and ``MigInstanceStatus``, made from and into the core's
+``NodeStatus`` directly.
 
 The allocator writes a listing (GetCluster) and keeps each node's encoded cards while they are
 unchanged (``encoded_cards``); the CLI reads it.
@@ -24,11 +25,22 @@ from gpuledger_common.clusterwire.wire import (
     string,
     text,
     uint,
+    uint32,
     values_of,
 )
 from gpuledger_common.pbconvert import enum_of
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
-from gpuledger_core.model import AllocState, Card, Health, Owner, OwnerKind, Remedy
+from gpuledger_core.model import (
+    AllocState,
+    Card,
+    CardMode,
+    Health,
+    MigInstance,
+    MigSlot,
+    Owner,
+    OwnerKind,
+    Remedy,
+)
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
 
 CARDS_KEPT = 50_000  # nodes whose encoded cards the allocator keeps (past that it starts afresh)
@@ -42,6 +54,36 @@ def owner_bytes(owner: Owner) -> bytes:
     text(out, 2, owner.id)
     text(out, 3, owner.namespace)
     text(out, 4, owner.name)
+    return b"".join(out)
+
+
+def slot_bytes(slot: MigSlot) -> bytes:
+    out: list[bytes] = []
+    text(out, 1, slot.profile)
+    number(out, 2, slot.start)
+    number(out, 3, slot.size)
+    return b"".join(out)
+
+
+def mig_slot(out: list[bytes], field: int, slot: MigSlot | None) -> None:
+    """A ``MigSlot`` field, left out when unset (or empty: betterproto writes no empty message)."""
+    if slot is not None and (body := slot_bytes(slot)):
+        message(out, field, body)
+
+
+def instance_bytes(c: CardStatus, i: MigInstance) -> bytes:
+    """A ``MigInstanceStatus``: the instance, and the allocation holding it where one of the
+    card's holders does (``pbconvert.instance_to``)."""
+    out: list[bytes] = []
+    slot, holder = i.slot, c.holder_of(i)
+    text(out, 1, slot.profile)
+    number(out, 2, slot.start)
+    number(out, 3, slot.size)
+    flag(out, 4, i.static)
+    text(out, 5, i.uuid)
+    text(out, 6, holder.allocation_id if holder is not None else "")
+    text(out, 7, i.fault)
+    text(out, 8, i.remedy.value)
     return b"".join(out)
 
 
@@ -60,6 +102,7 @@ def holder_bytes(h: Holder) -> bytes:
     flag(out, 11, h.over)
     flag(out, 12, h.used_core_milli is not None)
     number(out, 13, h.used_core_milli or 0)
+    mig_slot(out, 14, h.mig)
     return b"".join(out)
 
 
@@ -81,6 +124,9 @@ def card_bytes(c: CardStatus) -> bytes:
     number(out, 12, c.foreign_mib)
     text(out, 13, card.health_reason)
     text(out, 14, card.remedy.value)
+    text(out, 15, card.mode.value)
+    for instance in card.instances:
+        message(out, 16, instance_bytes(c, instance))
     return b"".join(out)
 
 
@@ -145,6 +191,7 @@ HOLDER: Spec = {
     11: ("over_grant", VARINT),
     12: ("core_measured", VARINT),
     13: ("used_core_permille", VARINT),
+    14: ("mig", LENGTH),
 }
 CARD: Spec = {
     1: ("uuid", LENGTH),
@@ -161,6 +208,17 @@ CARD: Spec = {
     12: ("foreign_mem_mib", VARINT),
     13: ("health_reason", LENGTH),
     14: ("remedy", LENGTH),
+    15: ("mode", LENGTH),
+    16: ("instances[]", LENGTH),
+}
+MIG_SLOT: Spec = {1: ("profile", LENGTH), 2: ("start", VARINT), 3: ("size", VARINT)}
+MIG_INSTANCE: Spec = {
+    **MIG_SLOT,
+    4: ("static", VARINT),
+    5: ("uuid", LENGTH),
+    6: ("allocation_id", LENGTH),
+    7: ("fault", LENGTH),
+    8: ("remedy", LENGTH),
 }
 NODE: Spec = {
     1: ("name", LENGTH),
@@ -178,10 +236,26 @@ def owner_from(data: bytes, path: str) -> Owner:
     return Owner(kind, string(v, "id", path), string(v, "namespace", path), string(v, "name", path))
 
 
+def slot_from(data: bytes, path: str) -> MigSlot | None:
+    """A ``MigSlot``; None for an empty one (a placement always names its profile)."""
+    v = values_of(data, path, MIG_SLOT)
+    profile = string(v, "profile", path)
+    return MigSlot(profile, uint32(v, "start"), uint32(v, "size")) if profile else None
+
+
+def instance_from(data: bytes, path: str) -> MigInstance:
+    """A ``MigInstanceStatus`` as the ledger holds the instance (who holds it is the card's
+    holders' to say)."""
+    v = values_of(data, path, MIG_INSTANCE)
+    slot = MigSlot(string(v, "profile", path), uint32(v, "start"), uint32(v, "size"))
+    remedy = enum_of(Remedy, string(v, "remedy", path), f"{path}.remedy", Remedy.NONE)
+    return MigInstance(slot, bool(uint(v, "static")), string(v, "uuid", path), string(v, "fault", path), remedy)
+
+
 def holder_from(data: bytes, path: str) -> Holder:
     v = values_of(data, path, HOLDER)
     state = enum_of(AllocState, string(v, "state", path), f"{path}.state")
-    since = v.get("since")
+    since, mig = v.get("since"), v.get("mig")
     return Holder(
         AllocationId(string(v, "allocation_id", path)),
         owner_from(v.get("owner", b""), f"{path}.owner"),  # type: ignore[arg-type]
@@ -194,6 +268,7 @@ def holder_from(data: bytes, path: str) -> Holder:
         uint(v, "used_mib") if uint(v, "measured") else None,
         bool(uint(v, "over_grant")),
         uint(v, "used_core_permille") if uint(v, "core_measured") else None,
+        slot_from(mig, f"{path}.mig") if isinstance(mig, bytes) else None,
     )
 
 
@@ -210,6 +285,8 @@ def card_from(data: bytes, path: str) -> CardStatus:
         health,
         health_reason=string(v, "health_reason", path),
         remedy=enum_of(Remedy, string(v, "remedy", path), f"{path}.remedy", Remedy.NONE),
+        mode=enum_of(CardMode, string(v, "mode", path), f"{path}.mode", CardMode.WHOLE),
+        instances=tuple(instance_from(m, f"{path}.instances[{i}]") for i, m in enumerate(items(v, "instances[]"))),
     )
     holders = tuple(holder_from(h, f"{path}.holders[{i}]") for i, h in enumerate(items(v, "holders[]")))
     return CardStatus(

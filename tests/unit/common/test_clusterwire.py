@@ -16,25 +16,41 @@ from gpuledger_common.clusterwire.cluster import cards_bytes
 from gpuledger_common.clusterwire.wire import varint
 from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument
-from gpuledger_core.ids import NodeName
-from gpuledger_core.model import Allocation
+from gpuledger_core.ids import AllocationId, CardUuid, NodeName
+from gpuledger_core.model import Allocation, CardMode, CardShare, Grant, MigInstance, MigSlot, Remedy
 from gpuledger_core.status import CardStatus, NodeStatus
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
-from ..core.strategies import allocations, cards, holders, mib, names, node_statuses, texts
+from ..core.strategies import allocations, cards, core, holders, mib, names, node_statuses, texts
 
-card_statuses = st.builds(
-    CardStatus,
-    st.builds(replace, cards, health_reason=texts),
-    mib,
-    st.integers(0, 1000),
-    st.lists(holders, max_size=3).map(tuple),
-    st.integers(0, 64),
-    st.integers(0, 64),
-    mib,
+# MIG placements, an empty one among them (betterproto writes no empty message; both read it as none)
+slots = st.builds(
+    MigSlot, st.sampled_from(["1g.10gb", "3g.20gb", "7g.80gb", "1g.10gb+me", ""]), st.integers(0, 7), st.integers(0, 8)
 )
+instances = st.builds(MigInstance, slots, st.booleans(), texts, texts, st.sampled_from(Remedy))
+
+
+@st.composite
+def card_statuses(draw: st.DrawFn) -> CardStatus:
+    """A card's status, in MIG mode or not, some holders holding its instances' placements."""
+    made = draw(st.lists(instances, max_size=3).map(tuple))
+    held = draw(st.none() | slots | (st.sampled_from([i.slot for i in made]) if made else st.none()))
+    card = draw(st.builds(replace, cards, health_reason=texts, mode=st.sampled_from(CardMode), instances=st.just(made)))
+    found = draw(st.lists(st.builds(replace, holders, mig=st.just(held) | st.none() | slots), max_size=3))
+    return CardStatus(
+        card,
+        draw(mib),
+        draw(st.integers(0, 1000)),
+        tuple(found),
+        *draw(st.tuples(st.integers(0, 64), st.integers(0, 64), mib)),
+    )
+
+
+shares = st.builds(CardShare, names.map(CardUuid), st.integers(0, 15), mib, core, st.booleans(), st.none() | slots)
+grants = st.builds(Grant, texts, st.lists(shares, max_size=3).map(tuple), st.booleans())
+allocations = allocations | st.builds(replace, allocations, grants=st.lists(grants, max_size=3).map(tuple))
 statuses = st.builds(
-    NodeStatus, names, st.lists(card_statuses, max_size=4).map(tuple), st.booleans(), st.integers(0, 2**40)
+    NodeStatus, names, st.lists(card_statuses(), max_size=4).map(tuple), st.booleans(), st.integers(0, 2**40)
 )
 pages = st.lists(statuses | node_statuses, max_size=4)
 tokens = st.text(max_size=12)
@@ -90,6 +106,7 @@ resource_requests = st.builds(
     gpu_mem_mib=st.none() | st.integers(0, 2**20) | st.integers(0, 2**64 - 1),
     gpu_core_permille=st.none() | st.integers(0, 1200),
     models=st.lists(st.sampled_from(["", "A100", "H100", "ü"]), max_size=2),
+    mig=st.sampled_from(["", "", "1g.10gb", "3g.20gb", "smallest", "1g.7gb", "SMALLEST"]),
 )
 allocate_requests = st.builds(
     pb.AllocateRequest,
@@ -217,3 +234,102 @@ def test_a_node_whose_ledger_value_cannot_be_read_says_why_as_betterproto_writes
     assert clusterwire.cluster_from(wire) == ([node], "")
     assert conv.node_status_from(pb.NodeStatus().parse(clusterwire.node_bytes(node))) == node
     assert codec.node_status_from(codec.node_status_to(node)) == node
+
+
+def a_mig_node() -> NodeStatus:
+    """A card in MIG mode: a static 3g.20gb held by a1, a 1g.10gb made on demand and faulted, and
+    a holder whose placement is not made yet."""
+    base = a_node()
+    held, made, planned = MigSlot("3g.20gb", 4, 4), MigSlot("1g.10gb", 0, 1), MigSlot("2g.20gb", 2, 2)
+    card = replace(
+        base.cards[0].card,
+        mode=CardMode.MIG,
+        instances=(MigInstance(held, True, "MIG-a"), MigInstance(made, False, "MIG-b", "XID 94", Remedy.DRAIN)),
+    )
+    holder = base.cards[0].holders[0]
+    holders = (replace(holder, mig=held), replace(holder, allocation_id=AllocationId("a2"), mig=planned))
+    return replace(base, cards=(replace(base.cards[0], card=card, holders=holders),))
+
+
+def test_a_mig_card_is_written_with_its_instances_and_who_holds_them() -> None:
+    node = a_mig_node()
+    wire = clusterwire.node_bytes(node)
+    assert wire == bytes(conv.node_status_to(node))
+    [card] = pb.NodeStatus().parse(wire).cards
+    assert card.mode == "mig"
+    assert [
+        (i.profile, i.start, i.size, i.static, i.uuid, i.allocation_id, i.fault, i.remedy) for i in card.instances
+    ] == [
+        ("3g.20gb", 4, 4, True, "MIG-a", "a1", "", ""),
+        ("1g.10gb", 0, 1, False, "MIG-b", "", "XID 94", "drain"),
+    ]
+    assert [(h.allocation_id, h.mig.profile, h.mig.start) for h in card.holders] == [
+        ("a1", "3g.20gb", 4),
+        ("a2", "2g.20gb", 2),
+    ]
+    assert clusterwire.cluster_from(clusterwire.cluster_bytes([node])) == ([node], "")
+    assert conv.node_status_from(pb.NodeStatus().parse(wire)) == node
+
+
+def test_a_whole_card_says_its_mode_and_has_no_instances() -> None:
+    [card] = pb.NodeStatus().parse(clusterwire.node_bytes(a_node())).cards
+    assert (card.mode, card.instances) == ("whole", [])
+    older = pb.NodeStatus().parse(bytes(pb.NodeStatus(name="n", cards=[pb.CardStatus(uuid="GPU-1")])))
+    assert conv.node_status_from(older).cards[0].card.mode is CardMode.WHOLE  # a server before MIG: whole
+
+
+def test_a_share_of_a_mig_placement_is_written_as_betterproto_does() -> None:
+    share = CardShare(CardUuid("GPU-1"), 0, 9728, 142, False, MigSlot("1g.10gb", 6, 1))
+    message = conv.share_to(share)
+    assert clusterwire.share_bytes(share) == bytes(message)
+    assert (message.mig.profile, message.mig.start, message.mig.size) == ("1g.10gb", 6, 1)
+    assert conv.share_from(pb.CardShare().parse(bytes(message))) == share
+    assert conv.share_from(pb.CardShare().parse(clusterwire.share_bytes(replace(share, mig=None)))).mig is None
+
+
+def mig_request(mig: str, **sizes: int) -> pb.AllocateRequest:
+    request = pb.ResourceRequest(gpu=1, mig=mig, **sizes)
+    return pb.AllocateRequest(owner=pb.Owner(kind="tool", id="t"), containers=[pb.ContainerRequest(request=request)])
+
+
+@pytest.mark.parametrize(
+    ("request_", "mig"),
+    [
+        (mig_request("1g.10gb"), "1g.10gb"),
+        (mig_request("smallest", gpu_mem_mib=8000), "smallest"),
+        (mig_request(""), ""),
+    ],
+)
+def test_a_mig_ask_is_read_both_ways(request_: pb.AllocateRequest, mig: str) -> None:
+    [ask] = clusterwire.allocate_request_from(bytes(request_)).asks
+    assert ask.request.mig == mig
+    assert conv.request_to(ask.request).mig == mig
+    assert conv.asks_from(pb.AllocateRequest().parse(bytes(request_)).containers)[0].request == ask.request
+
+
+@pytest.mark.parametrize(
+    ("request_", "problem"),
+    [
+        (mig_request("1g.7gb"), "no card model offers the MIG profile '1g.7gb' (known: smallest, 1g.10gb"),
+        (mig_request("smallest"), "the smallest profile that fits needs gpu-mem or gpu-core"),
+        (mig_request("1g.10gb", gpu_mem_mib=8000), "profile 1g.10gb names its memory and compute"),
+    ],
+)
+def test_a_bad_mig_ask_is_refused_naming_the_field(request_: pb.AllocateRequest, problem: str) -> None:
+    for read in (clusterwire.allocate_request_from, as_betterproto_reads):
+        with pytest.raises(InvalidArgument) as refused:
+            read(bytes(request_))
+        assert refused.value.field == "containers[0].request.mig"
+        assert refused.value.problem.startswith(problem)
+
+
+def test_holders_and_instances_of_another_wire_type_are_refused_by_name() -> None:
+    card = a_node().cards[0]
+    holder = clusterwire.holder_bytes(card.holders[0]) + b"\x72\x02\x08\x01"  # mig (14): profile as a number
+    bad_holder = clusterwire.card_bytes(replace(card, holders=())) + b"\x4a" + varint(len(holder)) + holder
+    bad_instance = clusterwire.card_bytes(card) + b"\x82\x01\x02\x28\x01"  # instances (16): uuid as a number
+    for bad, named in ((bad_holder, "holders[0].mig.profile"), (bad_instance, "instances[0].uuid")):
+        node = b"\x12" + varint(len(bad)) + bad
+        with pytest.raises(InvalidArgument) as refused:
+            clusterwire.cluster_from(b"\x0a" + varint(len(node)) + node)
+        assert refused.value.field == f"cluster.nodes[0].cards[0].{named}"

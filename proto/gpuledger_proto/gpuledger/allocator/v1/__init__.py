@@ -36,6 +36,13 @@ class ResourceRequest(betterproto.Message):
     gpu_mem_mib: Optional[int] = betterproto.uint64_field(2, optional=True)
     gpu_core_permille: Optional[int] = betterproto.uint32_field(3, optional=True)
     models: List[str] = betterproto.string_field(4)
+    mig: str = betterproto.string_field(5)
+    """
+    A MIG instance on each card instead of a share (docs/mig.md): "" asks for none; a profile's
+     name ("1g.10gb", with gpu_mem_mib and gpu_core_permille unset) asks for that profile; "smallest"
+     asks, on each card, for the smallest profile of its model that holds gpu_mem_mib and
+     gpu_core_permille (one of them set). A card not in MIG mode never takes one.
+    """
 
 
 @dataclass(eq=False, repr=False)
@@ -56,12 +63,24 @@ class AllocateRequest(betterproto.Message):
 
 
 @dataclass(eq=False, repr=False)
+class MigSlot(betterproto.Message):
+    """
+    A MIG placement: a GPU instance of a profile over memory slices [start, start + size) of its card.
+    """
+
+    profile: str = betterproto.string_field(1)
+    start: int = betterproto.uint32_field(2)
+    size: int = betterproto.uint32_field(3)
+
+
+@dataclass(eq=False, repr=False)
 class CardShare(betterproto.Message):
     uuid: str = betterproto.string_field(1)
     index: int = betterproto.uint32_field(2)
     mem_mib: int = betterproto.uint64_field(3)
     core_permille: int = betterproto.uint32_field(4)
     exclusive: bool = betterproto.bool_field(5)
+    mig: "MigSlot" = betterproto.message_field(6)
 
 
 @dataclass(eq=False, repr=False)
@@ -162,6 +181,23 @@ class Holder(betterproto.Message):
     over_grant: bool = betterproto.bool_field(11)
     core_measured: bool = betterproto.bool_field(12)
     used_core_permille: int = betterproto.uint32_field(13)
+    mig: "MigSlot" = betterproto.message_field(14)
+
+
+@dataclass(eq=False, repr=False)
+class MigInstanceStatus(betterproto.Message):
+    """
+    A GPU instance that exists on a card in MIG mode, as the node's inventory reports it.
+    """
+
+    profile: str = betterproto.string_field(1)
+    start: int = betterproto.uint32_field(2)
+    size: int = betterproto.uint32_field(3)
+    static: bool = betterproto.bool_field(4)
+    uuid: str = betterproto.string_field(5)
+    allocation_id: str = betterproto.string_field(6)
+    fault: str = betterproto.string_field(7)
+    remedy: str = betterproto.string_field(8)
 
 
 @dataclass(eq=False, repr=False)
@@ -180,6 +216,8 @@ class CardStatus(betterproto.Message):
     foreign_mem_mib: int = betterproto.uint64_field(12)
     health_reason: str = betterproto.string_field(13)
     remedy: str = betterproto.string_field(14)
+    mode: str = betterproto.string_field(15)
+    instances: List["MigInstanceStatus"] = betterproto.message_field(16)
 
 
 @dataclass(eq=False, repr=False)

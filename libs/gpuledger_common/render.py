@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from gpuledger_core.model import Allocation, Card
-from gpuledger_core.status import Holder, NodeStatus
+from gpuledger_common.mig_listing import mig_cell, slot_text
+from gpuledger_core.model import Allocation, Card, CardShare
+from gpuledger_core.status import CardStatus, Holder, NodeStatus
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -54,13 +55,14 @@ def cluster(nodes: Sequence[NodeStatus]) -> str:
 def cards(nodes: Sequence[NodeStatus], others: Mapping[str, int] | None = None) -> str:
     """One row per card (and per node whose ledger value cannot be read); "" when there is none.
     ``others``: per card UUID, how many of its holders were left out of ``nodes`` (a view of one
-    namespace), said after the holders shown."""
+    namespace), said after the holders shown. A card in MIG mode lists its placements
+    (``mig_listing``; in a namespace's view only those its holders hold)."""
     rows: list[list[str]] = []
     for node in nodes:
         if node.unreadable:  # nothing is placed there: its ledger value cannot be read
             rows.append([f"{node.name} (unreadable: {node.unreadable})", *["-"] * 7])
         for c in node.cards:
-            shown = [holder(h) for h in c.holders]
+            shown = _holders(c, scoped=others is not None)
             hidden = (others or {}).get(c.card.uuid, 0)
             if hidden:
                 shown.append(f"+{hidden} in other namespaces")
@@ -82,18 +84,27 @@ def cards(nodes: Sequence[NodeStatus], others: Mapping[str, int] | None = None) 
     return table(headers, rows)
 
 
+def _holders(c: CardStatus, *, scoped: bool) -> list[str]:
+    if c.card.mig:
+        return [mig_cell(c, holder, only_held=scoped)]
+    return [holder(h) for h in c.holders]
+
+
 def allocation(a: Allocation) -> str:
     parts = []
     for g in a.grants:
-        cards = ", ".join(
-            f"card {s.index} " + ("(whole)" if s.exclusive else f"({s.mem_mib} MiB, {s.core_milli / 10:g}%)")
-            for s in g.cards
-        )
+        cards = ", ".join(f"card {s.index} {_share(s)}" for s in g.cards)
         parts.append(f"{g.container + ': ' if g.container else ''}{cards}")
     lease = (
         f", lease until {time.strftime('%H:%M:%S', time.localtime(a.lease_expires_at))}" if a.lease_expires_at else ""
     )
     return f"{a.id} {a.state.value} on {a.node} for {a.owner.describe()}: {'; '.join(parts)}{lease}"
+
+
+def _share(s: CardShare) -> str:
+    if s.mig is not None:
+        return f"(MIG {slot_text(s.mig)}: {s.mem_mib} MiB, {s.core_milli / 10:g}%)"
+    return "(whole)" if s.exclusive else f"({s.mem_mib} MiB, {s.core_milli / 10:g}%)"
 
 
 def _health(card: Card) -> str:

@@ -10,10 +10,11 @@ from typing import Any
 from gpuledger_common import pbconvert as conv
 from gpuledger_common import render
 from gpuledger_common.allocator_client import DEFAULT_TIMEOUT_S, ClientTls, allocator, cluster_nodes
+from gpuledger_common.mig_listing import with_placements
 from gpuledger_common.settings import env_default
 from gpuledger_core import codec
 from gpuledger_core.errors import InvalidArgument, Unavailable
-from gpuledger_core.model import CORE_WHOLE
+from gpuledger_core.model import CORE_WHOLE, MIG_SMALLEST
 from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 DEFAULT_SERVER = "127.0.0.1:50051"
@@ -50,6 +51,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--gpu-mem", type=int, help="MiB on each card (shares the card)")
     p.add_argument("--gpu-core", type=int, help="percent of each card's compute (shares the card)")
     p.add_argument("--model", action="append", default=[], help="allowed card model (repeatable)")
+    p.add_argument(
+        "--mig",
+        default="",
+        help=f"a MIG instance on each card: a profile (1g.10gb), or {MIG_SMALLEST} (the smallest profile "
+        "holding --gpu-mem and --gpu-core)",
+    )
     p.add_argument("--owner", default="", help="the tool's id; retrying with the same id returns the same allocation")
     p.add_argument("--node", default="", help="only this node")
     p.add_argument("--isolation", default="none", choices=["none", "mps"])
@@ -85,6 +92,7 @@ def _request(args: argparse.Namespace) -> pb.ResourceRequest:
         gpu_mem_mib=args.gpu_mem,
         gpu_core_permille=None if core is None else core * CORE_WHOLE // 100,
         models=args.model,
+        mig=args.mig,
     )
 
 
@@ -131,7 +139,7 @@ async def inspect(args: argparse.Namespace) -> int:
     async with allocator(args.server, args.timeout, tls_of(args)) as api:
         nodes = await cluster_nodes(api, args.node, args.model, args.page_size)
     if args.json:
-        _print_json({"nodes": [codec.node_status_to(n) for n in nodes]})
+        _print_json({"nodes": [with_placements(codec.node_status_to(n), n) for n in nodes]})
     else:
         print(render.cluster(nodes))
     return 0

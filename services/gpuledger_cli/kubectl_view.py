@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuledger_common import render
+from gpuledger_common.mig_listing import slot_text, with_placements
 from gpuledger_core import codec
 from gpuledger_core.model import OwnerKind
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
@@ -95,7 +96,7 @@ def inspect_json(nodes: Sequence[NodeStatus], scope: Scope) -> dict[str, Any]:
     view = scoped(nodes, scope)
     found = []
     for node in view.nodes:
-        encoded = codec.node_status_to(node)
+        encoded = with_placements(codec.node_status_to(node), node)
         if not scope.everything:
             for card, status in zip(encoded["cards"], node.cards, strict=True):
                 card["other_holders"] = view.others.get(status.card.uuid, 0)
@@ -132,6 +133,7 @@ class TopRow:
     card_processes: int
     card_foreign_processes: int
     card_foreign_mib: int
+    mig: str = ""  # the MIG placement held (``1g.10gb@6``); "" for a share or a whole card
 
 
 def used_by(holder: Holder) -> Use:
@@ -154,7 +156,7 @@ def _holder_row(node: NodeStatus, c: CardStatus, h: Holder) -> TopRow:
     return TopRow(
         h.owner.namespace, h.owner.kind.value, _name(h), h.container, node.name, c.card.index, c.card.uuid,
         c.card.model, h.mem_mib, h.core_milli, h.exclusive, used_by(h), h.over, c.processes,
-        c.foreign_processes, c.foreign_mib,
+        c.foreign_processes, c.foreign_mib, slot_text(h.mig) if h.mig is not None else "",
     )  # fmt: skip
 
 
@@ -186,13 +188,14 @@ def top_text(rows: Sequence[TopRow], scope: Scope) -> str:
 
 def _top_cells(r: TopRow) -> list[str]:
     whole = " (whole)" if r.whole else ""
+    placed = f" (MIG {r.mig})" if r.mig else whole
     return [
         r.namespace or "-",
         r.holder,
         r.container or "-",
         r.node,
         str(r.card),
-        "-" if r.granted_mib is None else f"{r.granted_mib} MiB{whole}",
+        "-" if r.granted_mib is None else f"{r.granted_mib} MiB{placed}",
         NOT_MEASURED if r.used.mem_mib is None else f"{r.used.mem_mib} MiB" + (" OVER GRANT" if r.over else ""),
         "-" if r.granted_core_milli is None else f"{r.granted_core_milli / 10:g}%{whole}",
         NOT_MEASURED if r.used.core_milli is None else f"{r.used.core_milli / 10:g}%",
@@ -216,7 +219,8 @@ def top_json(rows: Sequence[TopRow], scope: Scope) -> dict[str, Any]:
                 "card": r.card,
                 "card_uuid": r.card_uuid,
                 "model": r.model,
-                "granted": {"mem_mib": r.granted_mib, "core_milli": r.granted_core_milli, "whole": r.whole},
+                "granted": {"mem_mib": r.granted_mib, "core_milli": r.granted_core_milli, "whole": r.whole}
+                | ({"mig": r.mig} if r.mig else {}),
                 "used": {"mem_mib": r.used.mem_mib, "core_milli": r.used.core_milli},
                 "over": r.over,
                 "card_processes": r.card_processes,

@@ -4,6 +4,7 @@ placements, a profile no card model offers refused by field, and the same refusa
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from grpclib import GRPCError
 from grpclib.const import Status
 from nats.aio.client import Client
 
+from gpuledger_cli.__main__ import parser
 from gpuledger_common import bus
 from gpuledger_common.announce import announce
 from gpuledger_proto.gpuledger.allocator import v1 as pb
@@ -134,3 +136,23 @@ async def test_the_refusals_are_those_over_nats(
         await announced.allocate(tool("t-refused", request_, node))
     assert refused.value.status is Status.RESOURCE_EXHAUSTED
     assert reason in (refused.value.message or "")
+
+
+async def test_the_cli_asks_for_an_instance_and_inspect_lists_it(
+    allocator: RunningAllocator, announced: pb.AllocatorStub, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = ["--server", allocator.address]
+    capsys.readouterr()
+    alloc = parser().parse_args(["alloc", "--mig", "3g.20gb", "--owner", "cli-mig", "--json", *server])
+    assert await alloc.run(alloc) == 0
+    [[share]] = [g["cards"] for g in json.loads(capsys.readouterr().out)["allocation"]["grants"]]
+    assert share["mig"] == {"profile": "3g.20gb", "start": 4, "size": 4}
+    inspect = parser().parse_args(["inspect", "--node", MIG_NODE, *server])
+    assert await inspect.run(inspect) == 0
+    [_, mig_line, whole_line, _] = capsys.readouterr().out.splitlines()
+    assert "MIG 3g.20gb@4 static: tool:cli-mig (" in mig_line
+    assert "MIG" not in whole_line and whole_line.endswith("  -")
+    listed = parser().parse_args(["inspect", "--node", MIG_NODE, "--json", *server])
+    assert await listed.run(listed) == 0
+    [card, _] = json.loads(capsys.readouterr().out)["nodes"][0]["cards"]
+    assert [h["mig"] for h in card["holders"]] == [{"profile": "3g.20gb", "start": 4, "size": 4}]

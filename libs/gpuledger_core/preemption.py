@@ -16,6 +16,12 @@ same fit as every placement (``pods.plan``):
   eviction would hurt most first (one a PodDisruptionBudget protects, then the highest priority, then
   the one that ran longest), and stays if the pod still fits without evicting it. What remains is a
   set from which no victim can be spared: never a victim that would not help;
+- **the host too**: where the node's free CPU and memory are known (``HostFree``) and would not take
+  the pod once the card victims are gone, further lower-priority holders there go for the host
+  (each holder's ``cpu_milli`` and ``memory_mib``), chosen as kube-scheduler's dry run chooses: all
+  of them off, then given back the costliest first while the host still takes the pod. They count
+  in the set's cost, so a node whose cards and host are freed by fewer victims wins over one whose
+  cards alone are cheap; a node whose host would not take the pod even then is no choice;
 - **the cheapest node and group**, as kube-scheduler orders its candidates: fewest victims a
   PodDisruptionBudget protects, then the lowest highest priority among the victims, then the fewest
   victims, then the lowest sum of their priorities, then the least work lost (the victims'
@@ -58,6 +64,24 @@ class Holder:
     priority: int
     protected: bool = False
     started_at: float = 0.0
+    cpu_milli: int = 0  # what its pods ask of the node's host, freed there when it goes
+    memory_mib: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HostFree:
+    """A node's host CPU and memory free now (kube-scheduler's requests' count), as far as the
+    caller follows it: the victims must free what the pod asks beyond it."""
+
+    cpu_milli: int
+    memory_mib: int
+
+    def takes(self, pod: PodAsk, freed: Iterable[Holder]) -> bool:
+        """Whether the host takes ``pod`` once the holders ``freed`` are gone."""
+        gone = list(freed)
+        cpu = self.cpu_milli + sum(h.cpu_milli for h in gone)
+        memory = self.memory_mib + sum(h.memory_mib for h in gone)
+        return cpu >= pod.cpu_milli and memory >= pod.memory_mib
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,14 +127,30 @@ def candidates(ledger: NodeLedger, priority: int, holders: Mapping[str, Holder],
 
 
 def on_node(
-    ledger: NodeLedger, pod: PodAsk, priority: int, holders: Mapping[str, Holder], fit: Fit, now: float
+    ledger: NodeLedger,
+    pod: PodAsk,
+    priority: int,
+    holders: Mapping[str, Holder],
+    fit: Fit,
+    now: float,
+    host: HostFree | None = None,
 ) -> Victims | None:
-    """The cheapest smallest set of victims on this node that makes ``pod`` fit; None when evicting
-    every candidate would not. A pod that fits already gets an empty set."""
+    """The cheapest smallest set of victims on this node that makes ``pod`` fit, its cards and, with
+    ``host``, its host (further victims for CPU and memory counted in); None when evicting every
+    candidate would not. A pod that fits already gets an empty set."""
     grants = fit.grants(ledger, pod, ())
-    if grants is not None:
+    if grants is not None and (host is None or host.takes(pod, ())):
         return Victims(ledger.node.name, (), grants, (0, 0, 0, 0, 0.0))
-    return next(iter(options(ledger, pod, priority, holders, fit, now)), None)
+    if host is None:
+        return next(iter(options(ledger, pod, priority, holders, fit, now)), None)
+    pool = candidates(ledger, priority, holders, now)
+    cards = [Victims(ledger.node.name, (), grants, (0, 0, 0, 0, 0.0))] if grants is not None else []
+    found = [
+        victims
+        for option in cards or options(ledger, pod, priority, holders, fit, now)
+        if (victims := _with_host(option, pod, pool, holders, host, now)) is not None
+    ]
+    return min(found, key=lambda v: v.cost, default=None)
 
 
 def options(
@@ -137,11 +177,14 @@ def choose(
     holders: Mapping[str, Holder],
     fit: Fit,
     now: float,
+    hosts: Mapping[NodeName, HostFree] | None = None,
 ) -> Victims | None:
-    """The node and victims that cost least (``on_node`` for each), nodes in the given order on a tie."""
+    """The node and victims that cost least (``on_node`` for each, with its host where ``hosts``
+    knows it), nodes in the given order on a tie."""
     best: Victims | None = None
     for ledger in ledgers:
-        found = on_node(ledger, pod, priority, holders, fit, now)
+        host = None if hosts is None else hosts.get(ledger.node.name)
+        found = on_node(ledger, pod, priority, holders, fit, now, host)
         if found is not None and (best is None or found.cost < best.cost):
             best = found
     return best
@@ -207,8 +250,41 @@ def _smallest(
         spared = fit.grants(ledger, pod, (a.id for a in trial))
         if spared is not None:
             kept, grants = trial, spared
-    order = sorted(kept, key=lambda a: (holders[a.owner.key].priority, -holders[a.owner.key].started_at, a.id))
+    order = sorted(kept, key=lambda a: _order(a, holders))
     return Victims(ledger.node.name, tuple(order), grants, _cost(kept, holders, now))
+
+
+def _with_host(
+    option: Victims,
+    pod: PodAsk,
+    pool: tuple[Allocation, ...],
+    holders: Mapping[str, Holder],
+    host: HostFree,
+    now: float,
+) -> Victims | None:
+    """``option`` with the further candidates the host must lose for the pod's CPU and memory (all
+    off, then the costliest given back while the host still takes the pod: none that would not
+    help), its cost over them all; None when the host would not take the pod even so."""
+    chosen = {a.id for a in option.evict}
+    freed = [holders[a.owner.key] for a in option.evict]
+    if host.takes(pod, freed):
+        return option
+    extra = [a for a in pool if a.id not in chosen]
+    if not host.takes(pod, [*freed, *(holders[a.owner.key] for a in extra)]):
+        return None
+    for allocation in sorted(extra, key=lambda a: _dearness(a, holders, now), reverse=True):
+        trial = [a for a in extra if a.id != allocation.id]
+        if host.takes(pod, [*freed, *(holders[a.owner.key] for a in trial)]):
+            extra = trial
+    kept = [*option.evict, *extra]
+    order = sorted(kept, key=lambda a: _order(a, holders))
+    return Victims(option.node, tuple(order), option.grants, _cost(kept, holders, now))
+
+
+def _order(allocation: Allocation, holders: Mapping[str, Holder]) -> tuple[int, float, str]:
+    """The victims' order: lowest priority first, then the youngest."""
+    holder = holders[allocation.owner.key]
+    return (holder.priority, -holder.started_at, allocation.id)
 
 
 def _dearness(allocation: Allocation, holders: Mapping[str, Holder], now: float) -> tuple[bool, int, float, str]:

@@ -186,7 +186,7 @@ class Cluster:
         self.running[job.name] = running
         self.by_node[at][job.name] = running
         if allocation is not None:
-            self.holders[job.owner.key] = Holder(job.priority, started_at=now)
+            self.holders[job.owner.key] = Holder(job.priority, False, now, pod.cpu_milli, pod.memory_mib)
         return running
 
     def stop(self, name: str) -> Running:

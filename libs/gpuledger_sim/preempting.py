@@ -24,11 +24,11 @@ without cards never preempts: what is measured is how cards are taken back).
   The dry run, too, counts what nominated pods of the pod's priority or above hold on a node.
 - ``ledger``: gpuledger's share-aware choice (``gpuledger_core.preemption.choose``) over the
   ledgers of the nodes that could take the pod if all their lower-priority holders went, by the
-  node's counts and its host; the pod is started on the cards the choice planned. The choice
-  frees cards only: where the node's host still lacks CPU or memory for the pod once its victims
-  are gone, further lower-priority holders there are evicted for the host as kube-scheduler's dry
-  run would choose them (by counts, which is right for CPU and memory); a node where even that
-  would not do is passed over and the choice made again without it.
+  node's counts and its host, with each node's free CPU and memory (``HostFree``), as the placement
+  service gives it: the victims free the cards and, where the host lacks CPU or memory, further
+  lower-priority holders go for it (chosen by kube-scheduler's rule, which is right for counts),
+  all of them counted in the cost that ranks the nodes. The pod is started on the cards the choice
+  planned.
 - ``ledger+defrag``: ``ledger``, and for a pod it finds no victims for, a few running pods of the
   pod's priority or below moved to other nodes where that lets it in (``moving``), as the placement
   service does (docs/preemption.md, "Defragmentation").
@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpuledger_core.model import Grant
-from gpuledger_core.preemption import choose
+from gpuledger_core.preemption import HostFree, choose
 from gpuledger_sim.cluster import Cluster, Free, Job, Running
 from gpuledger_sim.moving import Order
 
@@ -117,32 +117,12 @@ def ledger(cluster: Cluster, job: Job, now: float) -> Preemption | None:
     """gpuledger's share-aware choice over the nodes worth asking (see the module's note)."""
     worth = [at for at in range(len(cluster.nodes)) if _worth_asking(cluster, at, job)]
     ledgers = [cluster.ledgers[at] for at in worth]
-    pod = job.pod_ask()
-    while ledgers:
-        found = choose(ledgers, pod, job.priority, cluster.holders, cluster.fit, now)
-        if found is None:
-            return None
-        at = cluster.position[found.node]
-        victims = [cluster.holder_of(a) for a in found.evict]
-        host = _for_host(cluster, at, job, victims)
-        if host is not None:
-            return Preemption(at, tuple(v.job.name for v in (*victims, *host)), found.grants)
-        ledgers = [ledger for ledger in ledgers if ledger.node.name != found.node]
-    return None
-
-
-def _for_host(cluster: Cluster, at: int, job: Job, victims: list[Running]) -> list[Running] | None:
-    """The further lower-priority holders the node's host must lose for the pod's CPU and memory
-    once ``victims`` are gone, chosen as kube-scheduler's dry run chooses (all taken off, then the
-    most important given back while the host still takes the pod); None when all would not do."""
-    free = cluster.free(at).plus(victims)
-    if free.takes(job):
-        return []
-    taken = {v.job.name for v in victims}
-    pool = [r for r in _lower_holders(cluster, at, job) if r.job.name not in taken]
-    if not free.plus(pool).takes(job):
+    hosts = {cluster.ledgers[at].node.name: HostFree(cluster.cpu_free[at], cluster.mem_free[at]) for at in worth}
+    found = choose(ledgers, job.pod_ask(), job.priority, cluster.holders, cluster.fit, now, hosts)
+    if found is None:
         return None
-    return _reprieved(free, pool, job)
+    victims = tuple(cluster.holder_of(a).job.name for a in found.evict)
+    return Preemption(cluster.position[found.node], victims, found.grants)
 
 
 def _worth_asking(cluster: Cluster, at: int, job: Job) -> bool:

@@ -17,7 +17,10 @@ this preemptor (``consider``), which, once per pod at a time and at most every `
    and lists their pods: each holder's priority, start and PodDisruptionBudget (protected when a
    budget selecting it allows no disruption now);
 3. chooses the victims (``gpuledger_core.preemption.choose``: the smallest set of lower-priority
-   holders on the cards the pod needs, on the node where they cost least);
+   holders on the cards the pod needs, and, where the node's free CPU or memory (the view's, where
+   Kubernetes is followed) would still not take the pod, the further holders there its host needs,
+   on the node where they all cost least: a room kube-scheduler's NodeResourcesFit then refuses is
+   no room);
 4. reads the pod afresh (the same checks again) and writes the annotation with the victims, with
    the pod's resourceVersion as precondition (of two placement replicas, one preempts);
 5. evicts each victim through the Eviction API, so that PodDisruptionBudgets are the API server's
@@ -49,15 +52,15 @@ from typing import Any, Protocol
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.claim_asks import ClaimAsk
 from gpuledger_core.claim_placement import claim_as_pod
-from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, NotFound
+from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Allocation, OwnerKind
 from gpuledger_core.pods import PodAsk, reserve_pod
-from gpuledger_core.preemption import PREEMPTED_BY, Fit, Holder, Victims, choose
+from gpuledger_core.preemption import PREEMPTED_BY, Fit, Holder, HostFree, Victims, choose
 from gpuledger_core.repack import Repack, repack
 from gpuledger_placement.claims import ALLOCATED_BY_LEDGER
-from gpuledger_placement.convert import epoch_of, pod_ask_from
+from gpuledger_placement.convert import epoch_of, host_requests, pod_ask_from
 from gpuledger_placement.host_fit import host_refusal
 from gpuledger_placement.metrics import DEFRAG_MOVES, PREEMPTIONS
 from gpuledger_placement.node_fit import selects
@@ -165,7 +168,7 @@ class Preemptor:
         ledgers = self._ledgers(nodes, pod, fit, priority) if self.preempting else []
         if ledgers:
             holders = await self._holders([ledger.node.name for ledger in ledgers])
-            victims = choose(ledgers, pod, priority, holders, fit, self.clock())
+            victims = choose(ledgers, pod, priority, holders, fit, self.clock(), self._hosts(ledgers))
         moving = None
         if victims is None and self.defrag is not None:
             moving = await self._repack(raw, pod, priority, nodes, fit)
@@ -265,6 +268,16 @@ class Preemptor:
                 found.append(entry.ledger)
         return found
 
+    def _hosts(self, ledgers: Sequence[NodeLedger]) -> dict[NodeName, HostFree]:
+        """The nodes' free CPU and memory where placement follows them (kube-scheduler's count of
+        requests); a node it does not follow is left to kube-scheduler."""
+        found = {}
+        for ledger in ledgers:
+            known = self.service.view.hosts(str(ledger.node.name))
+            if known is not None:
+                found[ledger.node.name] = HostFree(known[0], known[1])
+        return found
+
     async def _holders(self, nodes: Sequence[NodeName]) -> dict[str, Holder]:
         """Every pod on ``nodes`` that is not going already: priority, start, budget; and every
         claim held there whose pods are all among them (its priority their highest, protected if
@@ -307,7 +320,11 @@ class Preemptor:
             self._consumers[uid] = tuple(_ref(by_uid[u]["metadata"]["namespace"], by_uid[u]["metadata"]["name"], u)
                                          for u in users)  # fmt: skip
             found[f"{OwnerKind.CLAIM}:{uid}"] = Holder(
-                self._priorities[uid], any(h.protected for h in mine), min(h.started_at for h in mine)
+                self._priorities[uid],
+                any(h.protected for h in mine),
+                min(h.started_at for h in mine),
+                sum(h.cpu_milli for h in mine),
+                sum(h.memory_mib for h in mine),
             )
         return found
 
@@ -460,7 +477,8 @@ def priority_of(pod: Mapping[str, Any]) -> int:
 
 def holder_of(pod: Mapping[str, Any], budgets: Sequence[Mapping[str, Any]]) -> Holder:
     """A running pod as a possible victim: its priority, whether a PodDisruptionBudget of its
-    namespace selecting it allows no disruption now, and when it started."""
+    namespace selecting it allows no disruption now, when it started, and the CPU and memory its
+    eviction frees on the host (none counted for a request that is no quantity)."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     protected = any(
@@ -470,7 +488,11 @@ def holder_of(pod: Mapping[str, Any], budgets: Sequence[Mapping[str, Any]]) -> H
         for b in budgets
     )
     started = (pod.get("status") or {}).get("startTime") or meta.get("creationTimestamp")
-    return Holder(priority_of(pod), protected, epoch_of(started, 0.0))
+    try:
+        cpu_milli, memory_mib = host_requests(pod)
+    except InvalidArgument:
+        cpu_milli, memory_mib = 0, 0
+    return Holder(priority_of(pod), protected, epoch_of(started, 0.0), cpu_milli, memory_mib)
 
 
 def _ref(namespace: str, name: str, uid: str) -> str:

@@ -17,7 +17,16 @@ from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Allocation, AllocState, Grant, Node, Owner, OwnerKind, Request
 from gpuledger_core.packing import make_policy
 from gpuledger_core.pods import PodAsk
-from gpuledger_core.preemption import PREEMPTED_BY, Fit, Holder, choose, on_node, preempted, room_held
+from gpuledger_core.preemption import (
+    PREEMPTED_BY,
+    Fit,
+    Holder,
+    HostFree,
+    choose,
+    on_node,
+    preempted,
+    room_held,
+)
 
 from .builders import allocation, card, share, whole
 
@@ -26,8 +35,9 @@ PREEMPTOR = Owner(OwnerKind.POD, "uid-high", "ns", "high")
 GIB = 1024
 
 
-def pod(mem_mib: int | None = None, count: int = 1) -> PodAsk:
-    return PodAsk(PREEMPTOR, (ContainerAsk("main", Request(count, mem_mib=mem_mib)),))
+def pod(mem_mib: int | None = None, count: int = 1, cpu_milli: int = 0, memory_mib: int = 0) -> PodAsk:
+    return PodAsk(PREEMPTOR, (ContainerAsk("main", Request(count, mem_mib=mem_mib)),), cpu_milli=cpu_milli,
+                  memory_mib=memory_mib)  # fmt: skip
 
 
 def shares_on(node: Node, *held: tuple[str, int, int]) -> NodeLedger:
@@ -109,6 +119,57 @@ def test_the_node_whose_victims_cost_least_is_chosen() -> None:
     holders = {"pod:uid-a": Holder(50), "pod:uid-b": Holder(50), "pod:uid-c": Holder(10), "pod:uid-d": Holder(60)}
     found = choose([dear, cheap], pod(4 * GIB), 100, holders, FIT, 1.0)
     assert found is not None and found.node == "node-b" and [a.id for a in found.evict] == ["c"]
+
+
+def hungry(cpu: dict[str, int], priority: int = 0) -> dict[str, Holder]:
+    """Holders of ``priority`` each asking the host for its CPU (millicores) and 1 GiB."""
+    return {f"pod:uid-{n}": Holder(priority, cpu_milli=c, memory_mib=GIB) for n, c in cpu.items()}
+
+
+def test_the_host_s_cpu_and_memory_count_in_the_choice_of_node() -> None:
+    # node-a: one 6 GiB share frees card 0, but its host has 1 CPU free and the pod asks 8: the
+    # two holders of card 1 must go too (3 victims). node-b: one 6 GiB share whose 8 CPU free
+    # both the card and the host. Blind to hosts, node-a's single card victim wins the tie.
+    a = shares_on(two_cards("node-a"), ("a", 0, 6 * GIB), ("x", 1, 3 * GIB), ("y", 1, 3 * GIB))
+    b = shares_on(two_cards("node-b"), ("b", 0, 6 * GIB), ("z", 1, 6 * GIB))
+    holders = hungry({"a": 1000, "x": 3000, "y": 4000, "b": 8000, "z": 500})
+    asked = pod(6 * GIB, cpu_milli=8000, memory_mib=GIB)
+    blind = choose([a, b], asked, 100, holders, FIT, 1.0)
+    assert blind is not None and blind.node == "node-a" and [v.id for v in blind.evict] == ["a"]
+    hosts = {NodeName("node-a"): HostFree(1000, 64 * GIB), NodeName("node-b"): HostFree(0, 64 * GIB)}
+    found = choose([a, b], asked, 100, holders, FIT, 1.0, hosts)
+    assert found is not None and found.node == "node-b" and [v.id for v in found.evict] == ["b"]
+    assert found.cost[2] == 1
+
+
+def test_the_host_s_further_victims_are_the_fewest_that_free_enough_and_only_of_lower_priority() -> None:
+    # The pod fits card 1 already; its host lacks 4 CPU. Of the others, h (6 CPU) alone frees
+    # enough; s (500m) would not help and stays, as do the peer of equal priority and its 9 CPU.
+    ledger = shares_on(two_cards(), ("s", 0, 2 * GIB), ("h", 0, 2 * GIB), ("peer", 0, 2 * GIB))
+    holders = {**hungry({"s": 500, "h": 6000}), "pod:uid-peer": Holder(100, cpu_milli=9000)}
+    host = HostFree(2000, 64 * GIB)
+    found = on_node(ledger, pod(4 * GIB, cpu_milli=6000), 100, holders, FIT, 1.0, host)
+    assert found is not None and [v.id for v in found.evict] == ["h"]
+    assert found.grants[0].cards[0].index == 1
+    # Memory counts as CPU does, and a host that no set of lower-priority holders frees is no choice.
+    assert on_node(ledger, pod(4 * GIB, memory_mib=70 * GIB), 100, holders, FIT, 1.0, host) is None
+    assert on_node(ledger, pod(4 * GIB, cpu_milli=9000), 100, holders, FIT, 1.0, host) is None
+    roomy = HostFree(6000, 64 * GIB)
+    found = on_node(ledger, pod(4 * GIB, cpu_milli=6000), 100, holders, FIT, 1.0, roomy)
+    assert found is not None and found.evict == ()  # the host takes it: nobody goes
+
+
+def test_a_card_victim_that_frees_the_host_too_is_preferred_to_one_that_needs_a_second() -> None:
+    # Any card's one victim frees the 6 GiB the pod needs; the host lacks 3 CPU. Card 1's victim
+    # frees 4 CPU; card 0's only 1, and a second holder would have to go: card 1 is the choice
+    # (blind to the host, the first card's would be).
+    node = Node(NodeName("node-a"), (card(0, 8 * GIB), card(1, 8 * GIB), card(2, 8 * GIB)))
+    ledger = shares_on(node, ("small", 0, 6 * GIB), ("big", 1, 6 * GIB), ("other", 2, 6 * GIB))
+    holders = hungry({"big": 4000, "small": 1000, "other": 3000})
+    blind = on_node(ledger, pod(6 * GIB, cpu_milli=3000), 100, holders, FIT, 1.0)
+    assert blind is not None and [v.id for v in blind.evict] == ["small"]
+    found = on_node(ledger, pod(6 * GIB, cpu_milli=3000), 100, holders, FIT, 1.0, HostFree(0, 64 * GIB))
+    assert found is not None and [v.id for v in found.evict] == ["big"]
 
 
 @st.composite

@@ -32,6 +32,18 @@ def test_a_holder_has_its_priority_and_start() -> None:
     assert priority_of(running({}, priority=None)) == 0
 
 
+def test_a_holder_frees_its_pod_s_cpu_and_memory_requests_on_the_host() -> None:
+    pod = running({})
+    pod["spec"]["containers"] = [
+        {"name": "a", "resources": {"requests": {"cpu": "1500m", "memory": "2Gi"}}},
+        {"name": "b", "resources": {"requests": {"cpu": "1", "memory": "512Mi"}}},
+    ]
+    found = holder_of(pod, [])
+    assert (found.cpu_milli, found.memory_mib) == (2500, 2560)
+    pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"  # no quantity: nothing counted
+    assert (holder_of(pod, []).cpu_milli, holder_of(pod, []).memory_mib) == (0, 0)
+
+
 def test_a_budget_protects_only_the_pods_it_selects_in_its_namespace_while_it_allows_no_disruption() -> None:
     pod = running({"app": "x", "tier": "db"})
     assert holder_of(pod, [budget({"matchLabels": {"app": "x"}}, 0)]).protected

@@ -34,7 +34,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from gpuledger_core.model import OwnerKind
+from gpuledger_core.dra_mig import device_name
+from gpuledger_core.model import CardShare, OwnerKind
 from gpuledger_dev.controlplane.api import KubeApi
 from gpuledger_dev.fleet import Fleet, load_fleet
 from gpuledger_dev.local_stack import Stack, running_stack
@@ -75,6 +76,7 @@ async def _demo(dra_stack: Stack) -> None:
     said: list[str] = []
     assert await run_dra_scenario(dra_stack, said.append), "\n".join(said)
     assert any("stays pending" in line for line in said), said
+    assert any("mig-4g on a100-mig-0: 4g.20gb@" in line for line in said), said  # the MIG step ran, by claims
     cluster = dra_stack.cluster
     assert isinstance(cluster, RealCluster) and cluster.api is not None
     claims = (await cluster.api.get(CLAIMS))["items"]
@@ -88,7 +90,14 @@ async def _demo(dra_stack: Stack) -> None:
     assert all(a.owner.kind is OwnerKind.CLAIM and a.owner.namespace == NAMESPACE for _, a in held.values())
     for uid, (_, entry) in held.items():
         results = allocated[uid]["status"]["allocation"]["devices"]["results"]
-        assert sorted(f"gpu-{s.index}" for s in entry.shares()) == sorted(r["device"] for r in results)
+        assert sorted(map(device_of, entry.shares())) == sorted(r["device"] for r in results)
+
+
+def device_of(share: CardShare) -> str:
+    """The slice's device a ledger share is: the card, or the MIG placement on it."""
+    if share.mig is None:
+        return f"gpu-{share.index}"
+    return device_name(share.index, share.mig.profile, share.mig.start)
 
 
 def _finalized(api: KubeApi, path: str) -> Callable[[], Awaitable[list[dict[str, Any]] | None]]:

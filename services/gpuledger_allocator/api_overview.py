@@ -1,6 +1,7 @@
 """The dashboard's views as JSON: ``GET /api/summary`` (the cluster's totals, its models and a
 filtered page of node rows: ``overview.py``), ``GET /api/nodes/<node>`` (a node's cards and
-holders, each holder with its isolation tier) and ``GET /api/history?node=&hours=`` (the sampled
+holders, each holder with its isolation tier and MIG placement, each card in MIG mode with its
+count of memory slices) and ``GET /api/history?node=&hours=`` (the sampled
 trends: ``trends.py``). Bad input is a 400 naming the field."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from aiohttp import web
 from gpuledger_allocator.overview import MAX_PAGE, NODE_STATES, Filter, Overview, row_json, summary
 from gpuledger_allocator.queries import node_in
 from gpuledger_allocator.trends import Trends
-from gpuledger_core import codec
+from gpuledger_common.mig_listing import with_placements
+from gpuledger_core import codec, mig
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import AllocationId, NodeName
 
@@ -68,8 +70,10 @@ def overview_routes(overview: Overview, trends: Trends, clock: Callable[[], floa
         row = overview.row(NodeName(name))
         if status is None or row is None:
             raise LookupError(f"node {name[:80]!r} is not in the ledger")
-        body = codec.node_status_to(status)
-        for card in body["cards"]:
+        body = with_placements(codec.node_status_to(status), status)
+        for card, c in zip(body["cards"], status.cards, strict=True):
+            if c.card.mig and (model := mig.model_of(c.card)) is not None:
+                card["mig_slices"] = model.memory_slices  # the dashboard draws the card as its slices
             for holder in card["holders"]:
                 allocation = overview.view.allocation(AllocationId(holder["allocation_id"]))
                 holder["isolation"] = allocation.isolation.value if allocation is not None else None

@@ -1,7 +1,8 @@
-// The card view: the card's facts, its share layout (memory and compute, with a legend and units),
-// its holders (namespace, pod, container, granted and used memory and compute, isolation, since
-// when), its MIG layout (its instances, where the card is in MIG mode), and its health and remediation history, which
-// the allocator asks of the node's inventory (asked again when the card's state changes).
+// The card view: the card's facts, its share layout (memory and compute, with a legend and units;
+// a card in MIG mode: its memory slices and placements, mig.js), its holders (namespace, pod,
+// container, granted and used memory and compute, isolation, since when), its MIG layout (each
+// placement: instance, holder, fault), and its health and remediation history, which the
+// allocator asks of the node's inventory (asked again when the card's state changes).
 "use strict";
 let cardHistory = { key: "", data: null };
 
@@ -24,7 +25,8 @@ const cardView = {
       ["PCI bus", card.pci_bus_id || "-"], ["NUMA node", card.numa ?? "-"], ["processes", `${card.processes} (${card.foreign_processes} foreign, ${gib(card.foreign_mib)})`]];
     const dl = h("dl", "facts", ...facts.flatMap(([k, v]) => { const dd = element("dd", "", String(v)); dd.dataset.fact = k; return [element("dt", "", k), dd]; }));
     $("card-head").replaceChildren(h("h2", `state-${cardState(card)}`, `Card ${card.index} on `, link(`#/node/${encodeURIComponent(node.name)}`, node.name)), dl);
-    $("layout").replaceChildren(element("h2", "", "Share layout"), shareBar("memory", memoryParts(card), card.memory_mib, mibUnit),
+    if (card.mode === "mig") $("layout").replaceChildren(element("h2", "", "Share layout: MIG slices"), migBar(card));
+    else $("layout").replaceChildren(element("h2", "", "Share layout"), shareBar("memory", memoryParts(card), card.memory_mib, mibUnit),
       shareBar("compute", computeParts(card), 1000, milliUnit));
     $("holders").replaceChildren(element("h2", "", "Holders"), this.holders(card));
     $("mig").replaceChildren(element("h2", "", "MIG layout"), this.mig(card));
@@ -52,14 +54,22 @@ const cardView = {
       element("p", "note", "n/m: not measured (use needs the node's inventory to attribute processes to pods; compute used is the pods' share of the card's SM time in NVML's samples, not sampled on MIG cards)."));
   },
 
-  // the card's MIG instances as the ledger holds them (docs/mig.md): profile, where on the card, uuid
+  // the card's MIG placements as the ledger holds them (docs/mig.md): profile, where on the card, uuid,
+  // who made it, who holds it, a fault
   mig(card) {
     if (card.mode !== "mig") return element("p", "note", "Not in MIG mode: the card is shared whole (see the share layout).");
-    const instances = card.instances || [];
-    if (!instances.length) return element("p", "note", "In MIG mode, with no instances.");
-    const cols = ["profile", "placement (start, size)", "uuid", "made"];
-    const rows = instances.map((m) => h("tr", "", element("td", "", m.profile), element("td", "num", `${m.start}, ${m.size}`),
-      element("td", "", m.uuid || "-"), element("td", "", m.static ? "by the operator" : "on demand")));
+    const placed = migPlacements(card);
+    if (!placed.length) return element("p", "note", "In MIG mode, with no instances.");
+    const made = { static: "by the operator", "on demand": "on demand", "to be made": "not yet (held; made when its pod starts)" };
+    const cols = ["profile", "placement (start, size)", "uuid", "made", "holder", "fault"];
+    const rows = placed.map((p) => {
+      const tr = h("tr", p.fault ? "fault" : "", element("td", "", p.profile), element("td", "num", `${p.start}, ${p.size}`),
+        element("td", "", p.uuid || "-"), element("td", "", made[p.made]),
+        element("td", "", p.holder ? `${ownerText(p.holder.owner)}${p.holder.container ? ` [${p.holder.container}]` : ""}` : "free"),
+        element("td", p.fault ? "problem" : "", p.fault ? `${p.fault}${p.remedy ? ` [${p.remedy}]` : ""}` : "-"));
+      tr.dataset.placement = `${p.profile}@${p.start}`;
+      return tr;
+    });
     return h("table", "mig", h("thead", "", h("tr", "", ...cols.map((c) => element("th", "", c)))), h("tbody", "", ...rows));
   },
 

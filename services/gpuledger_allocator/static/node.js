@@ -1,5 +1,6 @@
 // The node view: its totals and fragmentation, plots of its last hours, and each card with its
-// share layout (who holds what of its memory and compute) and its state, from /api/nodes/<node>.
+// share layout (who holds what of its memory and compute; a card in MIG mode: its slices, mig.js)
+// and its state, from /api/nodes/<node>.
 "use strict";
 
 // a card's memory as parts: each holder's grant (a whole card: all of it), foreign use, free
@@ -38,8 +39,8 @@ function cardTile(node, card) {
   badge.title = stateText(card);
   tile.append(h("div", "card-head", element("b", "index", `card ${card.index}`), badge), model);
   if (card.health_reason) tile.append(element("div", "reason", card.health_reason));
-  tile.append(shareBar("memory", memoryParts(card), card.memory_mib, mibUnit));
-  tile.append(shareBar("compute", computeParts(card), 1000, milliUnit));
+  if (card.mode === "mig") tile.append(migBar(card));
+  else tile.append(shareBar("memory", memoryParts(card), card.memory_mib, mibUnit), shareBar("compute", computeParts(card), 1000, milliUnit));
   const names = card.holders.map((x) => ownerText(x.owner));
   tile.append(element("div", "holders", names.length ? `${names.length} holder${names.length > 1 ? "s" : ""}: ${names.join(", ")}` : "no holders"));
   if (over) tile.append(element("div", "over-grant", `${over} over their memory grant`));

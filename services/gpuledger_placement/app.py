@@ -229,6 +229,8 @@ async def _serve(
             lifecycle.background(stack, tasks, claims.run(optional=settings.dra_claims == "auto"))
             if settings.dra_allocation == "on":  # mode C: the ledger allocates the claims of gated pods
                 allocator = ClaimAllocator(pods, claims, parts.view, parts.service.current_policy, hosts)
+                policies = parts.service.policies  # claims weigh in the workload and are placed by it, as pods
+                allocator.chooser, allocator.observe = policies.mig_chooser, policies.observe
                 allocator.preempt = preemptor.consider_claim if preemptor is not None else None
                 lifecycle.background(stack, tasks, allocator.run())
     stack.push_async_callback(parts.view.stop_listening)

@@ -34,13 +34,15 @@ from typing import Any, Protocol
 
 from gpuledger_core import claims
 from gpuledger_core.claim_asks import ClaimAsk, claim_ask
-from gpuledger_core.claim_placement import place_claim
+from gpuledger_core.claim_placement import claim_as_pod, place_claim
 from gpuledger_core.claim_status import allocation_status
 from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, forget, release, reserve
+from gpuledger_core.mig_place import MigChooser
 from gpuledger_core.packing import NodeState, Policy
+from gpuledger_core.pods import PodAsk
 from gpuledger_core.preemption import room_held
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement.claim_fields import pod_owner
@@ -112,6 +114,8 @@ class ClaimAllocator:
     _finalizers: set[asyncio.Task[None]] = field(default_factory=set)  # finalizers being written
     _told: dict[str, tuple[str, float]] = field(default_factory=dict)  # pod uid -> its last event's reason, when
     preempt: Callable[[Mapping[str, Any], ClaimAsk, list[str]], None] | None = None  # ``Preemptor.consider_claim``
+    chooser: Callable[[], MigChooser] = MigChooser  # ``Policies.mig_chooser``: the MIG asks seen weigh placements
+    observe: Callable[[PodAsk], None] = lambda _: None  # ``Policies.observe``: a claim counts in the workload
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -283,8 +287,9 @@ class ClaimAllocator:
         """The node chosen on the view (every node's fresh enough for that); the cards chosen again
         inside the compare-and-set on the node's ledger as it is, so that claims placed at once on
         one node do not refuse each other's cards (as the extender's bind plans a pod again)."""
-        ref, now, policy, host = ask.ref, self.clock(), self.policy(), self._host(pod)
+        ref, now, policy, host, chooser = ask.ref, self.clock(), self.policy(), self._host(pod), self.chooser()
         asked = pod_ask_from(pod)  # the pod's CPU and memory: the policies weigh them as for a classic pod
+        self.observe(claim_as_pod(ask, asked.cpu_milli, asked.memory_mib))  # as the extender counts a pod
         configs = configs_of(raw, classes, self.claims.driver)
         planned: dict[str, Any] = {}
 
@@ -296,7 +301,7 @@ class ClaimAllocator:
                 ledger = release(ledger, hold.id, now, "taken by the claim it was held for")
             plan = place_claim(
                 [ledger], ask, policy, AllocationId("c-planned"), now,
-                slots_per_card=self.view.slots_per_card, mix_isolation=self.view.mix_isolation,
+                slots_per_card=self.view.slots_per_card, mix_isolation=self.view.mix_isolation, chooser=chooser,
             )  # fmt: skip
             status = allocation_status(
                 plan.allocation, ledger.node, self.claims.driver, now, shareable=self.view.slots_per_card > 1,
@@ -329,7 +334,7 @@ class ClaimAllocator:
                 chosen = place_claim(
                     ledgers, ask, policy, AllocationId("c-planned"), now,
                     slots_per_card=self.view.slots_per_card, host=host, mix_isolation=self.view.mix_isolation,
-                    state=self._state, cpu_milli=asked.cpu_milli, memory_mib=asked.memory_mib,
+                    state=self._state, cpu_milli=asked.cpu_milli, memory_mib=asked.memory_mib, chooser=chooser,
                 )  # fmt: skip
                 node = chosen.allocation.node
                 try:

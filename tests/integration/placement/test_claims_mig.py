@@ -1,7 +1,9 @@
 """Mode B with MIG, against a real nats-server: the claims controller reserves a claim that
 kube-scheduler allocated to a MIG placement's device as that placement in the node's ledger
 (``CardShare.mig``) and commits it; a claim allocated to a placement that overlaps it is rejected
-with the ledger's reason. The API server is the double of test_claims_mode_c."""
+with the ledger's reason. Mode C places a MIG claim by the MIG asks placement has seen, as the
+extender places a pod, and counts the claim among them. The API server is the double of
+test_claims_mode_c."""
 
 from __future__ import annotations
 
@@ -11,14 +13,20 @@ from typing import Any
 import pytest
 from nats.aio.client import Client
 
+from gpuledger_core.claim_asks import claim_ask
 from gpuledger_core.claims import ClaimRef
 from gpuledger_core.ids import CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Card, CardMode, MigSlot, Node
+from gpuledger_core.mig_place import MigAsks, MigChooser
+from gpuledger_core.model import Card, CardMode, MigSlot, Node, Request
+from gpuledger_core.packing import make_policy
+from gpuledger_core.pods import PodAsk
+from gpuledger_placement.claim_allocator import ClaimAllocator
 from gpuledger_placement.claims import DRIVER, claim_path
 from tests.integration.placement.test_claims_mode_c import NS, world
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+MIG_CLASS = "mig.gpu.gpuledger.io"
 NODE = Node(NodeName("a100-mig"), (replace(Card(CardUuid("GPU-m0"), 0, "NVIDIA A100-SXM4-40GB", 40960, minor=0),
                                              mode=CardMode.MIG),))  # fmt: skip
 
@@ -71,3 +79,61 @@ async def test_a_placement_kube_scheduler_chose_is_reserved_as_itself_and_an_ove
     assert "7g.40gb at 0 overlaps 3g.20gb at 4, which is held" in condition["message"]
     ledger, _ = await store.read(NODE.name)
     assert ledger is not None and ledger.of_owner("claim:uid-whole") is None
+
+
+def gated_pod(claim: str) -> dict[str, Any]:
+    """A pod gated for mode C, using the claim by name (no CPU or memory asked)."""
+    return {
+        "metadata": {"namespace": NS, "name": f"pod-{claim}", "uid": f"pod-{claim}"},
+        "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimName": claim}], "containers": [{"name": "app"}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("asked_before", "start"),
+    [((), 6), (("4g.20gb",), 4)],  # every profile alike: the last two slices; a workload of 4g: beside the 4g's half
+)
+async def test_mode_c_places_a_mig_claim_by_the_mig_asks_placement_has_seen_and_counts_the_claim_among_them(
+    nc: Client, asked_before: tuple[str, ...], start: int
+) -> None:
+    api, store, view, controller = await world(nc)
+    written = await store.mutate(NODE.name, lambda _: NodeLedger(NODE))
+    assert written.new is not None
+    view.apply(NODE.name, written.new, written.revision)
+    asks = MigAsks()
+    for profile in asked_before:
+        asks.observe(Request(1, mig=profile))
+    seen: list[PodAsk] = []
+    allocator = ClaimAllocator(
+        api, controller, view, lambda: make_policy("default"), chooser=lambda: MigChooser(asks.workload()),
+        observe=seen.append,
+    )  # fmt: skip
+    selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].profile == "1g.10gb"'}}
+    raw = api.put(claim_path(ClaimRef(NS, "small", "uid-small")), {
+        "metadata": {"namespace": NS, "name": "small", "uid": "uid-small"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": MIG_CLASS, "selectors": [selector]}}]}},
+    })  # fmt: skip
+    classes = {
+        MIG_CLASS: {
+            "metadata": {"name": MIG_CLASS},
+            "spec": {
+                "selectors": [
+                    {
+                        "cel": {
+                            "expression": f'device.driver == "{DRIVER}" && has(device.attributes["{DRIVER}"].profile)'
+                        }
+                    }
+                ]
+            },
+        }
+    }
+    ask = claim_ask(raw, classes, DRIVER)
+    assert ask is not None
+    await allocator._allocate(gated_pod("small"), raw, ask, classes)
+    ledger, _ = await store.read(NODE.name)
+    entry = ledger.of_owner("claim:uid-small") if ledger is not None else None
+    assert entry is not None and [s.mig for s in entry.shares()] == [MigSlot("1g.10gb", start, 2)]
+    (result,) = api.items[claim_path(ClaimRef(NS, "small", "uid-small"))]["status"]["allocation"]["devices"]["results"]
+    assert result["device"] == f"gpu-0-mig-1g-10gb-{start}"
+    assert [[c.request.mig for c in p.containers] for p in seen] == [["1g.10gb"]]  # counted as a pod's ask is

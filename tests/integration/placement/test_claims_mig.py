@@ -8,7 +8,7 @@ test_claims_mode_c."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from nats.aio.client import Client
@@ -105,7 +105,7 @@ async def test_mode_c_places_a_mig_claim_by_the_mig_asks_placement_has_seen_and_
         asks.observe(Request(1, mig=profile))
     seen: list[PodAsk] = []
     allocator = ClaimAllocator(
-        api, controller, view, lambda: make_policy("default"), chooser=lambda: MigChooser(asks.workload()),
+        cast(Any, api), controller, view, lambda: make_policy("default"), chooser=lambda: MigChooser(asks.workload()),
         observe=seen.append,
     )  # fmt: skip
     selector = {"cel": {"expression": f'device.attributes["{DRIVER}"].profile == "1g.10gb"'}}

@@ -1,6 +1,6 @@
 """A ResourceClaim's fields as the claims controller reads and writes them (pure): where a claim is
-kept, what its device status says, the status entry of one of our devices, when it was allocated,
-and whether a pod waiting to be scheduled names it."""
+kept (its API path), the finalizers that guard it, what its device status says, the status entry
+of one of our devices, when it was allocated, and whether a pod waiting to be scheduled names it."""
 
 from __future__ import annotations
 
@@ -8,12 +8,20 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gpuledger_core.claims import AllocatedDevice
+from gpuledger_core.claims import AllocatedDevice, ClaimRef
 from gpuledger_placement.convert import epoch_of
 
+RESOURCE = "/apis/resource.k8s.io/v1"
+LIST = f"{RESOURCE}/resourceclaims"
+ALLOCATED_BY_LEDGER = "gpuledger.io/allocation"  # the finalizer of the claims mode C allocated
+DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"  # kube-scheduler's, on the claims it allocates
 COMMITTED = "gpuledger.io/committed"
 REJECTED = "gpuledger.io/rejected"
 DONE = ("Succeeded", "Failed")
+
+
+def claim_path(ref: ClaimRef) -> str:
+    return f"{RESOURCE}/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
 
 
 def key_of(raw: Mapping[str, Any]) -> tuple[str, str]:

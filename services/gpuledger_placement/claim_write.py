@@ -59,7 +59,7 @@ async def finalize(api: ClaimApi, controller: ClaimsController, ref: ClaimRef, c
     still; a claim deleted in between is simply gone (its entry released by the claims
     controller), and its pod cannot start without it. A claim changed meanwhile is read again;
     one no longer allocated by gpuledger gets none; where every try fails, the claims controller
-    adds it (``ClaimsController._mend``)."""
+    adds it (``claims_mend.mend``)."""
     path = claim_path(ref)
     try:
         for attempt in range(FINALIZE_TRIES):

@@ -17,12 +17,13 @@ allocated with devices of our driver:
    counted, for the scheduler did not wait.
 3. releases the claim's ledger entry when its allocation is cleared or the claim is deleted, and
    after every (re)listing releases the entries of claims that no longer hold one (older than a
-   grace period, so an entry another replica wrote for a claim allocated after the listing stays).
+   grace period, so an entry another replica wrote for a claim allocated after the listing stays;
+   ``claims_sweep``).
 4. for a claim mode C allocated (gpuledger's finalizer): once it is deleted and reserved for no
    pod, releases its entry and removes the finalizer; once its last consumer went (reserved for no
    pod, and no pod waiting to be scheduled names it), deallocates it as kube-controller-manager
    does the claims kube-scheduler allocated (status cleared, finalizer removed) and releases its
-   entry.
+   entry (``claims_mend``).
 
 Claims are handled one at a time per uid (the latest version wins), several uids at once.
 """
@@ -30,7 +31,6 @@ Claims are handled one at a time per uid (the latest version wins), several uids
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 import time
@@ -45,28 +45,27 @@ from gpuledger_core.claims import AllocatedDevice, ClaimRef
 from gpuledger_core.errors import Conflict, Exhausted, FailedPrecondition, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger, forget, release, reserve
-from gpuledger_core.model import Allocation, Isolation, OwnerKind
+from gpuledger_core.model import Allocation, Isolation
 from gpuledger_core.preemption import preempted, room_held
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement import claim_fields as fields
+from gpuledger_placement import claims_mend, claims_sweep
 from gpuledger_placement.claim_cache import ClaimCache
-from gpuledger_placement.claim_fields import COMMITTED, REJECTED
-from gpuledger_placement.metrics import CLAIM_COMMIT_SECONDS, CLAIMS, ORPHAN_RELEASE_FAILURES
+from gpuledger_placement.claim_fields import ALLOCATED_BY_LEDGER as ALLOCATED_BY_LEDGER  # "X as X": re-exported
+from gpuledger_placement.claim_fields import COMMITTED, LIST, REJECTED
+from gpuledger_placement.claim_fields import RESOURCE as RESOURCE
+from gpuledger_placement.claim_fields import claim_path as claim_path
+from gpuledger_placement.claims_mend import UNUSED_AFTER_S
+from gpuledger_placement.claims_mend import WRITING_S as WRITING_S
+from gpuledger_placement.metrics import CLAIM_COMMIT_SECONDS, CLAIMS
 from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
 DRIVER = "gpu.gpuledger.io"
-RESOURCE = "/apis/resource.k8s.io/v1"
-LIST = f"{RESOURCE}/resourceclaims"
 RETRY_S = 1.0
-GRACE_S = 30.0  # an entry younger than this survives a listing that does not show its claim
 CONFLICT_ROUNDS = 5
-ALLOCATED_BY_LEDGER = "gpuledger.io/allocation"  # the finalizer of the claims mode C allocated
-DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"  # kube-scheduler's, on the claims it allocates
 ABSENT_RETRY_S = 60.0  # dra_claims=auto without DRA: how often to look again
-WRITING_S = 30.0  # an entry of an unallocated claim this young may be a placement replica's, still writing the claim
 RESYNC_S = 60.0  # how often the claims are listed again for entries no claim holds (the watch never lists)
-UNUSED_AFTER_S = 10.0  # a mode-C claim reserved for no pod is deallocated no sooner after its allocation
 
 
 class ClaimApi(Protocol):
@@ -76,10 +75,6 @@ class ClaimApi(Protocol):
     ) -> AsyncIterator[dict[str, Any]]: ...
     async def get_object(self, path: str) -> dict[str, Any]: ...
     async def replace_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
-
-
-def claim_path(ref: ClaimRef) -> str:
-    return f"{RESOURCE}/namespaces/{ref.namespace}/resourceclaims/{ref.name}"
 
 
 @dataclass(slots=True)
@@ -112,28 +107,12 @@ class ClaimsController:
         """Follow (below) until cancelled; then the work it started ends with it (a claim or pod
         still being settled, a later look at a claim), rather than going on against a ledger or an
         API server that its service has closed."""
-        sweeping = asyncio.create_task(self._sweep())
+        sweeping = asyncio.create_task(claims_sweep.sweep(self))
         try:
             await self._follow(optional)
         finally:
             for task in (sweeping, *self._busy.values(), *self._rechecks.values()):
                 task.cancel()
-
-    async def _sweep(self) -> None:
-        """Every ``resync_s``, the claims listed again and the entries no claim holds released
-        (``_release_orphans``), as after each full listing: a watch that runs for hours lists
-        nothing, and an entry whose release was missed (a deletion settled where the ledger was not
-        yet known) would stay until the next failure of the watch."""
-        while True:
-            await asyncio.sleep(self.resync_s)
-            try:
-                started = self.clock()
-                listed = await self.api.list_objects(LIST, {})
-                await self._release_orphans(listed["items"], started)
-            except (NotFound, FailedPrecondition):
-                continue  # no ResourceClaims here (DRA not deployed): _follow says so
-            except GpuledgerError as err:
-                log.warning("claims: looking again for entries no claim holds failed (%s)", err)
 
     async def _follow(self, optional: bool = False) -> None:
         """List, settle every claim, release what no claim holds, watch; again after any failure.
@@ -150,7 +129,7 @@ class ClaimsController:
                 for item in items:
                     self.offer(item)
                 await self.idle()
-                await self._release_orphans(items, started)
+                await claims_sweep.release_orphans(self, items, started)
                 log.info("claims: %d ResourceClaim(s) listed and settled", len(items))
                 absent_said = False
                 await self._watch(str((listed.get("metadata") or {}).get("resourceVersion") or ""))
@@ -227,7 +206,7 @@ class ClaimsController:
     async def settle(self, raw: Mapping[str, Any]) -> None:
         """Make the ledger and the claim's device status agree with its allocation."""
         ref = claims.ref_of(raw)
-        if await self._unfinalized(raw) or await self._unused(raw):
+        if await claims_mend.unfinalized(self, raw) or await claims_mend.unused(self, raw):
             return
         for _ in range(CONFLICT_ROUNDS):
             devices = claims.results_of(raw, self.driver)
@@ -273,7 +252,7 @@ class ClaimsController:
             if not gated or decided == COMMITTED:
                 CLAIMS.labels("mirrored" if not gated else "kept").inc()
                 if not gated:
-                    await self._mend(raw)
+                    await claims_mend.mend(self, raw)
                 return
             message = f"ledger allocation {allocation.id} on {allocation.node}"
             if await self._decide(raw, devices, COMMITTED, "Reserved", message) is not None:
@@ -322,83 +301,6 @@ class ClaimsController:
             return
         await self._release_on(allocation.node, ref, reason, only=allocation)
 
-    async def _unfinalized(self, raw: Mapping[str, Any]) -> bool:
-        """A claim allocated by the ledger (mode C: gpuledger's finalizer) that is being deleted and
-        reserved for no pod: its ledger entry released and the finalizer removed, so that the API
-        server deletes it (kube-controller-manager leaves the claims it did not allocate alone)."""
-        meta = raw.get("metadata") or {}
-        if not meta.get("deletionTimestamp") or ALLOCATED_BY_LEDGER not in (meta.get("finalizers") or []):
-            return False
-        if (raw.get("status") or {}).get("reservedFor"):
-            return True  # still in use: the pod's end clears reservedFor, and the claim comes back
-        ref = claims.ref_of(raw)
-        await self.release(ref, "the claim was deleted", raw)
-        body = copy.deepcopy(dict(raw))
-        body["metadata"]["finalizers"] = [f for f in meta["finalizers"] if f != ALLOCATED_BY_LEDGER]
-        with contextlib.suppress(NotFound):
-            await self.api.replace_object(claim_path(ref), body)
-        log.info("claims: %s deleted: its ledger entry released, gpuledger's finalizer removed", ref.describe())
-        return True
-
-    async def _unused(self, raw: Mapping[str, Any]) -> bool:
-        """A claim mode C allocated whose last consumer went: reserved for no pod (kube-controller-
-        manager takes a pod out of ``reservedFor`` once it is done with the claim), and named by no
-        pod waiting to be scheduled (one just created is on its way to kube-scheduler, which will
-        reserve the claim for it). Its allocation is cleared and the finalizer removed (with the
-        claim's resourceVersion: a reservation made meanwhile wins), then its ledger entry
-        released. A claim allocated less than ``UNUSED_AFTER_S`` ago, or named by a waiting pod, is
-        looked at again after ``UNUSED_AFTER_S`` (nothing about the claim itself may change)."""
-        meta, status = raw.get("metadata") or {}, raw.get("status") or {}
-        if ALLOCATED_BY_LEDGER not in (meta.get("finalizers") or []) or meta.get("deletionTimestamp"):
-            return False
-        if not status.get("allocation") or status.get("reservedFor"):
-            return False
-        ref = claims.ref_of(raw)
-        if ref.uid in self.allocating:
-            return False
-        taken = self._preempted(raw)  # a pod waiting for it waits gated until it is allocated again
-        if not taken and (
-            self.clock() - fields.allocated_at(raw) < UNUSED_AFTER_S or await self._awaited_by_a_pod(raw)
-        ):
-            self._look_again(ref)
-            return False
-        body = copy.deepcopy(dict(raw))
-        body["status"] = {k: v for k, v in status.items() if k != "allocation"}  # as kube-controller-manager does
-        try:
-            written = await self.api.replace_object(f"{claim_path(ref)}/status", body)
-        except (Conflict, NotFound):
-            return True  # changed meanwhile: its next version is settled
-        await self.release(ref, "the claim's last consumer went", raw)
-        written["metadata"]["finalizers"] = [f for f in written["metadata"].get("finalizers") or []
-                                             if f != ALLOCATED_BY_LEDGER]  # fmt: skip
-        with contextlib.suppress(Conflict, NotFound):
-            await self.api.replace_object(claim_path(ref), written)
-        CLAIMS.labels("deallocated").inc()
-        log.info("claims: %s deallocated: no pod uses it any more; its ledger entry released", ref.describe())
-        return True
-
-    async def _mend(self, raw: Mapping[str, Any]) -> None:
-        """gpuledger's finalizer on a claim mode C allocated, where the allocator that wrote the
-        allocation could not write it after (it stopped in between, or every try failed). Such a
-        claim holds gpuledger's results with no binding condition and neither gpuledger's finalizer
-        nor kube-scheduler's own (kube-scheduler writes its finalizer before any allocation it
-        makes). One allocated less than ``WRITING_S`` ago is left to its allocator and looked at
-        again later."""
-        meta, ref = raw.get("metadata") or {}, claims.ref_of(raw)
-        finalizers = meta.get("finalizers") or []
-        if ALLOCATED_BY_LEDGER in finalizers or DELETE_PROTECTION in finalizers or meta.get("deletionTimestamp"):
-            return
-        if ref.uid in self.finalizing:
-            return
-        if self.clock() - fields.allocated_at(raw) < WRITING_S:
-            self._look_again(ref)
-            return
-        body = copy.deepcopy(dict(raw))
-        body["metadata"].setdefault("finalizers", []).append(ALLOCATED_BY_LEDGER)
-        with contextlib.suppress(Conflict, NotFound):  # changed meanwhile: its next version is settled
-            await self.api.replace_object(claim_path(ref), body)
-            log.warning("claims: %s: gpuledger's finalizer added (its allocator did not)", ref.describe())
-
     async def _being_written(self, raw: Mapping[str, Any], entry: Allocation) -> bool:
         """Whether the live entry of this unallocated claim may be mode C's, written by another
         placement replica that has not written the claim yet: younger than ``WRITING_S`` and the
@@ -406,12 +308,7 @@ class ClaimsController:
         scheduled. It is looked at again later (and released then if the claim is still not
         allocated); releasing it now would let that replica write an allocation the ledger no
         longer holds."""
-        return self.clock() - entry.created_at < WRITING_S and await self._awaited_by_a_pod(raw)
-
-    async def _awaited_by_a_pod(self, raw: Mapping[str, Any]) -> bool:
-        meta = raw["metadata"]
-        listed = await self.api.list_objects(f"/api/v1/namespaces/{meta['namespace']}/pods", {})
-        return fields.awaited(listed.get("items") or [], str(meta["name"]), fields.pod_owner(raw))
+        return self.clock() - entry.created_at < WRITING_S and await claims_mend.awaited_by_a_pod(self, raw)
 
     def _look_again(self, ref: ClaimRef) -> None:
         """The claim read afresh and settled again after ``UNUSED_AFTER_S`` (once at a time per claim)."""
@@ -434,12 +331,6 @@ class ClaimsController:
         node = self.view.holders.get(ref.owner.key)
         entry = self.view.entries.get(node) if node else None
         return entry.ledger.of_owner(ref.owner.key) if entry is not None else None
-
-    def _preempted(self, raw: Mapping[str, Any]) -> bool:
-        """Whether the claim's allocation was taken back by preemption (its entry released so)."""
-        ref, devices = claims.ref_of(raw), claims.results_of(raw, self.driver)
-        entry = self.view.entries.get(claims.node_of(ref, devices)) if devices else None
-        return entry is not None and preempted(entry.ledger.get(claims.allocation_id(ref, devices)))
 
     async def _reserve(
         self, ref: ClaimRef, devices: tuple[AllocatedDevice, ...], isolation: Isolation = Isolation.NONE
@@ -533,33 +424,3 @@ class ClaimsController:
             self.view.apply(node, written.new, written.revision)
         CLAIMS.labels("released").inc()
         log.info("claims: released the ledger entry of %s on %s (%s)", ref.describe(), node, reason)
-
-    async def _release_orphans(self, items: list[Any], listed_at: float) -> None:
-        holding = {claims.ref_of(i).uid for i in items if claims.results_of(i, self.driver)}
-        existing = {claims.ref_of(i).uid for i in items}
-        for node, entry in list(self.view.entries.items()):
-            for allocation in entry.ledger.live():
-                owner = allocation.owner
-                if owner.kind is not OwnerKind.CLAIM or owner.id in holding:
-                    continue
-                if room_held(allocation) and owner.id in existing:
-                    continue  # the room preemption holds for an unallocated claim: it lapses by itself
-                if allocation.created_at > listed_at - GRACE_S or owner.id in self._busy or owner.id in self.allocating:
-                    continue
-                await self._release_orphan(NodeName(node), ClaimRef(owner.namespace, owner.name, owner.id), allocation)
-
-    async def _release_orphan(self, node: NodeName, ref: ClaimRef, allocation: Allocation) -> None:
-        """Release an entry no claim holds; a failure is logged and counted, and the entry is
-        looked at again after the next listing."""
-        try:
-            await self._release_on(node, ref, "no ResourceClaim holds it")
-        except GpuledgerError as err:
-            ORPHAN_RELEASE_FAILURES.labels(err.code).inc()
-            log.warning(
-                "claims: ledger allocation %s of %s on %s, which no ResourceClaim holds, was not released (%s); "
-                "it is tried again after the next listing",
-                allocation.id,
-                ref.describe(),
-                node,
-                err,
-            )

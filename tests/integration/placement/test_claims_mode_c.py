@@ -26,6 +26,7 @@ from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Allocation, AllocState, Node
 from gpuledger_core.preemption import PREEMPTED_BY
 from gpuledger_dev.fleet import Fleet
+from gpuledger_placement import claims_sweep
 from gpuledger_placement.claim_write import finalize
 from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, DRIVER, WRITING_S, ClaimsController, claim_path
 from gpuledger_placement.view import FleetView
@@ -311,7 +312,7 @@ async def test_the_room_preemption_holds_for_an_unallocated_claim_stays_until_th
     await controller.settle(await api.get_object(path))
     assert await held(store, fleet, "uid-high") == entry.id
     listed = await api.list_objects(f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims", {})
-    await controller._release_orphans(listed["items"], time.time() + 3600)
+    await claims_sweep.release_orphans(controller, listed["items"], time.time() + 3600)
     assert await held(store, fleet, "uid-high") == entry.id
     controller.offer(await api.get_object(path), deleted=True)  # the claim deleted: its room goes
     await controller.idle()

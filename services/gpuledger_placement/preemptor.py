@@ -1,6 +1,8 @@
 """Share-aware preemption: placement chooses the victims and evicts them itself (docs/preemption.md),
 for classic pods and for the claims DRA mode C allocates (``consider_claim``: the claim planned as
-a pod it owns; mode-C claims are victims too, through their pods), and, where it is on and nobody
+a pod it owns; claims mode C allocated, and claims kube-scheduler allocated and the ledger
+committed (mode B), are victims too, through their pods: a mode-B claim's allocation vetoed first,
+``claim_veto``), and, where it is on and nobody
 of lower priority helps, defragmentation (``repacker``: movable pods moved elsewhere instead).
 
 kube-scheduler's own preemption cannot do it: it asks an extender about victims only after its dry
@@ -59,7 +61,8 @@ from gpuledger_core.model import Allocation, OwnerKind
 from gpuledger_core.pods import PodAsk, reserve_pod
 from gpuledger_core.preemption import PREEMPTED_BY, Fit, Holder, HostFree, Victims, choose
 from gpuledger_core.repack import Repack, repack
-from gpuledger_placement.claims import ALLOCATED_BY_LEDGER
+from gpuledger_placement import claim_veto
+from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, DRIVER
 from gpuledger_placement.convert import epoch_of, host_requests, pod_ask_from
 from gpuledger_placement.host_fit import host_refusal
 from gpuledger_placement.metrics import DEFRAG_MOVES, PREEMPTIONS
@@ -84,6 +87,7 @@ class PreemptApi(Protocol):
     async def list_objects(self, path: str, params: Mapping[str, str]) -> dict[str, Any]: ...
     async def create_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
     async def patch_object(self, path: str, body: Any, content_type: str) -> dict[str, Any]: ...
+    async def replace_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass(slots=True)
@@ -100,6 +104,9 @@ class Preemptor:
     _graces: dict[str, float] = field(default_factory=dict)  # pod uid -> its termination grace period (s)
     _priorities: dict[str, int] = field(default_factory=dict)  # pod or claim uid -> its priority, as last listed
     _consumers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # claim uid -> its pods (ns/name/uid)
+    _mode_b: dict[str, Mapping[str, Any]] = field(
+        default_factory=dict
+    )  # claim uid -> kube-scheduler's claim, as listed
     preempting: bool = True  # setting ``preemption``: off leaves defragmentation alone (``defrag``)
     defrag: Defrag | None = None  # defragmentation's limits, where it is on (``repacker``)
     _moving_pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # pod uid -> the pod being moved
@@ -155,6 +162,7 @@ class Preemptor:
         if not self._busy:
             self._graces.clear()
             self._moving_pods.clear()
+            self._mode_b.clear()
 
     async def preempt(self, raw: Mapping[str, Any], pod: PodAsk, nodes: Sequence[str]) -> Victims | None:
         """Steps 1-6 above; the victims evicted and the room held, or None (nothing done)."""
@@ -184,8 +192,13 @@ class Preemptor:
             return None  # it fits now: kube-scheduler's next try places it
         if not await self._announce(fresh, victims):
             return None  # another replica preempts for it, or the pod changed
-        evicted = await self._evict(fresh, victims, moving)
-        if not evicted:
+        vetoed = [self._mode_b[a.owner.id] for a in victims.evict if a.owner.id in self._mode_b]
+        by = f"preempted by pod {meta.get('namespace')}/{meta.get('name')}: its cards are held for that pod"
+        if not await claim_veto.veto(self.api, vetoed, DRIVER, by, self.clock()):
+            await self._withdraw(fresh)  # a victim's claim changed since it was listed: tried again later
+            return None
+        if not await self._evict(fresh, victims, moving):
+            await claim_veto.restore(self.api, vetoed, DRIVER)
             await self._withdraw(fresh)
             return None
         await self._hold(fresh, pod, victims, "moved for" if moving is not None else PREEMPTED_BY.strip())
@@ -312,8 +325,11 @@ class Preemptor:
             users = [str(r.get("uid")) for r in (claim.get("status") or {}).get("reservedFor") or []]
             if uid not in held or not users or any(u not in by_uid for u in users):
                 continue  # not held here, or used by a pod that is not running here (or is going)
+            self._mode_b.pop(uid, None)
             if ALLOCATED_BY_LEDGER not in ((claim.get("metadata") or {}).get("finalizers") or []):
-                continue  # kube-scheduler's (mode B): a pod it reserves it for next would not wait
+                if not claim_veto.mode_b(claim, DRIVER):
+                    continue  # mirrored only (mode A), or not committed: nothing would keep its pods off the cards
+                self._mode_b[uid] = claim  # kube-scheduler's: vetoed before its pods are evicted
             mine = [holders[f"{OwnerKind.POD}:{u}"] for u in users]
             self._priorities[uid] = max(h.priority for h in mine)
             self._graces[uid] = max(self._graces.get(u, DEFAULT_GRACE_S) for u in users)

@@ -49,7 +49,7 @@ from gpuledger_core.model import Allocation, Isolation
 from gpuledger_core.preemption import preempted, room_held
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement import claim_fields as fields
-from gpuledger_placement import claims_mend, claims_sweep
+from gpuledger_placement import claim_veto, claims_mend, claims_sweep
 from gpuledger_placement.claim_cache import ClaimCache
 from gpuledger_placement.claim_fields import ALLOCATED_BY_LEDGER as ALLOCATED_BY_LEDGER  # "X as X": re-exported
 from gpuledger_placement.claim_fields import COMMITTED, LIST, REJECTED
@@ -57,6 +57,7 @@ from gpuledger_placement.claim_fields import RESOURCE as RESOURCE
 from gpuledger_placement.claim_fields import claim_path as claim_path
 from gpuledger_placement.claims_mend import UNUSED_AFTER_S
 from gpuledger_placement.claims_mend import WRITING_S as WRITING_S
+from gpuledger_placement.convert import epoch_of
 from gpuledger_placement.metrics import CLAIM_COMMIT_SECONDS, CLAIMS
 from gpuledger_placement.view import FleetView
 
@@ -232,9 +233,13 @@ class ClaimsController:
                 return  # nothing was reserved; kube-scheduler takes the allocation back
             gated = any(COMMITTED in d.binding_conditions for d in devices)
             try:
-                allocation = await self._reserve(ref, devices, claims.isolation_of(raw, self.driver, devices))
+                isolation = claims.isolation_of(raw, self.driver, devices)
+                allocation = await self._reserve(ref, devices, isolation, _allocated_since(raw))
                 if allocation is None:
                     log.info("claims: %s was preempted: it is deallocated once its pods are gone", ref.describe())
+                    if gated:  # kube-scheduler's: no further pod may be bound onto the cards taken back
+                        why = "its cards were taken back by preemption"
+                        await self._decide(raw, devices, REJECTED, claim_veto.PREEMPTED, why)
                     return
             except (Exhausted, InvalidArgument, NotFound) as err:
                 if gated and decided is None:
@@ -333,10 +338,16 @@ class ClaimsController:
         return entry.ledger.of_owner(ref.owner.key) if entry is not None else None
 
     async def _reserve(
-        self, ref: ClaimRef, devices: tuple[AllocatedDevice, ...], isolation: Isolation = Isolation.NONE
+        self,
+        ref: ClaimRef,
+        devices: tuple[AllocatedDevice, ...],
+        isolation: Isolation = Isolation.NONE,
+        since: float = float("-inf"),
     ) -> Allocation | None:
         """Hold exactly this allocation in the node's ledger; None when preemption took it back
-        (the claim keeps it in the API until its pods are gone, and is deallocated then)."""
+        (the claim keeps it in the API until its pods are gone, and is deallocated then). An entry
+        preemption released before ``since`` (when the claim was allocated) was an earlier
+        allocation of the same devices: kube-scheduler allocated the claim again, and it is held."""
         node = claims.node_of(ref, devices)
         owner = ref.owner
         elsewhere = self.view.holders.get(owner.key)
@@ -354,7 +365,8 @@ class ClaimsController:
             held = ledger.of_owner(owner.key)
             if held is not None and held.id == wanted:
                 return ledger
-            if preempted(ledger.get(wanted)):
+            taken = ledger.get(wanted)
+            if preempted(taken) and taken is not None and taken.updated_at >= since:
                 return ledger
             if held is not None:
                 ledger = release(ledger, held.id, now, "the claim was allocated again")
@@ -424,3 +436,10 @@ class ClaimsController:
             self.view.apply(node, written.new, written.revision)
         CLAIMS.labels("released").inc()
         log.info("claims: released the ledger entry of %s on %s (%s)", ref.describe(), node, reason)
+
+
+def _allocated_since(raw: Mapping[str, Any]) -> float:
+    """When the claim was allocated (its ``allocationTimestamp``, whole seconds); -inf where it
+    names none, so that an entry preemption took back is never taken for an earlier allocation."""
+    stamp = ((raw.get("status") or {}).get("allocation") or {}).get("allocationTimestamp")
+    return epoch_of(stamp, float("-inf"))

@@ -2,8 +2,8 @@
 for classic pods and for the claims DRA mode C allocates (``consider_claim``: the claim planned as
 a pod it owns; claims mode C allocated, and claims kube-scheduler allocated and the ledger
 committed (mode B), are victims too, through their pods: a mode-B claim's allocation vetoed first,
-``claim_veto``), and, where it is on and nobody
-of lower priority helps, defragmentation (``repacker``: movable pods moved elsewhere instead).
+``claim_veto``), and, where it is on and nobody of lower priority helps, defragmentation
+(``repacker``: movable pods moved elsewhere instead).
 
 kube-scheduler's own preemption cannot do it: it asks an extender about victims only after its dry
 run found some, and that dry run counts a node's ``gpuledger.io/gpu`` slots, not what each holder
@@ -104,9 +104,7 @@ class Preemptor:
     _graces: dict[str, float] = field(default_factory=dict)  # pod uid -> its termination grace period (s)
     _priorities: dict[str, int] = field(default_factory=dict)  # pod or claim uid -> its priority, as last listed
     _consumers: dict[str, tuple[str, ...]] = field(default_factory=dict)  # claim uid -> its pods (ns/name/uid)
-    _mode_b: dict[str, Mapping[str, Any]] = field(
-        default_factory=dict
-    )  # claim uid -> kube-scheduler's claim, as listed
+    _mode_b: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # claim uid -> the mode-B claim listed
     preempting: bool = True  # setting ``preemption``: off leaves defragmentation alone (``defrag``)
     defrag: Defrag | None = None  # defragmentation's limits, where it is on (``repacker``)
     _moving_pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # pod uid -> the pod being moved

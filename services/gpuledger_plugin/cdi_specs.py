@@ -6,7 +6,8 @@ The plugin refuses, before binding, an Allocate answer naming a CDI device that 
 has: kubelet would admit the pod, and the runtime fail its container afterwards with a message
 that names neither the pod's cards nor the plugin. The specs are read again whenever a file of
 the directories changed (its name, size or modification time); a file that cannot be read or is
-no CDI spec is skipped, as the runtime skips it, and logged once.
+no CDI spec is skipped, as the runtime skips it, and logged once. The specs read are kept too
+(``specs``, ``defining``): the plugin builds a MIG device's spec from the toolkit's (``mig_cdi``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import yaml
 log = logging.getLogger(__name__)
 SUFFIXES = (".json", ".yaml", ".yml")
 Stamp = tuple[tuple[str, int, int], ...]
+Spec = dict[str, Any]
 
 
 class CdiSpecs:
@@ -29,6 +31,7 @@ class CdiSpecs:
         self.dirs = tuple(dirs)
         self._stamp: Stamp | None = None
         self._names: frozenset[str] = frozenset()
+        self._specs: tuple[tuple[str, Spec], ...] = ()
         self._warned: set[tuple[str, int, int]] = set()
 
     def unresolved(self, names: Iterable[str]) -> list[str]:
@@ -37,11 +40,25 @@ class CdiSpecs:
         return [n for n in names if n not in known]
 
     def names(self) -> frozenset[str]:
+        self._refresh()
+        return self._names
+
+    def specs(self) -> tuple[tuple[str, Spec], ...]:
+        """Every readable CDI spec of the directories, as (path, spec), in path order."""
+        self._refresh()
+        return self._specs
+
+    def defining(self, name: str) -> list[str]:
+        """The paths of the specs that define the CDI device ``name`` (``<kind>=<device name>``)."""
+        return [path for path, spec in self.specs() if name in _device_names(spec)]
+
+    def _refresh(self) -> None:
         stamp = self._files()
         if stamp != self._stamp:
-            self._names = frozenset(name for entry in stamp for name in self._read(entry))
+            read = [(entry[0], spec) for entry in stamp if (spec := self._read(entry)) is not None]
+            self._specs = tuple(read)
+            self._names = frozenset(name for _, spec in read for name in _device_names(spec))
             self._stamp = stamp
-        return self._names
 
     def _files(self) -> Stamp:
         found: list[tuple[str, int, int]] = []
@@ -59,16 +76,18 @@ class CdiSpecs:
                     found.append((entry.path, info.st_size, info.st_mtime_ns))
         return tuple(sorted(found))
 
-    def _read(self, entry: tuple[str, int, int]) -> list[str]:
+    def _read(self, entry: tuple[str, int, int]) -> Spec | None:
         path = entry[0]
         try:
             spec = yaml.safe_load(Path(path).read_text())  # JSON is YAML too
-            return _device_names(spec)
+            _device_names(spec)
         except (OSError, yaml.YAMLError, ValueError) as err:
             if entry not in self._warned:
                 self._warned.add(entry)
                 log.warning("CDI spec %s skipped: %s", path, err)
-            return []
+            return None
+        assert isinstance(spec, dict)
+        return spec
 
 
 def _device_names(spec: Any) -> list[str]:

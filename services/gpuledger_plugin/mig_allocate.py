@@ -7,6 +7,10 @@ made (the inventory destroys an on-demand instance no live allocation holds). Ma
 ``gpuledger.v1.inventory.<node>.mig.make`` (``inventory_api.make_mig``) once per instance, the
 allocation's id as the holder.
 
+Where the answer names the instances as CDI devices (``cdi-cri``, ``cdi-annotations``), each is
+given a CDI spec of the plugin's own unless one the runtime reads defines it already
+(``mig_cdi``: the NVIDIA toolkit's spec lists only the instances that existed when it ran).
+
 When an instance cannot be made, or the answer could not be applied (device nodes or CDI devices
 the node lacks), Allocate fails with the reason, which kubelet shows in the pod's status, and the
 allocation is released in the ledger with a reason naming card and profile: nothing stays held
@@ -32,7 +36,8 @@ from gpuledger_plugin.appliable import unappliable
 from gpuledger_plugin.cdi_specs import CdiSpecs
 from gpuledger_plugin.ledger_port import NodeLedgerPort
 from gpuledger_plugin.metrics import MIG_MADE
-from gpuledger_plugin.mig_answer import MIG_MINORS_FILE, mig_answer, read_mig_minors
+from gpuledger_plugin.mig_answer import MIG_MINORS_FILE, MigMinors, instance_nodes, mig_answer, read_mig_minors
+from gpuledger_plugin.mig_cdi import MigCdi
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +83,7 @@ class MigAllocate:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.maker, self.ledger, self.policy, self.cdi = maker, ledger, policy, cdi
+        self.mig_cdi = MigCdi(cdi, policy.cdi_kind, policy.device_dir)
         self.minors_file, self.clock = minors_file, clock
         self._releases: set[asyncio.Task[None]] = set()
 
@@ -126,14 +132,22 @@ class MigAllocate:
         who = allocation.owner.describe()
         profiles = ", ".join(describe(s) for s in grant.cards)
         try:
-            minors = read_mig_minors(self.minors_file) if self.policy.device_specs else None
+            minors = read_mig_minors(self.minors_file) if self.policy.names_devices else None
             planned = mig_answer(node, allocation, grant, made, self.policy, minors)
+            if planned.cdi_devices or planned.annotations:
+                self._describe(node, grant, made, minors)
         except GpuledgerError as err:
             raise _Failed(f"{who}: {profiles}: {err}") from err
         problem = unappliable(planned, self.policy, self.cdi)
         if problem:
             raise _Failed(f"{who}: {profiles}: {problem}")
         return planned
+
+    def _describe(self, node: Node, grant: Grant, made: list[MadeMig], minors: MigMinors | None) -> None:
+        """Every named MIG device defined by a CDI spec the runtime reads (``mig_cdi``)."""
+        for index, instance in enumerate(made):
+            card_node, capabilities = instance_nodes(node, grant, index, instance, minors)
+            self.mig_cdi.ensure(grant.cards[index].uuid, instance, card_node, capabilities)
 
     async def _release(self, allocation: Allocation, reason: str) -> None:
         now = self.clock()

@@ -126,13 +126,20 @@ def _device_nodes(
 ) -> tuple[DeviceNode, ...]:
     paths = list(NVIDIA_CONTROL_DEVICES)
     for index, instance in enumerate(made):
-        gpu = card_minor(node, grant, index, instance)
-        card = f"/dev/nvidia{gpu}"
+        card, capabilities = instance_nodes(node, grant, index, instance, minors)
         if card not in paths:
             paths.append(card)
-        if minors is not None:
-            paths.extend(caps(minors, gpu, instance))
+        paths.extend(capabilities)
     return tuple(DeviceNode(p, on_host(p, device_dir)) for p in paths)
+
+
+def instance_nodes(
+    node: Node, grant: Grant, index: int, made: MadeMig, minors: MigMinors | None
+) -> tuple[str, list[str]]:
+    """The device node of the card of the grant's ``index``-th instance (``/dev/nvidia<minor>``)
+    and the instance's capability nodes (none without the minors file)."""
+    gpu = card_minor(node, grant, index, made)
+    return f"/dev/nvidia{gpu}", caps(minors, gpu, made) if minors is not None else []
 
 
 def caps(minors: MigMinors, gpu: int, made: MadeMig) -> list[str]:

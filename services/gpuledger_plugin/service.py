@@ -110,6 +110,7 @@ class PluginService:
             self.has_mig = node is not None and any(c.mig for c in node.cards)
             await self.board.publish(advertised(node, self.slots_per_card))
             await self.mig_boards.publish(node)
+            self.mig.mig_cdi.follow(node)  # the CDI specs of destroyed MIG instances go
 
     def accepts(self, resource: str) -> m.Accepts:
         """Which grants a call of ``resource`` may match (``mig_resources.accepts``); on a node

@@ -34,10 +34,12 @@ from gpuledger_dev.controlplane.api import ApiError, KubeApi
 from gpuledger_dev.controlplane.cluster import KWOK_NODE_LABEL, ControlPlane, ControlPlaneError, scheduler_config
 from gpuledger_dev.extender_pki import ExtenderPki
 from gpuledger_dev.fake_cluster import Outcome
+from gpuledger_dev.fake_nvml.model import cards_of
 from gpuledger_dev.fleet import Fleet, FleetNode
+from gpuledger_dev.fleet_script import node_script
 from gpuledger_dev.kwok_dra import KwokDraSettings
 from gpuledger_dev.kwok_kubelet import KwokKubelet
-from gpuledger_dev.realnode.devices import make_device_nodes
+from gpuledger_dev.realnode.devices import make_device_nodes, make_mig_caps
 from gpuledger_dev.realnode.images import WORKLOAD_IMAGE
 from gpuledger_dev.realnode.node import RealNode
 from gpuledger_dev.realnode.residue import DEVICE_PLUGIN_DIR
@@ -45,6 +47,8 @@ from gpuledger_dev.realnode.residue import DEVICE_PLUGIN_DIR
 NAMESPACE = "demo"
 TOOLKIT_SPEC = "gpuledger-dev-toolkit.json"  # the real node's stand-in for NVIDIA's CDI spec
 CDI_ENV_PREFIX = "GPULEDGER_DEV_CDI_"
+TOOLKIT_ENV = "GPULEDGER_DEV_DRIVER"  # the stand-in's own edits: the driver's libraries and hooks
+MIG_ENV = f"{CDI_ENV_PREFIX}MIG"  # set by the stand-in's MIG devices (those that existed at its start)
 SCHEDULER = "gpuledger-scheduler"
 DEFAULT_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "110"}
 OUTCOME_S = 60.0
@@ -140,11 +144,19 @@ class RealCluster:
         if node != self.real_node:
             return []
         device = ["--device-specs", "--device-dir", str(self.device_dir(node))]
-        return [*device, "--device-list-strategy", "volume-mounts,cdi-cri", "--cdi-spec-dirs", str(self.cdi_dir(node))]
+        cdi = ["--device-list-strategy", "volume-mounts,cdi-cri", "--cdi-spec-dirs", str(self.cdi_dir(node))]
+        return [*device, *cdi, "--mig-minors-file", str(self.mig_minors_file(node))]
 
     def dra_plugin_flags(self, node: str) -> list[str]:
-        """What the real node's DRA plugin adds: its CDI specs name the device nodes in device_dir."""
-        return ["--device-dir", str(self.device_dir(node))] if node == self.real_node else []
+        """What the real node's DRA plugin adds: its CDI specs name the device nodes in device_dir,
+        the MIG capability nodes among them."""
+        if node != self.real_node:
+            return []
+        return ["--device-dir", str(self.device_dir(node)), "--mig-minors-file", str(self.mig_minors_file(node))]
+
+    def mig_minors_file(self, node: str) -> Path:
+        """The real node's stand-in for the driver's ``/proc/driver/nvidia-caps/mig-minors``."""
+        return self.run_dir / node / "mig-minors"
 
     def registry_dir(self, node: str) -> Path:
         """DRA mode: kubelet's plugins_registry of the node."""
@@ -206,6 +218,7 @@ class RealCluster:
         node = str(member.node.name)
         minors = [card.minor if card.minor is not None else card.index for card in member.node.cards]
         make_device_nodes(self.device_dir(node), minors)
+        make_mig_caps(self.device_dir(node), self.mig_minors_file(node), minors)
         self.real = RealNode(
             self.control_plane,
             name=node,
@@ -213,7 +226,7 @@ class RealCluster:
             workdir=self.run_dir / "real-node",
         )
         await asyncio.to_thread(self.real.start)
-        toolkit_spec(self.real.cdi_dir, member)
+        toolkit_spec(self.real.cdi_dir, self.fleet, member)
 
     async def use_extender(self, url: str, pki: ExtenderPki) -> None:
         """Start kube-scheduler with gpuledger's configuration from deploy/, pointed at ``url``,
@@ -338,10 +351,12 @@ class RealCluster:
 
 
 REPORT_ENV, REPORT_DEV, REPORT_END = "== env", "== dev", "== end"
-# A container's report of itself: its environment, its /dev and the devices NVIDIA's volume-mounts
-# name (under /var/run/nvidia-container-devices), then it waits to be deleted (an init container ends).
+# A container's report of itself: its environment, its /dev (and the MIG capability nodes in
+# /dev/nvidia-caps) and the devices NVIDIA's volume-mounts name (under
+# /var/run/nvidia-container-devices), then it waits to be deleted (an init container ends).
 REPORT = (
-    f"echo '{REPORT_ENV}'; env; echo '{REPORT_DEV}'; ls /dev; ls /var/run/nvidia-container-devices 2>/dev/null "
+    f"echo '{REPORT_ENV}'; env; echo '{REPORT_DEV}'; ls /dev; ls /dev/nvidia-caps 2>/dev/null "
+    "| sed 's|^|nvidia-caps/|'; ls /var/run/nvidia-container-devices 2>/dev/null "
     f"| sed 's|^|nvidia-container-devices/|'; echo '{REPORT_END}'"
 )
 
@@ -394,18 +409,26 @@ def find_deploy(relative: Path) -> Path:
     raise ControlPlaneError(f"cannot find {relative} from {Path.cwd()}: run from the gpuledger checkout")
 
 
-def toolkit_spec(cdi_dir: Path, member: FleetNode) -> Path:
+def toolkit_spec(cdi_dir: Path, fleet: Fleet, member: FleetNode) -> Path:
     """The real node's stand-in for the spec NVIDIA's container toolkit writes (``nvidia-ctk cdi
-    generate``): kind ``nvidia.com/gpu``, a device per card named by its UUID. Where the toolkit's
-    devices add the card's device node (the plugin's device specs do that here), each sets
-    ``GPULEDGER_DEV_CDI_<minor>`` to the UUID, so a container's environment shows which CDI
-    devices the runtime applied."""
+    generate --device-name-strategy uuid``): kind ``nvidia.com/gpu``, a device per card named by
+    its UUID and per MIG device that exists as the node starts (an operator's layout in the fleet
+    file) named by its MIG UUID. Where the toolkit's devices add the device nodes (the plugin's
+    device specs do that here), each card sets ``GPULEDGER_DEV_CDI_<minor>`` to its UUID and each
+    MIG device ``GPULEDGER_DEV_CDI_MIG`` to its, so a container's environment shows which CDI
+    devices the runtime applied; where the toolkit's own edits add the driver's libraries and
+    hooks, the stand-in sets ``GPULEDGER_DEV_DRIVER`` to its file name."""
     devices = []
     for card in member.node.cards:
         minor = card.minor if card.minor is not None else card.index
         devices.append({"name": card.uuid, "containerEdits": {"env": [f"{CDI_ENV_PREFIX}{minor}={card.uuid}"]}})
+    for fake in cards_of(node_script(fleet, member)):
+        for mig in fake.mig.devices() if fake.mig is not None else ():
+            devices.append({"name": mig.uuid, "containerEdits": {"env": [f"{MIG_ENV}={mig.uuid}"]}})
+    edits = {"env": [f"{TOOLKIT_ENV}={TOOLKIT_SPEC}"]}
+    spec = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "containerEdits": edits, "devices": devices}
     path = cdi_dir / TOOLKIT_SPEC
-    path.write_text(json.dumps({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": devices}, indent=1))
+    path.write_text(json.dumps(spec, indent=1))
     return path
 
 

@@ -136,6 +136,7 @@ def permissions(role: Role, node: str = "") -> Permissions:
                 f"$KV.{OWNERS}.>",
                 f"{EVENTS}.>",
                 LEDGER_YIELD,
+                f"{INVENTORY}.*.mig.make",  # mode C: a claim's MIG instances made before its allocation is written
             ),
             (f"{PLACEMENT}.>", f"{INVENTORY}.*", f"{HEARTBEAT}.*", LEDGER_YIELD, inbox),
             allow_responses=True,

@@ -13,8 +13,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from nats.aio.client import Client
 
-from gpuledger_common import lifecycle
+from gpuledger_common import inventory_api, lifecycle
 from gpuledger_common.entry import stop_on_signals
+from gpuledger_common.inventory_api import MadeMig
 from gpuledger_common.ops import bound_port, ops_app
 from gpuledger_common.settings import describe, redact_url
 from gpuledger_common.store import LedgerStore
@@ -23,12 +24,14 @@ from gpuledger_common.store.outage import within
 from gpuledger_common.tls import EXTENDER_ALPN, server_context
 from gpuledger_core.errors import Unavailable
 from gpuledger_core.mig_place import MigAsks
+from gpuledger_core.model import MigSlot
 from gpuledger_core.packing import WorkloadTracker
 from gpuledger_placement.api_nats import serve_nats
 from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.auditor import Auditor
 from gpuledger_placement.binder import Binder
 from gpuledger_placement.claim_allocator import ClaimAllocator
+from gpuledger_placement.claim_mig import MAKE_TIMEOUT_S, Make
 from gpuledger_placement.claims import ClaimsController
 from gpuledger_placement.drainer import Drainer
 from gpuledger_placement.hosts import HostUsage, follow
@@ -125,6 +128,17 @@ def _extender_tls(settings: PlacementSettings) -> ssl.SSLContext:
         alpn=EXTENDER_ALPN,
         setting="extender",
     )
+
+
+def _maker(nc: Client | None) -> Make | None:
+    """Mode C's way of having a node's inventory make a MIG instance (``claim_mig``)."""
+    if nc is None:
+        return None
+
+    async def make(node: str, card: str, slot: MigSlot, holder: str) -> MadeMig:
+        return await inventory_api.make_mig(nc, node, card, slot, holder, MAKE_TIMEOUT_S)
+
+    return make
 
 
 async def _https(settings: PlacementSettings, parts: Parts, stack: contextlib.AsyncExitStack) -> ExtenderServer:
@@ -231,6 +245,7 @@ async def _serve(
                 allocator = ClaimAllocator(pods, claims, parts.view, parts.service.current_policy, hosts)
                 policies = parts.service.policies  # claims weigh in the workload and are placed by it, as pods
                 allocator.chooser, allocator.observe = policies.mig_chooser, policies.observe
+                allocator.make = _maker(nc)
                 allocator.preempt = preemptor.consider_claim if preemptor is not None else None
                 lifecycle.background(stack, tasks, allocator.run())
     stack.push_async_callback(parts.view.stop_listening)

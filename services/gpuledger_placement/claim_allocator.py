@@ -37,15 +37,17 @@ from gpuledger_core.claim_asks import ClaimAsk, claim_ask
 from gpuledger_core.claim_placement import claim_as_pod, place_claim
 from gpuledger_core.claim_status import allocation_status
 from gpuledger_core.claims import ClaimRef
-from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
+from gpuledger_core.errors import Conflict, Exhausted, FailedPrecondition, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, forget, release, reserve
 from gpuledger_core.mig_place import MigChooser
+from gpuledger_core.model import Allocation
 from gpuledger_core.packing import NodeState, Policy
 from gpuledger_core.pods import PodAsk
 from gpuledger_core.preemption import room_held
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement.claim_fields import pod_owner
+from gpuledger_placement.claim_mig import Make, make_instances
 from gpuledger_placement.claim_pods import GATE, claim_names, configs_of, describe, gated, of_driver, share_ids
 from gpuledger_placement.claim_write import write_allocation
 from gpuledger_placement.claims import (
@@ -116,6 +118,7 @@ class ClaimAllocator:
     preempt: Callable[[Mapping[str, Any], ClaimAsk, list[str]], None] | None = None  # ``Preemptor.consider_claim``
     chooser: Callable[[], MigChooser] = MigChooser  # ``Policies.mig_chooser``: the MIG asks seen weigh placements
     observe: Callable[[PodAsk], None] = lambda _: None  # ``Policies.observe``: a claim counts in the workload
+    make: Make | None = None  # ``inventory_api.make_mig`` on placement's connection: MIG instances made first
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -349,6 +352,7 @@ class ClaimAllocator:
                 break
             else:
                 raise Exhausted(f"{ref.describe()}: the nodes chosen for it kept filling up before it was written")
+            await self._made(pod, ref, planned["allocation"])
             task = await write_allocation(
                 self.api, self.claims, ref, raw, planned["status"], pod, planned["allocation"]
             )
@@ -362,6 +366,17 @@ class ClaimAllocator:
             "allocation: %s allocated on %s (cards %s) for pod %s",
             ref.describe(), allocation.node, ",".join(str(s.index) for s in allocation.shares()), describe(pod),
         )  # fmt: skip
+
+    async def _made(self, pod: Mapping[str, Any], ref: ClaimRef, allocation: Allocation) -> None:
+        """The allocation's MIG instances made on its node (``claim_mig``); where one cannot be, its
+        entry is released, the pod told, and the claim tried again later (``FailedPrecondition``)."""
+        if self.make is None or all(s.mig is None for s in allocation.shares()):
+            return
+        why = await make_instances(self.make, allocation)
+        if why:
+            await self.claims.withdraw(ref, allocation, why)
+            await self._event(pod, "GpuledgerMigNotMade", f"{ref.describe()}: {why}; tried again later")
+            raise FailedPrecondition(why)
 
     def _claim_added(self, raw: Mapping[str, Any]) -> None:
         """A claim just created for a gated pod this allocator waits on: kube-controller-manager

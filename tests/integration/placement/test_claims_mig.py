@@ -7,26 +7,33 @@ test_claims_mode_c."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, cast
 
 import pytest
 from nats.aio.client import Client
 
+from gpuledger_common.inventory_api import MadeMig
 from gpuledger_core.claim_asks import claim_ask
 from gpuledger_core.claims import ClaimRef
-from gpuledger_core.ids import CardUuid, NodeName
+from gpuledger_core.errors import FailedPrecondition, Unavailable
+from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.mig_place import MigAsks, MigChooser
 from gpuledger_core.model import Card, CardMode, MigSlot, Node, Request
 from gpuledger_core.packing import make_policy
 from gpuledger_core.pods import PodAsk
 from gpuledger_placement.claim_allocator import ClaimAllocator
-from gpuledger_placement.claims import DRIVER, claim_path
-from tests.integration.placement.test_claims_mode_c import NS, world
+from gpuledger_placement.claims import DRIVER, ClaimsController, claim_path
+from tests.integration.placement.test_claims_mode_c import NS, Objects, world
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 MIG_CLASS = "mig.gpu.gpuledger.io"
+HAS_PROFILE = f'device.driver == "{DRIVER}" && has(device.attributes["{DRIVER}"].profile)'
+CLASSES: dict[str, Any] = {
+    MIG_CLASS: {"metadata": {"name": MIG_CLASS}, "spec": {"selectors": [{"cel": {"expression": HAS_PROFILE}}]}}
+}
 NODE = Node(NodeName("a100-mig"), (replace(Card(CardUuid("GPU-m0"), 0, "NVIDIA A100-SXM4-40GB", 40960, minor=0),
                                              mode=CardMode.MIG),))  # fmt: skip
 
@@ -137,3 +144,61 @@ async def test_mode_c_places_a_mig_claim_by_the_mig_asks_placement_has_seen_and_
     (result,) = api.items[claim_path(ClaimRef(NS, "small", "uid-small"))]["status"]["allocation"]["devices"]["results"]
     assert result["device"] == f"gpu-0-mig-1g-10gb-{start}"
     assert [[c.request.mig for c in p.containers] for p in seen] == [["1g.10gb"]]  # counted as a pod's ask is
+
+
+class Told(Objects):
+    """The API double, recording the events created."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[dict[str, Any]] = []
+
+    async def create_object(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        self.events.append(dict(body))
+        return dict(body)
+
+
+async def test_mode_c_has_the_node_make_a_mig_instance_before_writing_the_claim_and_rolls_back_if_it_cannot(
+    nc: Client,
+) -> None:
+    _, store, view, _ = await world(nc)
+    api = Told()
+    controller = ClaimsController(cast(Any, api), store, view)
+    written = await store.mutate(NODE.name, lambda _: NodeLedger(NODE))
+    assert written.new is not None
+    view.apply(NODE.name, written.new, written.revision)
+    asked: list[tuple[str, str, MigSlot, str]] = []
+    broken = True
+
+    async def make(node: str, card: str, slot: MigSlot, holder: str) -> MadeMig:
+        asked.append((node, card, slot, holder))
+        assert not api.items[claim_path(ClaimRef(NS, "c", "uid-c"))].get("status"), "made before the claim is written"
+        if broken:
+            raise Unavailable(f"NVML refused: insufficient resources for {slot.profile}")
+        return MadeMig("MIG-made", 1, 0, 0, 0)
+
+    allocator = ClaimAllocator(cast(Any, api), controller, view, lambda: make_policy("default"), make=make)
+    raw = api.put(claim_path(ClaimRef(NS, "c", "uid-c")), {
+        "metadata": {"namespace": NS, "name": "c", "uid": "uid-c"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": MIG_CLASS, "selectors": [
+            {"cel": {"expression": f'device.attributes["{DRIVER}"].profile == "3g.20gb"'}}]}}]}},
+    })  # fmt: skip
+    ask = claim_ask(raw, CLASSES, DRIVER)
+    assert ask is not None
+    with pytest.raises(FailedPrecondition, match=r"MIG instance 3g.20gb at \d on card 0 \(GPU-m0\) of node a100-mig"):
+        await allocator._allocate(gated_pod("c"), raw, ask, CLASSES)
+    ((node, card, slot, holder),) = asked
+    assert (node, card, slot.profile) == ("a100-mig", "GPU-m0", "3g.20gb")
+    ledger, _ = await store.read(NODE.name)
+    assert ledger is not None and ledger.of_owner("claim:uid-c") is None  # rolled back
+    released = ledger.get(AllocationId(holder))
+    assert released is None or not released.live
+    assert not api.items[claim_path(ClaimRef(NS, "c", "uid-c"))].get("status")  # never written
+    (event,) = api.events
+    assert event["reason"] == "GpuledgerMigNotMade" and "NVML refused" in event["message"]
+    broken = False
+    await allocator._allocate(gated_pod("c"), api.items[claim_path(ClaimRef(NS, "c", "uid-c"))], ask, CLASSES)
+    ledger, _ = await store.read(NODE.name)
+    entry = ledger.of_owner("claim:uid-c") if ledger is not None else None
+    assert entry is not None and asked[-1][3] == entry.id  # made for the entry that holds it
+    assert api.items[claim_path(ClaimRef(NS, "c", "uid-c"))]["status"]["allocation"]

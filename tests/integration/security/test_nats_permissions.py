@@ -188,7 +188,8 @@ async def test_the_allocator_reads_an_inventory_and_cannot_mark_a_card(secure: S
 
 
 async def test_a_nodes_plugin_asks_its_own_inventory_for_a_mig_instance_and_no_other(secure: SecureNats) -> None:
-    """``mig.make``: node-a's plugin asks node-a's inventory; node-b's plugin and a reader cannot."""
+    """``mig.make``: node-a's plugin asks node-a's inventory, and so does placement (mode C makes a
+    claim's instances before writing its allocation); node-b's plugin and a reader cannot."""
     asked: list[object] = []
     made = inventory_api.MadeMig("MIG-x", 13, 0, 0, 0)
 
@@ -202,13 +203,15 @@ async def test_a_nodes_plugin_asks_its_own_inventory_for_a_mig_instance_and_no_o
         plugin_a = await stack.enter_async_context(connected(secure, Role.PLUGIN, "node-a"))
         plugin_b = await stack.enter_async_context(connected(secure, Role.PLUGIN, "node-b"))
         reader = await stack.enter_async_context(connected(secure, Role.READER))
+        placement = await stack.enter_async_context(connected(secure, Role.PLACEMENT))
         responder = await bus.Responder(inventory, inventory_api.mig_make_subject("node-a"), handler).start()
         stack.push_async_callback(responder.close)
         assert await inventory_api.make_mig(plugin_a, "node-a", "GPU-a", slot, "alloc-1", 5.0) == made
+        assert await inventory_api.make_mig(placement, "node-a", "GPU-a", slot, "alloc-c", 5.0) == made
         for other in (plugin_b, reader):
             with pytest.raises(Unavailable):  # a refused publish: nothing answers
                 await inventory_api.make_mig(other, "node-a", "GPU-a", slot, "alloc-2", 1.0)
-    assert [b["holder"] for b in asked if isinstance(b, dict)] == ["alloc-1"]
+    assert [b["holder"] for b in asked if isinstance(b, dict)] == ["alloc-1", "alloc-c"]
     assert violations(secure, "plugin-node-b", "gpuledger.v1.inventory.node-a.mig.make") == 1
     assert violations(secure, "reader", "gpuledger.v1.inventory.node-a.mig.make") == 1
 

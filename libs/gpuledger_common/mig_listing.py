@@ -66,7 +66,7 @@ def mig_cell(c: CardStatus, holder: Callable[[Holder], str], *, only_held: bool 
 
 
 def with_placements(encoded: dict[str, Any], status: NodeStatus) -> dict[str, Any]:
-    """A node's status as ``codec.node_status_to`` writes it, each holder of a MIG placement given
+    """A node's status as ``codec_status.node_status_to`` writes it, each holder of a MIG placement given
     its ``mig`` (``{"profile", "start", "size"}``), which the codec does not write."""
     for card, c in zip(encoded["cards"], status.cards, strict=True):
         for held, h in zip(card["holders"], c.holders, strict=True):

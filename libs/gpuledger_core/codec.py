@@ -36,7 +36,6 @@ from gpuledger_core.model import (
     Remedy,
     Request,
 )
-from gpuledger_core.status import CardStatus, Holder, NodeStatus
 
 Json = dict[str, Any]
 
@@ -453,68 +452,3 @@ def event_from(raw: object) -> LedgerEvent:
         allocation=allocation_from(allocation) if allocation else None,
         inventory=node_from(inventory) if inventory else None,
     )
-
-
-def holder_to(h: Holder) -> Json:
-    return {
-        "allocation_id": h.allocation_id,
-        "owner": owner_to(h.owner),
-        "container": h.container,
-        "mem_mib": h.mem_mib,
-        "core_milli": h.core_milli,
-        "exclusive": h.exclusive,
-        "state": h.state.value,
-        "since": h.since,
-        "used_mib": h.used_mib,
-        "over": h.over,
-        "used_core_milli": h.used_core_milli,
-    }
-
-
-def holder_from(r: Reader) -> Holder:
-    return Holder(
-        AllocationId(r.text("allocation_id")),
-        owner_from(r.obj("owner")),
-        r.text("container", ""),
-        r.integer("mem_mib"),
-        r.integer("core_milli"),
-        r.flag("exclusive"),
-        r.enum("state", AllocState),
-        r.number("since", 0.0),
-        r.opt_int("used_mib"),
-        r.flag("over"),
-        r.opt_int("used_core_milli"),
-    )
-
-
-def node_status_to(s: NodeStatus) -> Json:
-    return {
-        "name": s.name,
-        "stale": s.stale,
-        "revision": s.revision,
-        **({"unreadable": s.unreadable} if s.unreadable else {}),
-        "cards": [
-            {
-                **card_to(c.card),
-                "free_mem_mib": c.free_mem_mib,
-                "free_core_milli": c.free_core_milli,
-                "holders": [holder_to(h) for h in c.holders],
-                "processes": c.processes,
-                "foreign_processes": c.foreign_processes,
-                "foreign_mib": c.foreign_mib,
-            }
-            for c in s.cards
-        ],
-    }
-
-
-def node_status_from(raw: object) -> NodeStatus:
-    r = Reader(raw)
-
-    def card_status(cr: Reader) -> CardStatus:
-        free_mem, free_core = cr.integer("free_mem_mib"), cr.integer("free_core_milli")
-        foreign = cr.integer("processes", 0), cr.integer("foreign_processes", 0), cr.integer("foreign_mib", 0)
-        return CardStatus(card_from(cr), free_mem, free_core, cr.items("holders", holder_from), *foreign)
-
-    name, stale = NodeName(r.text("name")), r.flag("stale")
-    return NodeStatus(name, r.items("cards", card_status), stale, r.integer("revision", 0), r.text("unreadable", ""))

@@ -10,7 +10,7 @@ from gpuledger_allocator import wire
 from gpuledger_allocator.queries import AllocationFilter, allocations_page, cluster_page
 from gpuledger_allocator.service import AllocatorService
 from gpuledger_common.bus import SUBJECT_PREFIX, Handler, Responder
-from gpuledger_core import codec
+from gpuledger_core import codec, codec_status
 from gpuledger_core.codec import Reader
 from gpuledger_core.errors import InvalidArgument, NotFound
 
@@ -55,7 +55,7 @@ def handlers(service: AllocatorService) -> dict[str, Handler]:
         nodes, next_token = cluster_page(service.view, node, r.text("model", ""), page_size, after)
         if node and not nodes:
             raise NotFound(f"node {node} is not in the ledger")
-        return {"nodes": [codec.node_status_to(n) for n in nodes], "next_page_token": next_token}
+        return {"nodes": [codec_status.node_status_to(n) for n in nodes], "next_page_token": next_token}
 
     return {
         "allocate": allocate,

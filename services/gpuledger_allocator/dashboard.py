@@ -17,7 +17,7 @@ from gpuledger_allocator.overview import Overview
 from gpuledger_allocator.queries import cluster
 from gpuledger_allocator.trends import Trends
 from gpuledger_allocator.view import ClusterView
-from gpuledger_core import codec
+from gpuledger_core import codec, codec_status
 
 
 def _json_text(value: object) -> str:
@@ -40,7 +40,7 @@ def dashboard_app(
         nodes = cluster(view, request.query.get("node", ""), request.query.get("model", ""))
         # orjson: the standard library's encoder took five times as long (76 against 15 us a
         # node with the conversion; 0.38 s of the event loop for a dashboard of 5,000 nodes).
-        return web.json_response({"nodes": [codec.node_status_to(n) for n in nodes]}, dumps=_json_text)
+        return web.json_response({"nodes": [codec_status.node_status_to(n) for n in nodes]}, dumps=_json_text)
 
     async def events(request: web.Request) -> web.StreamResponse:
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

@@ -16,7 +16,7 @@ from gpuledger_cli import health_report
 from gpuledger_common import bus, card_history, inventory_api
 from gpuledger_common.natscreds import FIELDS, HELP, credentials_of
 from gpuledger_common.settings import SettingsError, env_default, nats_servers
-from gpuledger_core import codec
+from gpuledger_core import codec_status
 from gpuledger_core.errors import InvalidArgument, Unavailable
 from gpuledger_core.status import NodeStatus
 
@@ -126,7 +126,7 @@ async def ledger_nodes(nc: Client, node: str = "") -> list[NodeStatus]:
     while True:
         body: dict[str, Any] = {"node": node, "page_token": token}
         reply = await bus.request(nc, f"{bus.SUBJECT_PREFIX}.allocator.cluster", body, 10.0)
-        found += [codec.node_status_from(n) for n in reply.get("nodes", [])]
+        found += [codec_status.node_status_from(n) for n in reply.get("nodes", [])]
         token = reply.get("next_page_token", "")
         if not token:
             return found

@@ -20,7 +20,7 @@ from gpuledger_cli import kubectl_view as view
 from gpuledger_common.kubeconfig import UserAccess, for_user
 from gpuledger_common.kuberaw import RawKube, json_of
 from gpuledger_common.settings import SettingsError
-from gpuledger_core import codec
+from gpuledger_core import codec_status
 from gpuledger_core.errors import GpuledgerError, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from gpuledger_core.status import NodeStatus
 
@@ -109,7 +109,7 @@ async def cluster(access: UserAccess, where: Allocator, node: str, model: str, t
 def decode(body: bytes) -> list[NodeStatus]:
     found = json_of(body)
     try:
-        return [codec.node_status_from(n) for n in found["nodes"]]
+        return [codec_status.node_status_from(n) for n in found["nodes"]]
     except (GpuledgerError, KeyError, TypeError, ValueError) as err:
         raise GpuledgerError(f"the allocator's answer is not the cluster's status: {err}") from err
 

@@ -18,7 +18,7 @@ from gpuledger_cli import kubectl_plugin as plugin
 from gpuledger_cli import kubectl_view as view
 from gpuledger_common.kubeconfig import UserAccess, for_user
 from gpuledger_common.settings import SettingsError
-from gpuledger_core import codec
+from gpuledger_core import codec_status
 from gpuledger_core.errors import GpuledgerError, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from tests.unit.cli.test_kubectl_view import NODES
 
@@ -47,7 +47,7 @@ class FakeApiServer:
     """The API server's service proxy as the plugin sees it: what it answers, and what it was asked."""
 
     status: int = 200
-    body: Any = field(default_factory=lambda: {"nodes": [codec.node_status_to(n) for n in NODES]})
+    body: Any = field(default_factory=lambda: {"nodes": [codec_status.node_status_to(n) for n in NODES]})
     asked: list[web.Request] = field(default_factory=list)
 
     async def handle(self, request: web.Request) -> web.Response:

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from gpuledger_cli import kubectl_view as view
 from gpuledger_common import render
-from gpuledger_core import codec
+from gpuledger_core import codec_status
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.model import AllocState, Card, Owner, OwnerKind
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
@@ -106,7 +106,7 @@ def test_json_is_inspects_shape_of_the_scope() -> None:
     assert [c["other_holders"] for c in node["cards"]] == [0, 1]
     assert [[h["owner"]["name"] for h in c["holders"]] for c in node["cards"]] == [["train"], ["infer"]]
     everything = view.inspect_json(NODES, ALL)
-    assert everything == {"namespace": None, "nodes": [codec.node_status_to(n) for n in NODES]}
+    assert everything == {"namespace": None, "nodes": [codec_status.node_status_to(n) for n in NODES]}
     json.dumps(everything)
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from gpuledger_cli import kubectl_view as view
 from gpuledger_common import render
 from gpuledger_common.mig_listing import placements, with_placements
-from gpuledger_core import codec
+from gpuledger_core import codec_status
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.model import (
     Allocation,
@@ -103,7 +103,7 @@ def test_the_json_gives_each_holder_its_placement() -> None:
         {"profile": "2g.20gb", "start": 2, "size": 2},
     ]
     unplaced = replace(NODE, cards=(replace(NODE.cards[0], holders=(replace(TRAIN, mig=None),)),))
-    plain = codec.node_status_to(unplaced)
+    plain = codec_status.node_status_to(unplaced)
     assert with_placements(json.loads(json.dumps(plain)), unplaced) == plain  # a share's holder: as the codec wrote it
 
 

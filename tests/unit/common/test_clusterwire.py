@@ -14,7 +14,7 @@ from gpuledger_common import clusterwire
 from gpuledger_common import pbconvert as conv
 from gpuledger_common.clusterwire.cluster import cards_bytes
 from gpuledger_common.clusterwire.wire import varint
-from gpuledger_core import codec
+from gpuledger_core import codec_status
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.model import Allocation, CardMode, CardShare, Grant, MigInstance, MigSlot, Remedy
@@ -233,7 +233,7 @@ def test_a_node_whose_ledger_value_cannot_be_read_says_why_as_betterproto_writes
     assert wire == bytes(pb.Cluster(nodes=[conv.node_status_to(node)]))
     assert clusterwire.cluster_from(wire) == ([node], "")
     assert conv.node_status_from(pb.NodeStatus().parse(clusterwire.node_bytes(node))) == node
-    assert codec.node_status_from(codec.node_status_to(node)) == node
+    assert codec_status.node_status_from(codec_status.node_status_to(node)) == node
 
 
 def a_mig_node() -> NodeStatus:

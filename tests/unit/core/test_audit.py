@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 
-from gpuledger_core import codec
+from gpuledger_core import codec, codec_status
 from gpuledger_core.card_usage import ProcessUse, Usage, usage_of
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import reserve
@@ -165,13 +165,13 @@ def test_malformed_process_fields_are_not_trusted() -> None:
 @settings(max_examples=200, deadline=None)
 @given(status=node_statuses)
 def test_the_dashboards_json_carries_use_and_the_mark(status: NodeStatus) -> None:
-    assert codec.node_status_from(json.loads(json.dumps(codec.node_status_to(status)))) == status
+    assert codec_status.node_status_from(json.loads(json.dumps(codec_status.node_status_to(status)))) == status
 
 
 def test_the_dashboards_json_from_an_allocator_before_the_audit_reads_as_not_measured() -> None:
-    raw = codec.holder_to(holder("p", 100))
+    raw = codec_status.holder_to(holder("p", 100))
     del raw["used_mib"], raw["over"]
-    assert codec.holder_from(codec.Reader(raw)) == holder("p", 100)
+    assert codec_status.holder_from(codec.Reader(raw)) == holder("p", 100)
 
 
 def test_each_pod_holder_s_share_of_the_sm_time_is_shown_and_never_judged() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from gpuledger_core import codec
+from gpuledger_core import codec, codec_status
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.events import LedgerEvent
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
@@ -42,7 +42,7 @@ def test_event_round_trip(value: LedgerEvent) -> None:
 @settings(max_examples=100, deadline=None)
 @given(s.node_statuses)
 def test_node_status_round_trip(value: NodeStatus) -> None:
-    assert codec.node_status_from(_wire(codec.node_status_to(value))) == value
+    assert codec_status.node_status_from(_wire(codec_status.node_status_to(value))) == value
 
 
 @settings(max_examples=50, deadline=None)
@@ -144,7 +144,7 @@ def test_a_decoding_error_names_the_field_path(edit: Edit, field: str, problem: 
         (codec.event_from, {"kind": "nope", "node": "n"}, "kind"),
         (codec.event_from, {"kind": "bound", "node": "n", "allocation": {"id": "a"}}, "allocation.owner"),
         (
-            codec.node_status_from,
+            codec_status.node_status_from,
             {"name": "n", "cards": [{"uuid": "u", "index": 0, "model": "m", "memory_mib": 1}]},
             "cards[0].free_mem_mib",
         ),

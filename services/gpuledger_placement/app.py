@@ -240,12 +240,13 @@ async def _serve(
         stack.push_async_callback((await auditor.listen(nc)).unsubscribe)
         if settings.dra_claims != "off":  # the ledger decides DRA allocations
             claims = ClaimsController(pods, store, parts.view, memory_step_mib=settings.dra_memory_step_mib)
+            claims.make = _maker(nc)  # a claim's MIG instances made before it is allocated (C) or committed (B)
             lifecycle.background(stack, tasks, claims.run(optional=settings.dra_claims == "auto"))
             if settings.dra_allocation == "on":  # mode C: the ledger allocates the claims of gated pods
                 allocator = ClaimAllocator(pods, claims, parts.view, parts.service.current_policy, hosts)
                 policies = parts.service.policies  # claims weigh in the workload and are placed by it, as pods
                 allocator.chooser, allocator.observe = policies.mig_chooser, policies.observe
-                allocator.make = _maker(nc)
+                allocator.make = claims.make
                 allocator.preempt = preemptor.consider_claim if preemptor is not None else None
                 lifecycle.background(stack, tasks, allocator.run())
     stack.push_async_callback(parts.view.stop_listening)

@@ -55,6 +55,7 @@ from gpuledger_placement.claim_fields import ALLOCATED_BY_LEDGER as ALLOCATED_BY
 from gpuledger_placement.claim_fields import COMMITTED, LIST, REJECTED
 from gpuledger_placement.claim_fields import RESOURCE as RESOURCE
 from gpuledger_placement.claim_fields import claim_path as claim_path
+from gpuledger_placement.claim_mig import Make, make_instances
 from gpuledger_placement.claims_mend import UNUSED_AFTER_S
 from gpuledger_placement.claims_mend import WRITING_S as WRITING_S
 from gpuledger_placement.convert import epoch_of
@@ -100,6 +101,7 @@ class ClaimsController:
     allocating: set[str] = field(default_factory=set)
     written_here: dict[str, str] = field(default_factory=dict)  # claim uid -> the entry mode C just wrote for it
     finalizing: set[str] = field(default_factory=set)  # claim uids whose finalizer mode C is writing now
+    make: Make | None = None  # mode B: a claim's MIG instances made before it is committed (``claim_mig``)
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -259,6 +261,13 @@ class ClaimsController:
                 if not gated:
                     await claims_mend.mend(self, raw)
                 return
+            why = await self._unmade(ref, allocation)
+            if why:  # rejected as the ledger rejects: kube-scheduler takes the allocation back and tries again
+                if await self._decide(raw, devices, REJECTED, "MigNotMade", why) is not None:
+                    CLAIMS.labels("rejected").inc()
+                    return
+                raw = await self._fresh(ref) or {}
+                continue
             message = f"ledger allocation {allocation.id} on {allocation.node}"
             if await self._decide(raw, devices, COMMITTED, "Reserved", message) is not None:
                 CLAIMS.labels("committed").inc()
@@ -267,6 +276,17 @@ class ClaimsController:
                 return
             raw = await self._fresh(ref) or {}  # changed meanwhile: decide on its newest version
         raise Conflict(f"{ref.describe()} kept changing while its status was written")
+
+    async def _unmade(self, ref: ClaimRef, allocation: Allocation) -> str:
+        """Mode B: the MIG instances of a claim kube-scheduler allocated made on its node before it is
+        committed (``claim_mig``); where one cannot be, its entry is released and why is returned."""
+        if self.make is None or all(s.mig is None for s in allocation.shares()):
+            return ""
+        why = await make_instances(self.make, allocation)
+        if why:
+            log.info("claims: %s: %s", ref.describe(), why)
+            await self._release_on(allocation.node, ref, why, only=allocation)
+        return why
 
     async def release(self, ref: ClaimRef, reason: str, raw: Mapping[str, Any] | None = None) -> None:
         """Release the claim's ledger entry, wherever the view says it is; where the view does not

@@ -202,3 +202,35 @@ async def test_mode_c_has_the_node_make_a_mig_instance_before_writing_the_claim_
     entry = ledger.of_owner("claim:uid-c") if ledger is not None else None
     assert entry is not None and asked[-1][3] == entry.id  # made for the entry that holds it
     assert api.items[claim_path(ClaimRef(NS, "c", "uid-c"))]["status"]["allocation"]
+
+
+async def test_mode_b_has_the_node_make_a_mig_instance_before_committing_and_rejects_the_claim_if_it_cannot(
+    nc: Client,
+) -> None:
+    api, store, view, controller = await world(nc)
+    written = await store.mutate(NODE.name, lambda _: NodeLedger(NODE))
+    assert written.new is not None
+    view.apply(NODE.name, written.new, written.revision)
+    asked: list[str] = []
+
+    async def make(node: str, card: str, slot: MigSlot, holder: str) -> MadeMig:
+        asked.append(f"{slot.profile}@{slot.start} for {holder}")
+        if slot.start == 4:
+            raise Unavailable("NVML refused: in use")
+        return MadeMig("MIG-made", 2, 0, 0, 0)
+
+    controller.make = make
+    for name, device in (("bad", "gpu-0-mig-3g-20gb-4"), ("good", "gpu-0-mig-3g-20gb-0")):
+        await controller.settle(api.put(claim_path(ClaimRef(NS, name, f"uid-{name}")), scheduled(name, device)))
+    ledger, _ = await store.read(NODE.name)
+    assert ledger is not None and ledger.of_owner("claim:uid-bad") is None  # rolled back
+    good = ledger.of_owner("claim:uid-good")
+    assert good is not None and asked[-1] == f"3g.20gb@0 for {good.id}"
+    (bad,) = api.items[claim_path(ClaimRef(NS, "bad", "uid-bad"))]["status"]["devices"]
+    ((kind, status, reason, message),) = [
+        (c["type"], c["status"], c["reason"], c["message"]) for c in bad["conditions"]
+    ]
+    assert (kind, status, reason) == ("gpuledger.io/rejected", "True", "MigNotMade")
+    assert "3g.20gb at 4 on card 0 (GPU-m0) of node a100-mig could not be made: NVML refused" in message
+    (fine,) = api.items[claim_path(ClaimRef(NS, "good", "uid-good"))]["status"]["devices"]
+    assert [(c["type"], c["status"]) for c in fine["conditions"]] == [("gpuledger.io/committed", "True")]

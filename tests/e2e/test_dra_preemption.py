@@ -4,7 +4,11 @@ nowhere. Placement evicts exactly the smallest set of low-priority claims' pods 
 the Eviction API), holds the room for the high claim, allocates it there once those pods are gone,
 and lifts its gate; the victims' claims are deallocated and hold nothing in the ledger. A pod of
 equal priority evicts nobody. Where a PodDisruptionBudget forbids every eviction, nothing is
-forced: the pod is told so in an Event, and preempts once the budget allows it."""
+forced: the pod is told so in an Event, and preempts once the budget allows it. Claims
+kube-scheduler allocated and the ledger committed (mode B) are victims too: a mode-C claim's
+preemption evicts the fewest of their pods, their claims vetoed (``gpuledger.io/rejected``, reason
+Preempted) and deallocated by kube-controller-manager, the card taken by the preemptor, and a pod
+naming a victim's claim again is not bound onto it."""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from gpuledger_core import claims
 from gpuledger_dev.controlplane.cluster import ControlPlane
 from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER
+from gpuledger_placement import claim_veto
+from gpuledger_placement.claim_fields import COMMITTED, DELETE_PROTECTION, decided
 from tests.e2e.dra_helpers import CLAIMS, claim_pod, share_claim
 from tests.e2e.dra_ledger import bound as pod_bound
 from tests.e2e.dra_ledger import claim_entry, gated_world, ledger_of
@@ -154,3 +160,73 @@ async def test_an_eviction_a_budget_forbids_is_never_forced_and_preemption_goes_
             bound = await pod_bound(api, ns, "high", timeout=90)
             assert bound["spec"]["nodeName"] == world.node.name
             assert {e["involvedObject"]["name"] for e in await events_of(api, ns, "Preempted")} <= set(names.values())
+
+
+async def test_a_mode_b_claim_s_pod_is_the_fewest_victims_of_a_mode_c_claim_and_its_claim_is_not_used_again(
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Any
+) -> None:
+    async with gated_world(control_plane, nats_server, placement_kubeconfig, "tesla-p4-2") as world:
+        api, ns, node = world.api, world.ns, world.node.name
+        pods, claims_path = f"/api/v1/namespaces/{ns}/pods", CLAIMS.format(ns=ns)
+        async with priority_classes(api):
+            names = await fill(api, ns)  # the namespace not opted in yet: kube-scheduler allocates (mode B)
+            for name in names.values():
+                low = await api.get(f"{claims_path}/{name}")
+                assert DELETE_PROTECTION in low["metadata"]["finalizers"], low["metadata"]
+                assert decided(low, DRIVER, claims.results_of(low, DRIVER)) == COMMITTED
+            before = await ledger_of(nats_server, node)
+            assert before is not None
+            expected = smallest_sets(before, names, WANT_MIB)
+            assert expected and all(len(s) < len(SHARES) for s in expected), expected
+
+            await api.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"gpuledger.io/allocation": "ledger"}}})
+            await api.create(claims_path, share_claim("high", WANT, "10"))
+            await api.create(pods, claimed_pod("high", "high", HIGH))  # gated: mode C allocates its claim
+            try:
+                high = await pod_bound(api, ns, "high", timeout=120)
+            except TimeoutError as err:
+                events = [f"{e['involvedObject']['name']}: {e.get('reason')}: {e.get('message')}"
+                          for e in (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]]  # fmt: skip
+                raise AssertionError("\n".join([str(err), *events[-30:]])) from None
+            assert high["spec"]["nodeName"] == node
+
+            left = {p["metadata"]["name"] for p in (await api.get(pods))["items"]}
+            evicted = {name for name in names.values() if name not in left}
+            assert evicted in expected, f"evicted {sorted(evicted)}; the smallest sets were {expected}"
+            events = (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]
+            assert {e["involvedObject"]["name"] for e in events if e.get("reason") == "Preempted"} == evicted
+
+            claim = await api.get(f"{claims_path}/high")
+            entry = await claim_entry(nats_server, node, claim["metadata"]["uid"])
+            assert entry is not None and entry.shares()[0].mem_mib == WANT_MIB
+            victim_cards = {s.index for a in before.live() if names.get(a.owner.id) in evicted for s in a.shares()}
+            assert {s.index for s in entry.shares()} == victim_cards
+
+            async def deallocated() -> bool:  # kube-controller-manager's, once no pod reserves them
+                for uid, name in names.items():
+                    if name in evicted:
+                        found = await api.get(f"{claims_path}/{name}")
+                        if found.get("status", {}).get("allocation") or await claim_entry(nats_server, node, uid):
+                            return False
+                return True
+
+            await wait_for(deallocated, 60, "the victims' claims deallocated, holding nothing", 0.2)
+            for uid, name in names.items():  # the others keep their cards, committed
+                kept = await claim_entry(nats_server, node, uid)
+                assert (name in evicted) == (kept is None), name
+                if name not in evicted:
+                    low = await api.get(f"{claims_path}/{name}")
+                    assert decided(low, DRIVER, claims.results_of(low, DRIVER)) == COMMITTED, name
+                    assert not claim_veto.is_vetoed(low, DRIVER), name
+
+            # A pod naming a victim's claim again, in mode B: kube-scheduler allocates the claim anew
+            # only where its own count of the slices has room, and the ledger decides; the preemptor's
+            # card is not given to it.
+            await api.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"gpuledger.io/allocation": None}}})
+            victim = sorted(evicted)[0]
+            await api.create(pods, claimed_pod("again", victim, LOW))
+            with pytest.raises(TimeoutError):
+                await pod_bound(api, ns, "again", timeout=15)
+            assert await claim_entry(nats_server, node, claim["metadata"]["uid"]) == entry
+            uid = next(u for u, n in names.items() if n == victim)
+            assert await claim_entry(nats_server, node, uid) is None

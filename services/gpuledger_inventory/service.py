@@ -20,11 +20,10 @@ from nats.aio.client import Client
 from gpuledger_common import bus, inventory_api
 from gpuledger_common.store.follow import node_ledger
 from gpuledger_common.store.ledgerwait import open_ledger
-from gpuledger_core.errors import GpuledgerError, InvalidArgument, NotFound
-from gpuledger_core.ids import CardUuid
+from gpuledger_core.errors import GpuledgerError
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Health
-from gpuledger_inventory import metrics
+from gpuledger_inventory import metrics, operator_word
 from gpuledger_inventory.health import HealthBook, Transition
 from gpuledger_inventory.inventory import EventKind, GpuEvent
 from gpuledger_inventory.kube import NodeApi
@@ -415,56 +414,8 @@ class Inventory:
     # --- operator requests ---------------------------------------------------------------------
 
     async def set_health(self, request: Any) -> dict[str, Any]:
-        if not isinstance(request, dict):
-            raise InvalidArgument("body", "must be an object")
-        healthy = request.get("healthy")
-        who = request.get("by")
-        if not isinstance(healthy, bool):
-            raise InvalidArgument("healthy", "must be true or false")
-        if not isinstance(who, str) or not who:
-            raise InvalidArgument("by", "must name who decides (an operator or a tool)")
-        info = self.state.card_info(request.get("uuid"), _index(request.get("index")))
-        if info is None:
-            raise NotFound(f"no card {request.get('uuid') or request.get('index')} on node {self.state.name}")
-        note = str(request.get("note") or "")
-        retire = request.get("retire", False)
-        if not isinstance(retire, bool) or (retire and healthy):
-            raise InvalidArgument("retire", "must be true or false, and true only with healthy false")
-        if retire and self.remediator is None:
-            raise InvalidArgument("retire", f"remediation is off on node {self.state.name}")
-        uuid = CardUuid(info.uuid)
-        word = _word(healthy, retire)
-        log.warning("operator %s marks card %s (%s) %s%s", who, info.card.index, uuid, word, _note(note))
-        changed = await self._operator_word(uuid, healthy, retire, who, note)
-        h = self.state.book.of(uuid)
-        card = {
-            "uuid": info.uuid,
-            "index": info.card.index,
-            "health": h.health.value,
-            "reason": h.reason,
-            "since": h.since,
-            "by": h.by,
-            "remediation": self.state.remedies.of(uuid).stage.value,
-        }
-        return {"card": card, "changed": changed}
-
-    async def _operator_word(self, uuid: CardUuid, healthy: bool, retire: bool, who: str, note: str) -> bool:
-        """An operator's word always wins: healthy ends any remediation (whatever the health book
-        held), retire moves the holders off and keeps the card out. Whether anything changed."""
-        now = self.clock()
-        transitions = self.state.book.set(uuid, healthy, who, note, now)
-        await self._record(transitions)
-        steps: list[Step] = []
-        if retire:
-            steps = self.state.remedies.retire(uuid, who, note, now)
-        elif healthy and self.remediator is not None:
-            steps = self.state.remedies.on_healed(uuid, f"operator:{who}", now)
-        await self._changed_remedy(steps, [])
-        cleared = healthy and self.mig.clear(uuid)
-        if cleared:
-            await self._save()
-            await self._publish_now()
-        return bool(transitions or steps or cleared) or retire
+        """An operator's word on a card's health (the ``set_health`` subject): ``operator_word``."""
+        return await operator_word.set_health(self, request)
 
     async def get(self, request: Any) -> dict[str, Any]:
         return self.state.message(self.clock())
@@ -493,22 +444,6 @@ def _mig_config(gpus: Gpus) -> MigConfig | None:
     """MIG changes through the backend's NVML module (None where the backend has none)."""
     nv = getattr(gpus, "nvml", None)
     return MigConfig(nv) if nv is not None and hasattr(nv, "nvmlDeviceCreateGpuInstanceWithPlacement") else None
-
-
-def _index(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument("index", f"must be a card index, got {value!r}")
-    return value
-
-
-def _word(healthy: bool, retire: bool) -> str:
-    return "retired" if retire else "healthy" if healthy else "unhealthy"
-
-
-def _note(note: str) -> str:
-    return f": {note}" if note else ""
 
 
 def _problems(problems: tuple[str, ...]) -> str:

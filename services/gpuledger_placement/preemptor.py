@@ -16,8 +16,8 @@ this preemptor (``consider``), which, once per pod at a time and at most every `
 2. takes the nodes filter refused for want of cards (not those that can never fit), keeps those
    where evicting every pod holding cards there that may be of lower priority (not known yet, or
    known lower: a pod's priority never changes, so the last listing's is kept) would make room,
-   and lists their pods: each holder's priority, start and PodDisruptionBudget (protected when a
-   budget selecting it allows no disruption now);
+   and lists their pods (``preemption_holders``): each holder's priority, start and
+   PodDisruptionBudget (protected when a budget selecting it allows no disruption now);
 3. chooses the victims (``gpuledger_core.preemption.choose``: the smallest set of lower-priority
    holders on the cards the pod needs, and, where the node's free CPU or memory (the view's, where
    Kubernetes is followed) would still not take the pod, the further holders there its host needs,
@@ -54,32 +54,29 @@ from typing import Any, Protocol
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.claim_asks import ClaimAsk
 from gpuledger_core.claim_placement import claim_as_pod
-from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, InvalidArgument, NotFound
+from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Allocation, OwnerKind
 from gpuledger_core.pods import PodAsk, reserve_pod
-from gpuledger_core.preemption import PREEMPTED_BY, Fit, Holder, HostFree, Victims, choose
+from gpuledger_core.preemption import PREEMPTED_BY, Fit, HostFree, Victims, choose
 from gpuledger_core.repack import Repack, repack
-from gpuledger_placement import claim_veto
-from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, DRIVER
-from gpuledger_placement.convert import epoch_of, host_requests, pod_ask_from
+from gpuledger_placement import claim_veto, preemption_holders
+from gpuledger_placement.claims import DRIVER
+from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.host_fit import host_refusal
 from gpuledger_placement.metrics import DEFRAG_MOVES, PREEMPTIONS
-from gpuledger_placement.node_fit import selects
 from gpuledger_placement.pod_events import pod_event
+from gpuledger_placement.preemption_holders import DEFAULT_GRACE_S, PDBS, holder_of, pod_ref, priority_of
 from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION, Preemption, preemption_of
 from gpuledger_placement.repacker import MOVABLE_LABEL, Defrag
 from gpuledger_placement.service import PlacementService
 
 log = logging.getLogger(__name__)
 HOLD_S = 120.0  # the room held for the pod, at least; longer when a victim's grace period is
-DEFAULT_GRACE_S = 30.0  # a pod's terminationGracePeriodSeconds when it names none
 RETRY_S = 10.0  # a pod's preemption tried again at most this often
 EVENT_REPEAT_S = 60.0
 MERGE_PATCH = "application/merge-patch+json"
-PDBS = "/apis/policy/v1/poddisruptionbudgets"
-CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
 class PreemptApi(Protocol):
@@ -173,7 +170,7 @@ class Preemptor:
         victims: Victims | None = None
         ledgers = self._ledgers(nodes, pod, fit, priority) if self.preempting else []
         if ledgers:
-            holders = await self._holders([ledger.node.name for ledger in ledgers])
+            holders = await preemption_holders.holders(self, [ledger.node.name for ledger in ledgers])
             victims = choose(ledgers, pod, priority, holders, fit, self.clock(), self._hosts(ledgers))
         moving = None
         if victims is None and self.defrag is not None:
@@ -289,64 +286,11 @@ class Preemptor:
                 found[ledger.node.name] = HostFree(known[0], known[1])
         return found
 
-    async def _holders(self, nodes: Sequence[NodeName]) -> dict[str, Holder]:
-        """Every pod on ``nodes`` that is not going already: priority, start, budget; and every
-        claim held there whose pods are all among them (its priority their highest, protected if
-        one of them is, started with the first)."""
-        pods: list[Mapping[str, Any]] = []
-        for node in nodes:
-            listed = await self.api.list_objects("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
-            pods += [p for p in listed.get("items") or [] if not (p.get("metadata") or {}).get("deletionTimestamp")]
-        budgets = (await self.api.list_objects(PDBS, {})).get("items") or []
-        live = {a.owner.id for e in self.service.view.entries.values() for a in e.ledger.live()}
-        for uid in [u for u in self._priorities if u not in live]:
-            del self._priorities[uid]  # a pod's priority never changes; a gone pod's is dropped
-        for p in pods:
-            self._priorities[str(p["metadata"]["uid"])] = priority_of(p)
-            grace = (p.get("spec") or {}).get("terminationGracePeriodSeconds")
-            self._graces[str(p["metadata"]["uid"])] = float(grace) if isinstance(grace, int) else DEFAULT_GRACE_S
-        found = {f"{OwnerKind.POD}:{p['metadata']['uid']}": holder_of(p, budgets) for p in pods}
-        return {**found, **await self._claim_holders(nodes, pods, found)}
-
-    async def _claim_holders(
-        self, nodes: Sequence[NodeName], pods: Sequence[Mapping[str, Any]], holders: Mapping[str, Holder]
-    ) -> dict[str, Holder]:
-        view = self.service.view
-        held = {a.owner.id for n in nodes if (e := view.entries.get(n)) for a in e.ledger.live()
-                if a.owner.kind is OwnerKind.CLAIM}  # fmt: skip
-        if not held:
-            return {}
-        by_uid = {str(p["metadata"]["uid"]): p for p in pods}
-        found: dict[str, Holder] = {}
-        for claim in (await self.api.list_objects(CLAIMS, {})).get("items") or []:
-            uid = str((claim.get("metadata") or {}).get("uid") or "")
-            users = [str(r.get("uid")) for r in (claim.get("status") or {}).get("reservedFor") or []]
-            if uid not in held or not users or any(u not in by_uid for u in users):
-                continue  # not held here, or used by a pod that is not running here (or is going)
-            self._mode_b.pop(uid, None)
-            if ALLOCATED_BY_LEDGER not in ((claim.get("metadata") or {}).get("finalizers") or []):
-                if not claim_veto.mode_b(claim, DRIVER):
-                    continue  # mirrored only (mode A), or not committed: nothing would keep its pods off the cards
-                self._mode_b[uid] = claim  # kube-scheduler's: vetoed before its pods are evicted
-            mine = [holders[f"{OwnerKind.POD}:{u}"] for u in users]
-            self._priorities[uid] = max(h.priority for h in mine)
-            self._graces[uid] = max(self._graces.get(u, DEFAULT_GRACE_S) for u in users)
-            self._consumers[uid] = tuple(_ref(by_uid[u]["metadata"]["namespace"], by_uid[u]["metadata"]["name"], u)
-                                         for u in users)  # fmt: skip
-            found[f"{OwnerKind.CLAIM}:{uid}"] = Holder(
-                self._priorities[uid],
-                any(h.protected for h in mine),
-                min(h.started_at for h in mine),
-                sum(h.cpu_milli for h in mine),
-                sum(h.memory_mib for h in mine),
-            )
-        return found
-
     def _pods_of(self, victim: Allocation) -> tuple[str, ...]:
         """The pods (namespace/name/uid) to evict for ``victim``: itself, or its claim's pods."""
         if victim.owner.kind is OwnerKind.CLAIM:
             return self._consumers.get(victim.owner.id, ())
-        return (_ref(victim.owner.namespace, victim.owner.name, victim.owner.id),)
+        return (pod_ref(victim.owner.namespace, victim.owner.name, victim.owner.id),)
 
     def _note(self, victims: Victims, held: bool = False) -> Preemption:
         refs = tuple(ref for a in victims.evict for ref in self._pods_of(a))
@@ -481,36 +425,6 @@ class Preemptor:
 def _as_victims(moving: Repack) -> Victims:
     """The pods to move, as the preemption steps take them (no cost: they are not compared)."""
     return Victims(moving.node, tuple(m.allocation for m in moving.moves), moving.grants, (0, 0, 0, 0, 0.0))
-
-
-def priority_of(pod: Mapping[str, Any]) -> int:
-    """The pod's priority as admission resolved it (0 without a priority class or a global default)."""
-    value = (pod.get("spec") or {}).get("priority")
-    return int(value) if isinstance(value, int) else 0
-
-
-def holder_of(pod: Mapping[str, Any], budgets: Sequence[Mapping[str, Any]]) -> Holder:
-    """A running pod as a possible victim: its priority, whether a PodDisruptionBudget of its
-    namespace selecting it allows no disruption now, when it started, and the CPU and memory its
-    eviction frees on the host (none counted for a request that is no quantity)."""
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    protected = any(
-        (b.get("metadata") or {}).get("namespace") == meta.get("namespace")
-        and selects((b.get("spec") or {}).get("selector"), labels)
-        and int((b.get("status") or {}).get("disruptionsAllowed") or 0) <= 0
-        for b in budgets
-    )
-    started = (pod.get("status") or {}).get("startTime") or meta.get("creationTimestamp")
-    try:
-        cpu_milli, memory_mib = host_requests(pod)
-    except InvalidArgument:
-        cpu_milli, memory_mib = 0, 0
-    return Holder(priority_of(pod), protected, epoch_of(started, 0.0), cpu_milli, memory_mib)
-
-
-def _ref(namespace: str, name: str, uid: str) -> str:
-    return f"{namespace}/{name}/{uid}"
 
 
 def _pod_path(namespace: str, name: str) -> str:

@@ -9,8 +9,8 @@ from typing import Any
 
 from gpuledger_core.errors import NotFound
 from gpuledger_placement.node_fit import selects
+from gpuledger_placement.preemption_holders import holder_of, priority_of
 from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION, Preemption, preemption_of, victim_left
-from gpuledger_placement.preemptor import holder_of, priority_of
 
 
 def running(labels: dict[str, str], priority: int | None = 5, ns: str = "team") -> dict[str, Any]:

@@ -19,7 +19,7 @@ from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import OwnerKind
 from gpuledger_core.preemption import preempted
-from gpuledger_placement import claim_veto
+from gpuledger_placement import claim_veto, preemption_holders
 from gpuledger_placement.claim_fields import COMMITTED, REJECTED, decided
 from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, DRIVER
 from gpuledger_placement.convert import pod_ask_from
@@ -173,7 +173,7 @@ FULL = [("b", 0, 4096, "B"), ("a", 0, 2048, "A"), ("c1", 1, 2048, "C"), ("c2", 1
 
 async def test_claims_mode_c_and_mode_b_allocated_are_victims_and_a_mirrored_one_is_not() -> None:
     _, preemptor = world(FULL)
-    found = await preemptor._holders([NODE])
+    found = await preemption_holders.holders(preemptor, [NODE])
     claimed = {k.split(":", 1)[1] for k in found if k.startswith(f"{OwnerKind.CLAIM}:")}
     assert claimed == {"claim-b", "claim-c1", "claim-c2", "claim-c3"}
     assert found[f"{OwnerKind.CLAIM}:claim-b"].priority == 1

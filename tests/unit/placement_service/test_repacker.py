@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuledger_core.preemption import Holder
-from gpuledger_placement.preemptor import holder_of
+from gpuledger_placement.preemption_holders import holder_of
 from gpuledger_placement.repacker import MOVABLE_LABEL, Defrag, controller_of
 
 

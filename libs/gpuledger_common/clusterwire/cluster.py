@@ -66,9 +66,10 @@ def slot_bytes(slot: MigSlot) -> bytes:
 
 
 def mig_slot(out: list[bytes], field: int, slot: MigSlot | None) -> None:
-    """A ``MigSlot`` field, left out when unset (or empty: betterproto writes no empty message)."""
-    if slot is not None and (body := slot_bytes(slot)):
-        message(out, field, body)
+    """A ``MigSlot`` field, left out when unset (one set is written even if empty, as betterproto
+    writes a message whose fields were given)."""
+    if slot is not None:
+        message(out, field, slot_bytes(slot))
 
 
 def instance_bytes(c: CardStatus, i: MigInstance) -> bytes:

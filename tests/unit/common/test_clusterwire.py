@@ -23,7 +23,7 @@ from gpuledger_proto.gpuledger.allocator import v1 as pb
 
 from ..core.strategies import allocations, cards, core, holders, mib, names, node_statuses, texts
 
-# MIG placements, an empty one among them (betterproto writes no empty message; both read it as none)
+# MIG placements, an empty one among them (written as an empty message; both read it as none)
 slots = st.builds(
     MigSlot, st.sampled_from(["1g.10gb", "3g.20gb", "7g.80gb", "1g.10gb+me", ""]), st.integers(0, 7), st.integers(0, 8)
 )

@@ -12,9 +12,11 @@ no CDI spec is skipped, as the runtime skips it, and logged once. The specs read
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from collections.abc import Iterable, Sequence
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +100,18 @@ def _device_names(spec: Any) -> list[str]:
         raise ValueError("no CDI spec (its devices are not a list)")
     kind = spec["kind"]
     return [f"{kind}={d['name']}" for d in devices if isinstance(d, dict) and isinstance(d.get("name"), str)]
+
+
+def write_spec(path: Path, content: Mapping[str, Any]) -> bool:
+    """Write a CDI spec atomically (a runtime never reads half a file); False when the file is
+    there with this content already."""
+    text = json.dumps(content, indent=2, sort_keys=True) + "\n"
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gpuledger-", suffix=".tmp")
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+    return True

@@ -30,18 +30,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from gpuledger_common.inventory_api import MadeMig
 from gpuledger_core.errors import FailedPrecondition
 from gpuledger_core.model import Node
 from gpuledger_plugin.answer import on_host
-from gpuledger_plugin.cdi_specs import CdiSpecs, Spec
+from gpuledger_plugin.cdi_specs import CdiSpecs, Spec, write_spec
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +123,7 @@ class MigCdi:
             )
         spec = mig_spec(*found, self.kind, made, card_node, caps, self.device_dir)
         try:
-            if _write(ours, spec):
+            if write_spec(ours, spec):
                 log.info("wrote the CDI spec %s for the MIG device %s (card %s)", ours, made.uuid, card_uuid)
         except OSError as err:
             raise FailedPrecondition(f"cannot write the CDI spec {ours} of the MIG device {made.uuid}: {err}") from err
@@ -161,17 +158,3 @@ class MigCdi:
             log.warning("could not remove the CDI spec %s (%s): %s", path, why, err)
             return
         log.info("removed the CDI spec %s: %s", path, why)
-
-
-def _write(path: Path, spec: Mapping[str, Any]) -> bool:
-    """Write atomically (a runtime never reads half a file); False when it is there as it is."""
-    text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
-    if path.exists() and path.read_text() == text:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gpuledger-", suffix=".tmp")
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return True

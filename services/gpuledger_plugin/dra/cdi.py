@@ -28,10 +28,7 @@ mounted from the host.
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +39,7 @@ from gpuledger_core.claims import AllocatedDevice, ClaimAllocation, MiB
 from gpuledger_core.errors import FailedPrecondition
 from gpuledger_core.model import Isolation, MigSlot
 from gpuledger_plugin.answer import on_host
+from gpuledger_plugin.cdi_specs import write_spec
 from gpuledger_plugin.mig_answer import MigMinors, caps
 
 VENDOR = "k8s.gpu.gpuledger.io"
@@ -195,15 +193,7 @@ def spec_path(cdi_dir: str, claim_uid: str) -> Path:
 def write(cdi_dir: str, claim_uid: str, content: Mapping[str, Any]) -> Path:
     """Write the spec atomically (a runtime never reads half a file); the same content twice is a no-op."""
     path = spec_path(cdi_dir, claim_uid)
-    text = json.dumps(content, indent=2, sort_keys=True) + "\n"
-    if path.exists() and path.read_text() == text:
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".gpuledger-", suffix=".tmp")
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_spec(path, content)
     return path
 
 

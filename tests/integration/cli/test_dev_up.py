@@ -75,7 +75,9 @@ def _until(stream: IO[str], marker: str) -> list[str]:
 def test_dev_up_stops_everything_and_leaves_nothing_behind(how: str) -> None:
     up = subprocess.Popen(
         [sys.executable, "-m", "gpuledger_cli", "dev", "up", "--dashboard-port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert up.stdout is not None
@@ -105,7 +107,10 @@ def test_dev_up_stops_everything_and_leaves_nothing_behind(how: str) -> None:
     ("args", "said"),
     [
         (["--real-node", "rtx-0"], "--real-node needs --kubernetes real"),
-        (["--kubernetes", "real", "--real-node", "nope"], "--real-node nope: not in the fleet (rtx-0, p4-0, h100-0)"),
+        (
+            ["--kubernetes", "real", "--real-node", "nope"],
+            "--real-node nope: not in the fleet (rtx-0, p4-0, h100-0, a100-mig-0)",
+        ),
     ],
 )
 def test_a_real_node_is_asked_for_on_the_real_control_plane_and_by_a_name_of_the_fleet(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuledger_common.clusterwire.cluster import mig_slot, owner_bytes, owner_from
+from gpuledger_common.clusterwire.cluster import owner_bytes, owner_from, slot_bytes
 from gpuledger_common.clusterwire.wire import (
     LENGTH,
     MASK64,
@@ -41,7 +41,8 @@ def share_bytes(s: CardShare) -> bytes:
     number(out, 3, s.mem_mib)
     number(out, 4, s.core_milli)
     flag(out, 5, s.exclusive)
-    mig_slot(out, 6, s.mig)
+    if s.mig is not None:  # set, even if empty: written (as betterproto writes a message whose fields were given)
+        message(out, 6, slot_bytes(s.mig))
     return b"".join(out)
 
 

@@ -44,6 +44,7 @@ from gpuledger_core.model import (
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
 
 CARDS_KEPT = 50_000  # nodes whose encoded cards the allocator keeps (past that it starts afresh)
+_WHOLE = b"\x7a\x05whole"  # CardStatus.mode (15) of a card not in MIG mode, written once
 
 # --- writing ---
 
@@ -58,18 +59,13 @@ def owner_bytes(owner: Owner) -> bytes:
 
 
 def slot_bytes(slot: MigSlot) -> bytes:
+    """A ``MigSlot``'s body; a field holding one is written whenever set, even empty, as
+    betterproto writes a message whose fields were given."""
     out: list[bytes] = []
     text(out, 1, slot.profile)
     number(out, 2, slot.start)
     number(out, 3, slot.size)
     return b"".join(out)
-
-
-def mig_slot(out: list[bytes], field: int, slot: MigSlot | None) -> None:
-    """A ``MigSlot`` field, left out when unset (one set is written even if empty, as betterproto
-    writes a message whose fields were given)."""
-    if slot is not None:
-        message(out, field, slot_bytes(slot))
 
 
 def instance_bytes(c: CardStatus, i: MigInstance) -> bytes:
@@ -103,7 +99,8 @@ def holder_bytes(h: Holder) -> bytes:
     flag(out, 11, h.over)
     flag(out, 12, h.used_core_milli is not None)
     number(out, 13, h.used_core_milli or 0)
-    mig_slot(out, 14, h.mig)
+    if h.mig is not None:
+        message(out, 14, slot_bytes(h.mig))
     return b"".join(out)
 
 
@@ -125,9 +122,12 @@ def card_bytes(c: CardStatus) -> bytes:
     number(out, 12, c.foreign_mib)
     text(out, 13, card.health_reason)
     text(out, 14, card.remedy.value)
-    text(out, 15, card.mode.value)
-    for instance in card.instances:
-        message(out, 16, instance_bytes(c, instance))
+    if card.mode is CardMode.WHOLE and not card.instances:
+        out.append(_WHOLE)
+    else:
+        text(out, 15, card.mode.value)
+        for instance in card.instances:
+            message(out, 16, instance_bytes(c, instance))
     return b"".join(out)
 
 
@@ -277,6 +277,7 @@ def card_from(data: bytes, path: str) -> CardStatus:
     v = values_of(data, path, CARD)
     numa = int32(v, "numa")
     health = enum_of(Health, string(v, "health", path), f"{path}.health", Health.HEALTHY)
+    mode, instances = _mig_of(v, path)
     card = Card(
         CardUuid(string(v, "uuid", path)),
         uint(v, "index"),
@@ -286,8 +287,8 @@ def card_from(data: bytes, path: str) -> CardStatus:
         health,
         health_reason=string(v, "health_reason", path),
         remedy=enum_of(Remedy, string(v, "remedy", path), f"{path}.remedy", Remedy.NONE),
-        mode=enum_of(CardMode, string(v, "mode", path), f"{path}.mode", CardMode.WHOLE),
-        instances=tuple(instance_from(m, f"{path}.instances[{i}]") for i, m in enumerate(items(v, "instances[]"))),
+        mode=mode,
+        instances=instances,
     )
     holders = tuple(holder_from(h, f"{path}.holders[{i}]") for i, h in enumerate(items(v, "holders[]")))
     return CardStatus(
@@ -298,6 +299,18 @@ def card_from(data: bytes, path: str) -> CardStatus:
         uint(v, "processes"),
         uint(v, "foreign_processes"),
         uint(v, "foreign_mem_mib"),
+    )
+
+
+def _mig_of(v: dict[str, object], path: str) -> tuple[CardMode, tuple[MigInstance, ...]]:
+    """A card's mode and instances; a card in whole mode with none (most cards) at no cost."""
+    mode = v.get("mode")
+    if (mode is None or mode == b"whole") and "instances[]" not in v:
+        return CardMode.WHOLE, ()
+    found = items(v, "instances[]")
+    return (
+        enum_of(CardMode, string(v, "mode", path), f"{path}.mode", CardMode.WHOLE),
+        tuple(instance_from(m, f"{path}.instances[{i}]") for i, m in enumerate(found)),
     )
 
 

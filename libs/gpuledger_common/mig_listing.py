@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from gpuledger_core.model import MigInstance, MigSlot
-from gpuledger_core.status import CardStatus, Holder, NodeStatus
+from gpuledger_core.status import CardStatus, Holder
 
 
 def slot_text(slot: MigSlot) -> str:
@@ -63,13 +62,3 @@ def mig_cell(c: CardStatus, holder: Callable[[Holder], str], *, only_held: bool 
     others = [holder(h) for h in c.holders if h.mig is None]  # not a MIG holder: never on a MIG card, said if so
     parts = [placement_text(p, holder) for p in shown] + others
     return "MIG " + ("; ".join(parts) if parts else "(no instances)")
-
-
-def with_placements(encoded: dict[str, Any], status: NodeStatus) -> dict[str, Any]:
-    """A node's status as ``codec_status.node_status_to`` writes it, each holder of a MIG placement given
-    its ``mig`` (``{"profile", "start", "size"}``), which the codec does not write."""
-    for card, c in zip(encoded["cards"], status.cards, strict=True):
-        for held, h in zip(card["holders"], c.holders, strict=True):
-            if h.mig is not None:
-                held["mig"] = {"profile": h.mig.profile, "start": h.mig.start, "size": h.mig.size}
-    return encoded

@@ -1,17 +1,19 @@
 """A node's status, as the NATS cluster listing and its readers carry it, to and from plain dicts:
-each card with what is free on it and its holders (docs/nats-api.md, ``NodeStatus``). The card and
+each card with what is free on it and its holders, a holder of a MIG placement with it
+(docs/nats-api.md, ``NodeStatus``). The card and
 owner inside are written and read by ``gpuledger_core.codec``, so they read as in the ledger."""
 
 from __future__ import annotations
 
 from gpuledger_core.codec import Json, Reader, card_from, card_to, owner_from, owner_to
+from gpuledger_core.codec_mig import slot_from, slot_to
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.model import AllocState
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
 
 
 def holder_to(h: Holder) -> Json:
-    return {
+    out = {
         "allocation_id": h.allocation_id,
         "owner": owner_to(h.owner),
         "container": h.container,
@@ -24,6 +26,9 @@ def holder_to(h: Holder) -> Json:
         "over": h.over,
         "used_core_milli": h.used_core_milli,
     }
+    if h.mig is not None:  # written only when set: a holder of a share is as before
+        out["mig"] = slot_to(h.mig)
+    return out
 
 
 def holder_from(r: Reader) -> Holder:
@@ -39,6 +44,7 @@ def holder_from(r: Reader) -> Holder:
         r.opt_int("used_mib"),
         r.flag("over"),
         r.opt_int("used_core_milli"),
+        slot_from(r.obj("mig")) if r.raw.get("mig") is not None else None,
     )
 
 

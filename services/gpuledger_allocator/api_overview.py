@@ -15,7 +15,6 @@ from aiohttp import web
 from gpuledger_allocator.overview import MAX_PAGE, NODE_STATES, Filter, Overview, row_json, summary
 from gpuledger_allocator.queries import node_in
 from gpuledger_allocator.trends import Trends
-from gpuledger_common.mig_listing import with_placements
 from gpuledger_core import codec_status, mig
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import AllocationId, NodeName
@@ -70,7 +69,7 @@ def overview_routes(overview: Overview, trends: Trends, clock: Callable[[], floa
         row = overview.row(NodeName(name))
         if status is None or row is None:
             raise LookupError(f"node {name[:80]!r} is not in the ledger")
-        body = with_placements(codec_status.node_status_to(status), status)
+        body = codec_status.node_status_to(status)
         for card, c in zip(body["cards"], status.cards, strict=True):
             if c.card.mig and (model := mig.model_of(c.card)) is not None:
                 card["mig_slices"] = model.memory_slices  # the dashboard draws the card as its slices

@@ -10,7 +10,6 @@ from typing import Any
 from gpuledger_common import pbconvert as conv
 from gpuledger_common import render
 from gpuledger_common.allocator_client import DEFAULT_TIMEOUT_S, ClientTls, allocator, cluster_nodes
-from gpuledger_common.mig_listing import with_placements
 from gpuledger_common.settings import env_default
 from gpuledger_core import codec, codec_status
 from gpuledger_core.errors import InvalidArgument, Unavailable
@@ -139,7 +138,7 @@ async def inspect(args: argparse.Namespace) -> int:
     async with allocator(args.server, args.timeout, tls_of(args)) as api:
         nodes = await cluster_nodes(api, args.node, args.model, args.page_size)
     if args.json:
-        _print_json({"nodes": [with_placements(codec_status.node_status_to(n), n) for n in nodes]})
+        _print_json({"nodes": [codec_status.node_status_to(n) for n in nodes]})
     else:
         print(render.cluster(nodes))
     return 0

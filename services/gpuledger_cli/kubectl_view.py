@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuledger_common import render
-from gpuledger_common.mig_listing import slot_text, with_placements
+from gpuledger_common.mig_listing import slot_text
 from gpuledger_core import codec_status
 from gpuledger_core.model import OwnerKind
 from gpuledger_core.status import CardStatus, Holder, NodeStatus
@@ -96,7 +96,7 @@ def inspect_json(nodes: Sequence[NodeStatus], scope: Scope) -> dict[str, Any]:
     view = scoped(nodes, scope)
     found = []
     for node in view.nodes:
-        encoded = with_placements(codec_status.node_status_to(node), node)
+        encoded = codec_status.node_status_to(node)
         if not scope.everything:
             for card, status in zip(encoded["cards"], node.cards, strict=True):
                 card["other_holders"] = view.others.get(status.card.uuid, 0)

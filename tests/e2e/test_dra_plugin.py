@@ -110,7 +110,7 @@ async def _handshake(settings: DraSettings, plugin: RunningDra) -> None:
         info = await stub.get_info(reg.InfoRequest(), timeout=5)
         assert (info.type, info.name) == ("DRAPlugin", DRIVER)
         assert info.endpoint == settings.dra_socket and Path(info.endpoint).is_absolute()
-        assert info.supported_versions == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        assert info.supported_versions == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
         await stub.notify_registration_status(reg.RegistrationStatus(plugin_registered=False, error="no"), timeout=5)
         assert not plugin.registration.registered.is_set()
         await stub.notify_registration_status(reg.RegistrationStatus(plugin_registered=True), timeout=5)

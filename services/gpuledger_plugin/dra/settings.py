@@ -46,6 +46,12 @@ class DraSettings(KubeClientSettings):
     api_timeout_s: float = option(10.0, "the longest one API server call may take")
     prepare_timeout_s: float = option(40.0, "the longest one claim's prepare may take (kubelet waits 45 s)")
     socket_poll_s: float = option(1.0, "how often to check that the registration socket is still there")
+    health_resend_s: float = option(
+        10.0, "how often kubelet's device health stream hears the devices' health again though nothing changed"
+    )
+    health_timeout_s: int = option(
+        30, "how long kubelet trusts a device's health without hearing it again (then shows Unknown)"
+    )
     http_host: str = option("0.0.0.0", "address for /healthz, /readyz, /metrics")
     http_port: int = option(8083, "port for /healthz, /readyz, /metrics (0: any free port)")
     log_level: str = option("info", "debug, info, warning or error")
@@ -64,8 +70,13 @@ class DraSettings(KubeClientSettings):
         paths = ("registry_dir", "plugin_dir", "cdi_dir", "mps_pipe_dir", "mps_host_pipe_dir", "device_dir")
         for name in (*paths, "mig_minors_file"):
             require(getattr(self, name).startswith("/"), name, "must be an absolute path")
-        for name in ("api_timeout_s", "prepare_timeout_s", "socket_poll_s"):
+        for name in ("api_timeout_s", "prepare_timeout_s", "socket_poll_s", "health_resend_s"):
             require(getattr(self, name) > 0, name, "must be positive")
+        require(
+            self.health_timeout_s > self.health_resend_s,
+            "health_timeout_s",
+            f"must be longer than health_resend_s ({self.health_resend_s:g}), or kubelet sees Unknown between sends",
+        )
         shm = self.mps_host_shm_dir
         require(not shm or shm.startswith("/"), "mps_host_shm_dir", "must be an absolute path (or empty)")
         require(0 <= self.http_port < 65536, "http_port", "must be 0..65535")

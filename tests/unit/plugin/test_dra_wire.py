@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuledger_proto import pluginregistration as reg
+from gpuledger_proto import v1alpha1 as health
 from gpuledger_proto.k8s.io.kubelet.pkg.apis.dra import v1 as dra
 from gpuledger_proto.k8s.io.kubelet.pkg.apis.dra import v1beta1 as dra_beta
 
@@ -17,6 +18,7 @@ def test_service_paths_are_kubelets() -> None:
             f"/k8s.io.kubelet.pkg.apis.dra.{name}.DRAPlugin/NodePrepareResources",
             f"/k8s.io.kubelet.pkg.apis.dra.{name}.DRAPlugin/NodeUnprepareResources",
         }
+    assert set(health.DraResourceHealthBase().__mapping__()) == {"/v1alpha1.DRAResourceHealth/NodeWatchResources"}
 
 
 def test_plugin_info_field_numbers() -> None:
@@ -40,3 +42,16 @@ def test_responses_are_maps_by_claim_uid() -> None:
     assert bytes(answer) == b"\x0a\x08\x0a\x01u\x12\x03\x12\x01e"
     parsed = dra.NodeUnprepareResourcesResponse().parse(b"\x0a\x08\x0a\x01u\x12\x03\x0a\x01e")
     assert parsed.claims["u"].error == "e"
+
+
+def test_device_health_field_numbers() -> None:
+    device = health.DeviceHealth(
+        device=health.DeviceIdentifier(pool_name="p", device_name="d"),
+        health=health.HealthStatus.UNHEALTHY,
+        last_updated_time=1,
+        health_check_timeout_seconds=30,
+        message="m",
+    )
+    assert bytes(device) == b"\x0a\x06\x0a\x01p\x12\x01d\x10\x02\x18\x01\x20\x1e\x2a\x01m"
+    assert bytes(health.NodeWatchResourcesResponse(devices=[device])) == b"\x0a\x11" + bytes(device)
+    assert [int(s) for s in health.HealthStatus] == [0, 1, 2]  # UNKNOWN, HEALTHY, UNHEALTHY

@@ -8,7 +8,7 @@ from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.events import LedgerEvent
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, CardUuid, NodeName
-from gpuledger_core.mig import PROFILES
+from gpuledger_core.mig import unknown_profile
 from gpuledger_core.model import (
     MIG_SMALLEST,
     Allocation,
@@ -95,9 +95,9 @@ def mig_of(asked: str) -> str:
     """A request's ``mig`` as asked: "" (none), ``MIG_SMALLEST``, or a profile some card model
     offers; any other name is refused here, as ``mig.request_of`` refuses a resource naming it,
     rather than placed nowhere. (``Request`` checks the sizes that go with each.)"""
-    if asked and asked != MIG_SMALLEST and asked not in PROFILES:
-        known = ", ".join(sorted(PROFILES))
-        raise InvalidArgument("mig", f"no card model offers the MIG profile {asked!r} (known: {MIG_SMALLEST}, {known})")
+    unknown = unknown_profile(asked) if asked and asked != MIG_SMALLEST else ""
+    if unknown:
+        raise InvalidArgument("mig", f"{unknown}, or {MIG_SMALLEST} for the smallest that holds gpu_mem_mib")
     return asked
 
 

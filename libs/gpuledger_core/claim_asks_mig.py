@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuledger_core.errors import InvalidArgument
-from gpuledger_core.mig import PROFILES
+from gpuledger_core.mig import unknown_profile
 from gpuledger_core.model import CORE_WHOLE, MIG_SMALLEST, Request
 from gpuledger_core.quantity import MIB, whole_up
 
@@ -84,7 +84,7 @@ def _profile(selectors: Sequence[Mapping[str, Any]], field: str, where: str, dri
         problem = f"{where}: the ledger reads one selector of a MIG request, {example!r}, not {said}"
         raise InvalidArgument(field, problem)
     profile = found[3]
-    if profile not in PROFILES:
-        problem = f"{where}: no card model offers the MIG profile {profile} (known: {', '.join(sorted(PROFILES))})"
-        raise InvalidArgument(field, problem)
+    unknown = unknown_profile(profile)
+    if unknown:
+        raise InvalidArgument(field, f"{where}: {unknown}")
     return profile

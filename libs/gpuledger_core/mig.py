@@ -39,6 +39,14 @@ def model_of(card: Card) -> MigModel | None:
     return mig_model(card.model, card.memory_mib)
 
 
+def unknown_profile(profile: str) -> str:
+    """Why ``profile`` cannot be asked for (no card model offers it), naming those that can; empty
+    when some card model offers it."""
+    if profile in PROFILES:
+        return ""
+    return f"no card model offers the MIG profile {profile or '(none named)'} (known: {', '.join(sorted(PROFILES))})"
+
+
 def resource_of(profile: str) -> str:
     """The resource that asks for instances of ``profile``: ``gpuledger.io/mig-<profile>``, a
     ``+me`` profile's ``+`` written ``.`` (``gpuledger.io/mig-1g.10gb.me``), since a resource name
@@ -77,12 +85,10 @@ def request_of(
                 name, "sizes its instances by gpuledger.io/gpu-mem or gpuledger.io/gpu-core: give one"
             )
         return Request(count, mem_mib, core_milli, models, mig=MIG_SMALLEST)
-    profile = profile_of_resource(name)
-    if profile not in PROFILES:
-        raise InvalidArgument(
-            name,
-            f"no card model offers the MIG profile {profile or '(none named)'} (known: {', '.join(sorted(PROFILES))})",
-        )
+    profile = profile_of_resource(name) or ""
+    unknown = unknown_profile(profile)
+    if unknown:
+        raise InvalidArgument(name, unknown)
     if mem_mib is not None or core_milli is not None:
         raise InvalidArgument(name, "names its memory and compute: give no gpuledger.io/gpu-mem or gpu-core beside it")
     return Request(count, models=models, mig=profile)

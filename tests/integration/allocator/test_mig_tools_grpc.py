@@ -107,7 +107,7 @@ async def test_the_listing_shows_the_mode_the_instances_and_who_holds_what(annou
 @pytest.mark.parametrize(
     ("request_", "named"),
     [
-        (pb.ResourceRequest(gpu=1, mig="1g.7gb"), "no card model offers the MIG profile '1g.7gb'"),
+        (pb.ResourceRequest(gpu=1, mig="1g.7gb"), "no card model offers the MIG profile 1g.7gb"),
         (pb.ResourceRequest(gpu=1, mig="smallest"), "needs gpu-mem or gpu-core"),
         (pb.ResourceRequest(gpu=1, mig="1g.10gb", gpu_core_permille=200), "names its memory and compute"),
     ],

@@ -310,7 +310,7 @@ def test_a_mig_ask_is_read_both_ways(request_: pb.AllocateRequest, mig: str) -> 
 @pytest.mark.parametrize(
     ("request_", "problem"),
     [
-        (mig_request("1g.7gb"), "no card model offers the MIG profile '1g.7gb' (known: smallest, 1g.10gb"),
+        (mig_request("1g.7gb"), "no card model offers the MIG profile 1g.7gb (known: 1g.10gb"),
         (mig_request("smallest"), "the smallest profile that fits needs gpu-mem or gpu-core"),
         (mig_request("1g.10gb", gpu_mem_mib=8000), "profile 1g.10gb names its memory and compute"),
     ],

@@ -11,6 +11,7 @@ the real kubelet by the same assertions."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -246,3 +247,41 @@ def tool_request(node: str, i: int) -> pb.AllocateRequest:
         commit=True,
         node=node,
     )
+
+
+def kubelet_log(cluster: RealCluster) -> list[str]:
+    """The real kubelet's log so far (every start of it appends to one file)."""
+    assert cluster.real is not None
+    return (cluster.real.root / "logs" / "kubelet.log").read_text(errors="replace").splitlines()
+
+
+@pytest.mark.timeout(300)
+async def test_kubelet_shows_a_running_pods_device_health_from_the_plugins_stream(dra_stack: Stack) -> None:
+    """The real kubelet only (the simulated one asks no health): kubelet keeps the DRA plugin's
+    NodeWatchResources stream open, never logs an error of it, and shows the health the plugin
+    sends of the pod's device in the container's ``allocatedResourcesStatus``."""
+    cluster, name = cluster_of(dra_stack), named(REAL, "health")
+    assert cluster.api is not None
+    api = cluster.api
+    outcome = await claim_and_run(cluster, name, share(4), REAL)
+    assert outcome.node == REAL, outcome
+    claim = await api.get(f"{CLAIMS}/{name}")
+    spec = json.loads(next(cluster.cdi_dir(REAL).glob(f"*{claim['metadata']['uid']}*.json")).read_text())
+    (device,) = spec["devices"]
+
+    async def shown() -> list[dict[str, Any]] | None:
+        pod = await api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+        statuses = pod["status"].get("containerStatuses") or [{}]
+        found: list[dict[str, Any]] | None = statuses[0].get("allocatedResourcesStatus")
+        return found
+
+    try:
+        found = await wait_for(shown, 60, "kubelet showing the claim's device health", 0.5)
+        resource = {"resourceID": f"{spec['kind']}={device['name']}", "health": "Healthy"}
+        assert found == [{"name": "claim:gpu", "resources": [resource]}], found
+        lines = kubelet_log(cluster)
+        assert [line for line in lines if "Successfully started WatchResources health stream" in line]
+        assert not [line for line in lines if "WatchResources" in line and line.startswith("E")]
+        assert not [line for line in lines if "WatchResources health stream has ended" in line]
+    finally:
+        await cleared(dra_stack, name, REAL)

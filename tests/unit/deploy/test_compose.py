@@ -279,3 +279,26 @@ def test_a_real_nats_server_takes_the_configuration_with_the_written_credentials
     (root / "credentials").symlink_to(tmp_path / "nats")  # credentials-nats, where the container mounts it
     checked = subprocess.run([find_binary(), "-t", "-c", str(config)], capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_offline_file_builds_every_image_the_stack_builds_from_the_local_base() -> None:
+    """A service built from the Dockerfile but missing from offline.yaml would pull the registry's
+    base image, which a machine without a registry cannot reach."""
+    offline: dict[str, Any] = yaml.load((COMPOSE.parent / "offline.yaml").read_text(), _ComposeLoader)
+    built = {name for name, s in all_services().items() if "build" in s}
+    assert built and built <= {name for name, s in offline["services"].items() if "build" in s}
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    """YAML with compose's merge tags (``!override``, ``!reset``) read as the values they tag."""
+
+
+def _tagged(loader: yaml.SafeLoader, _suffix: str, node: yaml.Node) -> object:
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node)
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node)
+    return loader.construct_scalar(node)  # type: ignore[arg-type]
+
+
+_ComposeLoader.add_multi_constructor("!", _tagged)

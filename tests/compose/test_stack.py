@@ -155,7 +155,7 @@ async def test_the_dashboard_is_served_to_the_host_and_follows_the_ledger(stack:
     async with chromium() as page:
         await page.goto(stack.dashboard_url)
         cards = "document.querySelector('[data-tile=cards] .value')?.textContent"
-        assert await page.wait_for(f"{cards} === '11' && {cards}", timeout=20)
+        assert await page.wait_for(f"{cards} === '15' && {cards}", timeout=20)
         await page.wait_for("document.getElementById('live').className === 'on'", timeout=20)
         made = await asyncio.to_thread(
             host, "alloc", *stack.grpc_flags, "--gpu", "1", "--gpu-mem", "1000", "--owner",

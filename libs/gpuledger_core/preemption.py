@@ -30,7 +30,7 @@ same fit as every placement (``pods.plan``):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpuledger_core.errors import Exhausted
@@ -241,17 +241,19 @@ def _smallest(
 ) -> Victims | None:
     """``group`` with every victim the pod can spare given back, the costliest first; None when
     evicting all of ``group`` does not make the pod fit."""
-    grants = fit.grants(ledger, pod, (a.id for a in group))
-    if grants is None:
+    first = fit.grants(ledger, pod, (a.id for a in group))
+    if first is None:
         return None
-    kept: list[Allocation] = list(group)
-    for allocation in sorted(group, key=lambda a: _dearness(a, holders, now), reverse=True):
-        trial = [a for a in kept if a.id != allocation.id]
-        spared = fit.grants(ledger, pod, (a.id for a in trial))
-        if spared is not None:
-            kept, grants = trial, spared
-    order = sorted(kept, key=lambda a: _order(a, holders))
-    return Victims(ledger.node.name, tuple(order), grants, _cost(kept, holders, now))
+    planned = [first]
+
+    def fits(trial: list[Allocation]) -> bool:
+        grants = fit.grants(ledger, pod, (a.id for a in trial))
+        if grants is not None:
+            planned.append(grants)  # the last one is the plan of the victims kept
+        return grants is not None
+
+    kept = _reprieved(group, fits, holders, now)
+    return _victims(ledger.node.name, kept, planned[-1], holders, now)
 
 
 def _with_host(
@@ -269,16 +271,39 @@ def _with_host(
     freed = [holders[a.owner.key] for a in option.evict]
     if host.takes(pod, freed):
         return option
+
+    def fits(trial: Sequence[Allocation]) -> bool:
+        return host.takes(pod, [*freed, *(holders[a.owner.key] for a in trial)])
+
     extra = [a for a in pool if a.id not in chosen]
-    if not host.takes(pod, [*freed, *(holders[a.owner.key] for a in extra)]):
+    if not fits(extra):
         return None
-    for allocation in sorted(extra, key=lambda a: _dearness(a, holders, now), reverse=True):
-        trial = [a for a in extra if a.id != allocation.id]
-        if host.takes(pod, [*freed, *(holders[a.owner.key] for a in trial)]):
-            extra = trial
-    kept = [*option.evict, *extra]
+    kept = [*option.evict, *_reprieved(extra, fits, holders, now)]
+    return _victims(option.node, kept, option.grants, holders, now)
+
+
+def _reprieved(
+    candidates: Sequence[Allocation],
+    fits: Callable[[list[Allocation]], bool],
+    holders: Mapping[str, Holder],
+    now: float,
+) -> list[Allocation]:
+    """``candidates`` with each given back, the costliest first, while ``fits`` still holds for
+    the rest (it holds for all of them): none kept that would not help."""
+    kept = list(candidates)
+    for allocation in sorted(candidates, key=lambda a: _dearness(a, holders, now), reverse=True):
+        trial = [a for a in kept if a.id != allocation.id]
+        if fits(trial):
+            kept = trial
+    return kept
+
+
+def _victims(
+    node: NodeName, kept: Sequence[Allocation], grants: tuple[Grant, ...], holders: Mapping[str, Holder], now: float
+) -> Victims:
+    """The victims in the order they are evicted (``_order``), with their cost."""
     order = sorted(kept, key=lambda a: _order(a, holders))
-    return Victims(option.node, tuple(order), option.grants, _cost(kept, holders, now))
+    return Victims(node, tuple(order), grants, _cost(kept, holders, now))
 
 
 def _order(allocation: Allocation, holders: Mapping[str, Holder]) -> tuple[int, float, str]:

@@ -15,6 +15,7 @@ import pytest
 from nats.aio.client import Client
 
 from gpuledger_common.inventory_api import MadeMig
+from gpuledger_common.store import LedgerStore
 from gpuledger_core.claim_asks import claim_ask
 from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import FailedPrecondition, Unavailable
@@ -26,6 +27,7 @@ from gpuledger_core.packing import make_policy
 from gpuledger_core.pods import PodAsk
 from gpuledger_placement.claim_allocator import ClaimAllocator
 from gpuledger_placement.claims import DRIVER, ClaimsController, claim_path
+from gpuledger_placement.view import FleetView
 from tests.integration.placement.test_claims_mode_c import NS, Objects, world
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -36,6 +38,13 @@ CLASSES: dict[str, Any] = {
 }
 NODE = Node(NodeName("a100-mig"), (replace(Card(CardUuid("GPU-m0"), 0, "NVIDIA A100-SXM4-40GB", 40960, minor=0),
                                              mode=CardMode.MIG),))  # fmt: skip
+
+
+async def in_ledger(store: LedgerStore, view: FleetView) -> None:
+    """The MIG node written in the ledger as its inventory reports it, and seen by the view."""
+    written = await store.mutate(NODE.name, lambda _: NodeLedger(NODE))
+    assert written.new is not None
+    view.apply(NODE.name, written.new, written.revision)
 
 
 def scheduled(name: str, device: str) -> dict[str, Any]:
@@ -60,9 +69,7 @@ async def test_a_placement_kube_scheduler_chose_is_reserved_as_itself_and_an_ove
     nc: Client,
 ) -> None:
     api, store, view, controller = await world(nc)
-    written = await store.mutate(NODE.name, lambda _: NodeLedger(NODE))
-    assert written.new is not None
-    view.apply(NODE.name, written.new, written.revision)
+    await in_ledger(store, view)
     first = api.put(claim_path(ClaimRef(NS, "half", "uid-half")), scheduled("half", "gpu-0-mig-3g-20gb-4"))
     await controller.settle(first)
     ledger, _ = await store.read(NODE.name)
@@ -104,9 +111,7 @@ async def test_mode_c_places_a_mig_claim_by_the_mig_asks_placement_has_seen_and_
     nc: Client, asked_before: tuple[str, ...], start: int
 ) -> None:
     api, store, view, controller = await world(nc)
-    written = await store.mutate(NODE.name, lambda _: NodeLedger(NODE))
-    assert written.new is not None
-    view.apply(NODE.name, written.new, written.revision)
+    await in_ledger(store, view)
     asks = MigAsks()
     for profile in asked_before:
         asks.observe(Request(1, mig=profile))
@@ -164,9 +169,7 @@ async def test_mode_c_has_the_node_make_a_mig_instance_before_writing_the_claim_
     _, store, view, _ = await world(nc)
     api = Told()
     controller = ClaimsController(cast(Any, api), store, view)
-    written = await store.mutate(NODE.name, lambda _: NodeLedger(NODE))
-    assert written.new is not None
-    view.apply(NODE.name, written.new, written.revision)
+    await in_ledger(store, view)
     asked: list[tuple[str, str, MigSlot, str]] = []
     broken = True
 
@@ -208,9 +211,7 @@ async def test_mode_b_has_the_node_make_a_mig_instance_before_committing_and_rej
     nc: Client,
 ) -> None:
     api, store, view, controller = await world(nc)
-    written = await store.mutate(NODE.name, lambda _: NodeLedger(NODE))
-    assert written.new is not None
-    view.apply(NODE.name, written.new, written.revision)
+    await in_ledger(store, view)
     asked: list[str] = []
 
     async def make(node: str, card: str, slot: MigSlot, holder: str) -> MadeMig:

@@ -59,6 +59,22 @@ async def events_of(api: Any, ns: str, reason: str) -> list[dict[str, Any]]:
     return list((await api.get(f"/api/v1/namespaces/{ns}/events", fieldSelector=f"reason={reason}"))["items"])
 
 
+async def bound_evicting(api: Any, ns: str, node: str, names: dict[str, str], expected: list[set[str]]) -> set[str]:
+    """Once the pod "high" is bound to ``node`` (else the namespace's last events, to say why),
+    the pods among ``names`` it evicted: one of the ``expected`` smallest sets."""
+    try:
+        high = await pod_bound(api, ns, "high", timeout=120)
+    except TimeoutError as err:
+        events = [f"{e['involvedObject']['name']}: {e.get('reason')}: {e.get('message')}"
+                  for e in (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]]  # fmt: skip
+        raise AssertionError("\n".join([str(err), *events[-30:]])) from None
+    assert high["spec"]["nodeName"] == node
+    left = {p["metadata"]["name"] for p in (await api.get(f"/api/v1/namespaces/{ns}/pods"))["items"]}
+    evicted = {name for name in names.values() if name not in left}
+    assert evicted in expected, f"evicted {sorted(evicted)}; the smallest sets were {expected}"
+    return evicted
+
+
 async def test_a_high_priority_claim_evicts_the_fewest_low_priority_claims_pods_on_one_card(
     control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Any
 ) -> None:
@@ -84,17 +100,7 @@ async def test_a_high_priority_claim_evicts_the_fewest_low_priority_claims_pods_
 
             await api.create(CLAIMS.format(ns=ns), share_claim("high", WANT, "10"))
             await api.create(pods, claimed_pod("high", "high", HIGH))
-            try:
-                high = await pod_bound(api, ns, "high", timeout=120)
-            except TimeoutError as err:
-                events = [f"{e['involvedObject']['name']}: {e.get('reason')}: {e.get('message')}"
-                          for e in (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]]  # fmt: skip
-                raise AssertionError("\n".join([str(err), *events[-30:]])) from None
-            assert high["spec"]["nodeName"] == node
-
-            left = {p["metadata"]["name"] for p in (await api.get(pods))["items"]}
-            evicted = {name for name in names.values() if name not in left}
-            assert evicted in expected, f"evicted {sorted(evicted)}; the smallest sets were {expected}"
+            evicted = await bound_evicting(api, ns, node, names, expected)
             equal = await api.get(f"{pods}/equal")
             assert not equal["spec"].get("nodeName") and equal["spec"].get("schedulingGates")  # still waiting
 
@@ -182,17 +188,7 @@ async def test_a_mode_b_claim_s_pod_is_the_fewest_victims_of_a_mode_c_claim_and_
             await api.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"gpuledger.io/allocation": "ledger"}}})
             await api.create(claims_path, share_claim("high", WANT, "10"))
             await api.create(pods, claimed_pod("high", "high", HIGH))  # gated: mode C allocates its claim
-            try:
-                high = await pod_bound(api, ns, "high", timeout=120)
-            except TimeoutError as err:
-                events = [f"{e['involvedObject']['name']}: {e.get('reason')}: {e.get('message')}"
-                          for e in (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]]  # fmt: skip
-                raise AssertionError("\n".join([str(err), *events[-30:]])) from None
-            assert high["spec"]["nodeName"] == node
-
-            left = {p["metadata"]["name"] for p in (await api.get(pods))["items"]}
-            evicted = {name for name in names.values() if name not in left}
-            assert evicted in expected, f"evicted {sorted(evicted)}; the smallest sets were {expected}"
+            evicted = await bound_evicting(api, ns, node, names, expected)
             events = (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]
             assert {e["involvedObject"]["name"] for e in events if e.get("reason") == "Preempted"} == evicted
 

@@ -13,7 +13,6 @@ import heapq
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from itertools import count
 from random import Random
 from typing import cast
 
@@ -32,6 +31,7 @@ from gpuledger_core.pods import PodAsk, expand_models, impossible, plan, reserve
 from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.mig_rates import mig_rate
+from gpuledger_placement.numbering import Numbering, alone
 from gpuledger_placement.policies import Policies, PolicyKey
 from gpuledger_placement.preferred import preferred_ids
 from gpuledger_placement.ranking import Ranking, Rankings
@@ -40,11 +40,8 @@ from gpuledger_placement.view import FleetView, NodeEntry
 FITS, FAILED, UNRESOLVABLE = 0, 1, 2
 RANKED = 8  # nodes a ``place`` answer names, best first, for a caller that loses a race
 SHOWN_REASONS = 5
-KEYS_KEPT = 4096  # distinct questions remembered before starting afresh
 BUILD_STEP = 500  # nodes rated under a rebuilt policy per request, while the old one answers
 BACKGROUND_STEP = 50  # ... per turn of the event loop, between requests (``build_rankings``)
-CONTENT = -1  # a node entry's memo key for the number standing for its content (question keys are >= 0)
-CONTENTS_KEPT = 65_536
 Verdict = tuple[int, str]
 STALE = "node inventory is stale (no heartbeat): nothing new is placed here until it reports"
 
@@ -82,15 +79,13 @@ class PlacementService:
         self.ready = ready
         self.rng = rng or Random()
         self.assumed = assumed if assumed is not None else Assumptions()
-        self._keys: dict[object, int] = {}
-        self._next_key = count()
+        self.numbering = Numbering()  # the memos' keys
         self._known: frozenset[str] = frozenset()
         self._expanded: dict[frozenset[str], frozenset[str]] = {}
         self.rankings = Rankings()
         # Nodes each request rates under a rebuilt policy; 0 where ``build_rankings`` runs
         # between requests (the service's own loop): then no request pays for a rebuild.
         self.build_step = BUILD_STEP
-        self._contents: dict[object, int] = {}
         view.watch(self.rankings.changed)
 
     def resolve(self, pod: PodAsk) -> PodAsk:
@@ -106,16 +101,6 @@ class PlacementService:
             return found
 
         return pod.with_models(expanded)
-
-    def _key(self, question: object) -> int:
-        """A small number standing for a (hashable, nested) question: cheap to look up in each of
-        800 node memos. Numbers are never reused, so a forgotten question cannot alias another."""
-        found = self._keys.get(question)
-        if found is None:
-            if len(self._keys) > KEYS_KEPT:
-                self._keys.clear()
-            found = self._keys[question] = next(self._next_key)
-        return found
 
     def check(self) -> None:
         """Raise ``Unavailable`` when the view cannot be trusted (NATS away, not loaded yet)."""
@@ -365,7 +350,7 @@ class PlacementService:
             return rate(entry.state, main, policy, self.guard)
 
         def make() -> Ranking:
-            return Ranking(score, self._content if single is not None else _alone)
+            return Ranking(score, self.numbering.content if single is not None else alone)
 
         entries = self.view.entries
         return self.rankings.ranking(question, key, make, entries, entries, self.view.order, self.build_step)
@@ -373,11 +358,11 @@ class PlacementService:
     def _verdicts(self, pod: PodAsk, names: Iterable[str]) -> Iterator[tuple[str, Verdict]]:
         single = pod.single()
         if single is not None:
-            key = self._key(("filter", single.shape))
+            key = self.numbering.question(("filter", single.shape))
             compute = partial(self._single_verdict, ask=single)
         else:
             policy_key, policy = self.policies.get(pod.policy or self.policy)
-            key = self._key(("filter", policy_key, pod.containers))
+            key = self.numbering.question(("filter", policy_key, pod.containers))
             compute = partial(self._pod_verdict, pod=pod, policy=policy)
         now, entries, assumed, counted = self.view.clock(), self.view.entries, self.assumed.nodes, self._counted
         stale = self.view.stale if self.view.stale_after_s else None
@@ -436,7 +421,7 @@ class PlacementService:
         main, single = pod.main(), pod.single()
         if main is None:
             return dict.fromkeys(names)
-        memo_key = self._key(("rate", key, single.shape if single is not None else pod.containers))
+        memo_key = self.numbering.question(("rate", key, single.shape if single is not None else pod.containers))
         now, entries, assumed, counted = self.view.clock(), self.view.entries, self.assumed.nodes, self._counted
         mig = single is None and pod.mig
         stale = self.view.stale if self.view.stale_after_s else None
@@ -471,36 +456,3 @@ class PlacementService:
         more = len(reasons) - SHOWN_REASONS
         shown = "; ".join(reasons[:SHOWN_REASONS]) + (f"; and {more} more node(s)" if more > 0 else "")
         return f"{pod.owner.describe()} fits on no node: {shown}"
-
-    def _content(self, entry: NodeEntry) -> object:
-        """A number standing for what a single ask's score of the node depends on (nodes alike
-        in it score alike), made once per entry: hashing the cards and interconnect costs."""
-        found = entry.memo.get(CONTENT)
-        if found is None:
-            content = _content_of(entry)
-            found = self._contents.get(content)
-            if found is None:
-                if len(self._contents) > CONTENTS_KEPT:
-                    self._contents.clear()
-                found = self._contents[content] = next(self._next_key)
-            entry.remember(CONTENT, found)
-        return found
-
-
-def _content_of(entry: NodeEntry) -> object:
-    state = entry.state
-    return (
-        state.cards,
-        state.cpu_free,
-        state.mem_free,
-        state.cpu_total,
-        state.mem_total,
-        state.stale,
-        state.tags,
-        state.topology,
-    )
-
-
-def _alone(entry: NodeEntry) -> object | None:
-    """Pods of several containers are planned on the node's ledger: no two nodes share a score."""
-    return None

@@ -7,6 +7,7 @@ from random import Random
 
 import pytest
 
+import gpuledger_placement.numbering as numbering
 import gpuledger_placement.service as placement_service
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.fit import ContainerAsk
@@ -75,7 +76,7 @@ def test_place_ranks_as_a_fresh_look_at_every_node_while_nodes_change(policy: st
 
 def test_a_policy_rebuild_rates_a_slice_of_the_fleet_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(placement_service, "BUILD_STEP", 10)
-    monkeypatch.setattr(placement_service, "_content_of", lambda entry: entry.state.name)  # no two alike
+    monkeypatch.setattr(numbering, "_content_of", lambda entry: entry.state.name)  # no two alike
     rated: list[str] = []
 
     def counting(state: object, *args: object, **kwargs: object) -> float | None:
@@ -102,7 +103,7 @@ def test_a_policy_rebuild_rates_a_slice_of_the_fleet_per_request(monkeypatch: py
 
 
 def test_a_policy_rebuild_built_between_requests_costs_no_request_a_rating(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(placement_service, "_content_of", lambda entry: entry.state.name)  # no two alike
+    monkeypatch.setattr(numbering, "_content_of", lambda entry: entry.state.name)  # no two alike
     rated: list[str] = []
 
     def counting(state: object, *args: object, **kwargs: object) -> float | None:

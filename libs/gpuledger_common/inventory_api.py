@@ -132,6 +132,9 @@ async def get_inventory(nc: Client, node: str, timeout: float = 5.0) -> Inventor
     return result
 
 
+MAKE_TIMEOUT_S = 20.0  # how long ``make_mig`` waits: NVML makes a GPU and a compute instance in under a second to a few
+
+
 async def make_mig(nc: Client, node: str, card: str, slot: MigSlot, holder: str, timeout: float) -> MadeMig:
     """Ask ``node``'s inventory for the MIG instance at ``slot`` on ``card`` (its UUID), made for
     ``holder`` (the allocation's id) if it is not there; answered once it exists with a compute

@@ -39,6 +39,11 @@ def model_of(card: Card) -> MigModel | None:
     return mig_model(card.model, card.memory_mib)
 
 
+def placement_text(slot: MigSlot, index: int, uuid: str) -> str:
+    """``MIG instance 1g.10gb at 6 on card 0 (GPU-...)``: how errors and events name a placement."""
+    return f"MIG instance {slot.profile} at {slot.start} on card {index} ({uuid})"
+
+
 def unknown_profile(profile: str) -> str:
     """Why ``profile`` cannot be asked for (no card model offers it), naming those that can; empty
     when some card model offers it."""

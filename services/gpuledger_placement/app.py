@@ -31,7 +31,7 @@ from gpuledger_placement.assumed import Assumptions
 from gpuledger_placement.auditor import Auditor
 from gpuledger_placement.binder import Binder
 from gpuledger_placement.claim_allocator import ClaimAllocator
-from gpuledger_placement.claim_mig import MAKE_TIMEOUT_S, Make
+from gpuledger_placement.claim_mig import Make
 from gpuledger_placement.claims import ClaimsController
 from gpuledger_placement.drainer import Drainer
 from gpuledger_placement.hosts import HostUsage, follow
@@ -136,7 +136,7 @@ def _maker(nc: Client | None) -> Make | None:
         return None
 
     async def make(node: str, card: str, slot: MigSlot, holder: str) -> MadeMig:
-        return await inventory_api.make_mig(nc, node, card, slot, holder, MAKE_TIMEOUT_S)
+        return await inventory_api.make_mig(nc, node, card, slot, holder, inventory_api.MAKE_TIMEOUT_S)
 
     return make
 

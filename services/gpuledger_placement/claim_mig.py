@@ -12,9 +12,9 @@ from collections.abc import Awaitable, Callable
 
 from gpuledger_common.inventory_api import MadeMig
 from gpuledger_core.errors import GpuledgerError
+from gpuledger_core.mig import placement_text
 from gpuledger_core.model import Allocation, MigSlot
 
-MAKE_TIMEOUT_S = 20.0  # the device plugin's default for the same call: a real card takes seconds
 Make = Callable[[str, str, MigSlot, str], Awaitable[MadeMig]]  # node, card uuid, placement, holder
 
 
@@ -27,8 +27,6 @@ async def make_instances(make: Make, allocation: Allocation) -> str:
         try:
             await make(str(allocation.node), str(share.uuid), share.mig, str(allocation.id))
         except GpuledgerError as err:
-            return (
-                f"the MIG instance {share.mig.profile} at {share.mig.start} on card {share.index} ({share.uuid}) of "
-                f"node {allocation.node} could not be made: {err}"
-            )
+            what = placement_text(share.mig, share.index, share.uuid)
+            return f"the {what} of node {allocation.node} could not be made: {err}"
     return ""

@@ -27,9 +27,10 @@ from typing import Protocol
 
 from nats.aio.client import Client
 
-from gpuledger_common.inventory_api import MadeMig, make_mig
+from gpuledger_common.inventory_api import MAKE_TIMEOUT_S, MadeMig, make_mig
 from gpuledger_core.errors import FailedPrecondition, GpuledgerError, NotFound
 from gpuledger_core.ledger import NodeLedger, release
+from gpuledger_core.mig import placement_text
 from gpuledger_core.model import Allocation, CardShare, Grant, MigSlot, Node
 from gpuledger_plugin.answer import Answer, AnswerPolicy
 from gpuledger_plugin.appliable import unappliable
@@ -40,8 +41,6 @@ from gpuledger_plugin.mig_answer import MIG_MINORS_FILE, MigMinors, instance_nod
 from gpuledger_plugin.mig_cdi import MigCdi
 
 log = logging.getLogger(__name__)
-
-MAKE_TIMEOUT_S = 20.0  # NVML makes a GPU and a compute instance in well under a second to a few
 
 
 class MigMaker(Protocol):
@@ -67,9 +66,9 @@ class Unmade:
 
 def describe(share: CardShare) -> str:
     """``MIG instance 1g.10gb at 6 on card 0 (GPU-...)``."""
-    slot = share.mig
-    what = f"{slot.profile} at {slot.start}" if slot is not None else "(no placement)"
-    return f"MIG instance {what} on card {share.index} ({share.uuid})"
+    if share.mig is None:
+        return f"MIG instance (no placement) on card {share.index} ({share.uuid})"
+    return placement_text(share.mig, share.index, share.uuid)
 
 
 class MigAllocate:

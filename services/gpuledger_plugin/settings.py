@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuledger_common.inventory_api import MAKE_TIMEOUT_S
 from gpuledger_common.natscreds import NatsClientSettings
 from gpuledger_common.settings import option, require
 from gpuledger_common.store.outage import RETRY_S
 from gpuledger_core.slots import DEFAULT_SLOTS_PER_CARD, MAX_SLOTS_PER_CARD
 from gpuledger_plugin.answer import CDI_SPEC_DIRS, STRATEGIES
 from gpuledger_plugin.kubelet_findings import GONE_AFTER_S
-from gpuledger_plugin.mig_allocate import MAKE_TIMEOUT_S
 from gpuledger_plugin.mig_answer import MIG_MINORS_FILE
 from gpuledger_plugin.mig_resources import GPU_RESOURCE
 from gpuledger_plugin.waits import ALLOCATE_WAIT_S, PREFERRED_WAIT_S, UNREACHABLE_WAIT_S

@@ -15,6 +15,7 @@ from gpuledger_common.inventory_api import MadeMig
 from gpuledger_core import claims
 from gpuledger_core.claims import ClaimAllocation
 from gpuledger_core.errors import FailedPrecondition, GpuledgerError
+from gpuledger_core.mig import placement_text
 from gpuledger_plugin.dra.cdi import Card
 from gpuledger_plugin.mig_allocate import MigMaker
 
@@ -31,7 +32,7 @@ async def made_for(maker: MigMaker, allocation: ClaimAllocation, cards: dict[str
         try:
             found[device.device] = await maker.make(card.uuid, slot, holder)
         except GpuledgerError as err:
-            what = f"MIG instance {slot.profile} at {slot.start} on card {card.index} ({card.uuid})"
+            what = placement_text(slot, card.index, card.uuid)
             problem = f"device {device.device}: the node's inventory did not make the {what}: {err}"
             raise FailedPrecondition(problem) from err
     return found

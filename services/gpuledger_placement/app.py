@@ -246,7 +246,6 @@ async def _serve(
                 allocator = ClaimAllocator(pods, claims, parts.view, parts.service.current_policy, hosts)
                 policies = parts.service.policies  # claims weigh in the workload and are placed by it, as pods
                 allocator.chooser, allocator.observe = policies.mig_chooser, policies.observe
-                allocator.make = claims.make
                 allocator.preempt = preemptor.consider_claim if preemptor is not None else None
                 lifecycle.background(stack, tasks, allocator.run())
     stack.push_async_callback(parts.view.stop_listening)

@@ -47,7 +47,7 @@ from gpuledger_core.pods import PodAsk
 from gpuledger_core.preemption import room_held
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement.claim_fields import pod_owner
-from gpuledger_placement.claim_mig import Make, make_instances
+from gpuledger_placement.claim_mig import make_instances
 from gpuledger_placement.claim_pods import GATE, claim_names, configs_of, describe, gated, of_driver, share_ids
 from gpuledger_placement.claim_write import write_allocation
 from gpuledger_placement.claims import (
@@ -118,7 +118,6 @@ class ClaimAllocator:
     preempt: Callable[[Mapping[str, Any], ClaimAsk, list[str]], None] | None = None  # ``Preemptor.consider_claim``
     chooser: Callable[[], MigChooser] = MigChooser  # ``Policies.mig_chooser``: the MIG asks seen weigh placements
     observe: Callable[[PodAsk], None] = lambda _: None  # ``Policies.observe``: a claim counts in the workload
-    make: Make | None = None  # ``inventory_api.make_mig`` on placement's connection: MIG instances made first
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -370,9 +369,10 @@ class ClaimAllocator:
     async def _made(self, pod: Mapping[str, Any], ref: ClaimRef, allocation: Allocation) -> None:
         """The allocation's MIG instances made on its node (``claim_mig``); where one cannot be, its
         entry is released, the pod told, and the claim tried again later (``FailedPrecondition``)."""
-        if self.make is None or all(s.mig is None for s in allocation.shares()):
+        make = self.claims.make  # the claims controller's: it makes those of mode B's claims
+        if make is None or all(s.mig is None for s in allocation.shares()):
             return
-        why = await make_instances(self.make, allocation)
+        why = await make_instances(make, allocation)
         if why:
             await self.claims.withdraw(ref, allocation, why)
             await self._event(pod, "GpuledgerMigNotMade", f"{ref.describe()}: {why}; tried again later")

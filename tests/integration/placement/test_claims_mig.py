@@ -180,7 +180,8 @@ async def test_mode_c_has_the_node_make_a_mig_instance_before_writing_the_claim_
             raise Unavailable(f"NVML refused: insufficient resources for {slot.profile}")
         return MadeMig("MIG-made", 1, 0, 0, 0)
 
-    allocator = ClaimAllocator(cast(Any, api), controller, view, lambda: make_policy("default"), make=make)
+    controller.make = make
+    allocator = ClaimAllocator(cast(Any, api), controller, view, lambda: make_policy("default"))
     raw = api.put(claim_path(ClaimRef(NS, "c", "uid-c")), {
         "metadata": {"namespace": NS, "name": "c", "uid": "uid-c"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": MIG_CLASS, "selectors": [

@@ -358,8 +358,8 @@ class Inventory:
     async def _publish_now(self) -> None:
         """Publish the inventory at once (health changes must not wait for the loop's turn); not
         before the ledger's remedies were resumed (``_adopt``), unless the ledger does not answer
-        within ``ADOPT_WAIT_S``."""
-        if self._adopting and time.monotonic() < self._adopt_until:
+        within ``ADOPT_WAIT_S``; never before NVML was first asked (``NodeState.known``)."""
+        if (self._adopting and time.monotonic() < self._adopt_until) or not self.state.known():
             return
         message = self.state.message(self.clock())
         if await self._send("inventory", inventory_api.inventory_subject(self.state.name), message):

@@ -27,6 +27,9 @@ class Host:
     labels: tuple[tuple[str, str], ...] = ()
 
 
+NOT_STARTED = "not started"
+
+
 @dataclass(slots=True)
 class NodeState:
     name: NodeName
@@ -36,7 +39,7 @@ class NodeState:
     scan: Scan | None = None
     usage: Usage = field(default_factory=Usage)
     nvml_ok: bool = False
-    nvml_error: str = "not started"
+    nvml_error: str = NOT_STARTED
     nvml_since: float = 0.0
     labels: dict[str, str] = field(default_factory=dict)
     remedies: RemediationBook = field(default_factory=RemediationBook)
@@ -64,6 +67,11 @@ class NodeState:
         if not self.nvml_ok:
             self.nvml_ok, self.nvml_error, self.nvml_since = True, "", now
         return self.book.on_nvml_up(now)
+
+    def known(self) -> bool:
+        """Whether the node can say what cards it has: a scan, or NVML's failure to give one. Before
+        either, a publication would tell the ledger the node has no cards (and lose their health)."""
+        return self.scan is not None or self.nvml_error != NOT_STARTED
 
     def uuids(self) -> list[CardUuid]:
         return [c.uuid for c in self.scan.cards] if self.scan else []

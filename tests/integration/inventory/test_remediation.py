@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from gpuledger_dev.fleet import parse_fleet
 from gpuledger_dev.fleet_script import node_script
 from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.app import serve
+from gpuledger_inventory.inventory import Scan
 from gpuledger_inventory.nvml import NvmlGpus
 from gpuledger_inventory.state import Host
 from gpuledger_proto.gpuledger.allocator import v1 as pb
@@ -44,9 +46,11 @@ nodes:
 
 
 @contextlib.asynccontextmanager
-async def inventory(url: str, fake: FakeNvml, state_file: Path | None) -> AsyncIterator[None]:
+async def inventory(
+    url: str, fake: FakeNvml, state_file: Path | None, gpus: NvmlGpus | None = None
+) -> AsyncIterator[None]:
     stop = asyncio.Event()
-    gpus = NvmlGpus(fake, fake.numa_node, "fake")
+    gpus = gpus or NvmlGpus(fake, fake.numa_node, "fake")
     config = settings(url, remediate=True, reset_timeout_s=5.0, state_file=str(state_file or ""))
     task = asyncio.create_task(serve(config, gpus=gpus, host=Host(224000, 2097152), stop=stop))
     try:
@@ -181,6 +185,52 @@ async def test_a_card_that_takes_no_new_work_stays_unhealthy_across_a_restart_wi
     finally:
         await nc.close()
     assert all(m["node"]["cards"][3]["health"] == "unhealthy" for m in published)
+
+
+class _SlowFirstScan(NvmlGpus):
+    """NVML whose first scan takes a while: the ledger answers the restarted inventory first."""
+
+    def __init__(self, fake: FakeNvml) -> None:
+        super().__init__(fake, fake.numa_node, "fake")
+        self.scans = 0
+
+    def scan(self) -> Scan:
+        self.scans += 1
+        if self.scans == 1:
+            time.sleep(1.5)
+        return super().scan()
+
+
+async def test_a_restarted_inventory_publishes_no_node_before_it_has_scanned_its_cards(
+    nats_server: NatsServer, allocator: RunningAllocator
+) -> None:
+    """Before its first scan a restarted inventory knows no cards; publishing then would tell the
+    ledger the node has none (and lose the health the ledger keeps for them). It publishes nothing
+    until NVML has answered, whatever the ledger answers first."""
+    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    api = allocator.stub()
+    async with inventory(nats_server.url, fake, None):
+        await wait_for(lambda: _with(api, 3, health="healthy"), what="gpu-a in the ledger")
+        fake.inject_xid(3, 1)
+        await wait_for(lambda: _with(api, 3, health="unhealthy"), what="card 3 unhealthy")
+    nc = await bus.connect(nats_server.url, "test")
+    published: list[Any] = []
+    try:
+
+        async def keep(msg: Msg) -> None:
+            published.append(json.loads(msg.data))
+
+        await nc.subscribe(inventory_api.inventory_subject("gpu-a"), cb=keep)
+        slow = _SlowFirstScan(fake)
+        async with inventory(nats_server.url, fake, None, slow):
+            await wait_for(lambda: _published_after(published, 0), what="a publication")
+            assert slow.scans >= 1
+            after = await _with(api, 3)
+            assert after is not None and after.health == "unhealthy"
+        await nc.flush()
+    finally:
+        await nc.close()
+    assert [len(m["node"]["cards"]) for m in published] == [8] * len(published)
 
 
 async def _card_by_ledger(nc: Client, index: int) -> Any:

@@ -7,8 +7,10 @@ node's inventory reports them: ``Card.instances``), made by an operator (static)
 
 - an existing instance of its profile that no one holds (static or on demand: the same slot), or
 - a free placement of its profile, made on demand: one of the profile's starts whose memory
-  slices no instance and no holder occupies, within the profile's instance count and the card's
-  media engines (``mig_layout.fits_at``, NVIDIA's rules).
+  slices no holder and no static instance occupies, within the profile's instance count and the
+  card's media engines (``mig_layout.fits_at``, NVIDIA's rules). An instance made on demand that
+  no one holds (kept for reuse) is no obstacle: the node destroys it to make the new one
+  (``reclaimed``), as it would once its keep ran out.
 
 Nothing else: a share or a whole-card holder never goes on a card in MIG mode, and a MIG holder
 never on a card that is not (``room.Refusal.MIG``, ``mig_problem``).
@@ -148,6 +150,22 @@ def occupied(card: Card, held: Sequence[MigSlot]) -> list[MigSlot]:
     return slots + [s for s in held if s not in slots]
 
 
+def reclaimed(card: Card, held: Sequence[MigSlot], slot: MigSlot) -> frozenset[MigSlot]:
+    """The instances of ``card`` that making ``slot`` destroys: made on demand, held by no one,
+    overlapping it (an instance at ``slot`` itself is taken as it is, not made again)."""
+    return frozenset(
+        i.slot
+        for i in card.instances
+        if not i.static and i.slot not in held and i.slot != slot and i.slot.overlaps(slot)
+    )
+
+
+def staying(card: Card, held: Sequence[MigSlot], slot: MigSlot) -> list[MigSlot]:
+    """What occupies ``card`` once ``slot`` is made: ``occupied`` but what making it destroys."""
+    gone = reclaimed(card, held, slot)
+    return [s for s in occupied(card, held) if s not in gone]
+
+
 def placed(model: MigModel, slots: Iterable[MigSlot]) -> list[Placed]:
     """Slots as ``mig_layout`` counts them (a slot of a profile the model lacks is left out: it was
     refused when it was taken, and an instance the inventory reports is there whatever it is)."""
@@ -157,16 +175,25 @@ def placed(model: MigModel, slots: Iterable[MigSlot]) -> list[Placed]:
 
 def free_instances(card: Card, held: Sequence[MigSlot], profile: str) -> list[MigSlot]:
     """The card's healthy instances of ``profile`` that no one holds, lowest start first."""
-    return sorted(
-        (i.slot for i in card.instances if i.slot.profile == profile and not i.fault and i.slot not in held),
-        key=lambda s: s.start,
-    )
+    return sorted((s for s in unheld(card, held) if s.profile == profile), key=lambda s: s.start)
+
+
+def unheld(card: Card, held: Sequence[MigSlot]) -> list[MigSlot]:
+    """The card's healthy instances that no one holds, nor overlaps (a placement held over an
+    unheld instance made on demand destroys it)."""
+    return [i.slot for i in card.instances if not i.fault and not any(h.overlaps(i.slot) for h in held)]
 
 
 def free_starts(card: Card, model: MigModel, profile: GiProfile, held: Sequence[MigSlot]) -> list[int]:
-    """The starts where an instance of ``profile`` could be made now (``mig_layout.fits_at``)."""
-    taken = placed(model, occupied(card, held))
-    return [s for s in profile.starts if fits_at(model, profile, s, taken)]
+    """The starts where an instance of ``profile`` could be made now (``mig_layout.fits_at``),
+    unheld on-demand instances in the way destroyed (``reclaimed``)."""
+    return [
+        s
+        for s in profile.starts
+        if fits_at(
+            model, profile, s, placed(model, staying(card, held, MigSlot(profile.name, s, profile.memory_slices)))
+        )
+    ]
 
 
 def takes(card: Card, model: MigModel, slot: MigSlot, held: Sequence[MigSlot]) -> str:
@@ -186,10 +213,10 @@ def takes(card: Card, model: MigModel, slot: MigSlot, held: Sequence[MigSlot]) -
             where = f"{slot.profile}@{slot.start}"
             return f"MIG instance {where} on card {card.index} is unhealthy: {existing.fault}"
         return ""
-    made = next((i.slot for i in card.instances if i.slot.overlaps(slot)), None)
+    made = next((i.slot for i in card.instances if i.static and i.slot.overlaps(slot)), None)
     if made is not None:
-        return f"{slot.profile} at {slot.start} overlaps the instance {made.profile} at {made.start}"
-    if not fits_at(model, profile, slot.start, placed(model, occupied(card, held))):
+        return f"{slot.profile} at {slot.start} overlaps the static instance {made.profile} at {made.start}"
+    if not fits_at(model, profile, slot.start, placed(model, staying(card, held, slot))):
         return f"no more {slot.profile} fit beside what the card has (its instance count or media engines)"
     return ""
 

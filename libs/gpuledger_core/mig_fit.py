@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.mig import held_slots, model_of, profile_for, share_of
+from gpuledger_core.mig import held_slots, model_of, profile_for, reclaimed, share_of
 from gpuledger_core.mig_place import CardView, MigChooser
 from gpuledger_core.mig_profiles import mig_model
 from gpuledger_core.model import CORE_WHOLE, MIG_SMALLEST, Card, CardShare, MigSlot, Request
@@ -92,11 +92,13 @@ def mig_score(
         model = model_of(card) if card is not None else None
         if card is None or model is None:
             continue
-        before = CardView(card, tuple(held.get(uuid, ()))).key()
-        after = CardView(card, (*held.get(uuid, ()), *slots)).key()
-        cost += chooser.worth(model, before[1], before[2]) - chooser.worth(model, after[1], after[2])
-        made = sum(1 for s in slots if s not in before[2])
-        cost += MADE_COST * made + FREE_COST * (model.memory_slices - sum(s.size for s in before[1]))
+        kept = tuple(held.get(uuid, ()))
+        _, busy, free, _ = CardView(card, kept).key()
+        gone = frozenset(g for s in slots for g in reclaimed(card, kept, s))  # destroyed to make them
+        after = (busy - gone) | frozenset(slots), free - gone - frozenset(slots)
+        cost += chooser.worth(model, busy, free) - chooser.worth(model, *after)
+        made = sum(1 for s in slots if s not in free)
+        cost += MADE_COST * made + FREE_COST * (model.memory_slices - sum(s.size for s in busy))
     return -cost
 
 

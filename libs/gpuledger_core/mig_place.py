@@ -21,7 +21,17 @@ from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpuledger_core.mig import free_instances, free_starts, model_of, occupied, placed, profile_for, smallest
+from gpuledger_core.mig import (
+    free_instances,
+    free_starts,
+    model_of,
+    occupied,
+    placed,
+    profile_for,
+    reclaimed,
+    smallest,
+    unheld,
+)
 from gpuledger_core.mig_layout import remaining
 from gpuledger_core.mig_profiles import MODELS, GiProfile, MigModel
 from gpuledger_core.model import MIG_SMALLEST, Card, MigSlot, Request
@@ -90,11 +100,13 @@ class CardView:
     card: Card
     held: tuple[MigSlot, ...] = ()
 
-    def key(self) -> tuple[str, frozenset[MigSlot], frozenset[MigSlot]]:
-        """What the card's options and worth depend on (cards of one key are alike)."""
+    def key(self) -> tuple[str, frozenset[MigSlot], frozenset[MigSlot], frozenset[MigSlot]]:
+        """What the card's options and worth depend on (cards of one key are alike): the model,
+        what occupies the card, its free instances, and which of those are static."""
         taken = frozenset(occupied(self.card, self.held))
-        free = frozenset(i.slot for i in self.card.instances if i.slot not in self.held and not i.fault)
-        return (f"{self.card.model}/{self.card.memory_mib}", taken, free)
+        free = frozenset(unheld(self.card, self.held))
+        fixed = frozenset(i.slot for i in self.card.instances if i.static)
+        return (f"{self.card.model}/{self.card.memory_mib}", taken, free, fixed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +167,7 @@ class MigChooser:
         profile = profile_for(model, request)
         if profile is None:
             return None
-        _, taken, free = view.key()
+        _, taken, free, _ = view.key()
         before = self.worth(model, taken, free)
         free_slices = model.memory_slices - sum(s.size for s in taken)
         options = [
@@ -165,7 +177,9 @@ class MigChooser:
         if self.on_demand:
             for start in free_starts(card, model, profile, view.held):
                 slot = MigSlot(profile.name, start, profile.memory_slices)
-                options.append(Option(slot, True, before - self.worth(model, taken | {slot}, free), free_slices))
+                gone = reclaimed(card, view.held, slot)  # unheld instances made on demand, destroyed for it
+                after = self.worth(model, (taken - gone) | {slot}, free - gone)
+                options.append(Option(slot, True, before - after, free_slices))
         return min(options, key=Option.rank, default=None)
 
     def choose(self, views: Sequence[CardView], request: Request) -> tuple[int, Option] | None:

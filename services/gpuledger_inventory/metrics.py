@@ -67,5 +67,7 @@ FAULT_TO_BACK = Histogram(
 )
 RETIRED_CARDS = Gauge("gpuledger_inventory_retired_cards", "Cards retired until an operator acts")
 MIG_CHANGES = Counter(
-    "gpuledger_inventory_mig_changes_total", "MIG instances made on demand or destroyed unheld", ["change"]
+    "gpuledger_inventory_mig_changes_total",
+    "MIG instances made on demand, destroyed once unheld for the keep, or reclaimed for a placement over them",
+    ["change"],
 )

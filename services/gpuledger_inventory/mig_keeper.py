@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -46,6 +47,8 @@ from gpuledger_inventory.state import NodeState
 
 log = logging.getLogger(__name__)
 RETRY_S = 10.0  # an instance that could not be destroyed (processes) is tried again this often
+RECLAIM_WAIT_S = 15.0  # a make waits this long for instances in its way to be let go (below MAKE_TIMEOUT_S)
+RECLAIM_POLL_S = 0.25
 
 
 class MigHost(Protocol):
@@ -69,6 +72,7 @@ class MigKeeper:
         self._ledger_seen = False
         self._lock = asyncio.Lock()  # one MIG change at a time
         self._wake = asyncio.Event()
+        self.reclaim_wait_s = RECLAIM_WAIT_S
         host.state.mig.since = clock()
 
     @property
@@ -101,33 +105,85 @@ class MigKeeper:
     # --- making ----------------------------------------------------------------------------------
 
     async def make(self, request: Any) -> dict[str, Any]:
-        """``mig.make``: the instance at the asked placement, made for its holder if it is not there."""
+        """``mig.make``: the instance at the asked placement, made for its holder if it is not there.
+        Instances made on demand that overlap it and that no one holds (kept for reuse) are
+        destroyed first; one still held in the node's ledger as this inventory last saw it, or
+        still used by processes (a preempted holder's pod ending), is waited for up to
+        ``reclaim_wait_s``. A static instance in the way is never destroyed: refused."""
         card, slot, holder = _ask(request)
-        async with self._lock:
-            info, profile, label = self._checked(card, slot)
-            config = self._config(label)
-            layout = await self._nvml(config.read, label, "read the card's instances", card)
-            same = next((gi for gi in layout if slot_of(gi) == slot), None)
-            if same is not None:
-                fault = self.book.faults.get(device_of(info, same))
-                if fault is not None:
-                    raise FailedPrecondition(f"{label}: the instance is unhealthy: {fault.reason}")
-                return await self._answer(config, info, same.id, label, None)
-            clash = next((gi for gi in layout if slot_of(gi).overlaps(slot)), None)
-            if clash is not None:
-                raise FailedPrecondition(f"{label}: overlaps the instance {clash.profile} at {clash.start} on the card")
-            key: Key = (info.uuid, slot)
-            self.book.intend(info.uuid, slot, holder, self.clock())
-            await self.host.save()  # the intent is on disk before NVML is asked
+        until = time.monotonic() + self.reclaim_wait_s
+        while True:
+            async with self._lock:
+                waits = await self._make_once(card, slot, holder)
+                if isinstance(waits, dict):
+                    return waits
+            if time.monotonic() >= until:
+                raise Unavailable(f"{waits}; waited {self.reclaim_wait_s:g}s")
+            await asyncio.sleep(RECLAIM_POLL_S)
+
+    async def _make_once(self, card: str, slot: MigSlot, holder: str) -> dict[str, Any] | str:
+        """The made instance's answer, or why it waits (instances in its way)."""
+        info, profile, label = self._checked(card, slot)
+        config = self._config(label)
+        layout = await self._nvml(config.read, label, "read the card's instances", card)
+        same = next((gi for gi in layout if slot_of(gi) == slot), None)
+        if same is not None:
+            fault = self.book.faults.get(device_of(info, same))
+            if fault is not None:
+                raise FailedPrecondition(f"{label}: the instance is unhealthy: {fault.reason}")
+            return await self._answer(config, info, same.id, label, None)
+        waits = await self._reclaim(config, info, [gi for gi in layout if slot_of(gi).overlaps(slot)], label, holder)
+        if waits:
+            return f"{label}: {waits}"
+        key: Key = (info.uuid, slot)
+        self.book.intend(info.uuid, slot, holder, self.clock())
+        await self.host.save()  # the intent is on disk before NVML is asked
+        try:
+            made = await self._nvml(config.create, label, "make it", card, profile.index, slot)
+        except GpuledgerError:
+            self.book.forget(key)
+            await self.host.save()
+            raise
+        log.info("%s: made GPU instance %d for %s", label, made, holder)
+        metrics.MIG_CHANGES.labels(change="made").inc()
+        return await self._answer(config, info, made, label, key)
+
+    async def _reclaim(self, config: MigConfig, info: CardInfo, clashes: list[Any], label: str, holder: str) -> str:
+        """Destroy the instances ``clashes`` (those overlapping the placement to make): each made on
+        demand and held by no one. Why it must wait for the others ("" when none is left); a
+        static one refuses the make."""
+        static = [gi for gi in clashes if (info.uuid, slot_of(gi)) not in self.book.records]
+        if static:
+            gi = static[0]
+            raise FailedPrecondition(
+                f"{label}: overlaps the static instance {gi.profile} at {gi.start} on the card (an operator's, "
+                "never destroyed)"
+            )
+        if clashes and not self._ledger_seen:
+            return "the node's ledger is not read yet (the instances in its way may be held)"
+        waits, destroyed = [], 0
+        for gi in clashes:
+            key: Key = (info.uuid, slot_of(gi))
+            what = f"the instance {gi.profile} at {gi.start} in its way"
+            if key in self.book.held:
+                waits.append(f"{what} is still held in the node's ledger")
+                continue
             try:
-                made = await self._nvml(config.create, label, "make it", card, profile.index, slot)
-            except GpuledgerError:
-                self.book.forget(key)
-                await self.host.save()
-                raise
-            log.info("%s: made GPU instance %d for %s", label, made, holder)
-            metrics.MIG_CHANGES.labels(change="made").inc()
-            return await self._answer(config, info, made, label, key)
+                await asyncio.to_thread(config.destroy, info.uuid, gi.id)
+            except MigBusy as err:
+                waits.append(f"{what} is still in use ({err})")
+                continue
+            except MigRefused as err:
+                raise _refused(f"{label}: NVML refused to destroy {what}: {err}", err) from err
+            self.book.forget(key)
+            destroyed += 1
+            metrics.MIG_CHANGES.labels(change="reclaimed").inc()
+            log.info("%s: destroyed %s (made on demand, held by no one) for %s", label, what, holder)
+        if destroyed:
+            await self.host.save()
+            if waits:
+                await self.host.rescan()  # the ledger sees what is gone while the rest is waited for
+        return "; ".join(waits)
 
     def _checked(self, card: str, slot: MigSlot) -> tuple[CardInfo, GiProfile, str]:
         state = self.host.state

@@ -62,7 +62,7 @@ def slot(profile: str, start: int) -> MigSlot:
 async def inventory(url: str, fake: FakeNvml, state_file: Path, **kw: Any) -> AsyncIterator[None]:
     stop = asyncio.Event()
     gpus = NvmlGpus(fake, fake.numa_node, "fake")
-    config = settings(url, state_file=str(state_file), mig_keep_s=1.0, **kw)
+    config = settings(url, state_file=str(state_file), **({"mig_keep_s": 1.0} | kw))
     task = asyncio.create_task(serve(config, gpus=gpus, host=Host(224000, 2097152), stop=stop))
     try:
         yield
@@ -191,6 +191,37 @@ async def test_a_restart_knows_the_instances_it_made_and_forgets_those_gone(
         assert [(i.slot, i.static) for i in after.instances] == [(slot("1g.5gb", 4), True), (slot("1g.5gb", 6), False)]
         assert after.instances[1].uuid == kept.uuid
         assert "alloc-2" not in state.read_text() and "alloc-1" in state.read_text()
+
+
+async def test_a_placement_over_unheld_instances_made_on_demand_destroys_them_once_let_go(
+    nats_server: NatsServer, allocator: RunningAllocator, nc: Client, tmp_path: Path
+) -> None:
+    """Kept for reuse (``mig_keep_s``), an unheld instance made on demand gives way to a placement
+    over it: destroyed, then the new one made. One still held in the ledger, or still running a
+    process (a preempted pod ending), is waited for; a static one is never destroyed."""
+    fake = fleet()
+    store = await LedgerStore.open(nc)
+    async with inventory(nats_server.url, fake, tmp_path / "state.json", mig_keep_s=600.0):
+        empty = await wait_for(lambda: card(store, 1), what="gpu-a in the ledger")
+        small = await inventory_api.make_mig(nc, "gpu-a", empty.uuid, slot("1g.5gb", 6), "alloc-1", 5.0)
+        await store.mutate("gpu-a", lambda ledger: reserve(_known(ledger), holding(empty, slot("1g.5gb", 6))))
+
+        big = asyncio.create_task(inventory_api.make_mig(nc, "gpu-a", empty.uuid, slot("3g.20gb", 4), "alloc-2", 20.0))
+        await asyncio.sleep(1.0)
+        assert not big.done()  # held by alloc-1
+        fake.set_processes(1, [(4242, 1000, (small.gpu_instance, small.compute_instance))])
+        await store.mutate("gpu-a", lambda ledger: release(_known(ledger), AllocationId("alloc-1"), time.time()))
+        await asyncio.sleep(1.0)
+        assert not big.done()  # let go in the ledger, but its process still runs
+        assert [gi.start for gi in MigConfig(fake).read(empty.uuid)] == [6]
+        fake.set_processes(1, [])
+        made = await asyncio.wait_for(big, 10)
+        assert [(gi.profile, gi.start) for gi in MigConfig(fake).read(empty.uuid)] == [("3g.20gb", 4)]
+        assert made.uuid != small.uuid and made.card_index == 1
+
+        static = await card(store, 0)
+        with pytest.raises(FailedPrecondition, match=r"overlaps the static instance .* never destroyed"):
+            await inventory_api.make_mig(nc, "gpu-a", static.uuid, slot("7g.40gb", 0), "alloc-3", 5.0)
 
 
 def _known(ledger: NodeLedger | None) -> NodeLedger:

@@ -19,6 +19,7 @@ from gpuledger_core.mig import (
     held_slots,
     model_of,
     profile_of_resource,
+    reclaimed,
     request_of,
     resource_of,
     share_of,
@@ -112,9 +113,9 @@ def test_a_static_instance_is_taken_as_it_is_and_nothing_overlapping_it() -> Non
     c = mig_card(0, made)
     ledger = reserve(mig_ledger(c), holding("a", instance_share(c, "3g.20gb", 4)))
     assert free_instances(c, held_slots(ledger.allocations, c), "3g.20gb") == []
-    with pytest.raises(Exhausted, match=r"overlaps the instance 3g.20gb at 4"):
+    with pytest.raises(Exhausted, match=r"overlaps the static instance 3g.20gb at 4"):
         reserve(mig_ledger(c), holding("b", instance_share(c, "1g.5gb", 4)))
-    with pytest.raises(Exhausted, match=r"overlaps the instance 3g.20gb at 4"):
+    with pytest.raises(Exhausted, match=r"overlaps the static instance 3g.20gb at 4"):
         reserve(mig_ledger(c), holding("b", instance_share(c, "7g.40gb", 0)))
 
 
@@ -127,6 +128,26 @@ def test_free_instances_and_free_starts_count_instances_and_holders() -> None:
     one = A100_40GB.by_name("1g.5gb")
     assert one is not None
     assert free_starts(c, model, one, held) == [4, 5, 6]
+
+
+def test_an_unheld_instance_made_on_demand_gives_way_to_a_placement_over_it_a_static_one_never() -> None:
+    kept = MigInstance(slot("1g.5gb", 0), static=False, uuid="MIG-kept")  # its holder gone, kept for reuse
+    fixed = MigInstance(slot("1g.5gb", 4), static=True, uuid="MIG-fixed")
+    c = mig_card(0, kept, fixed)
+    model = model_of(c)
+    two, three = A100_40GB.by_name("2g.10gb"), A100_40GB.by_name("3g.20gb")
+    assert model is not None and two is not None and three is not None
+    assert free_starts(c, model, two, []) == [0, 2]  # over the kept 1g.5gb at 0, not the static one at 4
+    assert free_starts(c, model, three, []) == [0]
+    assert reclaimed(c, [], slot("2g.10gb", 0)) == {kept.slot}
+    assert reclaimed(c, [], slot("1g.5gb", 0)) == frozenset()  # taken as it is
+    ledger = reserve(mig_ledger(c), holding("a", instance_share(c, "2g.10gb", 0)))
+    assert free_instances(c, held_slots(ledger.allocations, c), "1g.5gb") == [fixed.slot]  # not the one under a
+    with pytest.raises(Exhausted, match=r"1g.5gb at 0 overlaps 2g.10gb at 0, which is held"):
+        reserve(ledger, holding("b", instance_share(c, "1g.5gb", 0)))
+    held = reserve(mig_ledger(c), holding("c", instance_share(c, "1g.5gb", 0)))  # held again: in the way
+    with pytest.raises(Exhausted, match=r"2g.10gb at 0 overlaps 1g.5gb at 0, which is held"):
+        reserve(held, holding("d", instance_share(c, "2g.10gb", 0)))
 
 
 def test_two_instances_of_one_allocation_on_one_card_may_not_overlap_each_other() -> None:
@@ -287,7 +308,7 @@ def test_a_faulted_instance_takes_no_holder_and_the_card_s_others_still_do() -> 
         reserve(mig_ledger(c), holding("a", instance_share(c, "1g.5gb", 0)))
     assert reserve(mig_ledger(c), holding("b", instance_share(c, "1g.5gb", 1))).get("b") is not None  # type: ignore[arg-type]
     assert free_instances(c, [], "1g.5gb") == [good.slot]
-    with pytest.raises(Exhausted, match=r"overlaps the instance 1g.5gb at 0"):
+    with pytest.raises(Exhausted, match=r"overlaps the static instance 1g.5gb at 0"):
         reserve(mig_ledger(c), holding("c", instance_share(c, "2g.10gb", 0)))
 
 

@@ -133,16 +133,24 @@ async def test_a_make_that_cannot_be_says_which_card_and_profile(
     assert host.state.mig.records == {} and host.saved == []
 
 
-async def test_an_overlap_and_nvmls_refusal_name_card_and_profile_and_leave_no_record() -> None:
+async def test_an_overlap_waits_until_let_go_and_nvmls_refusal_names_card_and_profile_and_leaves_no_record() -> None:
     _, host, mig, _ = keeper()
     card = uuid(host, 1)
     await mig.make(ask(card, "4g.20gb", 0))
-    with pytest.raises(FailedPrecondition, match=r"card 1 .* MIG 2g.10gb at 2: overlaps the instance 4g.20gb at 0"):
+    mig.reclaim_wait_s = 0.3
+    with pytest.raises(Unavailable, match=r"card 1 .* MIG 2g.10gb at 2: the node's ledger is not read yet"):
         await mig.make(ask(card, "2g.10gb", 2))
-    await mig.make(ask(card, "1g.5gb+me", 4))
-    with pytest.raises(Exhausted, match=r"card 1 .* MIG 1g.5gb\+me at 5: NVML refused to make it: .*InsufficientRes"):
-        await mig.make(ask(card, "1g.5gb+me", 5))  # one media engine per card
-    assert {r.slot.profile for r in host.state.mig.records.values()} == {"4g.20gb", "1g.5gb+me"}
+    mig.set_ledger(holding(host, (1, slot("4g.20gb", 0))))
+    with pytest.raises(Unavailable, match=r"MIG 2g.10gb at 2: the instance 4g.20gb at 0 in its way is still held"):
+        await mig.make(ask(card, "2g.10gb", 2))
+    mig.set_ledger(None)  # let go: made on demand, so it gives way
+    await mig.make(ask(card, "2g.10gb", 2))
+    assert {r.slot.profile for r in host.state.mig.records.values()} == {"2g.10gb"}
+    await mig.make(ask(card, "3g.20gb", 4))
+    await mig.make(ask(card, "1g.5gb+me", 0))
+    with pytest.raises(Exhausted, match=r"card 1 .* MIG 1g.5gb\+me at 1: NVML refused to make it: .*InsufficientRes"):
+        await mig.make(ask(card, "1g.5gb+me", 1))  # one media engine per card
+    assert {r.slot.profile for r in host.state.mig.records.values()} == {"2g.10gb", "3g.20gb", "1g.5gb+me"}
     with pytest.raises(InvalidArgument, match="holder"):
         await mig.make({"card": card, "profile": "1g.5gb", "start": 6, "size": 1})
     host.open = False

@@ -55,8 +55,11 @@ class Repack:
 def ask_of(allocation: Allocation) -> PodAsk | None:
     """What a holder asks, read back from its ledger entry (one grant per container that wants cards,
     ``requests`` in the same order); None for an entry that does not say (written before entries
-    recorded their requests): such a holder is never moved."""
+    recorded their requests), and for a MIG holder (docs/mig.md: defragmentation moves no MIG
+    holder): such a holder is never moved."""
     if not allocation.grants or len(allocation.requests) != len(allocation.grants):
+        return None
+    if any(r.mig for r in allocation.requests):
         return None
     containers = tuple(
         ContainerAsk(g.container, r, g.init) for g, r in zip(allocation.grants, allocation.requests, strict=True)

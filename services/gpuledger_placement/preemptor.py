@@ -109,11 +109,12 @@ class Preemptor:
     def consider(self, raw: Mapping[str, Any], pod: PodAsk, refused: Iterable[str]) -> None:
         """Filter found no node for ``pod`` (``raw`` as the scheduler sent it); ``refused``: the
         nodes it refused for want of cards. Preempt for it in the background, unless under way or
-        tried less than ``retry_s`` ago. Not for a pod with MIG asks (docs/mig.md: preemption and
-        defragmentation do not free MIG placements yet)."""
+        tried less than ``retry_s`` ago. A pod with MIG asks preempts the holders of the
+        placements it needs (their instances, made on demand, are destroyed for it when it starts);
+        defragmentation does not act for it (docs/mig.md)."""
         uid = pod.owner.id
         nodes = tuple(refused)
-        if not pod.wants_cards or not nodes or uid in self._busy or pod.mig:
+        if not pod.wants_cards or not nodes or uid in self._busy:
             return
         if self.clock() - self._tried.get(uid, float("-inf")) < self.retry_s:
             return
@@ -173,7 +174,7 @@ class Preemptor:
             holders = await preemption_holders.holders(self, [ledger.node.name for ledger in ledgers])
             victims = choose(ledgers, pod, priority, holders, fit, self.clock(), self._hosts(ledgers))
         moving = None
-        if victims is None and self.defrag is not None:
+        if victims is None and self.defrag is not None and not pod.mig:
             moving = await self._repack(raw, pod, priority, nodes, fit)
             victims = _as_victims(moving) if moving is not None else None
         if victims is None:

@@ -13,8 +13,8 @@ from gpuledger_core.claim_placement import claim_as_pod
 from gpuledger_core.claims import ClaimRef
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
-from gpuledger_core.ledger import NodeLedger, release
-from gpuledger_core.model import Allocation, AllocState, Grant, Node, Owner, OwnerKind, Request
+from gpuledger_core.ledger import NodeLedger, release, reserve
+from gpuledger_core.model import Allocation, AllocState, Grant, MigSlot, Node, Owner, OwnerKind, Request
 from gpuledger_core.packing import make_policy
 from gpuledger_core.pods import PodAsk
 from gpuledger_core.preemption import (
@@ -28,7 +28,8 @@ from gpuledger_core.preemption import (
     room_held,
 )
 
-from .builders import allocation, card, share, whole
+from .builders import NODE, allocation, card, holding, share, whole
+from .test_mig_ledger import A100, instance_share, mig_card
 
 FIT = Fit(make_policy("bestfit"), slots_per_card=8)
 PREEMPTOR = Owner(OwnerKind.POD, "uid-high", "ns", "high")
@@ -239,3 +240,54 @@ def test_a_claim_is_preempted_for_as_a_pod_of_its_requests_first_choices() -> No
     assert as_pod.owner == claim
     assert [(c.container, c.request) for c in as_pod.containers] == [("gpu", first)]
     assert (as_pod.cpu_milli, as_pod.memory_mib) == (500, 256)
+
+
+# --- MIG: instances are held whole; a placement frees only when every holder overlapping it goes ---
+
+
+def _mig_node() -> tuple[NodeLedger, dict[str, Holder]]:
+    """Two A100 40 GB cards in MIG mode and a whole-mode card: card 0 holds a 3g.20gb at 4 (a), a
+    2g.10gb at 0 (b) and a 1g.5gb at 2 (c); card 1 a 7g.40gb (d, above the preemptor); card 2,
+    whole mode, one whole-card holder (e)."""
+    zero, one = mig_card(0), mig_card(1)
+    plain = card(2, 40960, model=A100)
+    ledger = NodeLedger(Node(NODE, (zero, one, plain)))
+    for held in (
+        holding("a", instance_share(zero, "3g.20gb", 4)),
+        holding("b", instance_share(zero, "2g.10gb", 0)),
+        holding("c", instance_share(zero, "1g.5gb", 2)),
+        holding("d", instance_share(one, "7g.40gb", 0)),
+        holding("e", whole(plain)),
+    ):
+        ledger = reserve(ledger, held)
+    holders = low("a", "b", "c", "e") | {"pod:uid-d": Holder(200)}
+    return ledger, holders
+
+
+def mig_pod(profile: str) -> PodAsk:
+    return PodAsk(PREEMPTOR, (ContainerAsk("main", Request(1, mig=profile)),))
+
+
+def test_a_mig_ask_evicts_only_the_holder_of_the_placement_it_takes() -> None:
+    ledger, holders = _mig_node()
+    found = on_node(ledger, mig_pod("3g.20gb"), 100, holders, FIT, now=10.0)
+    assert found is not None and [a.id for a in found.evict] == ["a"]
+    (taken,) = found.grants[0].cards
+    assert (taken.index, taken.mig) == (0, MigSlot("3g.20gb", 4, 4))
+
+
+def test_a_whole_card_profile_evicts_every_holder_of_one_card_and_nothing_elsewhere() -> None:
+    ledger, holders = _mig_node()
+    found = on_node(ledger, mig_pod("7g.40gb"), 100, holders, FIT, now=10.0)
+    assert found is not None and {a.id for a in found.evict} == {"a", "b", "c"}  # d outranks the pod
+    lower = holders | {"pod:uid-d": Holder(0, started_at=9.0)}
+    found = on_node(ledger, mig_pod("7g.40gb"), 100, lower, FIT, now=10.0)
+    assert found is not None and [a.id for a in found.evict] == ["d"]  # one victim beats three
+
+
+def test_mig_holders_never_go_for_a_share_and_shares_never_for_a_mig_ask() -> None:
+    ledger, holders = _mig_node()
+    found = on_node(ledger, pod(20 * GIB), 100, holders, FIT, now=10.0)
+    assert found is not None and [a.id for a in found.evict] == ["e"]  # the only card a share may take
+    only_e = {"pod:uid-e": holders["pod:uid-e"]}
+    assert on_node(ledger, mig_pod("3g.20gb"), 100, only_e, FIT, now=10.0) is None

@@ -12,12 +12,15 @@ from gpuledger_common.store import LedgerStore
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
-from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.mig_profiles import A100_40GB
-from gpuledger_core.model import MIG_SMALLEST, CardMode, MigInstance, MigSlot, Owner, OwnerKind, Request
-from gpuledger_core.pods import PodAsk, reserve_pod
+from gpuledger_core.ledger import NodeLedger, commit
+from gpuledger_core.mig import share_of
+from gpuledger_core.mig_profiles import A100_40GB, GiProfile
+from gpuledger_core.model import MIG_SMALLEST, CardMode, Grant, MigInstance, MigSlot, Owner, OwnerKind, Request
+from gpuledger_core.pods import PodAsk, reserve_grants, reserve_pod
 from gpuledger_placement.app import Parts
-from gpuledger_placement.preemptor import PreemptApi, Preemptor
+from gpuledger_placement.convert import pod_ask_from
+from gpuledger_placement.preemptor import Preemptor
+from tests.unit.placement_service.test_preemptor_claims import Api, Store
 
 from .fleet import parts
 
@@ -170,11 +173,51 @@ def test_the_mig_workload_is_seeded_from_the_live_allocations() -> None:
     assert not policies.tracker.seen()
 
 
-async def test_no_preemption_is_tried_for_a_pod_with_mig_asks() -> None:
-    built = parts()
-    preemptor = Preemptor(cast(PreemptApi, None), cast(LedgerStore, None), built.service)
-    preemptor.consider({}, pod(Request(mig="1g.10gb")), ["a100-0"])
-    assert not preemptor._busy
-    preemptor.consider({}, pod(Request(1), uid="plain"), ["a100-0"])
-    assert preemptor._busy  # a pod asking for cards is preempted for (the control)
-    await preemptor.stop()
+def _mig_holder(api: Api, ledger: NodeLedger, name: str, priority: int, card: int, at: MigSlot) -> NodeLedger:
+    """A running pod of ``priority`` on a100-0 holding the instance ``at`` (made on demand) of ``card``."""
+    body = {"metadata": {"namespace": "team", "name": name, "uid": f"{name}-uid", "labels": {}},
+            "spec": {"nodeName": "a100-0", "priority": priority, "containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "startTime": "2026-12-01T00:00:00Z"}}  # fmt: skip
+    api.put(f"/api/v1/namespaces/team/pods/{name}", body)
+    cards = list(ledger.node.cards)
+    cards[card] = replace(cards[card], instances=(*cards[card].instances, MigInstance(at, static=False)))
+    ledger = NodeLedger(replace(ledger.node, cards=tuple(cards)), ledger.allocations)
+    holder = PodAsk(Owner(OwnerKind.POD, f"{name}-uid", "team", name), (ContainerAsk("c", Request(mig=at.profile)),))
+    grant = Grant("c", (share_of(cards[card], profile_named(at.profile), at.start),))
+    return commit(reserve_grants(ledger, holder, AllocationId(name), (grant,), 0.0, 60.0, 8), AllocationId(name), 1.0)
+
+
+def profile_named(name: str) -> GiProfile:
+    found = A100_40GB.by_name(name)
+    assert found is not None
+    return found
+
+
+async def test_a_mig_pod_evicts_only_the_holders_of_the_placement_it_needs_and_holds_it() -> None:
+    """Card 0 of a100-0: low-priority 3g.20gb at 4, 2g.10gb at 0 and 1g.5gb at 2; card 1: a 7g.40gb
+    of a higher priority than the pod. A 4g.20gb (start 0 only) needs the 2g and the 1g to go, not
+    the 3g; their instances, made on demand and then held by no one, are no obstacle."""
+    built, api = parts(), Api()
+    ledger = with_mig(built)
+    for name, priority, card, at in (
+        ("a", 1, 0, slot("3g.20gb", 4)),
+        ("b", 1, 0, slot("2g.10gb", 0)),
+        ("c", 1, 0, slot("1g.5gb", 2)),
+        ("d", 200, 1, slot("7g.40gb", 0)),
+    ):
+        ledger = _mig_holder(api, ledger, name, priority, card, at)
+    built.view.apply(NodeName("a100-0"), ledger, 10)
+    assert built.service.filter(pod(Request(mig="4g.20gb")), NODES).fits == ()
+    limits = {"gpuledger.io/mig-4g.20gb": "1"}
+    raw = api.put("/api/v1/namespaces/team/pods/high", {
+        "metadata": {"namespace": "team", "name": "high", "uid": "high-uid"},
+        "spec": {"priority": 100, "containers": [{"name": "c", "resources": {"limits": limits}}]},
+    })  # fmt: skip
+    preemptor = Preemptor(api, cast(LedgerStore, Store(built.view)), built.service, clock=lambda: 1_000_000.0)
+    preemptor.consider(raw, pod_ask_from(raw), ["a100-0"])  # as filter hands it over
+    await preemptor.idle()
+    assert sorted(api.calls) == ["evict b", "evict c"]
+    after = built.view.entries[NodeName("a100-0")].ledger
+    hold = after.of_owner("pod:high-uid")
+    assert hold is not None and [(s.index, s.mig) for s in hold.shares()] == [(0, slot("4g.20gb", 0))]
+    assert {a.owner.name for a in after.live()} == {"a", "d", "high"}

@@ -99,3 +99,59 @@ async def test_a_high_priority_share_evicts_the_fewest_low_priority_shares_on_on
         victim_cards = {s.index for a in before.live() if uids.get(a.owner.id) in evicted for s in a.shares()}
         assert {s.index for s in mine[0].shares()} == victim_cards
         await consistent(cluster, stack)
+
+
+MIG_NODE = "a100-mig-0"  # cards 0 and 1 in MIG mode, instances made on demand; card 2 static (3g, 2g, 1g, 1g)
+
+
+def mig_pod(name: str, ns: str, profile: str, priority_class: str) -> dict[str, Any]:
+    body = pod(name, ns, {f"gpuledger.io/mig-{profile}": "1"}, node=MIG_NODE)
+    body["spec"]["priorityClassName"] = priority_class
+    return body
+
+
+@pytest.mark.timeout(300)
+async def test_a_high_priority_mig_pod_evicts_only_the_holders_of_the_placement_it_needs(
+    stack: Stack, cluster: RealCluster, api: KubeApi
+) -> None:
+    """A high-priority 7g.40gb takes one of the node's on-demand cards whole; four low-priority
+    2g.10gb fill the static 2g.10gb and the other card's 2g placements (0, 2, 4). A high-priority
+    4g.20gb (start 0 only, never on the static card) then evicts exactly the two 2g at 0 and 2 of
+    that card, nothing else; their instances, made on demand, are destroyed to make its own."""
+
+    async def mig_idle() -> bool:
+        found = (await ledger(stack)).get(MIG_NODE)
+        return found is not None and not any(s.mig for a in found.live() for s in a.shares())
+
+    await wait_for(mig_idle, 60, f"{MIG_NODE}'s MIG instances held by nobody (an earlier test's pods gone)", POLL_S)
+    async with priority_classes(api), namespace(api, "e2e-preemption-mig", stack) as ns:
+        await api.create(f"/api/v1/namespaces/{ns}/pods", mig_pod("keep", ns, "7g.40gb", HIGH))
+        keep = await running(api, ns, "keep")
+        uids: dict[str, str] = {}
+        for i in range(4):  # one at a time: each where the chooser puts it
+            made = await api.create(f"/api/v1/namespaces/{ns}/pods", mig_pod(f"low-{i}", ns, "2g.10gb", LOW))
+            await running(api, ns, f"low-{i}")
+            uids[made["metadata"]["uid"]] = f"low-{i}"
+        before = (await ledger(stack))[MIG_NODE]
+        kept = {s.index for a in before.live() if a.owner.id == keep["metadata"]["uid"] for s in a.shares()}
+        (other,) = {c.index for c in before.node.cards if c.mig and not any(i.static for i in c.instances)} - kept
+        expected = {uids[a.owner.id] for a in before.live() if a.owner.id in uids for s in a.shares()
+                    if s.index == other and s.mig is not None and s.mig.start < 4}  # fmt: skip
+        assert len(expected) == 2, (expected, [(a.owner.name, a.shares()) for a in before.live()])
+
+        await api.create(f"/api/v1/namespaces/{ns}/pods", mig_pod("want", ns, "4g.20gb", HIGH))
+        want = await running(api, ns, "want", timeout=120)
+        left = {p["metadata"]["name"] for p in await pods_in(api, ns) if not p["metadata"].get("deletionTimestamp")}
+        evicted = {name for name in uids.values() if name not in left}
+        assert evicted == expected and "keep" in left
+        events = (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]
+        assert {e["involvedObject"]["name"] for e in events if e.get("reason") == "Preempted"} == expected
+
+        after = (await ledger(stack))[MIG_NODE]
+        (mine,) = [a for a in after.live() if a.owner.id == want["metadata"]["uid"]]
+        (taken,) = mine.shares()
+        assert taken.index == other and taken.mig is not None and (taken.mig.profile, taken.mig.start) == ("4g.20gb", 0)
+        card = next(c for c in after.node.cards if c.index == other)
+        made = [(i.slot.profile, i.slot.start) for i in card.instances if i.slot.start < 4]
+        assert made == [("4g.20gb", 0)], card.instances  # the 2g at 0 and 2 destroyed for it
+        await consistent(cluster, stack)

@@ -38,7 +38,10 @@ WANT = 5120
 
 
 def prioritized(name: str, ns: str, mib: int, priority_class: str) -> dict[str, Any]:
-    body = pod(name, ns, share(mib), node=NODE)
+    return with_priority(pod(name, ns, share(mib), node=NODE), priority_class)
+
+
+def with_priority(body: dict[str, Any], priority_class: str) -> dict[str, Any]:
     body["spec"]["priorityClassName"] = priority_class
     return body
 
@@ -105,9 +108,7 @@ MIG_NODE = "a100-mig-0"  # cards 0 and 1 in MIG mode, instances made on demand; 
 
 
 def mig_pod(name: str, ns: str, profile: str, priority_class: str) -> dict[str, Any]:
-    body = pod(name, ns, {f"gpuledger.io/mig-{profile}": "1"}, node=MIG_NODE)
-    body["spec"]["priorityClassName"] = priority_class
-    return body
+    return with_priority(pod(name, ns, {f"gpuledger.io/mig-{profile}": "1"}, node=MIG_NODE), priority_class)
 
 
 @pytest.mark.timeout(300)

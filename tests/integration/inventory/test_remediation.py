@@ -60,6 +60,23 @@ async def inventory(
         await asyncio.wait_for(task, 10)
 
 
+@contextlib.asynccontextmanager
+async def publications(url: str) -> AsyncIterator[tuple[Client, list[Any]]]:
+    """gpu-a's inventory publications as they come, and a connection to ask it on."""
+    nc = await bus.connect(url, "test")
+    published: list[Any] = []
+
+    async def keep(msg: Msg) -> None:
+        published.append(json.loads(msg.data))
+
+    try:
+        await nc.subscribe(inventory_api.inventory_subject("gpu-a"), cb=keep)
+        yield nc, published
+        await nc.flush()
+    finally:
+        await nc.close()
+
+
 @pytest.fixture
 async def allocator(nats_server: NatsServer) -> AsyncIterator[RunningAllocator]:
     async with running_allocator(nats_server.url, stale_after_s=1.5) as running:
@@ -117,14 +134,7 @@ async def test_a_restart_without_a_state_file_resumes_the_remediation_from_the_l
         fake.inject_xid(2, 79)
         await wait_for(lambda: _with(api, 2, remedy="drain"), what="card 2 to be drained")
 
-    nc = await bus.connect(nats_server.url, "test")
-    published: list[Any] = []
-    try:
-
-        async def keep(msg: Msg) -> None:
-            published.append(json.loads(msg.data))
-
-        await nc.subscribe(inventory_api.inventory_subject("gpu-a"), cb=keep)
+    async with publications(nats_server.url) as (nc, published):
         async with inventory(nats_server.url, fake, None):  # no state file: the ledger's remedy resumes
             said = await wait_for(lambda: _asked(nc), what="the restarted inventory")
             two = next(c for c in said["extra"]["cards"] if c["index"] == 2)
@@ -142,9 +152,6 @@ async def test_a_restart_without_a_state_file_resumes_the_remediation_from_the_l
             said = await wait_for(lambda: _asked(nc), what="the inventory started again")
             assert said["node"]["cards"][2]["remedy"] == "retired"
             await wait_for(lambda: _published_after(published, first), what="its publication")
-        await nc.flush()
-    finally:
-        await nc.close()
     # no publication ever said card 2 was healthy until it was repaired: the ledger kept its remedy
     twos = [m["node"]["cards"][2] for m in published]
     assert twos[0]["remedy"] == "drain" and twos[-1]["remedy"] == "retired"
@@ -167,23 +174,12 @@ async def test_a_card_that_takes_no_new_work_stays_unhealthy_across_a_restart_wi
         fake.inject_xid(3, 1)  # contact support: no new work, nothing moved
         before = await wait_for(lambda: _with(api, 3, health="unhealthy"), what="card 3 unhealthy")
         assert before.remedy == ""
-    nc = await bus.connect(nats_server.url, "test")
-    published: list[Any] = []
-    try:
-
-        async def keep(msg: Msg) -> None:
-            published.append(json.loads(msg.data))
-
-        await nc.subscribe(inventory_api.inventory_subject("gpu-a"), cb=keep)
-        async with inventory(nats_server.url, fake, None):
-            three = await wait_for(lambda: _card_by_ledger(nc, 3), what="card 3 unhealthy, by the ledger")
-            assert three["health"]["reason"] == before.health_reason
-            await wait_for(lambda: _published_after(published, 0), what="a publication")
-            after = await _with(api, 3)
-            assert after is not None and after.health == "unhealthy" and after.remedy == ""
-        await nc.flush()
-    finally:
-        await nc.close()
+    async with publications(nats_server.url) as (nc, published), inventory(nats_server.url, fake, None):
+        three = await wait_for(lambda: _card_by_ledger(nc, 3), what="card 3 unhealthy, by the ledger")
+        assert three["health"]["reason"] == before.health_reason
+        await wait_for(lambda: _published_after(published, 0), what="a publication")
+        after = await _with(api, 3)
+        assert after is not None and after.health == "unhealthy" and after.remedy == ""
     assert all(m["node"]["cards"][3]["health"] == "unhealthy" for m in published)
 
 
@@ -213,23 +209,13 @@ async def test_a_restarted_inventory_publishes_no_node_before_it_has_scanned_its
         await wait_for(lambda: _with(api, 3, health="healthy"), what="gpu-a in the ledger")
         fake.inject_xid(3, 1)
         await wait_for(lambda: _with(api, 3, health="unhealthy"), what="card 3 unhealthy")
-    nc = await bus.connect(nats_server.url, "test")
-    published: list[Any] = []
-    try:
-
-        async def keep(msg: Msg) -> None:
-            published.append(json.loads(msg.data))
-
-        await nc.subscribe(inventory_api.inventory_subject("gpu-a"), cb=keep)
+    async with publications(nats_server.url) as (_nc, published):
         slow = _SlowFirstScan(fake)
         async with inventory(nats_server.url, fake, None, slow):
             await wait_for(lambda: _published_after(published, 0), what="a publication")
             assert slow.scans >= 1
             after = await _with(api, 3)
             assert after is not None and after.health == "unhealthy"
-        await nc.flush()
-    finally:
-        await nc.close()
     assert [len(m["node"]["cards"]) for m in published] == [8] * len(published)
 
 

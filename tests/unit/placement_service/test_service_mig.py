@@ -4,11 +4,13 @@ score by what a plan takes of the MIG workload, place and the workload observed.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
 from gpuledger_common.store import LedgerStore
+from gpuledger_core.claim_asks import ClaimAsk, RequestAsk
+from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
@@ -17,6 +19,7 @@ from gpuledger_core.mig import share_of
 from gpuledger_core.mig_profiles import A100_40GB, GiProfile
 from gpuledger_core.model import MIG_SMALLEST, CardMode, Grant, MigInstance, MigSlot, Owner, OwnerKind, Request
 from gpuledger_core.pods import PodAsk, reserve_grants, reserve_pod
+from gpuledger_core.preemption import room_held
 from gpuledger_placement.app import Parts
 from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.preemptor import Preemptor
@@ -193,10 +196,9 @@ def profile_named(name: str) -> GiProfile:
     return found
 
 
-async def test_a_mig_pod_evicts_only_the_holders_of_the_placement_it_needs_and_holds_it() -> None:
+def _mig_world(limits: dict[str, str]) -> tuple[Parts, Api, dict[str, Any], Preemptor]:
     """Card 0 of a100-0: low-priority 3g.20gb at 4, 2g.10gb at 0 and 1g.5gb at 2; card 1: a 7g.40gb
-    of a higher priority than the pod. A 4g.20gb (start 0 only) needs the 2g and the 1g to go, not
-    the 3g; their instances, made on demand and then held by no one, are no obstacle."""
+    of a higher priority than the pod ``high`` (priority 100, ``limits``) that is to preempt."""
     built, api = parts(), Api()
     ledger = with_mig(built)
     for name, priority, card, at in (
@@ -207,13 +209,19 @@ async def test_a_mig_pod_evicts_only_the_holders_of_the_placement_it_needs_and_h
     ):
         ledger = _mig_holder(api, ledger, name, priority, card, at)
     built.view.apply(NodeName("a100-0"), ledger, 10)
-    assert built.service.filter(pod(Request(mig="4g.20gb")), NODES).fits == ()
-    limits = {"gpuledger.io/mig-4g.20gb": "1"}
     raw = api.put("/api/v1/namespaces/team/pods/high", {
         "metadata": {"namespace": "team", "name": "high", "uid": "high-uid"},
         "spec": {"priority": 100, "containers": [{"name": "c", "resources": {"limits": limits}}]},
     })  # fmt: skip
     preemptor = Preemptor(api, cast(LedgerStore, Store(built.view)), built.service, clock=lambda: 1_000_000.0)
+    return built, api, raw, preemptor
+
+
+async def test_a_mig_pod_evicts_only_the_holders_of_the_placement_it_needs_and_holds_it() -> None:
+    """A 4g.20gb (start 0 only) needs the 2g and the 1g of card 0 to go, not its 3g; their
+    instances, made on demand and then held by no one, are no obstacle."""
+    built, api, raw, preemptor = _mig_world({"gpuledger.io/mig-4g.20gb": "1"})
+    assert built.service.filter(pod(Request(mig="4g.20gb")), NODES).fits == ()
     preemptor.consider(raw, pod_ask_from(raw), ["a100-0"])  # as filter hands it over
     await preemptor.idle()
     assert sorted(api.calls) == ["evict b", "evict c"]
@@ -221,3 +229,15 @@ async def test_a_mig_pod_evicts_only_the_holders_of_the_placement_it_needs_and_h
     hold = after.of_owner("pod:high-uid")
     assert hold is not None and [(s.index, s.mig) for s in hold.shares()] == [(0, slot("4g.20gb", 0))]
     assert {a.owner.name for a in after.live()} == {"a", "d", "high"}
+
+
+async def test_a_mode_c_claim_asking_mig_preempts_as_a_pod_does_its_room_held_for_the_claim() -> None:
+    built, api, raw, preemptor = _mig_world({})
+    ref = ClaimRef("team", "high-mig", "claim-uid")
+    ask = ClaimAsk(ref, (RequestAsk("mig", (("mig", Request(mig="4g.20gb")),)),))
+    preemptor.consider_claim(raw, ask, ["a100-0"])  # as the claim allocator hands it over
+    await preemptor.idle()
+    assert sorted(api.calls) == ["evict b", "evict c"]
+    hold = built.view.entries[NodeName("a100-0")].ledger.of_owner(ref.owner.key)
+    assert hold is not None and room_held(hold)
+    assert [(s.index, s.mig) for s in hold.shares()] == [(0, slot("4g.20gb", 0))]

@@ -42,12 +42,13 @@ from gpuledger_core.packing import Policy
 from gpuledger_core.pods import PodAsk, plan
 
 PREEMPTED_BY = "preempted by "  # how the reason of an entry that preemption released begins
+MOVED_FOR = "moved for "  # and one that defragmentation released (its pod moved elsewhere)
 
 
 def preempted(allocation: Allocation | None) -> bool:
-    """Whether this released entry was taken back by preemption (its claim, still allocated in the
-    API until its pods are gone, is not to be held again)."""
-    return allocation is not None and not allocation.live and allocation.reason.startswith(PREEMPTED_BY)
+    """Whether this released entry was taken back by preemption or defragmentation (its claim,
+    still allocated in the API until its pods are gone, is not to be held again)."""
+    return allocation is not None and not allocation.live and allocation.reason.startswith((PREEMPTED_BY, MOVED_FOR))
 
 
 def room_held(allocation: Allocation | None) -> bool:

@@ -59,7 +59,7 @@ from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release
 from gpuledger_core.model import Allocation, OwnerKind
 from gpuledger_core.pods import PodAsk, reserve_pod
-from gpuledger_core.preemption import PREEMPTED_BY, Fit, HostFree, Victims, choose
+from gpuledger_core.preemption import MOVED_FOR, PREEMPTED_BY, Fit, HostFree, Victims, choose
 from gpuledger_core.repack import Repack, repack
 from gpuledger_placement import claim_veto, preemption_holders
 from gpuledger_placement.claims import DRIVER
@@ -67,7 +67,7 @@ from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.host_fit import host_refusal
 from gpuledger_placement.metrics import DEFRAG_MOVES, PREEMPTIONS
 from gpuledger_placement.pod_events import pod_event
-from gpuledger_placement.preemption_holders import DEFAULT_GRACE_S, PDBS, holder_of, pod_ref, priority_of
+from gpuledger_placement.preemption_holders import CLAIMS, DEFAULT_GRACE_S, PDBS, holder_of, pod_ref, priority_of
 from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION, Preemption, preemption_of
 from gpuledger_placement.repacker import MOVABLE_LABEL, Defrag
 from gpuledger_placement.service import PlacementService
@@ -197,7 +197,7 @@ class Preemptor:
             await claim_veto.restore(self.api, vetoed, DRIVER)
             await self._withdraw(fresh)
             return None
-        await self._hold(fresh, pod, victims, "moved for" if moving is not None else PREEMPTED_BY.strip())
+        await self._hold(fresh, pod, victims, (MOVED_FOR if moving is not None else PREEMPTED_BY).strip())
         await self._held(fresh, victims)
         cards = ",".join(str(s.index) for g in victims.grants for s in g.cards)
         hold = f"card(s) {cards} held for the pod for {self._hold_for(victims):g}s"
@@ -227,7 +227,8 @@ class Preemptor:
         budgets = (await self.api.list_objects(PDBS, {})).get("items") or []
         mine = str((raw.get("metadata") or {}).get("uid"))
         pods = [p for p in listed.get("items") or [] if str((p.get("metadata") or {}).get("uid")) != mine]
-        movable, raws = self.defrag.movable(pods, priority, lambda p: holder_of(p, budgets))
+        listed_claims = (await self.api.list_objects(CLAIMS, {})).get("items") or []
+        movable, raws = self.defrag.movable(pods, priority, lambda p: holder_of(p, budgets), listed_claims)
         if not movable:
             return None
         view, hosts = self.service.view, self.service.hosts
@@ -242,9 +243,12 @@ class Preemptor:
             return None
         for move in found.moves:
             moved = raws[move.allocation.owner.id]
+            meta = moved.get("metadata") or {}
             grace = (moved.get("spec") or {}).get("terminationGracePeriodSeconds")
             self._graces[move.allocation.owner.id] = float(grace) if isinstance(grace, int) else DEFAULT_GRACE_S
-            self._moving_pods[move.allocation.owner.id] = moved
+            self._moving_pods[str(meta.get("uid"))] = moved
+            if move.allocation.owner.kind is OwnerKind.CLAIM:  # the claim goes with its pod
+                self._consumers[move.allocation.owner.id] = (pod_ref(meta["namespace"], meta["name"], meta["uid"]),)
         return found
 
     def _may_preempt(self, raw: Mapping[str, Any], pod: PodAsk) -> bool:
@@ -333,6 +337,7 @@ class Preemptor:
         meta = raw["metadata"]
         destinations = {m.allocation.owner.id: m.to for m in moving.moves} if moving is not None else {}
         for allocation in victims.evict:
+            to = destinations.get(allocation.owner.id, "another node")
             cards = ",".join(sorted({str(s.index) for s in allocation.shares()}))
             held = f" (claim {allocation.owner.describe()})" if allocation.owner.kind is OwnerKind.CLAIM else ""
             for ref in self._pods_of(allocation):
@@ -356,7 +361,7 @@ class Preemptor:
                         self.defrag.moved([self._moving_pods.pop(uid, victim)])
                     await self._event(victim, "GpuledgerMoved", f"moved by defragmentation for pod {meta['namespace']}/"
                                       f"{meta['name']}, off card(s) {cards} of {victims.node}; it fits on "
-                                      f"{destinations.get(uid, 'another node')} (its controller recreates it)",
+                                      f"{to} (its controller recreates it)",
                                       kind="Normal")  # fmt: skip
                     continue
                 PREEMPTIONS.labels("evicted").inc()

@@ -14,6 +14,11 @@ A pod may be moved only when all of these hold:
 - a PodDisruptionBudget that selects it allows a disruption (it is ranked as protected otherwise,
   and the Eviction API refuses it: nothing is forced).
 
+A movable pod's cards may be held by itself (classic mode) or by the claims kube-controller-manager
+made for it from its templates and the ledger allocated (DRA mode C): such a claim moves with its
+pod (it goes when the pod goes; the recreated pod's new claim is allocated where it fits). A claim
+that is not the pod's own (shared, or allocated by kube-scheduler) never moves.
+
 At most ``max_moves`` pods are moved for one pod, and ``moves_per_hour`` in all per placement
 replica (the budget is each replica's own). Every move is counted
 (``gpuledger_placement_defrag_moves_total``) and told in Events: ``GpuledgerMoved`` on the moved
@@ -30,6 +35,7 @@ from typing import Any
 
 from gpuledger_core.model import OwnerKind
 from gpuledger_core.preemption import Holder
+from gpuledger_placement.claim_fields import ALLOCATED_BY_LEDGER
 
 MOVABLE_LABEL = "gpuledger.io/movable"
 HOUR_S = 3600.0
@@ -56,9 +62,16 @@ class Defrag:
         return max(0, min(self.max_moves, self.moves_per_hour - len(self._moves)))
 
     def movable(
-        self, pods: Iterable[Mapping[str, Any]], priority: int, holder: Callable[[Mapping[str, Any]], Holder]
+        self,
+        pods: Iterable[Mapping[str, Any]],
+        priority: int,
+        holder: Callable[[Mapping[str, Any]], Holder],
+        claims: Iterable[Mapping[str, Any]] = (),
     ) -> tuple[dict[str, Holder], dict[str, Mapping[str, Any]]]:
-        """The pods that may be moved for a pod of ``priority``, as holders (by owner key) and by uid."""
+        """The pods that may be moved for a pod of ``priority``, as holders (by owner key) and by
+        uid, each with its own mode-C claims among ``claims`` (``own_claims``; by the claim's uid,
+        the pod's raw)."""
+        named = {((c.get("metadata") or {}).get("namespace"), (c.get("metadata") or {}).get("name")): c for c in claims}
         now = self.clock()
         holders: dict[str, Holder] = {}
         raws: dict[str, Mapping[str, Any]] = {}
@@ -76,6 +89,9 @@ class Defrag:
                 continue
             holders[f"{OwnerKind.POD}:{meta['uid']}"] = found
             raws[str(meta["uid"])] = pod
+            for uid in own_claims(pod, named):
+                holders[f"{OwnerKind.CLAIM}:{uid}"] = found
+                raws[uid] = pod
         return holders, raws
 
     def moved(self, pods: Sequence[Mapping[str, Any]]) -> None:
@@ -86,6 +102,23 @@ class Defrag:
             owner = controller_of(pod)
             if owner is not None:
                 self._moved[owner] = now
+
+
+def own_claims(pod: Mapping[str, Any], claims: Mapping[tuple[Any, Any], Mapping[str, Any]]) -> list[str]:
+    """The uids of the claims made for ``pod`` from its templates (the pod their controller, named
+    in its ``resourceClaimStatuses``) that the ledger allocated (mode C's finalizer)."""
+    meta = pod.get("metadata") or {}
+    found = []
+    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        claim = claims.get((meta.get("namespace"), status.get("resourceClaimName")))
+        if claim is None:
+            continue
+        cmeta = claim.get("metadata") or {}
+        refs = cmeta.get("ownerReferences") or []
+        made_for = any(r.get("controller") and r.get("uid") == meta.get("uid") for r in refs)
+        if made_for and ALLOCATED_BY_LEDGER in (cmeta.get("finalizers") or []):
+            found.append(str(cmeta["uid"]))
+    return found
 
 
 def controller_of(pod: Mapping[str, Any]) -> str | None:

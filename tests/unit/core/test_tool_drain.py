@@ -10,11 +10,12 @@ from hypothesis import strategies as st
 
 from gpuledger_core.events import EventKind, diff
 from gpuledger_core.ledger import NodeLedger, release
-from gpuledger_core.model import Allocation, AllocState, Grant, Health, Owner, OwnerKind, Remedy
+from gpuledger_core.model import Allocation, AllocState, Grant, Health, MigInstance, Owner, OwnerKind, Remedy
 from gpuledger_core.tool_drain import Changes, changes, drain_tools, next_release
 
 from . import strategies as s
 from .builders import allocation, node, share
+from .test_mig_ledger import instance_share, mig_card, mig_ledger, slot
 
 GRACE = 300.0
 
@@ -137,3 +138,26 @@ def test_draining_is_idempotent_and_touches_only_tools_on_cards_under_repair(
         if new != old:
             assert old.live and old.owner.kind is OwnerKind.TOOL
             assert on_one or old.drain is not None
+
+
+def test_a_tool_on_a_mig_instance_whose_fault_needs_it_moved_is_drained_and_its_neighbour_is_not() -> None:
+    """A drain-level XID inside one instance (its ``remedy``) drains that instance's tool only; the
+    card serves on, and the mark goes when the instance is healthy again."""
+    c = mig_card(0, MigInstance(slot("3g.20gb", 4), static=True, uuid="MIG-bad"))
+    hit, beside = instance_share(c, "3g.20gb", 4), instance_share(c, "2g.10gb", 0)
+    tools = tuple(
+        replace(allocation(n, Grant("", (s,)), state=AllocState.BOUND), owner=Owner(OwnerKind.TOOL, f"tool-{n}"))
+        for n, s in (("hit", hit), ("beside", beside))
+    )
+    faulted = replace(c, instances=(replace(c.instances[0], fault="XID 94 in the instance", remedy=Remedy.DRAIN),))
+    ledger = NodeLedger(replace(mig_ledger(c).node, cards=(faulted,)), tools)
+    marked = drain_tools(ledger, 100.0, GRACE)
+    t = marked.allocations[0]
+    assert t.drain is not None and (t.drain.card, t.drain.card_index, t.drain.release_at) == (c.uuid, 0, 400.0)
+    assert "MIG instance 3g.20gb at 4 of card 0" in t.drain.reason and "XID 94 in the instance" in t.drain.reason
+    assert marked.allocations[1] is ledger.allocations[1]  # another instance of the same card: untouched
+    assert faulted.healthy  # the card itself serves on
+    released = drain_tools(marked, 400.0, GRACE)
+    assert not released.allocations[0].live and released.allocations[1].live
+    healed = NodeLedger(replace(marked.node, cards=(c,)), marked.allocations)
+    assert drain_tools(healed, 200.0, GRACE).allocations[0].drain is None  # healthy again first: unmarked

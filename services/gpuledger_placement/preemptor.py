@@ -227,8 +227,8 @@ class Preemptor:
         budgets = (await self.api.list_objects(PDBS, {})).get("items") or []
         mine = str((raw.get("metadata") or {}).get("uid"))
         pods = [p for p in listed.get("items") or [] if str((p.get("metadata") or {}).get("uid")) != mine]
-        listed_claims = (await self.api.list_objects(CLAIMS, {})).get("items") or []
-        movable, raws = self.defrag.movable(pods, priority, lambda p: holder_of(p, budgets), listed_claims)
+        claims = await self._claims_of(pods)
+        movable, raws = self.defrag.movable(pods, priority, lambda p: holder_of(p, budgets), claims)
         if not movable:
             return None
         view, hosts = self.service.view, self.service.hosts
@@ -250,6 +250,17 @@ class Preemptor:
             if move.allocation.owner.kind is OwnerKind.CLAIM:  # the claim goes with its pod
                 self._consumers[move.allocation.owner.id] = (pod_ref(meta["namespace"], meta["name"], meta["uid"]),)
         return found
+
+    async def _claims_of(self, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """The cluster's claims, where one of ``pods`` uses a claim (a classic cluster's do not, and
+        its placement may not list claims: ``deploy/kubernetes/dra`` grants that)."""
+        if not any((p.get("status") or {}).get("resourceClaimStatuses") for p in pods):
+            return []
+        try:
+            return list((await self.api.list_objects(CLAIMS, {})).get("items") or [])
+        except GpuledgerError as err:  # not granted, or the API server away: their claims stay put
+            log.warning("defragmentation: cannot list claims (%s); pods holding cards by claims are not moved", err)
+            return []
 
     def _may_preempt(self, raw: Mapping[str, Any], pod: PodAsk) -> bool:
         spec, meta = raw.get("spec") or {}, raw.get("metadata") or {}

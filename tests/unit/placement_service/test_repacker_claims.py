@@ -10,10 +10,12 @@ from typing import Any, cast
 
 from gpuledger_common.store import LedgerStore
 from gpuledger_core import claims
+from gpuledger_core.errors import PermissionDenied
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.preemption import preempted
 from gpuledger_placement.claims import DRIVER
 from gpuledger_placement.convert import pod_ask_from
+from gpuledger_placement.preemption_holders import CLAIMS
 from gpuledger_placement.preemptor import Preemptor
 from gpuledger_placement.repacker import MOVABLE_LABEL, Defrag, own_claims
 from tests.unit.placement_service.fleet import parts
@@ -23,9 +25,17 @@ NOW = 1_000_000.0
 
 
 class Listing(Api):
-    """The double, with the movable pods listed by their label."""
+    """The double, with the movable pods listed by their label; with ``no_claims``, listing claims
+    is refused (a classic deployment's placement is not granted it)."""
+
+    no_claims = False
+    claim_lists = 0
 
     async def list_objects(self, path: str, params: Mapping[str, str]) -> dict[str, Any]:
+        if path == CLAIMS:
+            self.claim_lists += 1
+            if self.no_claims:
+                raise PermissionDenied("resourceclaims is forbidden: cannot list resource resourceclaims")
         if path == "/api/v1/pods" and params.get("labelSelector") == f"{MOVABLE_LABEL}=true":
             found = [v for k, v in self.items.items() if "/pods/" in k and (v["metadata"].get("labels") or {})]
             return {"items": found}
@@ -93,3 +103,16 @@ async def test_a_claim_not_made_for_the_pod_never_moves() -> None:
     assert api.calls == []
     pod = api.items[f"/api/v1/namespaces/{NS}/pods/m1"]
     assert own_claims(pod, {(NS, "m1-gpu"): api.items[claim_path("m1-gpu")]}) == []
+
+
+async def test_claims_not_listable_leave_pods_holding_by_claims_in_place_and_pods_without_claims_list_none() -> None:
+    api, preemptor = world(owned=True)
+    cast(Listing, api).no_claims = True
+    raw = pending(api)
+    assert await preemptor.preempt(raw, pod_ask_from(raw), [str(NODE)]) is None  # refused: logged, nothing moved
+    assert api.calls == []
+    for name in ("m1", "m2"):  # pods that use no claim: claims are not even listed
+        del api.items[f"/api/v1/namespaces/{NS}/pods/{name}"]["status"]["resourceClaimStatuses"]
+    before = cast(Listing, api).claim_lists
+    assert await preemptor._claims_of([api.items[f"/api/v1/namespaces/{NS}/pods/m1"]]) == []
+    assert cast(Listing, api).claim_lists == before

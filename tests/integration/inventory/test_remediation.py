@@ -83,6 +83,19 @@ async def allocator(nats_server: NatsServer) -> AsyncIterator[RunningAllocator]:
         yield running
 
 
+def fleet() -> FakeNvml:
+    return FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+
+
+async def faulted(api: pb.AllocatorStub, fake: FakeNvml, index: int, xid: int, **want: str) -> pb.CardStatus:
+    """With gpu-a's inventory running: card ``index`` healthy in the ledger, then XID ``xid``
+    injected on it; the card once the ledger shows it as ``want`` says."""
+    await wait_for(lambda: _with(api, index, health="healthy"), what="gpu-a in the ledger")
+    fake.inject_xid(index, xid)
+    said = ", ".join(f"{k} {v}" for k, v in want.items())
+    return await wait_for(lambda: _with(api, index, **want), what=f"card {index} after XID {xid}: {said}")
+
+
 async def cards(api: pb.AllocatorStub) -> dict[int, pb.CardStatus]:
     reply = await api.get_cluster(pb.GetClusterRequest(node="gpu-a"))
     return {c.index: c for c in reply.nodes[0].cards} if reply.nodes else {}
@@ -91,12 +104,10 @@ async def cards(api: pb.AllocatorStub) -> dict[int, pb.CardStatus]:
 async def test_a_card_is_drained_reset_checked_and_back_then_retired_on_a_second_fault(
     nats_server: NatsServer, allocator: RunningAllocator, tmp_path: Path
 ) -> None:
-    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    fake = fleet()
     api = allocator.stub()
     async with inventory(nats_server.url, fake, tmp_path / "health.json"):
-        await wait_for(lambda: _with(api, 2, health="healthy"), what="gpu-a in the ledger")
-        fake.inject_xid(2, 79)
-        two = await wait_for(lambda: _with(api, 2, remedy="drain"), what="card 2 to be drained")
+        two = await faulted(api, fake, 2, 79, remedy="drain")
         assert two.health == "unhealthy"
         assert fake.calls.get("gpu_reset", 0) == 0  # a process still runs on it
 
@@ -127,12 +138,10 @@ async def test_a_card_is_drained_reset_checked_and_back_then_retired_on_a_second
 async def test_a_restart_without_a_state_file_resumes_the_remediation_from_the_ledger(
     nats_server: NatsServer, allocator: RunningAllocator
 ) -> None:
-    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    fake = fleet()
     api = allocator.stub()
     async with inventory(nats_server.url, fake, None):
-        await wait_for(lambda: _with(api, 2, health="healthy"), what="gpu-a in the ledger")
-        fake.inject_xid(2, 79)
-        await wait_for(lambda: _with(api, 2, remedy="drain"), what="card 2 to be drained")
+        await faulted(api, fake, 2, 79, remedy="drain")
 
     async with publications(nats_server.url) as (nc, published):
         async with inventory(nats_server.url, fake, None):  # no state file: the ledger's remedy resumes
@@ -167,12 +176,10 @@ async def test_a_card_that_takes_no_new_work_stays_unhealthy_across_a_restart_wi
     """A fault that only stops new work sets no remedy in the ledger; a restart without a saved
     book keeps the card unhealthy from the ledger's health (it used to come back healthy), and
     no publication of the restarted inventory says otherwise."""
-    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    fake = fleet()
     api = allocator.stub()
     async with inventory(nats_server.url, fake, None):
-        await wait_for(lambda: _with(api, 3, health="healthy"), what="gpu-a in the ledger")
-        fake.inject_xid(3, 1)  # contact support: no new work, nothing moved
-        before = await wait_for(lambda: _with(api, 3, health="unhealthy"), what="card 3 unhealthy")
+        before = await faulted(api, fake, 3, 1, health="unhealthy")  # contact support: no new work, nothing moved
         assert before.remedy == ""
     async with publications(nats_server.url) as (nc, published), inventory(nats_server.url, fake, None):
         three = await wait_for(lambda: _card_by_ledger(nc, 3), what="card 3 unhealthy, by the ledger")
@@ -203,12 +210,10 @@ async def test_a_restarted_inventory_publishes_no_node_before_it_has_scanned_its
     """Before its first scan a restarted inventory knows no cards; publishing then would tell the
     ledger the node has none (and lose the health the ledger keeps for them). It publishes nothing
     until NVML has answered, whatever the ledger answers first."""
-    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    fake = fleet()
     api = allocator.stub()
     async with inventory(nats_server.url, fake, None):
-        await wait_for(lambda: _with(api, 3, health="healthy"), what="gpu-a in the ledger")
-        fake.inject_xid(3, 1)
-        await wait_for(lambda: _with(api, 3, health="unhealthy"), what="card 3 unhealthy")
+        await faulted(api, fake, 3, 1, health="unhealthy")
     async with publications(nats_server.url) as (_nc, published):
         slow = _SlowFirstScan(fake)
         async with inventory(nats_server.url, fake, None, slow):
@@ -232,12 +237,10 @@ async def _published_after(published: list[Any], first: int) -> bool:
 async def test_gpuledger_health_shows_a_card_s_stages_after_an_xid(
     nats_server: NatsServer, allocator: RunningAllocator, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    fake = fleet()
     api = allocator.stub()
     async with inventory(nats_server.url, fake, tmp_path / "health.json"):
-        await wait_for(lambda: _with(api, 2, health="healthy"), what="gpu-a in the ledger")
-        fake.inject_xid(2, 79)
-        await wait_for(lambda: _with(api, 2, remedy="drain"), what="card 2 to be drained")
+        await faulted(api, fake, 2, 79, remedy="drain")
         assert await _cli(nats_server.url) == 0  # the whole cluster, in short
         lines = capsys.readouterr().out.splitlines()
         assert lines[1].split()[:5] == ["gpu-a", "2", "unhealthy", "reset", "quarantined"]
@@ -260,12 +263,10 @@ async def test_gpuledger_health_shows_a_card_s_stages_after_an_xid(
 async def test_an_operator_s_word_always_wins_and_is_logged(
     nats_server: NatsServer, allocator: RunningAllocator, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    fake = fleet()
     api = allocator.stub()
     async with inventory(nats_server.url, fake, None):
-        await wait_for(lambda: _with(api, 2, health="healthy"), what="gpu-a in the ledger")
-        fake.inject_xid(2, 79)
-        await wait_for(lambda: _with(api, 2, remedy="drain"), what="card 2 to be drained")
+        await faulted(api, fake, 2, 79, remedy="drain")
         mark = ("--node", "gpu-a", "--by", "ana", "--note", "riser replaced")
         assert await _cli(nats_server.url, *mark, "--card", "2", "--healthy") == 0  # while draining
         await wait_for(lambda: _with(api, 2, health="healthy", remedy=""), what="card 2 healed by ana")
@@ -300,7 +301,7 @@ async def test_the_dashboard_shows_a_card_s_history_asked_of_its_inventory(
     """GET /api/nodes/<node>/cards/<uuid>/history: the allocator asks the node's inventory; a
     name that is not one is refused (400), an unknown node or card is not found (404), and an
     inventory that does not answer is said to, with what the ledger shows."""
-    fake = FakeNvml(node_script(parse_fleet(FLEET, "fleet.yaml"), "gpu-a"), clock=ManualClock())
+    fake = fleet()
     api = allocator.stub()
     nodes = f"http://127.0.0.1:{allocator.http_port()}/api/nodes"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:

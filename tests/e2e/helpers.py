@@ -14,6 +14,7 @@ from gpuledger_core.ledger import NodeLedger
 from gpuledger_dev.controlplane.api import ApiError, KubeApi
 from gpuledger_dev.local_stack import Stack
 from gpuledger_dev.real_cluster import RealCluster
+from gpuledger_placement.repacker import MOVABLE_LABEL
 from tests.support.ledger_check import Report, check, read_ledger
 from tests.support.waiting import wait_for
 
@@ -46,6 +47,19 @@ def pod(
 def card_nodes(dev: Iterable[str]) -> list[str]:
     """The cards' device nodes (``nvidia<minor>``) among a real node's container's /dev entries."""
     return sorted(d for d in dev if d.startswith("nvidia") and d[len("nvidia") :].isdigit())
+
+
+def movable_replica_set(ns: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A ReplicaSet "movable" of two pods of ``spec``, labelled for defragmentation to move."""
+    labels = {"app": "movable", MOVABLE_LABEL: "true"}
+    return {
+        "metadata": {"name": "movable", "namespace": ns},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "movable"}},
+            "template": {"metadata": {"labels": labels}, "spec": spec},
+        },
+    }
 
 
 def share(mib: int, cards: int = 1) -> dict[str, str]:

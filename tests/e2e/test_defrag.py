@@ -17,7 +17,7 @@ import pytest
 from gpuledger_dev.controlplane.api import KubeApi
 from gpuledger_dev.local_stack import Stack
 from gpuledger_dev.real_cluster import RealCluster
-from tests.e2e.helpers import POLL_S, consistent, ledger, namespace, pod, pods_in, running, share
+from tests.e2e.helpers import POLL_S, consistent, ledger, movable_replica_set, namespace, pod, pods_in, running, share
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -60,15 +60,7 @@ def replica_set(ns: str) -> dict[str, Any]:
     spec["affinity"] = {
         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
     }
-    labels = {"app": "movable", "gpuledger.io/movable": "true"}
-    return {
-        "metadata": {"name": "movable", "namespace": ns},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "movable"}},
-            "template": {"metadata": {"labels": labels}, "spec": spec},
-        },
-    }
+    return movable_replica_set(ns, spec)
 
 
 @pytest.mark.timeout(300)

@@ -19,9 +19,9 @@ import pytest
 
 from gpuledger_dev.controlplane.cluster import ControlPlane, plain_scheduler_config
 from gpuledger_dev.natsserver import NatsServer
-from gpuledger_placement.repacker import MOVABLE_LABEL as MOVABLE
 from tests.e2e.dra_helpers import CLAIMS, SCHEDULER, claim_pod, ensure_device_class, namespace, published, share_claim
 from tests.e2e.dra_ledger import bound, claim_entry, gated_node, ledger_of, placement_with_claims
+from tests.e2e.helpers import movable_replica_set
 from tests.support.replicas import running_allocator
 from tests.support.waiting import wait_for
 
@@ -35,15 +35,7 @@ def replica_set(ns: str, nodes: list[str]) -> dict[str, Any]:
     terms = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]} for n in nodes]  # ORed
     spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] = terms
     spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu4"}]
-    labels = {"app": "movable", MOVABLE: "true"}
-    return {
-        "metadata": {"name": "movable", "namespace": ns},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "movable"}},
-            "template": {"metadata": {"labels": labels}, "spec": spec},
-        },
-    }
+    return movable_replica_set(ns, spec)
 
 
 async def test_a_claim_that_fits_nowhere_gets_room_by_moving_one_movable_pod_with_its_claim(

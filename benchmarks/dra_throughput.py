@@ -23,8 +23,10 @@ manager and kubelet's DRA side. Paths:
 
 Rounds alternate the paths; each burst creates its pods, waits until a watch has seen them all
 Running, then deletes them and waits for the ledger to give every card back. Printed: pods/s to
-bound and to Running (medians), the median and p90 time from creation to Running, the ratio, and
-the claims controller's time from allocation to the committed condition (its histogram).
+bound and to Running (medians), the median and p90 time from creation to Running, each pod's way
+from its creation as this client's watches of pods and claims saw it (its creation answered, its claim made and
+allocated, the claim named in the pod's status, the gate gone, bound, Running), the ratio, and the
+claims controller's time from allocation to the committed condition (its histogram).
 
     python -m benchmarks.dra_throughput [--nodes 8] [--pods 48] [--rounds 3]
 """
@@ -83,14 +85,28 @@ def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
     return out
 
 
-async def burst(api: KubeApi, kind: str, count: int, round_no: int) -> tuple[float, float, list[float]]:
-    """Seconds until every pod was bound, until every pod ran, and each pod's creation to Running."""
-    path = f"/api/v1/namespaces/{namespace_of(kind)}/pods"
+MILESTONES = ("created", "claim made", "claim allocated", "pod names claim", "gate lifted", "bound", "Running")
+
+
+async def burst(
+    api: KubeApi, kind: str, count: int, round_no: int, seen: dict[str, list[float]] | None = None
+) -> tuple[float, float, list[float]]:
+    """Seconds until every pod was bound, until every pod ran, and each pod's creation to Running;
+    ``seen`` gets each pod's MILESTONES, seconds after its creation, as this client's watches of
+    pods and claims saw them."""
+    namespace = namespace_of(kind)
+    path = f"/api/v1/namespaces/{namespace}/pods"
+    claims_path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
     selector = f"bench={kind}"
     version = (await api.get(path, labelSelector=selector, limit="1"))["metadata"]["resourceVersion"]
+    claims_version = (await api.get(claims_path, limit="1"))["metadata"]["resourceVersion"]
     created: dict[str, float] = {}
     bound: dict[str, float] = {}
     running: dict[str, float] = {}
+    marks: dict[str, dict[str, float]] = {}
+
+    def mark(name: str, milestone: str, at: float) -> None:
+        marks.setdefault(name, {}).setdefault(milestone, at)
 
     async def follow() -> None:
         while len(running) < count:
@@ -98,12 +114,30 @@ async def burst(api: KubeApi, kind: str, count: int, round_no: int) -> tuple[flo
                 obj = event.get("object") or {}
                 name = obj.get("metadata", {}).get("name", "")
                 now = time.perf_counter()
+                if obj.get("status", {}).get("resourceClaimStatuses"):
+                    mark(name, "pod names claim", now)
+                if not obj.get("spec", {}).get("schedulingGates"):
+                    mark(name, "gate lifted", now)
                 if obj.get("spec", {}).get("nodeName"):
                     bound.setdefault(name, now)
+                    mark(name, "bound", now)
                 if obj.get("status", {}).get("phase") == "Running":
                     running.setdefault(name, now)
+                    mark(name, "Running", now)
                 if len(running) >= count:
                     return
+
+    async def follow_claims() -> None:
+        if kind == "classic":
+            return
+        async for event in api.watch(claims_path, claims_version, 600):
+            obj = event.get("object") or {}
+            owners = [o.get("name", "") for o in obj.get("metadata", {}).get("ownerReferences") or []]
+            now = time.perf_counter()
+            for owner in owners:
+                mark(owner, "claim made", now)
+                if obj.get("status", {}).get("allocation"):
+                    mark(owner, "claim allocated", now)
 
     started = time.perf_counter()
     sem = asyncio.Semaphore(16)
@@ -112,11 +146,20 @@ async def burst(api: KubeApi, kind: str, count: int, round_no: int) -> tuple[flo
         async with sem:
             created[body["metadata"]["name"]] = time.perf_counter()
             await api.create(path, body)
+            mark(body["metadata"]["name"], "created", time.perf_counter())
 
-    async with asyncio.timeout(600), asyncio.TaskGroup() as tasks:
-        tasks.create_task(follow())
-        await asyncio.gather(*(create(b) for b in pods(kind, count, round_no)))
+    claims = asyncio.create_task(follow_claims())
+    try:
+        async with asyncio.timeout(600), asyncio.TaskGroup() as tasks:
+            tasks.create_task(follow())
+            await asyncio.gather(*(create(b) for b in pods(kind, count, round_no)))
+    finally:
+        claims.cancel()
     latencies = sorted(running[n] - created[n] for n in running)
+    for name, at in marks.items():
+        for milestone, when in at.items():
+            if name in created and seen is not None:
+                seen.setdefault(milestone, []).append(when - created[name])
     return max(bound.values()) - started, max(running.values()) - started, latencies
 
 
@@ -202,13 +245,14 @@ async def run(args: argparse.Namespace) -> int:
         to_bound: dict[str, list[float]] = {k: [] for k in kinds}
         to_run: dict[str, list[float]] = {k: [] for k in kinds}
         latency: dict[str, list[float]] = {k: [] for k in kinds}
+        seen: dict[str, dict[str, list[float]]] = {k: {} for k in kinds}
         commit: list[float] = []
         for round_no in range(args.rounds):
             for kind in kinds:
                 if kind == "dra-ungated":
                     await gate(stack, api, on=False)
                 before = await histogram(metrics, "gpuledger_placement_claim_commit_seconds")
-                bound_s, run_s, each = await burst(api, kind, args.pods, round_no)
+                bound_s, run_s, each = await burst(api, kind, args.pods, round_no, seen[kind])
                 to_bound[kind].append(args.pods / bound_s)
                 to_run[kind].append(args.pods / run_s)
                 latency[kind].extend(each)
@@ -234,6 +278,16 @@ async def run(args: argparse.Namespace) -> int:
             f"| {kind} | {statistics.median(to_bound[kind]):.1f} | {statistics.median(to_run[kind]):.1f} | "
             f"{statistics.median(values):.2f} / {pct(values, 0.9):.2f} |"
         )
+    print()
+    print("| path | " + " | ".join(f"{m}, median / p90 (s)" for m in MILESTONES) + " |")
+    print("|---|" + "---:|" * len(MILESTONES))
+    for kind in kinds:
+        cells = []
+        for milestone in MILESTONES:
+            values = sorted(seen[kind].get(milestone, []))
+            cells.append(f"{statistics.median(values):.2f} / {pct(values, 0.9):.2f}" if values else "")
+        print(f"| {kind} | " + " | ".join(cells) + " |")
+    print()
     for kind in kinds[1:]:
         ratio = statistics.median(to_run[kind]) / statistics.median(to_run["classic"])
         extra = statistics.median(latency[kind]) - statistics.median(latency["classic"])

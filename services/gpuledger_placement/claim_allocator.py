@@ -48,7 +48,16 @@ from gpuledger_core.preemption import room_held
 from gpuledger_core.slots import slot_problem
 from gpuledger_placement.claim_fields import pod_owner
 from gpuledger_placement.claim_mig import make_instances
-from gpuledger_placement.claim_pods import GATE, claim_names, configs_of, describe, gated, of_driver, share_ids
+from gpuledger_placement.claim_pods import (
+    GATE,
+    POD_CLAIM,
+    claim_names,
+    configs_of,
+    describe,
+    gated,
+    of_driver,
+    share_ids,
+)
 from gpuledger_placement.claim_write import write_allocation
 from gpuledger_placement.claims import (
     ALLOCATED_BY_LEDGER,
@@ -113,6 +122,7 @@ class ClaimAllocator:
     _on_change: set[str] = field(default_factory=set)  # waiting pods past their back-off: a change ends the wait
     _early: dict[str, _Early] = field(default_factory=dict)  # claim uid -> its allocation begun on its creation
     _pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # pod uid -> its newest gated version
+    _generated: dict[str, dict[str, str]] = field(default_factory=dict)  # pod uid -> its template claims seen made
     _finalizers: set[asyncio.Task[None]] = field(default_factory=set)  # finalizers being written
     _told: dict[str, tuple[str, float]] = field(default_factory=dict)  # pod uid -> its last event's reason, when
     preempt: Callable[[Mapping[str, Any], ClaimAsk, list[str]], None] | None = None  # ``Preemptor.consider_claim``
@@ -196,6 +206,8 @@ class ClaimAllocator:
                     except GpuledgerError as err:
                         log.warning("allocation: pod %s not settled (%s); tried again", describe(pod), err)
                         done = False
+                if done and self._latest.get(uid) is pod:
+                    del self._latest[uid]  # woken again by a claim made meanwhile: nothing left to do
                 if not done:
                     await self._wait(uid, backoff)
                     backoff = min(backoff * 2, self.retry_s)
@@ -204,6 +216,7 @@ class ClaimAllocator:
         finally:
             del self._busy[uid]
             self._pods.pop(uid, None)
+            self._generated.pop(uid, None)
             self._told.pop(uid, None)
 
     async def _wait(self, uid: str, backoff: float) -> None:
@@ -238,7 +251,7 @@ class ClaimAllocator:
     async def settle(self, pod: Mapping[str, Any]) -> bool:
         """Allocate the pod's claims and lift its gate; False to try again later (a claim not
         created yet, or one that fits nowhere now)."""
-        names = claim_names(pod)
+        names = claim_names(pod, self._generated.get(str(pod["metadata"]["uid"])))
         if names is None:
             await self._mode_c_classes()  # known when the claim comes, to allocate it at once
             return False  # a template's claim is not created yet: its pod will change
@@ -381,13 +394,28 @@ class ClaimAllocator:
     def _claim_added(self, raw: Mapping[str, Any]) -> None:
         """A claim just created for a gated pod this allocator waits on: kube-controller-manager
         makes it from the pod's template, then names it in the pod's status. It is allocated now,
-        while kube-controller-manager writes the pod, rather than after; the pod's gate is lifted
-        once its status names the claim (``settle`` takes this allocation's outcome). Not for a pod
-        that waits for victims of preemption to end (``victim_left``), nor before the device
-        classes are known."""
+        while kube-controller-manager writes the pod, rather than after (not for a pod that waits
+        for victims of preemption to end, ``victim_left``, nor before the device classes are
+        known), and the pod is settled again at once: its claims are known by the marks
+        kube-controller-manager gives the claims it makes (``POD_CLAIM``), so its gate is lifted
+        as soon as they are allocated, whether or not its status names them yet (``settle``
+        takes this allocation's outcome; kube-scheduler waits for the naming in any case)."""
         meta = raw.get("metadata") or {}
-        pod = self._pods.get(pod_owner(raw))
-        if pod is None or meta.get("deletionTimestamp") or (raw.get("status") or {}).get("allocation"):
+        owner = pod_owner(raw)
+        pod = self._pods.get(owner)
+        if pod is None or meta.get("deletionTimestamp"):
+            return
+        entry = (meta.get("annotations") or {}).get(POD_CLAIM)
+        if entry:
+            self._generated.setdefault(owner, {})[str(entry)] = str(meta.get("name"))
+        self._allocate_early(pod, raw)
+        if owner in self._busy:  # its drain runs (it was offered): settled again now
+            self._latest[owner] = pod
+            if (woken := self._waiting.get(owner)) is not None:
+                woken.set()
+
+    def _allocate_early(self, pod: Mapping[str, Any], raw: Mapping[str, Any]) -> None:
+        if (raw.get("status") or {}).get("allocation"):
             return
         at, classes = self._classes
         if self.clock() - at >= CLASSES_TTL_S or preemption_of(pod) is not None:

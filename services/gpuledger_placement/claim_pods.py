@@ -12,6 +12,7 @@ from typing import Any
 from gpuledger_core.claims import ClaimRef
 
 GATE = "gpuledger.io/allocate"
+POD_CLAIM = "resource.kubernetes.io/pod-claim-name"  # on a claim made from a template: the pod's entry
 
 
 def gated(pod: Mapping[str, Any]) -> bool:
@@ -25,8 +26,10 @@ def share_ids(ref: ClaimRef) -> Callable[[], str]:
     return lambda: str(uuid.uuid5(uuid.NAMESPACE_URL, f"gpuledger.io/claims/{ref.uid}/{next(counter)}"))
 
 
-def claim_names(pod: Mapping[str, Any]) -> list[str] | None:
-    """The names of the pod's claims; None while a template's claim is not created yet."""
+def claim_names(pod: Mapping[str, Any], made: Mapping[str, str] | None = None) -> list[str] | None:
+    """The names of the pod's claims; None while a template's claim is not created yet. ``made``:
+    the claims seen made from the pod's templates (pod claim name -> claim name, as
+    kube-controller-manager marks them, ``POD_CLAIM``), for those the pod's status names not yet."""
     listed = (pod.get("status") or {}).get("resourceClaimStatuses") or []
     statuses = {s.get("name"): s.get("resourceClaimName") for s in listed}
     names = []
@@ -34,7 +37,7 @@ def claim_names(pod: Mapping[str, Any]) -> list[str] | None:
         if claim.get("resourceClaimName"):
             names.append(str(claim["resourceClaimName"]))
         elif claim.get("resourceClaimTemplateName"):
-            generated = statuses.get(claim.get("name"))
+            generated = statuses.get(claim.get("name")) or (made or {}).get(str(claim.get("name")))
             if not generated:
                 return None
             names.append(str(generated))

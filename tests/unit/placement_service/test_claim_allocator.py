@@ -160,3 +160,71 @@ async def test_no_claim_is_allocated_at_once_without_known_classes_or_for_a_pod_
     allocator._pods["u"]["metadata"]["annotations"] = {PREEMPTION_ANNOTATION: note.encode()}
     allocator._claim_added(_made("u"))
     assert allocator._early == {}
+
+
+def test_a_template_claim_seen_made_is_named_before_the_pods_status_names_it() -> None:
+    claims = [{"name": "a", "resourceClaimName": "shared"}, {"name": "b", "resourceClaimTemplateName": "t"}]
+    assert claim_names(pod(claims), {"other": "p-other-x"}) is None
+    assert claim_names(pod(claims), {"b": "p-b-x1"}) == ["shared", "p-b-x1"]
+    named = pod(claims, [{"name": "b", "resourceClaimName": "p-b-x2"}])
+    assert claim_names(named, {"b": "p-b-x1"}) == ["shared", "p-b-x2"]  # the pod's status, once it names one
+
+
+class _Api:
+    """The pod patches the allocator makes (its gate lifted)."""
+
+    def __init__(self) -> None:
+        self.patched: list[tuple[str, Any]] = []
+
+    async def patch_object(self, path: str, body: Any, content_type: str) -> dict[str, Any]:
+        self.patched.append((path, body))
+        return {}
+
+
+async def test_a_pods_gate_is_lifted_once_its_template_claim_is_allocated_before_its_status_names_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kube-controller-manager makes the claim, then names it in the pod's status (a second write):
+    the gate goes as soon as the claim it marked for the pod is allocated, not after that write,
+    nor after the pod's back-off."""
+    allocator = _allocator(_View())
+    api = _Api()
+    allocator.api = cast(Any, api)
+    cache = allocator.claims.cache
+
+    async def allocate(self: ClaimAllocator, pod: Any, raw: Any, ask: Any, classes: Any) -> None:
+        await asyncio.sleep(0.02)  # the compare-and-set and the claim's write
+        cache.watched("MODIFIED", {**raw, "status": {"allocation": {"devices": {"results": []}}}})
+
+    monkeypatch.setattr(ClaimAllocator, "_allocate", allocate)
+    allocator._classes = (time.time(), {DRIVER: {"metadata": {"name": DRIVER}}})
+    allocator.offer(pod([{"name": "gpu", "resourceClaimTemplateName": "t"}], gates=(GATE,)))
+    await asyncio.sleep(0.05)  # settled once: its claim is not made yet, it waits (back-off 0.5 s)
+    assert api.patched == [] and "u" in allocator._waiting
+    started = time.monotonic()
+    made = _made("u")
+    made["metadata"]["annotations"] = {"resource.kubernetes.io/pod-claim-name": "gpu"}
+    cache.watched("ADDED", made)
+    await asyncio.wait_for(allocator.idle(), 2.0)
+    assert time.monotonic() - started < 0.3
+    assert api.patched == [("/api/v1/namespaces/ns/pods/p", [
+        {"op": "test", "path": "/spec/schedulingGates/0/name", "value": GATE},
+        {"op": "remove", "path": "/spec/schedulingGates/0"},
+    ])]  # fmt: skip
+    assert allocator._generated == {} and allocator._early == {}
+
+
+async def test_a_claim_not_marked_for_the_pod_leaves_it_waiting_for_its_status() -> None:
+    """A claim the pod owns without kube-controller-manager's mark is not taken for one of its
+    template's claims: the pod waits for its status to name them."""
+    allocator = _allocator(_View())
+    api = _Api()
+    allocator.api = cast(Any, api)
+    allocator._classes = (time.time(), {DRIVER: {"metadata": {"name": DRIVER}}})
+    allocator.offer(pod([{"name": "gpu", "resourceClaimTemplateName": "t"}], gates=(GATE,)))
+    await asyncio.sleep(0.05)
+    allocator.claims.cache.watched("ADDED", _made("u", allocated=True))
+    await asyncio.sleep(0.2)
+    assert api.patched == [] and "u" in allocator._waiting
+    allocator.offer(pod([], gates=()), gone=True)
+    await asyncio.wait_for(allocator.idle(), 2.0)

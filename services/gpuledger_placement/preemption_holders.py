@@ -7,7 +7,8 @@ grace period, consumers, a mode-B claim to veto) is kept on the preemptor for th
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.ids import NodeName
@@ -26,15 +27,37 @@ PDBS = "/apis/policy/v1/poddisruptionbudgets"
 CLAIMS = "/apis/resource.k8s.io/v1/resourceclaims"
 
 
-async def holders(preemptor: Preemptor, nodes: Sequence[NodeName]) -> dict[str, Holder]:
+class ListApi(Protocol):
+    async def list_objects(self, path: str, params: Mapping[str, str]) -> dict[str, Any]: ...
+
+
+@dataclass(slots=True)
+class Listings:
+    """The cluster-wide lists one attempt of preemption reads (PodDisruptionBudgets, claims), each
+    read once in the attempt: choosing victims and then, where none help, defragmentation read
+    the same ones."""
+
+    api: ListApi
+    _found: dict[str, list[Mapping[str, Any]]] = field(default_factory=dict)
+
+    async def items(self, path: str) -> list[Mapping[str, Any]]:
+        if path not in self._found:
+            self._found[path] = list((await self.api.list_objects(path, {})).get("items") or [])
+        return self._found[path]
+
+
+async def holders(
+    preemptor: Preemptor, nodes: Sequence[NodeName], listings: Listings | None = None
+) -> dict[str, Holder]:
     """Every pod on ``nodes`` that is not going already: priority, start, budget; and every
     claim held there whose pods are all among them (its priority their highest, protected if
     one of them is, started with the first)."""
+    listings = listings or Listings(preemptor.api)
     pods: list[Mapping[str, Any]] = []
     for node in nodes:
         listed = await preemptor.api.list_objects("/api/v1/pods", {"fieldSelector": f"spec.nodeName={node}"})
         pods += [p for p in listed.get("items") or [] if not (p.get("metadata") or {}).get("deletionTimestamp")]
-    budgets = (await preemptor.api.list_objects(PDBS, {})).get("items") or []
+    budgets = await listings.items(PDBS)
     live = {a.owner.id for e in preemptor.service.view.entries.values() for a in e.ledger.live()}
     for uid in [u for u in preemptor._priorities if u not in live]:
         del preemptor._priorities[uid]  # a pod's priority never changes; a gone pod's is dropped
@@ -43,11 +66,15 @@ async def holders(preemptor: Preemptor, nodes: Sequence[NodeName]) -> dict[str, 
         grace = (p.get("spec") or {}).get("terminationGracePeriodSeconds")
         preemptor._graces[str(p["metadata"]["uid"])] = float(grace) if isinstance(grace, int) else DEFAULT_GRACE_S
     found = {f"{OwnerKind.POD}:{p['metadata']['uid']}": holder_of(p, budgets) for p in pods}
-    return {**found, **await _claim_holders(preemptor, nodes, pods, found)}
+    return {**found, **await _claim_holders(preemptor, nodes, pods, found, listings)}
 
 
 async def _claim_holders(
-    preemptor: Preemptor, nodes: Sequence[NodeName], pods: Sequence[Mapping[str, Any]], holders: Mapping[str, Holder]
+    preemptor: Preemptor,
+    nodes: Sequence[NodeName],
+    pods: Sequence[Mapping[str, Any]],
+    holders: Mapping[str, Holder],
+    listings: Listings,
 ) -> dict[str, Holder]:
     view = preemptor.service.view
     held = {a.owner.id for n in nodes if (e := view.entries.get(n)) for a in e.ledger.live()
@@ -56,7 +83,7 @@ async def _claim_holders(
         return {}
     by_uid = {str(p["metadata"]["uid"]): p for p in pods}
     found: dict[str, Holder] = {}
-    for claim in (await preemptor.api.list_objects(CLAIMS, {})).get("items") or []:
+    for claim in await listings.items(CLAIMS):
         uid = str((claim.get("metadata") or {}).get("uid") or "")
         users = [str(r.get("uid")) for r in (claim.get("status") or {}).get("reservedFor") or []]
         if uid not in held or not users or any(u not in by_uid for u in users):

@@ -170,12 +170,13 @@ class Preemptor:
         fit = self._fit(pod)
         victims: Victims | None = None
         ledgers = self._ledgers(nodes, pod, fit, priority) if self.preempting else []
+        listings = preemption_holders.Listings(self.api)  # read once in this attempt
         if ledgers:
-            holders = await preemption_holders.holders(self, [ledger.node.name for ledger in ledgers])
+            holders = await preemption_holders.holders(self, [ledger.node.name for ledger in ledgers], listings)
             victims = choose(ledgers, pod, priority, holders, fit, self.clock(), self._hosts(ledgers))
         moving = None
         if victims is None and self.defrag is not None and not pod.mig:
-            moving = await self._repack(raw, pod, priority, nodes, fit)
+            moving = await self._repack(raw, pod, priority, nodes, fit, listings)
             victims = _as_victims(moving) if moving is not None else None
         if victims is None:
             log.debug("preemption for %s: no set of lower-priority (or movable) pods frees its cards",
@@ -214,7 +215,13 @@ class Preemptor:
         return victims
 
     async def _repack(
-        self, raw: Mapping[str, Any], pod: PodAsk, priority: int, nodes: Sequence[str], fit: Fit
+        self,
+        raw: Mapping[str, Any],
+        pod: PodAsk,
+        priority: int,
+        nodes: Sequence[str],
+        fit: Fit,
+        listings: preemption_holders.Listings,
     ) -> Repack | None:
         """Defragmentation (``repacker``), for a pod preemption cannot help: the fewest movable pods
         to move (within the budget) so that it fits on one of ``nodes``, each fitting elsewhere."""
@@ -224,10 +231,10 @@ class Preemptor:
             log.info("defragmentation for %s: the budget of moves is spent for now", pod.owner.describe())
             return None
         listed = await self.api.list_objects("/api/v1/pods", {"labelSelector": f"{MOVABLE_LABEL}=true"})
-        budgets = (await self.api.list_objects(PDBS, {})).get("items") or []
+        budgets = await listings.items(PDBS)
         mine = str((raw.get("metadata") or {}).get("uid"))
         pods = [p for p in listed.get("items") or [] if str((p.get("metadata") or {}).get("uid")) != mine]
-        claims = await self._claims_of(pods)
+        claims = await self._claims_of(pods, listings)
         movable, raws = self.defrag.movable(pods, priority, lambda p: holder_of(p, budgets), claims)
         if not movable:
             return None
@@ -251,13 +258,16 @@ class Preemptor:
                 self._consumers[move.allocation.owner.id] = (pod_ref(meta["namespace"], meta["name"], meta["uid"]),)
         return found
 
-    async def _claims_of(self, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    async def _claims_of(
+        self, pods: Sequence[Mapping[str, Any]], listings: preemption_holders.Listings
+    ) -> list[Mapping[str, Any]]:
         """The cluster's claims, where one of ``pods`` uses a claim (a classic cluster's do not, and
-        its placement may not list claims: ``deploy/kubernetes/dra`` grants that)."""
+        its placement may not list claims: ``deploy/kubernetes/dra`` grants that); read once in
+        the attempt (the choice of victims may have read them already)."""
         if not any((p.get("status") or {}).get("resourceClaimStatuses") for p in pods):
             return []
         try:
-            return list((await self.api.list_objects(CLAIMS, {})).get("items") or [])
+            return list(await listings.items(CLAIMS))
         except GpuledgerError as err:  # not granted, or the API server away: their claims stay put
             log.warning("defragmentation: cannot list claims (%s); pods holding cards by claims are not moved", err)
             return []

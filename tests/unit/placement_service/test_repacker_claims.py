@@ -15,7 +15,7 @@ from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.preemption import preempted
 from gpuledger_placement.claims import DRIVER
 from gpuledger_placement.convert import pod_ask_from
-from gpuledger_placement.preemption_holders import CLAIMS
+from gpuledger_placement.preemption_holders import CLAIMS, PDBS, Listings
 from gpuledger_placement.preemptor import Preemptor
 from gpuledger_placement.repacker import MOVABLE_LABEL, Defrag, own_claims
 from tests.unit.placement_service.fleet import parts
@@ -114,5 +114,24 @@ async def test_claims_not_listable_leave_pods_holding_by_claims_in_place_and_pod
     for name in ("m1", "m2"):  # pods that use no claim: claims are not even listed
         del api.items[f"/api/v1/namespaces/{NS}/pods/{name}"]["status"]["resourceClaimStatuses"]
     before = cast(Listing, api).claim_lists
-    assert await preemptor._claims_of([api.items[f"/api/v1/namespaces/{NS}/pods/m1"]]) == []
+    assert await preemptor._claims_of([api.items[f"/api/v1/namespaces/{NS}/pods/m1"]], Listings(api)) == []
     assert cast(Listing, api).claim_lists == before
+
+
+async def test_one_attempt_reads_the_claims_and_budgets_once_when_preemption_falls_back_to_defragmentation() -> None:
+    """Nobody below the pod's priority: the choice of victims lists the node's claims and budgets,
+    then defragmentation moves a claim; both read the same listing."""
+    api, preemptor = world(owned=True)
+    preemptor.preempting = True
+    listed: list[str] = []
+    reading = api.list_objects
+
+    async def counted(path: str, params: Mapping[str, str]) -> dict[str, Any]:
+        listed.append(path)
+        return await reading(path, params)
+
+    api.list_objects = counted  # type: ignore[method-assign]
+    raw = pending(api)
+    moved = await preemptor.preempt(raw, pod_ask_from(raw), [str(NODE)])
+    assert moved is not None and len(moved.evict) == 1  # moved, not preempted: nobody is of lower priority
+    assert listed.count(CLAIMS) == 1 and listed.count(PDBS) == 1, listed

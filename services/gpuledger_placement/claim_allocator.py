@@ -46,22 +46,21 @@ from gpuledger_core.packing import NodeState, Policy
 from gpuledger_core.pods import PodAsk
 from gpuledger_core.preemption import room_held
 from gpuledger_core.slots import slot_problem
+from gpuledger_placement.claim_classes import ModeCClasses
 from gpuledger_placement.claim_fields import pod_owner
 from gpuledger_placement.claim_mig import make_instances
 from gpuledger_placement.claim_pods import (
-    GATE,
     POD_CLAIM,
     claim_names,
     configs_of,
     describe,
+    gate_removal,
     gated,
-    of_driver,
     share_ids,
 )
 from gpuledger_placement.claim_write import write_allocation
 from gpuledger_placement.claims import (
     ALLOCATED_BY_LEDGER,
-    RESOURCE,
     WRITING_S,
     ClaimApi,
     ClaimsController,
@@ -77,15 +76,12 @@ from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
 FINALIZER = ALLOCATED_BY_LEDGER
-CLASS_CHOICE = "gpuledger.io/allocation"  # a DeviceClass annotated "scheduler" stays mode B
 PODS = "/api/v1/pods"
-CLASSES = f"{RESOURCE}/deviceclasses"
 JSON_PATCH = "application/json-patch+json"
 RETRY_S = 5.0
 CONCURRENCY = 64  # pods settled at once: each holds its slot through four API calls and a ledger write
 CHANGE_RETRY_S = 0.5  # the first back-off of a waiting pod, doubled on each try up to retry_s
 EVENT_REPEAT_S = 60.0  # the same event on the same pod, at most this often
-CLASSES_TTL_S = 10.0
 SEEN_S = 2.0  # how long a pod's gate waits for the watch of claims to bring its claims allocated
 CHOICE_ROUNDS = 8  # nodes tried for a claim before it waits for retry_s
 
@@ -115,7 +111,7 @@ class ClaimAllocator:
     concurrency: int = CONCURRENCY
     _latest: dict[str, Mapping[str, Any] | None] = field(default_factory=dict)  # pod uid -> newest (None: gone)
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    _classes: tuple[float, dict[str, Mapping[str, Any]]] = (float("-inf"), {})
+    _classes: ModeCClasses = field(init=False)  # the DeviceClasses mode C allocates for
     _slots: asyncio.Semaphore = field(init=False)
     _changes: int = 0  # the view's changes so far: a waiting pod is tried again after one
     _waiting: dict[str, asyncio.Event] = field(default_factory=dict)  # pod uid -> set to end its wait
@@ -131,6 +127,7 @@ class ClaimAllocator:
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
+        self._classes = ModeCClasses(self.api, self.claims.driver, self.clock)
         self.view.watch(self._changed)
         self.claims.cache.on_added = self._claim_added
 
@@ -179,15 +176,19 @@ class ClaimAllocator:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if not uid or (not gone and not gated(pod)) or (gone and uid not in self._busy):
             return
-        self._latest[uid] = None if gone else pod
         if gone:
             self._pods.pop(uid, None)
         else:
             self._pods[uid] = pod
-        if uid in self._waiting:
-            self._waiting[uid].set()
+        self._wake(uid, None if gone else pod)
         if uid not in self._busy:
             self._busy[uid] = asyncio.create_task(self._drain(uid))
+
+    def _wake(self, uid: str, pod: Mapping[str, Any] | None) -> None:
+        """The pod settled again with this version (None: it is gone), at once if it waits."""
+        self._latest[uid] = pod
+        if (woken := self._waiting.get(uid)) is not None:
+            woken.set()
 
     async def idle(self) -> None:
         while self._busy:
@@ -253,14 +254,14 @@ class ClaimAllocator:
         created yet, or one that fits nowhere now)."""
         names = claim_names(pod, self._generated.get(str(pod["metadata"]["uid"])))
         if names is None:
-            await self._mode_c_classes()  # known when the claim comes, to allocate it at once
+            await self._classes.get()  # known when the claim comes, to allocate it at once
             return False  # a template's claim is not created yet: its pod will change
         namespace = str(pod["metadata"]["namespace"])
         left = await victim_left(pod, self._get_pod)
         if left:
             log.debug("allocation: pod %s waits for pod %s, preempted for it, to end", describe(pod), left)
             return False
-        classes = await self._mode_c_classes()
+        classes = await self._classes.get()
         written: list[Mapping[str, Any]] = []
         for name in names:
             path = claim_path(ClaimRef(namespace, name, ""))
@@ -410,15 +411,13 @@ class ClaimAllocator:
             self._generated.setdefault(owner, {})[str(entry)] = str(meta.get("name"))
         self._allocate_early(pod, raw)
         if owner in self._busy:  # its drain runs (it was offered): settled again now
-            self._latest[owner] = pod
-            if (woken := self._waiting.get(owner)) is not None:
-                woken.set()
+            self._wake(owner, pod)
 
     def _allocate_early(self, pod: Mapping[str, Any], raw: Mapping[str, Any]) -> None:
         if (raw.get("status") or {}).get("allocation"):
             return
-        at, classes = self._classes
-        if self.clock() - at >= CLASSES_TTL_S or preemption_of(pod) is not None:
+        classes = self._classes.fresh()
+        if classes is None or preemption_of(pod) is not None:
             return
         try:
             ask = claim_ask(raw, classes, self.claims.driver, self.claims.memory_step_mib)
@@ -466,30 +465,10 @@ class ClaimAllocator:
         deallocates if it does not fit)."""
         return host_refusal(pod, self.hosts, self.view)
 
-    async def _mode_c_classes(self) -> dict[str, Mapping[str, Any]]:
-        at, found = self._classes
-        if self.clock() - at < CLASSES_TTL_S:
-            return found
-        listed = await self.api.list_objects(CLASSES, {})
-        found = {
-            str(c["metadata"]["name"]): c
-            for c in listed["items"]
-            if of_driver(c, self.claims.driver)
-            and ((c["metadata"].get("annotations") or {}).get(CLASS_CHOICE) or "ledger") != "scheduler"
-        }
-        self._classes = (self.clock(), found)
-        return found
-
     async def _lift(self, pod: Mapping[str, Any]) -> None:
-        gates = (pod.get("spec") or {}).get("schedulingGates") or []
-        at = next((i for i, g in enumerate(gates) if g.get("name") == GATE), None)
-        if at is None:
+        patch, meta = gate_removal(pod), pod["metadata"]
+        if patch is None:
             return
-        meta = pod["metadata"]
-        patch = [
-            {"op": "test", "path": f"/spec/schedulingGates/{at}/name", "value": GATE},
-            {"op": "remove", "path": f"/spec/schedulingGates/{at}"},
-        ]
         try:
             path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
             await self.api.patch_object(path, patch, JSON_PATCH)

@@ -19,6 +19,19 @@ def gated(pod: Mapping[str, Any]) -> bool:
     return any(g.get("name") == GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
+def gate_removal(pod: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The JSON patch that removes our gate and nothing else (its ``test`` fails if the gates
+    moved meanwhile); None when the pod does not carry it."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    at = next((i for i, g in enumerate(gates) if g.get("name") == GATE), None)
+    if at is None:
+        return None
+    return [
+        {"op": "test", "path": f"/spec/schedulingGates/{at}/name", "value": GATE},
+        {"op": "remove", "path": f"/spec/schedulingGates/{at}"},
+    ]
+
+
 def share_ids(ref: ClaimRef) -> Callable[[], str]:
     """The share IDs of the claim's results, in order: derived from the claim's uid, so that the
     same plan gives the same IDs (and the same ledger allocation id) however often it is made."""

@@ -68,6 +68,11 @@ class _View:
         self.listeners.append(listener)
 
 
+def known(allocator: ClaimAllocator) -> None:
+    """The allocator has just listed the device classes: ours."""
+    allocator._classes.at, allocator._classes.found = time.time(), {DRIVER: {"metadata": {"name": DRIVER}}}
+
+
 def _allocator(view: _View) -> ClaimAllocator:
     claims = SimpleNamespace(cache=ClaimCache(), allocating=set(), driver=DRIVER, memory_step_mib=256)
     return ClaimAllocator(api=cast(Any, None), claims=cast(Any, claims), view=cast(Any, view), policy=cast(Any, None),
@@ -137,7 +142,7 @@ async def test_a_claim_made_for_a_waiting_pod_is_allocated_at_once_before_its_po
         started.append((pod["metadata"]["uid"], raw["metadata"]["uid"]))
 
     monkeypatch.setattr(ClaimAllocator, "_allocate", allocate)
-    allocator._classes = (time.time(), {DRIVER: {"metadata": {"name": DRIVER}}})
+    known(allocator)
     allocator._pods["u"] = pod([{"name": "gpu", "resourceClaimTemplateName": "t"}], gates=(GATE,))
     allocator._claim_added(_made("someone-else"))  # not a pod this allocator waits on
     allocator._claim_added(_made("u", allocated=True))  # allocated already
@@ -155,7 +160,7 @@ async def test_no_claim_is_allocated_at_once_without_known_classes_or_for_a_pod_
     allocator._pods["u"] = pod([{"name": "gpu", "resourceClaimTemplateName": "t"}], gates=(GATE,))
     allocator._claim_added(_made("u"))  # the device classes were never listed
     assert allocator._early == {}
-    allocator._classes = (time.time(), {DRIVER: {"metadata": {"name": DRIVER}}})
+    known(allocator)
     note = Preemption("n1", time.time(), 60.0, ("ns/victim/v1",))
     allocator._pods["u"]["metadata"]["annotations"] = {PREEMPTION_ANNOTATION: note.encode()}
     allocator._claim_added(_made("u"))
@@ -197,7 +202,7 @@ async def test_a_pods_gate_is_lifted_once_its_template_claim_is_allocated_before
         cache.watched("MODIFIED", {**raw, "status": {"allocation": {"devices": {"results": []}}}})
 
     monkeypatch.setattr(ClaimAllocator, "_allocate", allocate)
-    allocator._classes = (time.time(), {DRIVER: {"metadata": {"name": DRIVER}}})
+    known(allocator)
     allocator.offer(pod([{"name": "gpu", "resourceClaimTemplateName": "t"}], gates=(GATE,)))
     await asyncio.sleep(0.05)  # settled once: its claim is not made yet, it waits (back-off 0.5 s)
     assert api.patched == [] and "u" in allocator._waiting
@@ -220,7 +225,7 @@ async def test_a_claim_not_marked_for_the_pod_leaves_it_waiting_for_its_status()
     allocator = _allocator(_View())
     api = _Api()
     allocator.api = cast(Any, api)
-    allocator._classes = (time.time(), {DRIVER: {"metadata": {"name": DRIVER}}})
+    known(allocator)
     allocator.offer(pod([{"name": "gpu", "resourceClaimTemplateName": "t"}], gates=(GATE,)))
     await asyncio.sleep(0.05)
     allocator.claims.cache.watched("ADDED", _made("u", allocated=True))

@@ -21,14 +21,21 @@ manager and kubelet's DRA side. Paths:
   after): kube-scheduler binds at once and the claims controller only mirrors the allocation. The
   difference to ``dra`` is what the ledger's veto costs.
 
-Rounds alternate the paths; each burst creates its pods, waits until a watch has seen them all
-Running, then deletes them and waits for the ledger to give every card back. Printed: pods/s to
-bound and to Running (medians), the median and p90 time from creation to Running, each pod's way
-from its creation as this client's watches of pods and claims saw it (its creation answered, its claim made and
-allocated, the claim named in the pod's status, the gate gone, bound, Running), the ratio, and the
-claims controller's time from allocation to the committed condition (its histogram).
+Rounds alternate the paths, after ``--warmup`` rounds (1) that are run the same way and not
+counted: the first burst after the API server starts pays once for what the later ones find ready
+(kube-apiserver fetches and parses the core API's OpenAPI schema for the gate's admission policy on
+its first use, more than a second of its CPU; placement's and the scheduler's connections). Each
+burst creates its pods, waits until a watch has seen them all Running, then deletes them and waits
+for the ledger to give every card back. Printed: pods/s to bound and to Running (medians), the
+median and p90 time from creation to Running, each pod's way from its creation as this client's
+watches of pods and claims saw it (its creation answered, its claim made and allocated, the claim
+named in the pod's status, the gate gone, bound, Running), the CPU seconds each program on the
+machine spent per burst and the share of the cores in use (every part of the stack shares this
+machine's cores, so that pods/s follow the CPU a pod costs), the ratio, and the claims
+controller's time from allocation to the committed condition (its histogram). ``--pprof DIR``
+starts kube-apiserver with profiling on and writes its CPU profile of each burst there.
 
-    python -m benchmarks.dra_throughput [--nodes 8] [--pods 48] [--rounds 3]
+    python -m benchmarks.dra_throughput [--nodes 8] [--pods 48] [--rounds 3] [--warmup 1] [--pprof DIR]
 """
 
 from __future__ import annotations
@@ -45,8 +52,9 @@ from typing import Any
 
 import aiohttp
 
+from benchmarks.cpu_by_process import snapshot, spent
 from gpuledger_dev.controlplane.api import KubeApi
-from gpuledger_dev.controlplane.cluster import plain_scheduler_config
+from gpuledger_dev.controlplane.cluster import PROFILING, plain_scheduler_config
 from gpuledger_dev.fleet import load_fleet
 from gpuledger_dev.local_stack import Stack, running_stack
 from gpuledger_dev.natsserver import free_port
@@ -66,7 +74,7 @@ def namespace_of(kind: str) -> str:
     return NAMESPACE_C if kind == "dra-ledger" else NAMESPACE
 
 
-def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
+def pods(kind: str, count: int, round_name: str) -> list[dict[str, Any]]:
     toleration = [{"key": "gpuledger.io/gpu-node", "operator": "Exists", "effect": "NoSchedule"}]
     out = []
     for i in range(count):
@@ -80,20 +88,27 @@ def pods(kind: str, count: int, round_no: int) -> list[dict[str, Any]]:
             spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}]
             container["resources"] = {"claims": [{"name": "gpu"}]}
         spec["containers"] = [container]
-        meta = {"name": f"{kind}-{round_no}-{i:04d}", "namespace": namespace_of(kind), "labels": {"bench": kind}}
+        meta = {"name": f"{kind}-{round_name}-{i:04d}", "namespace": namespace_of(kind), "labels": {"bench": kind}}
         out.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
     return out
 
 
+BUSY = "(machine busy)"
 MILESTONES = ("created", "claim made", "claim allocated", "pod names claim", "gate lifted", "bound", "Running")
 
 
 async def burst(
-    api: KubeApi, kind: str, count: int, round_no: int, seen: dict[str, list[float]] | None = None
+    api: KubeApi,
+    kind: str,
+    count: int,
+    round_name: str,
+    seen: dict[str, list[float]] | None = None,
+    cpu: dict[str, list[float]] | None = None,
 ) -> tuple[float, float, list[float]]:
     """Seconds until every pod was bound, until every pod ran, and each pod's creation to Running;
     ``seen`` gets each pod's MILESTONES, seconds after its creation, as this client's watches of
-    pods and claims saw them."""
+    pods and claims saw them; ``cpu`` each program's CPU seconds from the first creation until every
+    pod ran, and under BUSY the share of the machine's cores in use then."""
     namespace = namespace_of(kind)
     path = f"/api/v1/namespaces/{namespace}/pods"
     claims_path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
@@ -139,8 +154,9 @@ async def burst(
                 if obj.get("status", {}).get("allocation"):
                     mark(owner, "claim allocated", now)
 
-    started = time.perf_counter()
     sem = asyncio.Semaphore(16)
+    before = snapshot()
+    started = time.perf_counter()
 
     async def create(body: dict[str, Any]) -> None:
         async with sem:
@@ -152,9 +168,14 @@ async def burst(
     try:
         async with asyncio.timeout(600), asyncio.TaskGroup() as tasks:
             tasks.create_task(follow())
-            await asyncio.gather(*(create(b) for b in pods(kind, count, round_no)))
+            await asyncio.gather(*(create(b) for b in pods(kind, count, round_name)))
     finally:
         claims.cancel()
+    if cpu is not None:
+        after, wall = snapshot(), time.perf_counter() - started
+        for name, used in spent(before, after).items():
+            cpu.setdefault(name, []).append(used)
+        cpu.setdefault(BUSY, []).append((after.busy_s - before.busy_s) / (after.cores * wall))
     latencies = sorted(running[n] - created[n] for n in running)
     for name, at in marks.items():
         for milestone, when in at.items():
@@ -214,11 +235,35 @@ async def histogram(url: str, name: str) -> tuple[float, float]:
     return found["sum"], found["count"]
 
 
+def cpu_table(kinds: tuple[str, ...], cpu: dict[str, dict[str, list[float]]], rounds: int) -> None:
+    """CPU seconds per burst (median over the rounds, a round without the program counting 0) of
+    the programs that used the most in any path, and the share of the machine's cores in use while
+    the bursts ran."""
+
+    def per_burst(kind: str, name: str) -> float:
+        values = cpu[kind].get(name, [])
+        return statistics.median(values + [0.0] * (rounds - len(values)))
+
+    top: list[str] = []
+    for kind in kinds:
+        ranked = sorted((n for n in cpu[kind] if n != BUSY), key=lambda n: -per_burst(kind, n))
+        top.extend(n for n in ranked[:8] if n not in top)
+    print(f"| CPU s per burst (median of {rounds}) | " + " | ".join(kinds) + " |")
+    print("|---|" + "---:|" * len(kinds))
+    for name in top:
+        print(f"| {name} | " + " | ".join(f"{per_burst(k, name):.2f}" for k in kinds) + " |")
+    busy = [f"{statistics.median(cpu[k][BUSY]) * 100:.0f} %" if cpu[k].get(BUSY) else "" for k in kinds]
+    print("| cores in use | " + " | ".join(busy) + " |")
+    print()
+
+
 def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
 
 
 async def run(args: argparse.Namespace) -> int:
+    if args.pprof is not None:
+        os.environ[PROFILING] = "1"  # read when the control plane starts
     fleet = load_fleet(str(h100_fleet(Path(tempfile.mkdtemp(prefix="gl-bench-")), args.nodes)))
     say = lambda m: print(f"[stack] {m}", flush=True)  # noqa: E731
     async with running_stack(fleet, free_port(), free_port(), say, "real", mode=BOTH) as stack:
@@ -239,6 +284,8 @@ async def run(args: argparse.Namespace) -> int:
             await asyncio.to_thread(cluster.control_plane.start_controller_manager, args.controller_qps)
         metrics = f"{stack.placement_ops}/metrics"
         await asyncio.sleep(2.0)
+        if args.warmup < 0:
+            raise SystemExit(f"--warmup: a number of rounds, 0 or more; got {args.warmup}")
         kinds = tuple(args.paths.split(","))
         if kinds[0] != "classic" or not set(kinds) <= set(PATHS):
             raise SystemExit(f"--paths: classic first, then any of {', '.join(PATHS[1:])}; got {args.paths}")
@@ -246,13 +293,35 @@ async def run(args: argparse.Namespace) -> int:
         to_run: dict[str, list[float]] = {k: [] for k in kinds}
         latency: dict[str, list[float]] = {k: [] for k in kinds}
         seen: dict[str, dict[str, list[float]]] = {k: {} for k in kinds}
+        cpu: dict[str, dict[str, list[float]]] = {k: {} for k in kinds}
         commit: list[float] = []
-        for round_no in range(args.rounds):
+        for round_no in range(-args.warmup, args.rounds):
+            counted = round_no >= 0
             for kind in kinds:
                 if kind == "dra-ungated":
                     await gate(stack, api, on=False)
                 before = await histogram(metrics, "gpuledger_placement_claim_commit_seconds")
-                bound_s, run_s, each = await burst(api, kind, args.pods, round_no, seen[kind])
+                profile = None
+                if args.pprof is not None:  # kube-apiserver's CPU profile over the burst
+                    profile = asyncio.create_task(api.raw("/debug/pprof/profile", seconds=str(args.pprof_s)))
+                name = str(round_no) if counted else f"w{-round_no}"
+                bound_s, run_s, each = await burst(
+                    api, kind, args.pods, name, seen[kind] if counted else None, cpu[kind] if counted else None
+                )
+                if profile is not None:
+                    args.pprof.mkdir(parents=True, exist_ok=True)
+                    (args.pprof / f"kube-apiserver-{kind}-{name}.pprof").write_bytes(await profile)
+                print(
+                    f"round {name} {kind:11s}: {args.pods} pods bound in {bound_s:.2f} s, "
+                    f"running in {run_s:.2f} s; "
+                    f"creation to Running median {statistics.median(each):.2f} s" + ("" if counted else " (warm-up)"),
+                    flush=True,
+                )
+                await clear(api, stack, kind)
+                if kind == "dra-ungated":
+                    await gate(stack, api, on=True)
+                if not counted:
+                    continue
                 to_bound[kind].append(args.pods / bound_s)
                 to_run[kind].append(args.pods / run_s)
                 latency[kind].extend(each)
@@ -260,15 +329,6 @@ async def run(args: argparse.Namespace) -> int:
                     after = await histogram(metrics, "gpuledger_placement_claim_commit_seconds")
                     if after[1] > before[1]:
                         commit.append((after[0] - before[0]) / (after[1] - before[1]))
-                print(
-                    f"round {round_no} {kind:11s}: {args.pods} pods bound in {bound_s:.2f} s, "
-                    f"running in {run_s:.2f} s; "
-                    f"creation to Running median {statistics.median(each):.2f} s",
-                    flush=True,
-                )
-                await clear(api, stack, kind)
-                if kind == "dra-ungated":
-                    await gate(stack, api, on=True)
     print()
     print(f"| path | pods/s bound (median of {args.rounds}) | pods/s Running | creation to Running, median / p90 (s) |")
     print("|---|---:|---:|---:|")
@@ -288,6 +348,7 @@ async def run(args: argparse.Namespace) -> int:
             cells.append(f"{statistics.median(values):.2f} / {pct(values, 0.9):.2f}" if values else "")
         print(f"| {kind} | " + " | ".join(cells) + " |")
     print()
+    cpu_table(kinds, cpu, args.rounds)
     for kind in kinds[1:]:
         ratio = statistics.median(to_run[kind]) / statistics.median(to_run["classic"])
         extra = statistics.median(latency[kind]) - statistics.median(latency["classic"])
@@ -317,6 +378,20 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=8, help="kwok nodes of 8 H100 (default 8)")
     parser.add_argument("--pods", type=int, default=48, help="one-card pods per burst (default 48)")
     parser.add_argument("--rounds", type=int, default=3, help="bursts of each path (default 3)")
+    parser.add_argument(
+        "--pprof",
+        type=Path,
+        help="write kube-apiserver's CPU profile of each burst's first --pprof-s seconds into this folder "
+        "(read with: go tool pprof -top FILE)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="rounds of every path first, not counted (default 1): the first burst after the API server "
+        "starts pays once for what later ones find ready (the gate policy's schema, new connections)",
+    )
+    parser.add_argument("--pprof-s", type=int, default=3, help="seconds each profile covers (default 3)")
     parser.add_argument(
         "--paths", default=",".join(PATHS), help=f"comma-separated, classic first (default {','.join(PATHS)})"
     )

@@ -66,6 +66,16 @@ class KubeApi:
                 raise ApiError(reply.status, method, path, text)
             return json.loads(text) if text else None
 
+    async def raw(self, path: str, **params: str) -> bytes:
+        """GET a path that answers other than JSON (a profile from ``/debug/pprof``), as its bytes."""
+        assert self._http is not None, "use KubeApi as an async context manager"
+        timeout = aiohttp.ClientTimeout(total=(self._timeout.total or 0.0) + float(params.get("seconds", 0)))
+        async with self._http.get(f"{self.access.server}{path}", params=params or None, timeout=timeout) as reply:
+            body = await reply.read()
+            if reply.status >= 400:
+                raise ApiError(reply.status, "GET", path, body.decode(errors="replace"))
+            return body
+
     async def get(self, path: str, **params: str) -> Any:
         return await self.call("GET", path, params=params or None)
 

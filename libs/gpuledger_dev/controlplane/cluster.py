@@ -40,6 +40,7 @@ DEFAULT_CONTROLLERS = (
     "resourceclaim-controller",
     "replicaset-controller",
 )
+PROFILING = "GPULEDGER_APISERVER_PROFILING"  # "1": kube-apiserver serves /debug/pprof (benchmarks only)
 SERVICE_CIDR = "10.96.0.0/16"  # only written into Services; nothing here dials it
 KWOK_CIDR = "198.51.100.0/24"  # pod IPs kwok writes into statuses (a documentation range)
 STARTUP_S = 90.0
@@ -281,7 +282,9 @@ class ControlPlane:
             "--service-cluster-ip-range",
             SERVICE_CIDR,
             "--allow-privileged=true",
-            "--profiling=false",
+            # Off, as a hardened cluster runs it; benchmarks/dra_throughput.py --pprof turns it on to
+            # read where kube-apiserver's CPU goes (GET /debug/pprof/profile, as the admin).
+            f"--profiling={'true' if os.environ.get(PROFILING) == '1' else 'false'}",
             # No controller here creates default ServiceAccounts or lifts not-ready taints.
             "--disable-admission-plugins",
             "ServiceAccount,TaintNodesByCondition",

@@ -284,8 +284,6 @@ async def run(args: argparse.Namespace) -> int:
             await asyncio.to_thread(cluster.control_plane.start_controller_manager, args.controller_qps)
         metrics = f"{stack.placement_ops}/metrics"
         await asyncio.sleep(2.0)
-        if args.warmup < 0:
-            raise SystemExit(f"--warmup: a number of rounds, 0 or more; got {args.warmup}")
         kinds = tuple(args.paths.split(","))
         if kinds[0] != "classic" or not set(kinds) <= set(PATHS):
             raise SystemExit(f"--paths: classic first, then any of {', '.join(PATHS[1:])}; got {args.paths}")
@@ -404,6 +402,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.pods > args.nodes * 8:
         parser.error(f"--pods {args.pods} is more than the {args.nodes * 8} cards of --nodes {args.nodes}")
+    if args.warmup < 0:
+        parser.error(f"--warmup: a number of rounds, 0 or more; got {args.warmup}")
     return asyncio.run(run(args))
 
 

@@ -117,10 +117,20 @@ def place_claim(
     raise Exhausted(f"{ask.ref.describe()} fits on no node: {shown}")
 
 
+PREEMPT_CHOICES = 8  # the combinations of a claim's ``firstAvailable`` choices preemption looks at
+
+
 def claim_as_pod(ask: ClaimAsk, cpu_milli: int = 0, memory_mib: int = 0) -> PodAsk:
-    """The claim planned as a pod (its owner the claim), each request at its first choice: what
-    preemption makes room for (a ``firstAvailable`` request's later subrequests are not tried)."""
+    """The claim planned as a pod (its owner the claim), each request at its first choice."""
     return _as_pod(ask, [r.choices[0][1] for r in ask.requests], cpu_milli, memory_mib)
+
+
+def claim_as_pods(ask: ClaimAsk, cpu_milli: int = 0, memory_mib: int = 0) -> list[PodAsk]:
+    """The claim planned as a pod for each combination of its requests' choices, in the order
+    ``place_claim`` tries them (the first ``PREEMPT_CHOICES``): what preemption makes room for, the
+    first it can (a ``firstAvailable`` request's later subrequests too)."""
+    combos = itertools.islice(itertools.product(*(r.choices for r in ask.requests)), PREEMPT_CHOICES)
+    return [_as_pod(ask, [request for _, request in picked], cpu_milli, memory_mib) for picked in combos]
 
 
 def _as_pod(ask: ClaimAsk, requests: Sequence[Request], cpu_milli: int, memory_mib: int) -> PodAsk:

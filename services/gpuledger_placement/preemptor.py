@@ -53,7 +53,7 @@ from typing import Any, Protocol
 
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.claim_asks import ClaimAsk
-from gpuledger_core.claim_placement import claim_as_pod
+from gpuledger_core.claim_placement import claim_as_pods
 from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release
@@ -106,10 +106,13 @@ class Preemptor:
     defrag: Defrag | None = None  # defragmentation's limits, where it is on (``repacker``)
     _moving_pods: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # pod uid -> the pod being moved
 
-    def consider(self, raw: Mapping[str, Any], pod: PodAsk, refused: Iterable[str]) -> None:
+    def consider(
+        self, raw: Mapping[str, Any], pod: PodAsk, refused: Iterable[str], alternatives: Sequence[PodAsk] = ()
+    ) -> None:
         """Filter found no node for ``pod`` (``raw`` as the scheduler sent it); ``refused``: the
         nodes it refused for want of cards. Preempt for it in the background, unless under way or
-        tried less than ``retry_s`` ago. A pod with MIG asks preempts the holders of the
+        tried less than ``retry_s`` ago (for the first of ``pod`` and its ``alternatives``, other
+        asks of the same owner, that victims can make room for). A pod with MIG asks preempts the holders of the
         placements it needs (their instances, made on demand, are destroyed for it when it starts);
         defragmentation does not act for it (docs/mig.md)."""
         uid = pod.owner.id
@@ -119,17 +122,19 @@ class Preemptor:
         if self.clock() - self._tried.get(uid, float("-inf")) < self.retry_s:
             return
         self._tried[uid] = self.clock()
-        self._busy[uid] = asyncio.create_task(self._guarded(raw, pod, nodes))
+        self._busy[uid] = asyncio.create_task(self._guarded(raw, pod, nodes, tuple(alternatives)))
 
     def consider_claim(self, raw: Mapping[str, Any], ask: ClaimAsk, nodes: Iterable[str]) -> None:
         """Mode C found no node for the claim ``ask`` of the gated pod ``raw`` (``nodes``: those
         its pod's host takes): preempt for it as for a classic pod, the claim planned as a pod that
-        the claim owns, with its pod's priority. Requests that must share an NVLink group are not
-        preempted for (the victims are chosen without that constraint)."""
+        the claim owns, with its pod's priority: for the first combination of its ``firstAvailable``
+        choices, in the claim's order, that victims can make room for. Requests that must share an
+        NVLink group are not preempted for (the victims are chosen without that constraint)."""
         if ask.linked:
             return
         asked = pod_ask_from(raw)
-        self.consider(raw, claim_as_pod(ask, asked.cpu_milli, asked.memory_mib), nodes)
+        first, *others = claim_as_pods(ask, asked.cpu_milli, asked.memory_mib)
+        self.consider(raw, first, nodes, others)
 
     async def stop(self) -> None:
         for task in tuple(self._busy.values()):
@@ -140,9 +145,11 @@ class Preemptor:
         while self._busy:
             await asyncio.gather(*list(self._busy.values()), return_exceptions=True)
 
-    async def _guarded(self, raw: Mapping[str, Any], pod: PodAsk, nodes: tuple[str, ...]) -> None:
+    async def _guarded(
+        self, raw: Mapping[str, Any], pod: PodAsk, nodes: tuple[str, ...], alternatives: tuple[PodAsk, ...]
+    ) -> None:
         try:
-            await self.preempt(raw, pod, nodes)
+            await self.preempt(raw, pod, nodes, alternatives)
         except GpuledgerError as err:
             log.warning("preemption for %s failed: %s; tried again later", pod.owner.describe(), err)
         finally:
@@ -160,8 +167,12 @@ class Preemptor:
             self._moving_pods.clear()
             self._mode_b.clear()
 
-    async def preempt(self, raw: Mapping[str, Any], pod: PodAsk, nodes: Sequence[str]) -> Victims | None:
-        """Steps 1-6 above; the victims evicted and the room held, or None (nothing done)."""
+    async def preempt(
+        self, raw: Mapping[str, Any], pod: PodAsk, nodes: Sequence[str], alternatives: Sequence[PodAsk] = ()
+    ) -> Victims | None:
+        """Steps 1-6 above; the victims evicted and the room held, or None (nothing done). The
+        victims are chosen for ``pod``, else for the first of ``alternatives`` (asks of the same
+        owner, in its order of preference) they can make room for; defragmentation, for ``pod``."""
         meta = raw.get("metadata") or {}
         if not self._may_preempt(raw, pod):  # the scheduler's copy first: most pods stop here, unread
             return None
@@ -169,11 +180,15 @@ class Preemptor:
         pod = self.service.resolve(pod)
         fit = self._fit(pod)
         victims: Victims | None = None
-        ledgers = self._ledgers(nodes, pod, fit, priority) if self.preempting else []
         listings = preemption_holders.Listings(self.api)  # read once in this attempt
-        if ledgers:
-            holders = await preemption_holders.holders(self, [ledger.node.name for ledger in ledgers], listings)
-            victims = choose(ledgers, pod, priority, holders, fit, self.clock(), self._hosts(ledgers))
+        for ask in (pod, *(self.service.resolve(a) for a in alternatives)) if self.preempting else ():
+            ledgers = self._ledgers(nodes, ask, fit, priority)
+            if ledgers:
+                holders = await preemption_holders.holders(self, [ledger.node.name for ledger in ledgers], listings)
+                victims = choose(ledgers, ask, priority, holders, fit, self.clock(), self._hosts(ledgers))
+            if victims is not None:
+                pod = ask
+                break
         moving = None
         if victims is None and self.defrag is not None and not pod.mig:
             moving = await self._repack(raw, pod, priority, nodes, fit, listings)

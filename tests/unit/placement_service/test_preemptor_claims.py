@@ -13,11 +13,13 @@ from typing import Any, cast
 from gpuledger_common.store import LedgerStore
 from gpuledger_common.store.writes import Transition, Written
 from gpuledger_core import claims
+from gpuledger_core.claim_asks import ClaimAsk, RequestAsk
+from gpuledger_core.claim_placement import claim_as_pods
 from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import Conflict, NotFound, Unavailable
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import OwnerKind
+from gpuledger_core.model import OwnerKind, Request
 from gpuledger_core.preemption import preempted
 from gpuledger_placement import claim_veto, preemption_holders
 from gpuledger_placement.claim_fields import COMMITTED, REJECTED, decided
@@ -247,3 +249,32 @@ async def test_a_claim_allocated_anew_or_gone_is_not_written_back() -> None:
     del api.items[claim_path("b")]
     await claim_veto.restore(api, [listed], DRIVER)  # gone: nothing to do
     assert claims.ref_of(listed) == ClaimRef(NS, "b", "claim-b")
+
+
+async def test_a_first_available_claim_preempts_for_the_first_choice_victims_can_make_room_for() -> None:
+    api, preemptor = world([("low", 0, 4096, "C"), ("top", 1, 4096, "C")])
+    api.items[f"/api/v1/namespaces/{NS}/pods/top"]["spec"]["priority"] = 1000  # outranks the pod: stays
+    raw = high(api)
+    two_cards, one_share = Request(2), Request(1, mem_mib=5120)
+    choices = (("gpu/two", two_cards), ("gpu/one", one_share))
+    ask = ClaimAsk(ClaimRef(NS, "wants", "claim-wants"), (RequestAsk("gpu", choices),))
+    first, *others = claim_as_pods(ask)
+    assert [[c.request for c in p.containers] for p in (first, *others)] == [[two_cards], [one_share]]
+
+    assert await preemptor.preempt(raw, first, [str(NODE)]) is None  # two cards: card 1's holder outranks it
+    assert api.calls == []
+    victims = await preemptor.preempt(raw, first, [str(NODE)], others)
+    assert victims is not None and [a.owner.id for a in victims.evict] == ["claim-low"]
+    assert api.calls == ["evict low"]
+    hold = preemptor.service.view.entries[NODE].ledger.of_owner("claim:claim-wants")
+    assert hold is not None and [s.index for s in hold.shares()] == [0]
+
+
+async def test_mode_c_preempts_for_a_later_first_available_choice_of_a_claim_that_fits_nowhere() -> None:
+    api, preemptor = world([("low", 0, 4096, "C"), ("top", 1, 4096, "C")])
+    api.items[f"/api/v1/namespaces/{NS}/pods/top"]["spec"]["priority"] = 1000
+    choices = (("gpu/two", Request(2)), ("gpu/one", Request(1, mem_mib=5120)))
+    preemptor.consider_claim(high(api), ClaimAsk(ClaimRef(NS, "wants", "claim-wants"), (RequestAsk("gpu", choices),)),
+                             [str(NODE)])  # fmt: skip
+    await preemptor.idle()
+    assert api.calls == ["evict low"]

@@ -35,7 +35,7 @@ from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.mig_fit import mig_score
 from gpuledger_core.mig_place import MigChooser
-from gpuledger_core.model import Allocation, AllocState, Grant, Node, Request
+from gpuledger_core.model import Allocation, AllocState, Grant, Request
 from gpuledger_core.packing import NodeState, Policy, from_ledger, rate
 from gpuledger_core.pods import PodAsk, plan
 
@@ -94,7 +94,7 @@ def place_claim(
             except Exhausted as err:
                 reasons[name] = str(err).removeprefix(f"{name}: ")
                 continue
-            unlinked = _unlinked(ledger.node, grants, ask.linked)
+            unlinked = pod.unlinked(ledger.node, grants)
             if unlinked:
                 reasons[name] = unlinked
                 continue
@@ -135,15 +135,6 @@ def claim_as_pods(ask: ClaimAsk, cpu_milli: int = 0, memory_mib: int = 0) -> lis
 
 def _as_pod(ask: ClaimAsk, requests: Sequence[Request], cpu_milli: int, memory_mib: int) -> PodAsk:
     containers = tuple(ContainerAsk(r.name, request) for r, request in zip(ask.requests, requests, strict=True))
-    return PodAsk(ask.ref.owner, containers, ask.isolation, cpu_milli=cpu_milli, memory_mib=memory_mib)
-
-
-def _unlinked(node: Node, grants: Sequence[Grant], linked: Sequence[Sequence[str]]) -> str:
-    """Why the cards of requests that must share an NVLink group do not; empty when they do."""
-    connected = {(link.a, link.b) for link in node.links if link.nvlinks > 0}
-    for group in linked:
-        cards = sorted({s.index for g in grants if g.container in group for s in g.cards})
-        apart = [(a, b) for a, b in itertools.combinations(cards, 2) if (a, b) not in connected]
-        if apart:
-            return f"cards {', '.join(map(str, cards))} for {', '.join(group)} are not all linked by NVLink"
-    return ""
+    return PodAsk(
+        ask.ref.owner, containers, ask.isolation, cpu_milli=cpu_milli, memory_mib=memory_mib, linked=ask.linked
+    )

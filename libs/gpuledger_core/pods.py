@@ -9,6 +9,7 @@ ledger transition that reserves them with their kubelet device IDs.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -19,7 +20,7 @@ from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, reservation, reserve
 from gpuledger_core.mig_fit import fit_mig, mig_impossible
 from gpuledger_core.mig_place import MigChooser
-from gpuledger_core.model import Allocation, Grant, Isolation, Owner
+from gpuledger_core.model import Allocation, Grant, Isolation, Node, Owner
 from gpuledger_core.packing import Ask, Decision, NodeState, Policy, from_ledger, place, shares
 from gpuledger_core.packing.state import UNTRACKED
 from gpuledger_core.slots import assign_device_ids, slot_problem
@@ -39,6 +40,7 @@ class PodAsk:
     cpu_milli: int = 0
     memory_mib: int = 0
     claims: bool = False  # the pod asks for devices through ResourceClaims (DRA decides those)
+    linked: tuple[tuple[str, ...], ...] = ()  # containers whose cards must all share one NVLink group (a claim's)
 
     @property
     def wants_cards(self) -> bool:
@@ -68,6 +70,17 @@ class PodAsk:
             replace(c, request=replace(c.request, models=resolve(c.request.models))) for c in self.containers
         )
         return replace(self, containers=containers)
+
+    def unlinked(self, node: Node, grants: Iterable[Grant]) -> str:
+        """Why the cards ``grants`` give containers that must share an NVLink group (``linked``) do
+        not; empty when they do."""
+        connected = {(link.a, link.b) for link in node.links if link.nvlinks > 0}
+        given = tuple(grants)
+        for group in self.linked:
+            cards = sorted({s.index for g in given if g.container in group for s in g.cards})
+            if any((a, b) not in connected for a, b in itertools.combinations(cards, 2)):
+                return f"cards {', '.join(map(str, cards))} for {', '.join(group)} are not all linked by NVLink"
+        return ""
 
     def main(self) -> Ask | None:
         """The ask a node is scored by: the app container that wants the most cards."""

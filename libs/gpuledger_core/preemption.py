@@ -112,9 +112,10 @@ class Fit:
         dropped = frozenset(gone)
         kept = NodeLedger(ledger.node, tuple(a for a in ledger.allocations if a.id not in dropped))
         try:
-            return plan(kept, pod, self.policy, slots_per_card=self.slots_per_card, mix_isolation=self.mix_isolation)
+            grants = plan(kept, pod, self.policy, slots_per_card=self.slots_per_card, mix_isolation=self.mix_isolation)
         except Exhausted:
             return None
+        return None if pod.unlinked(ledger.node, grants) else grants  # as mode C places such a claim
 
 
 def candidates(ledger: NodeLedger, priority: int, holders: Mapping[str, Holder], now: float) -> tuple[Allocation, ...]:

@@ -128,10 +128,8 @@ class Preemptor:
         """Mode C found no node for the claim ``ask`` of the gated pod ``raw`` (``nodes``: those
         its pod's host takes): preempt for it as for a classic pod, the claim planned as a pod that
         the claim owns, with its pod's priority: for the first combination of its ``firstAvailable``
-        choices, in the claim's order, that victims can make room for. Requests that must share an
-        NVLink group are not preempted for (the victims are chosen without that constraint)."""
-        if ask.linked:
-            return
+        choices, in the claim's order, that victims can make room for; requests that must share an
+        NVLink group get cards that do, or no victims."""
         asked = pod_ask_from(raw)
         first, *others = claim_as_pods(ask, asked.cpu_milli, asked.memory_mib)
         self.consider(raw, first, nodes, others)

@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuledger_core.claim_asks import ClaimAsk, RequestAsk
-from gpuledger_core.claim_placement import claim_as_pod
+from gpuledger_core.claim_placement import claim_as_pod, claim_as_pods
 from gpuledger_core.claims import ClaimRef
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release, reserve
-from gpuledger_core.model import Allocation, AllocState, Grant, MigSlot, Node, Owner, OwnerKind, Request
+from gpuledger_core.model import Allocation, AllocState, Grant, Link, MigSlot, Node, Owner, OwnerKind, Request
 from gpuledger_core.packing import make_policy
 from gpuledger_core.pods import PodAsk
 from gpuledger_core.preemption import (
@@ -240,6 +240,27 @@ def test_a_claim_is_preempted_for_as_a_pod_of_its_requests_first_choices() -> No
     assert as_pod.owner == claim
     assert [(c.container, c.request) for c in as_pod.containers] == [("gpu", first)]
     assert (as_pod.cpu_milli, as_pod.memory_mib) == (500, 256)
+
+
+def test_a_claim_whose_cards_must_share_an_nvlink_group_gets_victims_that_free_linked_cards() -> None:
+    # four cards linked in pairs 0-1 and 2-3; cards 1 and 2 held by low-priority pods. Two whole
+    # cards fit on 0 and 3 with nobody evicted, but they are not linked: a claim whose request
+    # must share an NVLink group evicts one holder, and gets a linked pair.
+    links = (Link(0, 1, nvlinks=4), Link(2, 3, nvlinks=4))
+    node = Node(NodeName("node-a"), tuple(card(i, 8 * GIB) for i in range(4)), links)
+    ledger = shares_on(node, ("x", 1, 2 * GIB), ("y", 2, 2 * GIB))
+    two = RequestAsk("gpu", (("gpu", Request(2)),))
+    apart = claim_as_pods(ClaimAsk(ClaimRef("ns", "pair", "uid-pair"), (two,)))[0]
+    linked = claim_as_pods(ClaimAsk(ClaimRef("ns", "pair", "uid-pair"), (two,), linked=(("gpu",),)))[0]
+    assert linked.linked == (("gpu",),)
+
+    free = on_node(ledger, apart, 100, low("x", "y"), FIT, 1.0)
+    assert free is not None and free.evict == ()  # cards 0 and 3, nobody evicted
+    found = on_node(ledger, linked, 100, low("x", "y"), FIT, 1.0)
+    assert found is not None and len(found.evict) == 1
+    cards = sorted(s.index for s in found.grants[0].cards)
+    assert cards in ([0, 1], [2, 3]) and found.evict[0].shares()[0].index in cards
+    assert on_node(ledger, linked, 100, {}, FIT, 1.0) is None  # nobody may go: no linked pair
 
 
 # --- MIG: instances are held whole; a placement frees only when every holder overlapping it goes ---

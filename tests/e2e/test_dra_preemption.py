@@ -3,7 +3,8 @@ cards full of low-priority 2-4 GiB claims, each with its pod; a high-priority po
 nowhere. Placement evicts exactly the smallest set of low-priority claims' pods on one card (through
 the Eviction API), holds the room for the high claim, allocates it there once those pods are gone,
 and lifts its gate; the victims' claims are deallocated and hold nothing in the ledger. A pod of
-equal priority evicts nobody. Where a PodDisruptionBudget forbids every eviction, nothing is
+equal priority evicts nobody; a claim whose first ``firstAvailable`` choice no eviction can serve
+preempts for its second. Where a PodDisruptionBudget forbids every eviction, nothing is
 forced: the pod is told so in an Event, and preempts once the budget allows it. Claims
 kube-scheduler allocated and the ledger committed (mode B) are victims too: a mode-C claim's
 preemption evicts the fewest of their pods, their claims vetoed (``gpuledger.io/rejected``, reason
@@ -75,8 +76,22 @@ async def bound_evicting(api: Any, ns: str, node: str, names: dict[str, str], ex
     return evicted
 
 
+def first_available(name: str) -> dict[str, Any]:
+    """A claim whose first choice (8 GiB) no card of the node has, whatever is evicted, and whose
+    second is the 5 GiB share: preemption makes room for the second."""
+    body = share_claim(name, WANT, "10")
+    fits = body["spec"]["devices"]["requests"][0]["exactly"]
+    too_big = {**fits, "capacity": {"requests": {"memory": "8Gi", "compute": "10"}}}
+    body["spec"]["devices"]["requests"][0] = {
+        "name": "gpu",
+        "firstAvailable": [{"name": "big", **too_big}, {"name": "fits", **fits}],
+    }
+    return body
+
+
+@pytest.mark.parametrize("asked", ["exactly", "firstAvailable"])
 async def test_a_high_priority_claim_evicts_the_fewest_low_priority_claims_pods_on_one_card(
-    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Any
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Any, asked: str
 ) -> None:
     async with gated_world(control_plane, nats_server, placement_kubeconfig, "tesla-p4-2") as world:
         api, ns, node = world.api, world.ns, world.node.name
@@ -98,7 +113,8 @@ async def test_a_high_priority_claim_evicts_the_fewest_low_priority_claims_pods_
 
             await wait_for(refused, 60, "the equal-priority pod's claim refused", 0.2)
 
-            await api.create(CLAIMS.format(ns=ns), share_claim("high", WANT, "10"))
+            high = share_claim("high", WANT, "10") if asked == "exactly" else first_available("high")
+            await api.create(CLAIMS.format(ns=ns), high)
             await api.create(pods, claimed_pod("high", "high", HIGH))
             evicted = await bound_evicting(api, ns, node, names, expected)
             equal = await api.get(f"{pods}/equal")
@@ -111,6 +127,7 @@ async def test_a_high_priority_claim_evicts_the_fewest_low_priority_claims_pods_
 
             claim = await api.get(f"{CLAIMS.format(ns=ns)}/high")
             devices = claims.results_of(claim, DRIVER)
+            assert [d.chosen for d in devices] == (["gpu"] if asked == "exactly" else ["gpu/fits"])
             entry = await claim_entry(nats_server, node, claim["metadata"]["uid"])
             assert entry is not None and entry.id == claims.allocation_id(claims.ref_of(claim), devices)
             victim_cards = {s.index for a in before.live() if names.get(a.owner.id) in evicted for s in a.shares()}

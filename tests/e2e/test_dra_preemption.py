@@ -4,7 +4,8 @@ nowhere. Placement evicts exactly the smallest set of low-priority claims' pods 
 the Eviction API), holds the room for the high claim, allocates it there once those pods are gone,
 and lifts its gate; the victims' claims are deallocated and hold nothing in the ledger. A pod of
 equal priority evicts nobody; a claim whose first ``firstAvailable`` choice no eviction can serve
-preempts for its second. Where a PodDisruptionBudget forbids every eviction, nothing is
+preempts for its second, and a claim of four cards of one NVLink group evicts one fully linked
+quad's holders. Where a PodDisruptionBudget forbids every eviction, nothing is
 forced: the pod is told so in an Event, and preempts once the budget allows it. Claims
 kube-scheduler allocated and the ledger committed (mode B) are victims too: a mode-C claim's
 preemption evicts the fewest of their pods, their claims vetoed (``gpuledger.io/rejected``, reason
@@ -243,3 +244,41 @@ async def test_a_mode_b_claim_s_pod_is_the_fewest_victims_of_a_mode_c_claim_and_
             assert await claim_entry(nats_server, node, claim["metadata"]["uid"]) == entry
             uid = next(u for u, n in names.items() if n == victim)
             assert await claim_entry(nats_server, node, uid) is None
+
+
+async def test_a_claim_of_four_nvlinked_cards_evicts_one_quad_s_low_priority_pods(
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Any
+) -> None:
+    """DGX-1 (quads 0-3 and 4-7 fully linked), every card held by a low-priority whole-card claim:
+    a high-priority claim of four cards of one NVLink group evicts the holders of one quad, all four
+    and nobody else, and is allocated that quad."""
+    async with gated_world(control_plane, nats_server, placement_kubeconfig, "dgx1-v100") as world:
+        api, ns, node = world.api, world.ns, world.node.name
+        pods = f"/api/v1/namespaces/{ns}/pods"
+        await api.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"gpuledger.io/allocation": "ledger"}}})
+        whole = {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
+        async with priority_classes(api):
+            names: dict[str, str] = {}
+            for i in range(8):
+                made = await api.create(
+                    CLAIMS.format(ns=ns), {"metadata": {"name": f"low-{i}"}, "spec": {"devices": {"requests": [whole]}}}
+                )
+                await api.create(pods, claimed_pod(f"low-{i}", f"low-{i}", LOW))
+                await pod_bound(api, ns, f"low-{i}")
+                names[made["metadata"]["uid"]] = f"low-{i}"
+            before = await ledger_of(nats_server, node)
+            assert before is not None
+            card_of = {names[a.owner.id]: a.shares()[0].index for a in before.live() if a.owner.id in names}
+            assert sorted(card_of.values()) == list(range(8))
+
+            four = {"name": "gpus", "exactly": {"deviceClassName": DRIVER, "count": 4}}
+            constraint = {"requests": ["gpus"], "matchAttribute": f"{DRIVER}/nvlinkGroup4"}
+            spec = {"devices": {"requests": [four], "constraints": [constraint]}}
+            await api.create(CLAIMS.format(ns=ns), {"metadata": {"name": "high"}, "spec": spec})
+            await api.create(pods, claimed_pod("high", "high", HIGH))
+            quads = [{n for n, c in card_of.items() if c // 4 == q} for q in (0, 1)]
+            evicted = await bound_evicting(api, ns, node, names, quads)
+
+            claim = await api.get(f"{CLAIMS.format(ns=ns)}/high")
+            cards = sorted(int(d.device.removeprefix("gpu-")) for d in claims.results_of(claim, DRIVER))
+            assert cards == sorted(card_of[n] for n in evicted)

@@ -145,7 +145,7 @@ async def test_a_restart_without_a_state_file_resumes_the_remediation_from_the_l
 
     async with publications(nats_server.url) as (nc, published):
         async with inventory(nats_server.url, fake, None):  # no state file: the ledger's remedy resumes
-            said = await wait_for(lambda: _asked(nc), what="the restarted inventory")
+            said = await wait_for(lambda: _resumed(nc, 2), what="the restarted inventory resuming card 2")
             two = next(c for c in said["extra"]["cards"] if c["index"] == 2)
             assert two["remediation"]["stage"] == "quarantined" and two["health"]["state"] == "unhealthy"
             assert two["remediation"]["history"][0]["reason"].startswith("resumed from the ledger's remedy drain")
@@ -357,6 +357,16 @@ async def _asked(nc: Client) -> Any:
         said = await bus.request(nc, inventory_api.get_subject("gpu-a"), {})
         return said if said["extra"]["cards"] and said["node"]["cards"] else None
     return None
+
+
+async def _resumed(nc: Client, index: int) -> Any:
+    """The inventory's answer once card ``index`` has left serving and healthy: it answers requests
+    from its start, before it has read the node's ledger and resumed the remedies there."""
+    said = await _asked(nc)
+    card = next((c for c in said["extra"]["cards"] if c["index"] == index), None) if said else None
+    if card is None or card["remediation"]["stage"] == "serving" or card["health"]["state"] == "healthy":
+        return None
+    return said
 
 
 async def _with(api: pb.AllocatorStub, index: int, **want: str) -> pb.CardStatus | None:

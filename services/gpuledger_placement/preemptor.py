@@ -75,6 +75,10 @@ from gpuledger_placement.service import PlacementService
 log = logging.getLogger(__name__)
 HOLD_S = 120.0  # the room held for the pod, at least; longer when a victim's grace period is
 RETRY_S = 10.0  # a pod's preemption tried again at most this often
+# The announcement's writes a change of the pod refuses before it gives up. kube-scheduler writes the
+# pod's status (PodScheduled False) just as its filter call starts a preemption: a refusal for that
+# alone once ended the attempt, and the pod waited for kube-scheduler to try it again (minutes).
+ANNOUNCE_TRIES = 3
 EVENT_REPEAT_S = 60.0
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -195,13 +199,16 @@ class Preemptor:
             log.debug("preemption for %s: no set of lower-priority (or movable) pods frees its cards",
                       pod.owner.describe())  # fmt: skip
             return None
-        fresh = await self._pod(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
-        if fresh is None or not self._may_preempt(fresh, pod) or priority_of(fresh) != priority:
-            return None
         if not victims.evict:
             return None  # it fits now: kube-scheduler's next try places it
-        if not await self._announce(fresh, victims):
-            return None  # another replica preempts for it, or the pod changed
+        for _ in range(ANNOUNCE_TRIES):  # the pod changed meanwhile: read again and decide again
+            fresh = await self._pod(str(meta.get("namespace")), str(meta.get("name")), str(meta.get("uid")))
+            if fresh is None or not self._may_preempt(fresh, pod) or priority_of(fresh) != priority:
+                return None  # gone, bound, another replica preempts for it, or its priority changed
+            if await self._announce(fresh, victims):
+                break
+        else:
+            return None
         vetoed = [self._mode_b[a.owner.id] for a in victims.evict if a.owner.id in self._mode_b]
         by = f"preempted by pod {meta.get('namespace')}/{meta.get('name')}: its cards are held for that pod"
         if not await claim_veto.veto(self.api, vetoed, DRIVER, by, self.clock()):

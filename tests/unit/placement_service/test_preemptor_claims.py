@@ -48,6 +48,7 @@ class Api:
         self.version = 0
         self.calls: list[str] = []
         self.refuse: set[str] = set()  # pods whose eviction a budget refuses
+        self.raced: list[str] = []  # paths another writer changes just before our next patch lands
 
     def put(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         self.version += 1
@@ -81,6 +82,9 @@ class Api:
         return dict(body)
 
     async def patch_object(self, path: str, body: Any, content_type: str) -> dict[str, Any]:
+        if path in self.raced:  # kube-scheduler's status write, say, lands first
+            self.raced.remove(path)
+            self.put(path, self.items[path])
         stored = self.items[path]
         wanted = (body.get("metadata") or {}).get("resourceVersion")
         if wanted is not None and wanted != stored["metadata"]["resourceVersion"]:
@@ -278,3 +282,12 @@ async def test_mode_c_preempts_for_a_later_first_available_choice_of_a_claim_tha
                              [str(NODE)])  # fmt: skip
     await preemptor.idle()
     assert api.calls == ["evict low"]
+
+
+async def test_a_pod_changed_between_its_read_and_the_announcement_is_read_again_and_preempted_for() -> None:
+    api, preemptor = world(FULL)
+    raw = high(api)
+    api.raced.append(f"/api/v1/namespaces/{NS}/pods/high")  # PodScheduled False, written as filter answers
+    victims = await preemptor.preempt(raw, pod_ask_from(raw), [str(NODE)])
+    assert victims is not None and [a.owner.id for a in victims.evict] == ["claim-b"]
+    assert api.calls == ["status b", "evict b"]

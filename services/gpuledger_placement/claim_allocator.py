@@ -19,7 +19,8 @@ nowhere now gets an event naming each node's reason (the same reason again only 
 ``EVENT_REPEAT_S``) and the pod stays gated; it is tried again as soon as a node's ledger or host
 changes, as kube-scheduler requeues a pod on a cluster event, with a back-off as kube-scheduler's
 (``CHANGE_RETRY_S`` after the first try, doubling up to ``retry_s``), and every ``retry_s`` in any
-case. Pods are handled one at a time per uid, several at once.
+case. Pods are handled one at a time per uid, several at once, those of higher priority first
+(``claim_turns``).
 """
 
 from __future__ import annotations
@@ -49,28 +50,16 @@ from gpuledger_core.slots import slot_problem
 from gpuledger_placement.claim_classes import ModeCClasses
 from gpuledger_placement.claim_fields import pod_owner
 from gpuledger_placement.claim_mig import make_instances
-from gpuledger_placement.claim_pods import (
-    POD_CLAIM,
-    claim_names,
-    configs_of,
-    describe,
-    gate_removal,
-    gated,
-    share_ids,
-)
+from gpuledger_placement.claim_pods import POD_CLAIM, claim_names, configs_of, describe, gate_removal, gated, share_ids
+from gpuledger_placement.claim_turns import Turns, first_in_line
 from gpuledger_placement.claim_write import write_allocation
-from gpuledger_placement.claims import (
-    ALLOCATED_BY_LEDGER,
-    WRITING_S,
-    ClaimApi,
-    ClaimsController,
-    claim_path,
-)
+from gpuledger_placement.claims import ALLOCATED_BY_LEDGER, WRITING_S, ClaimApi, ClaimsController, claim_path
 from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.host_fit import host_refusal
 from gpuledger_placement.hosts import HostUsage
 from gpuledger_placement.metrics import CLAIMS_ALLOCATED
 from gpuledger_placement.pod_events import pod_event
+from gpuledger_placement.preemption_holders import priority_of
 from gpuledger_placement.preemption_note import preemption_of, victim_left
 from gpuledger_placement.view import FleetView
 
@@ -113,6 +102,7 @@ class ClaimAllocator:
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _classes: ModeCClasses = field(init=False)  # the DeviceClasses mode C allocates for
     _slots: asyncio.Semaphore = field(init=False)
+    _turns: Turns = field(default_factory=Turns)  # tries of pods of higher priority first
     _changes: int = 0  # the view's changes so far: a waiting pod is tried again after one
     _waiting: dict[str, asyncio.Event] = field(default_factory=dict)  # pod uid -> set to end its wait
     _on_change: set[str] = field(default_factory=set)  # waiting pods past their back-off: a change ends the wait
@@ -133,7 +123,7 @@ class ClaimAllocator:
 
     def _changed(self, node: str) -> None:
         self._changes += 1
-        for uid in self._on_change:
+        for uid in self._on_change.union(first_in_line(self._waiting, self._pods)):
             self._waiting[uid].set()
 
     async def run(self) -> None:
@@ -201,20 +191,24 @@ class ClaimAllocator:
                 pod = self._latest.pop(uid)
                 if pod is None:
                     return
+                await self._turns.wait(uid, priority_of(pod))
                 async with self._slots:  # a pod that waits (below) holds no slot
                     try:
                         done = await self.settle(pod)
                     except GpuledgerError as err:
                         log.warning("allocation: pod %s not settled (%s); tried again", describe(pod), err)
                         done = False
+                self._turns.end(uid)
                 if done and self._latest.get(uid) is pod:
                     del self._latest[uid]  # woken again by a claim made meanwhile: nothing left to do
                 if not done:
                     await self._wait(uid, backoff)
                     backoff = min(backoff * 2, self.retry_s)
                     if uid not in self._latest:
+                        self._turns.begin(uid, priority_of(pod))  # woken: ahead of lower tries from now
                         self._latest[uid] = await self._fresh(pod)
         finally:
+            self._turns.end(uid)
             del self._busy[uid]
             self._pods.pop(uid, None)
             self._generated.pop(uid, None)
@@ -291,6 +285,7 @@ class ClaimAllocator:
                     host = self._host(pod)
                     self.preempt(pod, ask, [n for n in sorted(self.view.entries) if not host(NodeName(n))])
                 return False
+        self._turns.end(str(pod["metadata"]["uid"]))  # its room taken: the next tries may go on
         for claim in written:  # kube-scheduler's watch of claims runs beside the claims controller's
             meta = claim["metadata"]
             if not await self.claims.cache.seen_allocated(meta["namespace"], meta["name"], meta["uid"], SEEN_S):
@@ -428,9 +423,18 @@ class ClaimAllocator:
         uid = claims.ref_of(raw).uid
         if uid in self.claims.allocating or uid in self._early:
             return  # its pod's status named it first: settle allocates it
-        task = asyncio.create_task(self._allocate(pod, raw, ask, classes))
+        task = asyncio.create_task(self._allocate_in_turn(pod, raw, ask, classes))
         self._early[uid] = _Early(task, ask)
         task.add_done_callback(lambda t: asyncio.get_running_loop().call_later(WRITING_S, self._forget, uid, t))
+
+    async def _allocate_in_turn(
+        self, pod: Mapping[str, Any], raw: Mapping[str, Any], ask: ClaimAsk, classes: Any
+    ) -> None:
+        await self._turns.wait(ask.ref.uid, priority_of(pod))
+        try:
+            await self._allocate(pod, raw, ask, classes)
+        finally:
+            self._turns.end(ask.ref.uid)
 
     def _forget(self, uid: str, task: asyncio.Task[None]) -> None:
         """An early allocation no settle took (its pod went): its outcome dropped; the claims

@@ -32,9 +32,10 @@ from gpuledger_core.claim_asks_mig import has_profile, is_mig_class, mig_request
 from gpuledger_core.claims import MEMORY_STEP_MIB, ClaimRef, isolation_among, ref_of
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.model import MAX_CARDS_PER_REQUEST, Isolation, Request
+from gpuledger_core.nvlink import GROUP_SIZES, Linked
 from gpuledger_core.quantity import MIB, whole_up
 
-LINK_ATTRIBUTES = ("nvlinkGroup2", "nvlinkGroup4", "nvlinkGroup8")
+LINK_ATTRIBUTES = tuple(f"nvlinkGroup{size}" for size in GROUP_SIZES)
 CAPACITIES = ("memory", "compute", "slots")
 
 
@@ -49,7 +50,7 @@ class ClaimAsk:
     ref: ClaimRef
     requests: tuple[RequestAsk, ...]
     isolation: Isolation = Isolation.NONE
-    linked: tuple[tuple[str, ...], ...] = ()  # requests whose cards must all share one NVLink group
+    linked: tuple[Linked, ...] = ()  # requests whose cards must all be in one NVLink group
 
 
 def claim_ask(
@@ -161,7 +162,7 @@ def _choice(raw: Mapping[str, Any], field: str, where: str, step: int, mig: set[
     return Request(count, mem_mib, percent * 10)
 
 
-def _constraint(raw: Mapping[str, Any], index: int, names: Sequence[str], driver: str, where: str) -> tuple[str, ...]:
+def _constraint(raw: Mapping[str, Any], index: int, names: Sequence[str], driver: str, where: str) -> Linked:
     field = f"spec.devices.constraints[{index}]"
     attribute = str(raw.get("matchAttribute") or "")
     known = [f"{driver}/{a}" for a in LINK_ATTRIBUTES]
@@ -173,14 +174,15 @@ def _constraint(raw: Mapping[str, Any], index: int, names: Sequence[str], driver
     missing = sorted({r.split("/", 1)[0] for r in requests} - set(names))
     if missing:
         raise InvalidArgument(f"{field}.requests", f"{where}: names no request {', '.join(missing)}")
-    return tuple(dict.fromkeys(r.split("/", 1)[0] for r in requests))
+    size = int(attribute.removeprefix(f"{driver}/nvlinkGroup"))
+    return Linked(size, tuple(dict.fromkeys(r.split("/", 1)[0] for r in requests)))
 
 
-def _check_linked(linked: Sequence[Sequence[str]], requests: Sequence[RequestAsk], where: str) -> None:
+def _check_linked(linked: Sequence[Linked], requests: Sequence[RequestAsk], where: str) -> None:
     """MIG placements carry no NVLink group: a request of them cannot be linked."""
     of_mig = {r.name for r in requests if any(request.mig for _, request in r.choices)}
-    for group in linked:
-        named = sorted(of_mig & set(group))
+    for constraint in linked:
+        named = sorted(of_mig & set(constraint.containers))
         if named:
             problem = f"{where}: MIG request {', '.join(named)} in an NVLink constraint (a placement has no group)"
             raise InvalidArgument("spec.devices.constraints", problem)

@@ -10,8 +10,9 @@ weigh them, as the balance term and bestfit's CPU left do), the name breaking ti
 scored first and planned best first until one takes the whole claim: the same choice as planning
 every node and taking the best, with one plan where the best node fits. A
 ``firstAvailable`` request tries its subrequests in order: the first combination that fits
-somewhere wins. Requests linked by an NVLink ``matchAttribute`` must get cards that are all
-connected by NVLink with each other; a node whose plan does not is passed over.
+somewhere wins. Requests linked by an NVLink ``matchAttribute`` get cards in one of the node's
+NVLink groups of that size, the attribute's value (``pods.plan_linked``: the policy's plan if it
+keeps them, else its plan inside each group); a node where no group takes them is passed over.
 
 A claim with MIG requests (``Request.mig``, the MIG DeviceClass) is planned on every node its host
 allows, its instances chosen by ``mig_fit.fit_mig`` (``chooser``), and the node whose plan scores
@@ -37,7 +38,7 @@ from gpuledger_core.mig_fit import mig_score
 from gpuledger_core.mig_place import MigChooser
 from gpuledger_core.model import Allocation, AllocState, Grant, Request
 from gpuledger_core.packing import NodeState, Policy, from_ledger, rate
-from gpuledger_core.pods import PodAsk, plan
+from gpuledger_core.pods import PodAsk, plan_linked
 
 Host = Callable[[NodeName], str]  # why the claim's pod cannot run on the node's host; empty: it can
 
@@ -88,15 +89,11 @@ def place_claim(
         best_mig = float("-inf")
         for _, name, ledger in sorted(ranked, key=lambda r: (r[0], r[1])):
             try:
-                grants = plan(
+                grants = plan_linked(
                     ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation, chooser=chooser
                 )
             except Exhausted as err:
                 reasons[name] = str(err).removeprefix(f"{name}: ")
-                continue
-            unlinked = pod.unlinked(ledger.node, grants)
-            if unlinked:
-                reasons[name] = unlinked
                 continue
             if not pod.mig:
                 best = (ledger, grants)

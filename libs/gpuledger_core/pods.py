@@ -15,17 +15,20 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from gpuledger_core.errors import Exhausted
-from gpuledger_core.fit import ContainerAsk, share_for
+from gpuledger_core.fit import ContainerAsk, card_states, share_for
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, reservation, reserve
 from gpuledger_core.mig_fit import fit_mig, mig_impossible
 from gpuledger_core.mig_place import MigChooser
-from gpuledger_core.model import Allocation, Grant, Isolation, Node, Owner
+from gpuledger_core.model import Allocation, Grant, Isolation, Node, Owner, OwnerKind, Request
+from gpuledger_core.nvlink import Linked, group_cards, unlinked
 from gpuledger_core.packing import Ask, Decision, NodeState, Policy, from_ledger, place, shares
 from gpuledger_core.packing.state import UNTRACKED
 from gpuledger_core.slots import assign_device_ids, slot_problem
 
 Hint = tuple[tuple[int, ...], ...]  # card indexes per container, in the pod's container order
+LINKED_TRIES = 16  # combinations of NVLink groups a pod with constraints is planned in
+FENCE = Owner(OwnerKind.TOOL, "-nvlink-fence-")  # holds the cards a linked plan may not take
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +43,7 @@ class PodAsk:
     cpu_milli: int = 0
     memory_mib: int = 0
     claims: bool = False  # the pod asks for devices through ResourceClaims (DRA decides those)
-    linked: tuple[tuple[str, ...], ...] = ()  # containers whose cards must all share one NVLink group (a claim's)
+    linked: tuple[Linked, ...] = ()  # containers whose cards must all be in one NVLink group (a claim's)
 
     @property
     def wants_cards(self) -> bool:
@@ -72,15 +75,9 @@ class PodAsk:
         return replace(self, containers=containers)
 
     def unlinked(self, node: Node, grants: Iterable[Grant]) -> str:
-        """Why the cards ``grants`` give containers that must share an NVLink group (``linked``) do
-        not; empty when they do."""
-        connected = {(link.a, link.b) for link in node.links if link.nvlinks > 0}
-        given = tuple(grants)
-        for group in self.linked:
-            cards = sorted({s.index for g in given if g.container in group for s in g.cards})
-            if any((a, b) not in connected for a, b in itertools.combinations(cards, 2)):
-                return f"cards {', '.join(map(str, cards))} for {', '.join(group)} are not all linked by NVLink"
-        return ""
+        """Why the cards ``grants`` give containers that must be in one NVLink group (``linked``)
+        are not; empty when they are."""
+        return unlinked(node, self.linked, grants)
 
     def main(self) -> Ask | None:
         """The ask a node is scored by: the app container that wants the most cards."""
@@ -166,6 +163,44 @@ def plan(
         if whole:
             raise Exhausted(f"{ledger.node.name}: {whole}")
     return tuple(grants)
+
+
+def plan_linked(
+    ledger: NodeLedger,
+    pod: PodAsk,
+    policy: Policy,
+    *,
+    slots_per_card: int | None,
+    mix_isolation: bool = False,
+    chooser: MigChooser | None = None,
+) -> tuple[Grant, ...]:
+    """``plan``, keeping the pod's NVLink constraints (``linked``): the policy's own plan where it
+    keeps them, else the policy's plan inside the node's NVLink groups (one group per constraint,
+    the node's other cards fenced off for the whole pod), in the groups most used first (the
+    untouched ones are kept whole for the next linked pod); ``Exhausted`` naming why where none
+    keeps them."""
+    grants = plan(ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation, chooser=chooser)
+    why = pod.unlinked(ledger.node, grants)
+    if not why:
+        return grants
+    free = {c.index: c.mem_free for c in card_states(ledger, ledger.use(), {}, None)}
+    combos = itertools.islice(itertools.product(*(group_cards(ledger.node, c.size) for c in pod.linked)), LINKED_TRIES)
+    allowed = sorted({frozenset().union(*combo) for combo in combos}, key=lambda a: (sum(free[i] for i in a), min(a)))
+    for cards in allowed:
+        with contextlib.suppress(Exhausted):
+            found = plan(_fenced(ledger, cards), pod, policy, slots_per_card=slots_per_card,
+                         mix_isolation=mix_isolation, chooser=chooser)  # fmt: skip
+            if not pod.unlinked(ledger.node, found):
+                return found
+    raise Exhausted(f"{ledger.node.name}: {why}")
+
+
+def _fenced(ledger: NodeLedger, allowed: frozenset[int]) -> NodeLedger:
+    """The ledger with every card outside ``allowed`` held whole: a plan on it takes only those."""
+    whole = Request(1)
+    shares = tuple(share_for(card, whole) for card in ledger.node.cards if card.index not in allowed)
+    fence = Allocation(AllocationId("-fence-"), FENCE, ledger.node.name, (Grant("-fence-", shares),))
+    return NodeLedger(ledger.node, (*ledger.allocations, fence))
 
 
 def _mig_grant(

@@ -5,7 +5,7 @@ slice and device order). Field names are those of ``resource.k8s.io/v1`` (k8s.io
 
 - attributes (unqualified names belong to the driver's domain): ``uuid``, ``index``, ``minor``, ``model``,
   ``productFamily``, ``memoryMiB``, ``computeCapability`` and ``driverVersion`` (semver),
-  ``nvlinkGroup2``/``4``/``8`` (see ``nvlink_groups``), and the standard
+  ``nvlinkGroup2``/``4``/``8`` (``gpuledger_core.nvlink.nvlink_groups``), and the standard
   ``resource.kubernetes.io/pciBusID``, ``pcieRoot`` and ``numaNode`` where known;
 - capacities: ``memory`` (bytes, rounded down to the memory step), ``compute`` (0-100) and ``slots``
   (the most tenants a card takes). A shareable card (more than one slot) has
@@ -38,6 +38,7 @@ from typing import Any
 from gpuledger_core.errors import FailedPrecondition, InvalidArgument
 from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Card, MigSlot, Node, OwnerKind
+from gpuledger_core.nvlink import GROUP_SIZES, nvlink_groups
 from gpuledger_inventory import slice_fields, slices_mig
 from gpuledger_inventory.labels import family
 from gpuledger_inventory.slice_fields import (
@@ -56,7 +57,6 @@ MAX_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithTaintsOrConsumesCounter
 MAX_COUNTER_SETS_PER_SLICE = 8  # ResourceSliceMaxCounterSets
 BINDING_CONDITION = "gpuledger.io/committed"
 BINDING_FAILURE_CONDITION = "gpuledger.io/rejected"
-NVLINK_GROUP_SIZES = (2, 4, 8)
 
 # Which feature gate of kube-apiserver 1.36 drops which field of a device (resourceslice strategy.go).
 GATE_OF_FIELD = {
@@ -133,31 +133,6 @@ class Slices:
 
 
 # --- topology --------------------------------------------------------------------------------------
-
-
-def nvlink_groups(node: Node, size: int) -> dict[int, int]:
-    """Card index -> group id for disjoint sets of ``size`` mutually NVLinked cards (greedy, lowest
-    indexes first; the id is the group's lowest index). ``matchAttribute: gpu.gpuledger.io/nvlinkGroup4``
-    on a 4-card request then asks for one such set. Cards left out of every full set get no id."""
-    linked = {(ln.a, ln.b) for ln in node.links if ln.nvlinks > 0}
-
-    def joined(a: int, b: int) -> bool:
-        return (min(a, b), max(a, b)) in linked
-
-    free = sorted(c.index for c in node.cards)
-    groups: dict[int, int] = {}
-    for start in list(free):
-        if start in groups:
-            continue
-        members = [start]
-        for other in free:
-            if len(members) == size:
-                break
-            if other not in groups and other not in members and all(joined(other, m) for m in members):
-                members.append(other)
-        if len(members) == size:
-            groups.update(dict.fromkeys(members, start))
-    return groups
 
 
 # --- devices ---------------------------------------------------------------------------------------
@@ -281,7 +256,7 @@ def desired(node: Node, facts: Mapping[str, CardFacts], driver_version: str | No
     """Every card of ``node`` as a device, or as its MIG placements and their counters
     (``slices_mig``) when it is in MIG mode, cut into slices of at most 64 devices and 8 counter
     sets."""
-    groups = {size: nvlink_groups(node, size) for size in NVLINK_GROUP_SIZES}
+    groups = {size: nvlink_groups(node, size) for size in GROUP_SIZES}
     cards = sorted(node.cards, key=lambda c: c.index)
     devices = [
         device(card, facts.get(card.uuid, CardFacts()), driver_version, groups, config)

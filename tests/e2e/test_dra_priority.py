@@ -8,6 +8,7 @@ evicted."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import pytest
@@ -55,7 +56,7 @@ async def test_a_freed_card_goes_to_the_waiting_pod_of_highest_priority(
                 await api.create(claims_path, share_claim(name, "5Gi", "10"))
                 await api.create(pods, claimed_pod(name, LOW if name in WAITING else HIGH))
             for name in (*WAITING, "high"):
-                await wait_for(lambda n=name: refused(n), 60, f"pod {name} refused: no room", 0.2)
+                await wait_for(functools.partial(refused, name), 60, f"pod {name} refused: no room", 0.2)
             await asyncio.sleep(6)  # every waiting pod well into its back-off (up to 5 s between tries)
 
             await api.delete(f"{pods}/keep-0", grace_s=0)

@@ -11,6 +11,7 @@ from gpuledger_core.claim_asks import ClaimAsk, RequestAsk, claim_ask
 from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_core.model import Isolation, Request
+from gpuledger_core.nvlink import Linked
 
 DRIVER = "gpu.gpuledger.io"
 MPS_CONFIG = {
@@ -69,10 +70,10 @@ def test_first_available_keeps_its_order_and_names_the_results_as_kube_scheduler
 def test_an_nvlink_match_links_its_requests() -> None:
     constraint = {"requests": ["a", "b"], "matchAttribute": f"{DRIVER}/nvlinkGroup4"}
     found = claim_ask(claim(exactly("a", count=2), exactly("b", count=2), constraints=[constraint]), CLASSES, DRIVER)
-    assert found is not None and found.linked == (("a", "b"),)
+    assert found is not None and found.linked == (Linked(4, ("a", "b")),)
     everything = {"matchAttribute": f"{DRIVER}/nvlinkGroup8"}
     found = claim_ask(claim(exactly("a", count=4), constraints=[everything]), CLASSES, DRIVER)
-    assert found is not None and found.linked == (("a",),)
+    assert found is not None and found.linked == (Linked(8, ("a",)),)
 
 
 def test_the_isolation_comes_from_the_class_then_the_claim() -> None:

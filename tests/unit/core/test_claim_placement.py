@@ -17,6 +17,7 @@ from gpuledger_core.errors import Exhausted
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, AllocState, CardShare, Grant, Link, Node, Owner, OwnerKind, Request
+from gpuledger_core.nvlink import Linked
 from gpuledger_core.packing import Ask, Decision, NodeState, from_ledger, make_policy, place
 from tests.unit.core.builders import card
 
@@ -61,11 +62,46 @@ def test_first_available_takes_the_first_subrequest_that_fits_anywhere() -> None
 def test_linked_requests_go_where_their_cards_are_connected_by_nvlink() -> None:
     linked = (Link(0, 1, 12),)
     plain, nvlinked = NodeLedger(node_of("a", 16000, 16000)), NodeLedger(node_of("b", 16000, 16000, links=linked))
-    ask = ClaimAsk(REF, (RequestAsk("gpu", (("gpu", Request(2)),)),), linked=(("gpu",),))
+    ask = ClaimAsk(REF, (RequestAsk("gpu", (("gpu", Request(2)),)),), linked=(Linked(2, ("gpu",)),))
     found = place_claim([plain, nvlinked], ask, make_policy("default"), ID, 0.0, slots_per_card=8)
     assert found.allocation.node == "b"
-    with pytest.raises(Exhausted, match="a: cards 0, 1 for gpu are not all linked by NVLink"):
+    with pytest.raises(Exhausted, match="a: cards 0, 1 for gpu are not in one NVLink group of 2"):
         place_claim([plain], ask, make_policy("default"), ID, 0.0, slots_per_card=8)
+
+
+def test_two_linked_requests_get_a_free_nvlink_group_where_the_policys_first_plan_splits_them() -> None:
+    """Cards 0-1 and 2-3 linked; card 1 half held. The policy gives request a card 0 and request b
+    card 2 (not linked); the claim still gets the one free group, cards 2 and 3, as kube-scheduler's
+    search would find it, where before the node was passed over."""
+    node = node_of("a", 16000, 16000, 16000, 16000, links=(Link(0, 1, 12), Link(2, 3, 12)))
+    ledger = held(NodeLedger(node), 1, 8000)
+    requests = (RequestAsk("a", (("a", Request(1)),)), RequestAsk("b", (("b", Request(1)),)))
+    ask = ClaimAsk(REF, requests, linked=(Linked(2, ("a", "b")),))
+    for policy in ("default", "binpack", "bestfit", "spread"):
+        found = place_claim([ledger], ask, make_policy(policy), ID, 0.0, slots_per_card=8)
+        cards = sorted(s.index for s in found.allocation.shares())
+        assert cards == [2, 3], (policy, cards)
+    unlinked = ClaimAsk(REF, requests)
+    found = place_claim([ledger], unlinked, make_policy("default"), ID, 0.0, slots_per_card=8)
+    assert sorted(s.index for s in found.allocation.shares()) != [2, 3]  # the policy's own choice, unconstrained
+
+
+def test_linked_cards_must_be_in_one_published_group_not_only_linked_to_each_other() -> None:
+    """A DGX-1's cross links join card 0 to card 4, but the node publishes them in different
+    groups of two (0-1, 4-5, ...): with every other card held, a claim matching nvlinkGroup2 may
+    not take 0 and 4 (Kubernetes would read its constraint as broken), and takes a real pair once
+    one is free."""
+    quads = tuple(Link(a, b, 1) for q in (0, 4) for a in range(q, q + 4) for b in range(a + 1, q + 4))
+    node = node_of("dgx", *[16000] * 8, links=(*quads, *(Link(i, i + 4, 1) for i in range(4))))
+    ledger = NodeLedger(node)
+    for index in (1, 2, 3, 5, 6, 7):
+        ledger = held(ledger, index, 16000, f"h{index}")
+    ask = ClaimAsk(REF, (RequestAsk("gpu", (("gpu", Request(2)),)),), linked=(Linked(2, ("gpu",)),))
+    with pytest.raises(Exhausted, match="cards 0, 4 for gpu are not in one NVLink group of 2"):
+        place_claim([ledger], ask, make_policy("default"), ID, 0.0, slots_per_card=8)
+    freed = NodeLedger(node, tuple(a for a in ledger.allocations if a.owner.name != "h5"))
+    found = place_claim([freed], ask, make_policy("default"), ID, 0.0, slots_per_card=8)
+    assert sorted(s.index for s in found.allocation.shares()) == [4, 5]
 
 
 def test_no_node_names_each_nodes_reason_the_hosts_included() -> None:

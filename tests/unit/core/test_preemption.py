@@ -15,6 +15,7 @@ from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import AllocationId, NodeName
 from gpuledger_core.ledger import NodeLedger, release, reserve
 from gpuledger_core.model import Allocation, AllocState, Grant, Link, MigSlot, Node, Owner, OwnerKind, Request
+from gpuledger_core.nvlink import Linked
 from gpuledger_core.packing import make_policy
 from gpuledger_core.pods import PodAsk
 from gpuledger_core.preemption import (
@@ -251,8 +252,8 @@ def test_a_claim_whose_cards_must_share_an_nvlink_group_gets_victims_that_free_l
     ledger = shares_on(node, ("x", 1, 2 * GIB), ("y", 2, 2 * GIB))
     two = RequestAsk("gpu", (("gpu", Request(2)),))
     apart = claim_as_pods(ClaimAsk(ClaimRef("ns", "pair", "uid-pair"), (two,)))[0]
-    linked = claim_as_pods(ClaimAsk(ClaimRef("ns", "pair", "uid-pair"), (two,), linked=(("gpu",),)))[0]
-    assert linked.linked == (("gpu",),)
+    linked = claim_as_pods(ClaimAsk(ClaimRef("ns", "pair", "uid-pair"), (two,), linked=(Linked(2, ("gpu",)),)))[0]
+    assert linked.linked == (Linked(2, ("gpu",)),)
 
     free = on_node(ledger, apart, 100, low("x", "y"), FIT, 1.0)
     assert free is not None and free.evict == ()  # cards 0 and 3, nobody evicted

@@ -23,6 +23,7 @@ from gpuledger_core.model import (
     Owner,
     OwnerKind,
 )
+from gpuledger_core.nvlink import nvlink_groups
 from gpuledger_inventory.publisher import sysfs_pcie_root
 from gpuledger_inventory.slice_fields import binary_quantity, semver
 from gpuledger_inventory.slices import (
@@ -34,7 +35,6 @@ from gpuledger_inventory.slices import (
     differences,
     held_outside_dra,
     manifest,
-    nvlink_groups,
     plan,
     sysfs_bus_id,
     tenancy_of,

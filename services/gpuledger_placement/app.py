@@ -32,6 +32,7 @@ from gpuledger_placement.auditor import Auditor
 from gpuledger_placement.binder import Binder
 from gpuledger_placement.claim_allocator import ClaimAllocator
 from gpuledger_placement.claim_mig import Make
+from gpuledger_placement.claim_preempt_b import ModeBPreemption
 from gpuledger_placement.claims import ClaimsController
 from gpuledger_placement.drainer import Drainer
 from gpuledger_placement.hosts import HostUsage, follow
@@ -242,12 +243,20 @@ async def _serve(
             claims = ClaimsController(pods, store, parts.view, memory_step_mib=settings.dra_memory_step_mib)
             claims.make = _maker(nc)  # a claim's MIG instances made before it is allocated (C) or committed (B)
             lifecycle.background(stack, tasks, claims.run(optional=settings.dra_claims == "auto"))
+            mode_b = None
+            if preemptor is not None and settings.preemption == "on":  # kube-scheduler's claims: preempted for
+                mode_b = ModeBPreemption(pods, claims, parts.view, parts.service.current_policy,
+                                         preemptor.consider_claim, hosts)  # fmt: skip
             if settings.dra_allocation == "on":  # mode C: the ledger allocates the claims of gated pods
                 allocator = ClaimAllocator(pods, claims, parts.view, parts.service.current_policy, hosts)
                 policies = parts.service.policies  # claims weigh in the workload and are placed by it, as pods
                 allocator.chooser, allocator.observe = policies.mig_chooser, policies.observe
                 allocator.preempt = preemptor.consider_claim if preemptor is not None else None
+                if mode_b is not None:  # one watch of unscheduled pods serves both
+                    allocator.refused = mode_b.offer
                 lifecycle.background(stack, tasks, allocator.run())
+            elif mode_b is not None:
+                lifecycle.background(stack, tasks, mode_b.run())
     stack.push_async_callback(parts.view.stop_listening)
     await parts.view.listen(nc)
     for responder in await serve_nats(nc, parts.service, settings.nats_queue):

@@ -114,6 +114,7 @@ class ClaimAllocator:
     preempt: Callable[[Mapping[str, Any], ClaimAsk, list[str]], None] | None = None  # ``Preemptor.consider_claim``
     chooser: Callable[[], MigChooser] = MigChooser  # ``Policies.mig_chooser``: the MIG asks seen weigh placements
     observe: Callable[[PodAsk], None] = lambda _: None  # ``Policies.observe``: a claim counts in the workload
+    refused: Callable[[Mapping[str, Any]], None] = lambda _: None  # ``ModeBPreemption.offer``: pods not gated
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -164,7 +165,10 @@ class ClaimAllocator:
     def offer(self, pod: Mapping[str, Any], gone: bool = False) -> None:
         """Take the pod's newest version; a gated pod is settled (one at a time per uid)."""
         uid = str((pod.get("metadata") or {}).get("uid") or "")
-        if not uid or (not gone and not gated(pod)) or (gone and uid not in self._busy):
+        if not gone and not gated(pod):
+            self.refused(pod)  # kube-scheduler's to allocate: preempted for where it refused it
+            return
+        if not uid or (gone and uid not in self._busy):
             return
         if gone:
             self._pods.pop(uid, None)

@@ -1,6 +1,7 @@
 """The DeviceClasses mode C allocates for (docs/dra-mode-c.md): those whose CEL selectors name
 gpuledger's driver, except a class annotated ``gpuledger.io/allocation: scheduler`` (left to
-kube-scheduler: mode B). Listed again once ``CLASSES_TTL_S`` old."""
+kube-scheduler: mode B), which ``scheduler_too`` keeps (mode B's preemption plans claims of every
+class of the driver). Listed again once ``CLASSES_TTL_S`` old."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class ModeCClasses:
     api: ListApi
     driver: str
     clock: Callable[[], float] = time.time
+    scheduler_too: bool = False  # the classes left to kube-scheduler as well
     at: float = float("-inf")  # when they were listed
     found: dict[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> class
 
@@ -42,7 +44,7 @@ class ModeCClasses:
             str(c["metadata"]["name"]): c
             for c in listed["items"]
             if of_driver(c, self.driver)
-            and ((c["metadata"].get("annotations") or {}).get(CLASS_CHOICE) or "ledger") != "scheduler"
+            and (self.scheduler_too or (c["metadata"].get("annotations") or {}).get(CLASS_CHOICE) != "scheduler")
         }
         self.at = self.clock()
         return self.found

@@ -246,6 +246,40 @@ async def test_a_mode_b_claim_s_pod_is_the_fewest_victims_of_a_mode_c_claim_and_
             assert await claim_entry(nats_server, node, uid) is None
 
 
+async def test_a_mode_b_pod_kube_scheduler_cannot_allocate_for_evicts_the_fewest_low_priority_claims_pods(
+    control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Any
+) -> None:
+    """kube-scheduler allocates (the namespace is not opted in) and has no preemption for devices:
+    placement preempts for the pod it leaves Unschedulable, and kube-scheduler then allocates the
+    freed card itself, which the ledger commits in place of the room it held."""
+    async with gated_world(control_plane, nats_server, placement_kubeconfig, "tesla-p4-2") as world:
+        api, ns, node = world.api, world.ns, world.node.name
+        pods, claims_path = f"/api/v1/namespaces/{ns}/pods", CLAIMS.format(ns=ns)
+        async with priority_classes(api):
+            names = await fill(api, ns)
+            before = await ledger_of(nats_server, node)
+            assert before is not None
+            expected = smallest_sets(before, names, WANT_MIB)
+            assert expected and all(len(s) < len(SHARES) for s in expected), expected
+
+            await api.create(claims_path, share_claim("high", WANT, "10"))
+            created = await api.create(pods, claimed_pod("high", "high", HIGH))
+            assert not created["spec"].get("schedulingGates")  # kube-scheduler's to allocate
+            evicted = await bound_evicting(api, ns, node, names, expected)
+            events = (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]
+            assert {e["involvedObject"]["name"] for e in events if e.get("reason") == "Preempted"} == evicted
+
+            claim = await api.get(f"{claims_path}/high")
+            devices = claims.results_of(claim, DRIVER)
+            assert decided(claim, DRIVER, devices) == COMMITTED  # kube-scheduler's allocation, the ledger's yes
+            entry = await claim_entry(nats_server, node, claim["metadata"]["uid"])
+            assert entry is not None and entry.id == claims.allocation_id(claims.ref_of(claim), devices)
+            victim_cards = {s.index for a in before.live() if names.get(a.owner.id) in evicted for s in a.shares()}
+            assert {s.index for s in entry.shares()} == victim_cards and entry.shares()[0].mem_mib == WANT_MIB
+            for uid, name in names.items():  # the others keep their cards
+                assert (name in evicted) == (await claim_entry(nats_server, node, uid) is None), name
+
+
 async def test_a_claim_of_four_nvlinked_cards_evicts_one_quad_s_low_priority_pods(
     control_plane: ControlPlane, nats_server: NatsServer, placement_kubeconfig: Any
 ) -> None:

@@ -25,6 +25,7 @@ per request, committed: the claim says so once written), on the slices' grid.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from gpuledger_core.packing import NodeState, Policy, from_ledger, rate
 from gpuledger_core.pods import PodAsk, plan_linked
 
 Host = Callable[[NodeName], str]  # why the claim's pod cannot run on the node's host; empty: it can
+Preferred = Callable[[PodAsk, Callable[[str], bool]], Sequence[str]]  # best nodes first, none the 2nd names
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +65,25 @@ def place_claim(
     memory_mib: int = 0,
     state: Callable[[NodeLedger], NodeState] | None = None,
     chooser: MigChooser | None = None,
+    preferred: Preferred | None = None,
 ) -> ClaimPlan:
-    """The claim's allocation on the best node, or ``Exhausted`` naming why each node was not."""
+    """The claim's allocation on the best node, or ``Exhausted`` naming why each node was not.
+    ``preferred``: the best nodes for an ask, from a ranking kept by the caller (placement's, the
+    one classic pods of the shape are placed by); they are planned first, and every node is
+    scored only where none of them takes the claim."""
     chooser = chooser or MigChooser()
     reasons: dict[str, str] = {}
+    by_name = {str(ledger.node.name): ledger for ledger in ledgers} if preferred is not None else {}
     for combo in itertools.product(*(range(len(r.choices)) for r in ask.requests)):
         picked = [r.choices[i] for r, i in zip(ask.requests, combo, strict=True)]
         pod = _as_pod(ask, [request for _, request in picked], cpu_milli, memory_mib)
-        containers = pod.containers
         main = pod.main()
+        if preferred is not None and not pod.mig:
+            for name in preferred(pod, lambda n: n not in by_name or bool(host(NodeName(n)))):
+                with contextlib.suppress(Exhausted):
+                    grants = plan_linked(by_name[name], pod, policy, slots_per_card=slots_per_card,
+                                         mix_isolation=mix_isolation, chooser=chooser)  # fmt: skip
+                    return _claim_plan(ask, picked, by_name[name], grants, allocation_id, now)
         ranked: list[tuple[float, str, NodeLedger]] = []
         for ledger in ledgers:  # scored first (cheap on the caller's states), planned best first
             name = str(ledger.node.name)
@@ -102,16 +114,26 @@ def place_claim(
             if score > best_mig:  # every node planned; the first (by name) of the best scores kept
                 best, best_mig = (ledger, grants), score
         if best is not None:
-            ledger, grants = best
-            chosen = {r.name: result for r, (result, _) in zip(ask.requests, picked, strict=True)}
-            requests = tuple(c.request for c in containers)
-            allocation = Allocation(
-                allocation_id, ask.ref.owner, ledger.node.name, grants, AllocState.BOUND,
-                isolation=ask.isolation, created_at=now, updated_at=now, requests=requests,
-            )  # fmt: skip
-            return ClaimPlan(allocation, chosen)
+            return _claim_plan(ask, picked, *best, allocation_id, now)
     shown = "; ".join(f"{node}: {why}" for node, why in sorted(reasons.items())[:5]) or "no node"
     raise Exhausted(f"{ask.ref.describe()} fits on no node: {shown}")
+
+
+def _claim_plan(
+    ask: ClaimAsk,
+    picked: Sequence[tuple[str, Request]],
+    ledger: NodeLedger,
+    grants: tuple[Grant, ...],
+    allocation_id: AllocationId,
+    now: float,
+) -> ClaimPlan:
+    chosen = {r.name: result for r, (result, _) in zip(ask.requests, picked, strict=True)}
+    requests = tuple(request for _, request in picked)
+    allocation = Allocation(
+        allocation_id, ask.ref.owner, ledger.node.name, grants, AllocState.BOUND,
+        isolation=ask.isolation, created_at=now, updated_at=now, requests=requests,
+    )  # fmt: skip
+    return ClaimPlan(allocation, chosen)
 
 
 PREEMPT_CHOICES = 8  # the combinations of a claim's ``firstAvailable`` choices preemption looks at

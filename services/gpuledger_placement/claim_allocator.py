@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from gpuledger_core import claims
 from gpuledger_core.claim_asks import ClaimAsk, claim_ask
-from gpuledger_core.claim_placement import claim_as_pod, place_claim
+from gpuledger_core.claim_placement import Preferred, claim_as_pod, place_claim
 from gpuledger_core.claim_status import allocation_status
 from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import Conflict, Exhausted, FailedPrecondition, GpuledgerError, InvalidArgument, NotFound
@@ -115,6 +115,7 @@ class ClaimAllocator:
     chooser: Callable[[], MigChooser] = MigChooser  # ``Policies.mig_chooser``: the MIG asks seen weigh placements
     observe: Callable[[PodAsk], None] = lambda _: None  # ``Policies.observe``: a claim counts in the workload
     refused: Callable[[Mapping[str, Any]], None] = lambda _: None  # ``ModeBPreemption.offer``: pods not gated
+    preferred: Preferred | None = None  # ``PlacementService.best_nodes``: the classic pods' ranking
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -350,6 +351,7 @@ class ClaimAllocator:
                     ledgers, ask, policy, AllocationId("c-planned"), now,
                     slots_per_card=self.view.slots_per_card, host=host, mix_isolation=self.view.mix_isolation,
                     state=self._state, cpu_milli=asked.cpu_milli, memory_mib=asked.memory_mib, chooser=chooser,
+                    preferred=self.preferred,
                 )  # fmt: skip
                 node = chosen.allocation.node
                 try:

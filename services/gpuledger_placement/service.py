@@ -265,6 +265,17 @@ class PlacementService:
                 continue
         raise Exhausted(self._nowhere(pod, exclude))
 
+    def best_nodes(self, pod: PodAsk, skip: Callable[[str], bool]) -> list[str]:
+        """The first ``RANKED`` nodes of the view that may take ``pod``, best first under the
+        service's policy, none that ``skip`` names: from the ranking classic pods of its shape are
+        placed by, kept current as nodes change (mode C's claims, ``place_claim``'s ``preferred``).
+        Empty where no ranking answers (a randomized policy, MIG, no container wanting cards)."""
+        self.check()
+        key, policy = self.policies.get(pod.policy or self.policy)
+        if policy.randomized or pod.main() is None or pod.mig:
+            return []
+        return self._best(pod, key, policy, (), skip)
+
     def build_rankings(self, budget: int = BACKGROUND_STEP) -> bool:
         """Rate up to ``budget`` nodes of the rankings being built under a rebuilt policy; True
         while some are left (see ``Rankings.build``)."""
@@ -308,19 +319,26 @@ class PlacementService:
         self.rng.shuffle(ranked)
         return ranked[:RANKED]
 
-    def _best(self, pod: PodAsk, key: PolicyKey, policy: Policy, exclude: Collection[str]) -> list[str]:
-        """The first ``RANKED`` nodes of the view that fit, best first, none of ``exclude``: from the
-        question's ranking for the nodes as the view has them, and rated afresh for the nodes that
-        have pods assumed on them."""
+    def _best(
+        self,
+        pod: PodAsk,
+        key: PolicyKey,
+        policy: Policy,
+        exclude: Collection[str],
+        also: Callable[[str], bool] = lambda _: False,
+    ) -> list[str]:
+        """The first ``RANKED`` nodes of the view that fit, best first, none of ``exclude`` nor
+        that ``also`` names: from the question's ranking for the nodes as the view has them, and
+        rated afresh for the nodes that have pods assumed on them."""
         ranking = self._ranking(pod, key, policy)
         now, assumed = self.view.clock(), self.assumed.nodes
         stale = self.view.stale if self.view.stale_after_s else None
 
         def skip(name: str) -> bool:
-            return name in exclude or name in assumed or (stale is not None and stale(name, now))
+            return name in exclude or name in assumed or (stale is not None and stale(name, now)) or also(name)
 
         found = [(-score, order, name) for score, order, name in ranking.best(RANKED, skip)]
-        counted = [name for name in assumed if name not in exclude and name in self.view.entries]
+        counted = [name for name in assumed if name not in exclude and name in self.view.entries and not also(name)]
         for name, score in self._rates(pod, counted, key, policy).items():
             if score is not None:
                 found.append((-score, self.view.order.get(name, 0), name))

@@ -11,7 +11,7 @@ scored first and planned best first until one takes the whole claim: the same ch
 every node and taking the best, with one plan where the best node fits. A
 ``firstAvailable`` request tries its subrequests in order: the first combination that fits
 somewhere wins. Requests linked by an NVLink ``matchAttribute`` get cards in one of the node's
-NVLink groups of that size, the attribute's value (``pods.plan_linked``: the policy's plan if it
+NVLink groups of that size, the attribute's value (``pods.plan``: the policy's plan if it
 keeps them, else its plan inside each group); a node where no group takes them is passed over.
 
 A claim with MIG requests (``Request.mig``, the MIG DeviceClass) is planned on every node its host
@@ -39,7 +39,7 @@ from gpuledger_core.mig_fit import mig_score
 from gpuledger_core.mig_place import MigChooser
 from gpuledger_core.model import Allocation, AllocState, Grant, Request
 from gpuledger_core.packing import NodeState, Policy, from_ledger, rate
-from gpuledger_core.pods import PodAsk, plan_linked
+from gpuledger_core.pods import PodAsk, plan
 
 Host = Callable[[NodeName], str]  # why the claim's pod cannot run on the node's host; empty: it can
 Preferred = Callable[[PodAsk, Callable[[str], bool]], Sequence[str]]  # best nodes first, none the 2nd names
@@ -81,7 +81,7 @@ def place_claim(
         if preferred is not None and not pod.mig:
             for name in preferred(pod, lambda n: n not in by_name or bool(host(NodeName(n)))):
                 with contextlib.suppress(Exhausted):
-                    grants = plan_linked(by_name[name], pod, policy, slots_per_card=slots_per_card,
+                    grants = plan(by_name[name], pod, policy, slots_per_card=slots_per_card,
                                          mix_isolation=mix_isolation, chooser=chooser)  # fmt: skip
                     return _claim_plan(ask, picked, by_name[name], grants, allocation_id, now)
         ranked: list[tuple[float, str, NodeLedger]] = []
@@ -101,7 +101,7 @@ def place_claim(
         best_mig = float("-inf")
         for _, name, ledger in sorted(ranked, key=lambda r: (r[0], r[1])):
             try:
-                grants = plan_linked(
+                grants = plan(
                     ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation, chooser=chooser
                 )
             except Exhausted as err:

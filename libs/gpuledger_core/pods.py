@@ -123,14 +123,13 @@ def impossible(node: NodeState, ask: Ask) -> str:
     return ""
 
 
-def plan(
+def _plan_cards(
     ledger: NodeLedger,
     pod: PodAsk,
     policy: Policy,
-    *,
     slots_per_card: int | None,
-    mix_isolation: bool = False,
-    chooser: MigChooser | None = None,
+    mix_isolation: bool,
+    chooser: MigChooser | None,
 ) -> tuple[Grant, ...]:
     """Cards for every container of ``pod`` on this node, or ``Exhausted`` with the reason. With
     ``slots_per_card`` (None: slots not counted) a card whose slots are all held takes no one new,
@@ -165,7 +164,7 @@ def plan(
     return tuple(grants)
 
 
-def plan_linked(
+def plan(
     ledger: NodeLedger,
     pod: PodAsk,
     policy: Policy,
@@ -174,12 +173,13 @@ def plan_linked(
     mix_isolation: bool = False,
     chooser: MigChooser | None = None,
 ) -> tuple[Grant, ...]:
-    """``plan``, keeping the pod's NVLink constraints (``linked``): the policy's own plan where it
-    keeps them, else the policy's plan inside the node's NVLink groups (one group per constraint,
-    the node's other cards fenced off for the whole pod), in the groups most used first (the
-    untouched ones are kept whole for the next linked pod); ``Exhausted`` naming why where none
-    keeps them."""
-    grants = plan(ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation, chooser=chooser)
+    """Cards for every container of ``pod`` on this node, or ``Exhausted`` with the reason
+    (``_plan_cards``: slots, isolation tiers, MIG instances). A pod with NVLink constraints
+    (``linked``, a claim's) keeps them: the policy's own plan where it does, else the policy's plan
+    inside the node's NVLink groups (one group per constraint, the node's other cards fenced off
+    for the whole pod), the groups most used first (the untouched ones are kept whole for the next
+    linked pod); ``Exhausted`` naming the broken constraint where none keeps them."""
+    grants = _plan_cards(ledger, pod, policy, slots_per_card, mix_isolation, chooser)
     why = pod.unlinked(ledger.node, grants)
     if not why:
         return grants
@@ -188,8 +188,7 @@ def plan_linked(
     allowed = sorted({frozenset().union(*combo) for combo in combos}, key=lambda a: (sum(free[i] for i in a), min(a)))
     for cards in allowed:
         with contextlib.suppress(Exhausted):
-            found = plan(_fenced(ledger, cards), pod, policy, slots_per_card=slots_per_card,
-                         mix_isolation=mix_isolation, chooser=chooser)  # fmt: skip
+            found = _plan_cards(_fenced(ledger, cards), pod, policy, slots_per_card, mix_isolation, chooser)
             if not pod.unlinked(ledger.node, found):
                 return found
     raise Exhausted(f"{ledger.node.name}: {why}")

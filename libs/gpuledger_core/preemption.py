@@ -39,7 +39,7 @@ from gpuledger_core.ids import AllocationId, CardUuid, NodeName
 from gpuledger_core.ledger import NodeLedger, share_problem
 from gpuledger_core.model import Allocation, Grant, Request
 from gpuledger_core.packing import Policy
-from gpuledger_core.pods import PodAsk, plan_linked
+from gpuledger_core.pods import PodAsk, plan
 
 PREEMPTED_BY = "preempted by "  # how the reason of an entry that preemption released begins
 MOVED_FOR = "moved for "  # and one that defragmentation released (its pod moved elsewhere)
@@ -112,7 +112,7 @@ class Fit:
         dropped = frozenset(gone)
         kept = NodeLedger(ledger.node, tuple(a for a in ledger.allocations if a.id not in dropped))
         try:
-            return plan_linked(  # NVLink constraints kept, as mode C places such a claim
+            return plan(  # NVLink constraints kept, as mode C places such a claim
                 kept, pod, self.policy, slots_per_card=self.slots_per_card, mix_isolation=self.mix_isolation
             )
         except Exhausted:

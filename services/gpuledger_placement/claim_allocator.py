@@ -61,11 +61,11 @@ from gpuledger_placement.metrics import CLAIMS_ALLOCATED
 from gpuledger_placement.pod_events import pod_event
 from gpuledger_placement.preemption_holders import priority_of
 from gpuledger_placement.preemption_note import preemption_of, victim_left
+from gpuledger_placement.unscheduled import follow_unscheduled
 from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
 FINALIZER = ALLOCATED_BY_LEDGER
-PODS = "/api/v1/pods"
 JSON_PATCH = "application/json-patch+json"
 RETRY_S = 5.0
 CONCURRENCY = 64  # pods settled at once: each holds its slot through four API calls and a ledger write
@@ -139,29 +139,9 @@ class ClaimAllocator:
                 task.cancel()
 
     async def _follow(self) -> None:
-        """List and watch unscheduled pods, and allocate the claims of the gated ones; again after
-        any failure."""
+        """Follow the unscheduled pods and allocate the claims of the gated ones."""
         await self.view.ready.wait()
-        while True:
-            try:
-                listed = await self.api.list_objects(PODS, {"fieldSelector": "spec.nodeName="})
-                for pod in listed["items"]:
-                    self.offer(pod)
-                await self._watch(str((listed.get("metadata") or {}).get("resourceVersion") or ""))
-            except GpuledgerError as err:
-                log.warning("allocation: following pods failed (%s); listing again in %gs", err, self.retry_s)
-            await asyncio.sleep(self.retry_s)
-
-    async def _watch(self, version: str) -> None:
-        while True:
-            params = {"fieldSelector": "spec.nodeName=", "resourceVersion": version}
-            async for event in self.api.watch(PODS, params):
-                obj = event.get("object") or {}
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                if event.get("type") in ("ADDED", "MODIFIED"):
-                    self.offer(obj)
-                elif event.get("type") == "DELETED":
-                    self.offer(obj, gone=True)
+        await follow_unscheduled(self.api, self.offer, self.retry_s, "allocation")
 
     def offer(self, pod: Mapping[str, Any], gone: bool = False) -> None:
         """Take the pod's newest version; a gated pod is settled (one at a time per uid)."""

@@ -38,10 +38,10 @@ from gpuledger_placement.claims import ClaimsController, claim_path
 from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.host_fit import host_refusal
 from gpuledger_placement.hosts import HostUsage
+from gpuledger_placement.unscheduled import follow_unscheduled
 from gpuledger_placement.view import FleetView
 
 log = logging.getLogger(__name__)
-PODS = "/api/v1/pods"
 RETRY_S = 10.0  # a pod looked at again at most this often
 
 
@@ -83,22 +83,7 @@ class ModeBPreemption:
     async def run(self) -> None:
         """Follow the unscheduled pods (where mode C's allocator does not, which offers them)."""
         await self.view.ready.wait()
-        while True:
-            try:
-                listed = await self.api.list_objects(PODS, {"fieldSelector": "spec.nodeName="})
-                for pod in listed["items"]:
-                    self.offer(pod)
-                version = str((listed.get("metadata") or {}).get("resourceVersion") or "")
-                while True:
-                    params = {"fieldSelector": "spec.nodeName=", "resourceVersion": version}
-                    async for event in self.api.watch(PODS, params):
-                        obj = event.get("object") or {}
-                        version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-                        if event.get("type") in ("ADDED", "MODIFIED"):
-                            self.offer(obj)
-            except GpuledgerError as err:
-                log.warning("preemption (mode B): following pods failed (%s); listing again in %gs", err, RETRY_S)
-            await asyncio.sleep(RETRY_S)
+        await follow_unscheduled(self.api, lambda pod, gone: None if gone else self.offer(pod), RETRY_S, "preemption")
 
     def offer(self, pod: Mapping[str, Any]) -> None:
         """Look at the pod in the background if kube-scheduler refused it and it was not looked at

@@ -119,6 +119,16 @@ async def ensure_device_class(api: KubeApi) -> None:
                 raise
 
 
+def claimed_pod(name: str, claim: str, priority_class: str) -> dict[str, Any]:
+    """A pod of the claim with a priority class (labelled ``tier: <class>``), on no node named:
+    kube-scheduler binds it where its claim is allocated."""
+    body = claim_pod(name, "", claim)
+    del body["spec"]["affinity"]
+    body["spec"]["priorityClassName"] = priority_class
+    body["metadata"]["labels"] = {"tier": priority_class}
+    return body
+
+
 def share_claim(name: str, memory: str = "10Gi", compute: str = "25") -> dict[str, Any]:
     request = {
         "name": "gpu",

@@ -19,12 +19,13 @@ from typing import Any
 import pytest
 
 from gpuledger_core import claims
+from gpuledger_core.ledger import NodeLedger
 from gpuledger_dev.controlplane.cluster import ControlPlane
 from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.slices import DRIVER
 from gpuledger_placement import claim_veto
 from gpuledger_placement.claim_fields import COMMITTED, DELETE_PROTECTION, decided
-from tests.e2e.dra_helpers import CLAIMS, claim_pod, share_claim
+from tests.e2e.dra_helpers import CLAIMS, claimed_pod, share_claim
 from tests.e2e.dra_ledger import bound as pod_bound
 from tests.e2e.dra_ledger import claim_entry, gated_world, ledger_of
 from tests.e2e.helpers import HIGH, LOW, priority_classes, smallest_sets
@@ -34,15 +35,6 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session"
 SHARES = ("4Gi", "2Gi", "2Gi", "2Gi", "2Gi")  # best fit puts 4 + 2 GiB on one card, 2 + 2 + 2 on the other
 WANT = "5Gi"
 WANT_MIB = 5120
-
-
-def claimed_pod(name: str, claim: str, priority_class: str) -> dict[str, Any]:
-    """A pod of the claim, for kube-scheduler to bind where mode C allocates the claim."""
-    body = claim_pod(name, "", claim)
-    del body["spec"]["affinity"]
-    body["spec"]["priorityClassName"] = priority_class
-    body["metadata"]["labels"] = {"tier": priority_class}
-    return body
 
 
 async def fill(api: Any, ns: str) -> dict[str, str]:
@@ -55,6 +47,16 @@ async def fill(api: Any, ns: str) -> dict[str, str]:
         await pod_bound(api, ns, f"low-{i}")
         names[made["metadata"]["uid"]] = f"low-{i}"
     return names
+
+
+async def filled(api: Any, ns: str, server: NatsServer, node: str) -> tuple[dict[str, str], NodeLedger, list[set[str]]]:
+    """``fill``, then the node's ledger and the smallest sets of its pods a 5 GiB share may evict."""
+    names = await fill(api, ns)
+    before = await ledger_of(server, node)
+    assert before is not None
+    expected = smallest_sets(before, names, WANT_MIB)
+    assert expected and all(len(s) < len(SHARES) for s in expected), expected
+    return names, before, expected
 
 
 async def events_of(api: Any, ns: str, reason: str) -> list[dict[str, Any]]:
@@ -99,11 +101,7 @@ async def test_a_high_priority_claim_evicts_the_fewest_low_priority_claims_pods_
         pods = f"/api/v1/namespaces/{ns}/pods"
         await api.patch(f"/api/v1/namespaces/{ns}", {"metadata": {"labels": {"gpuledger.io/allocation": "ledger"}}})
         async with priority_classes(api):
-            names = await fill(api, ns)
-            before = await ledger_of(nats_server, node)
-            assert before is not None
-            expected = smallest_sets(before, names, WANT_MIB)
-            assert expected and all(len(s) < len(SHARES) for s in expected), expected
+            names, before, expected = await filled(api, ns, nats_server, node)
 
             await api.create(CLAIMS.format(ns=ns), share_claim("equal", WANT, "10"))
             same = await api.create(pods, claimed_pod("equal", "equal", LOW))
@@ -256,11 +254,7 @@ async def test_a_mode_b_pod_kube_scheduler_cannot_allocate_for_evicts_the_fewest
         api, ns, node = world.api, world.ns, world.node.name
         pods, claims_path = f"/api/v1/namespaces/{ns}/pods", CLAIMS.format(ns=ns)
         async with priority_classes(api):
-            names = await fill(api, ns)
-            before = await ledger_of(nats_server, node)
-            assert before is not None
-            expected = smallest_sets(before, names, WANT_MIB)
-            assert expected and all(len(s) < len(SHARES) for s in expected), expected
+            names, before, expected = await filled(api, ns, nats_server, node)
 
             await api.create(claims_path, share_claim("high", WANT, "10"))
             created = await api.create(pods, claimed_pod("high", "high", HIGH))

@@ -15,7 +15,7 @@ import pytest
 
 from gpuledger_dev.controlplane.cluster import ControlPlane
 from gpuledger_dev.natsserver import NatsServer
-from tests.e2e.dra_helpers import CLAIMS, claim_pod, share_claim
+from tests.e2e.dra_helpers import CLAIMS, claimed_pod, share_claim
 from tests.e2e.dra_ledger import bound as pod_bound
 from tests.e2e.dra_ledger import claim_entry, gated_world
 from tests.e2e.helpers import HIGH, LOW, priority_classes
@@ -23,13 +23,6 @@ from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio(loop_scope="session")]
 WAITING = ("low-0", "low-1", "low-2", "low-3")
-
-
-def claimed_pod(name: str, priority_class: str) -> dict[str, Any]:
-    body = claim_pod(name, "", name)
-    del body["spec"]["affinity"]
-    body["spec"]["priorityClassName"] = priority_class
-    return body
 
 
 async def test_a_freed_card_goes_to_the_waiting_pod_of_highest_priority(
@@ -43,7 +36,7 @@ async def test_a_freed_card_goes_to_the_waiting_pod_of_highest_priority(
             kept = {}
             for name in ("keep-0", "keep-1"):  # 5 GiB of a 7.5 GiB card each: one on each card
                 made = await api.create(claims_path, share_claim(name, "5Gi", "10"))
-                await api.create(pods, claimed_pod(name, HIGH))
+                await api.create(pods, claimed_pod(name, name, HIGH))
                 await pod_bound(api, ns, name)
                 kept[name] = made["metadata"]["uid"]
 
@@ -54,7 +47,7 @@ async def test_a_freed_card_goes_to_the_waiting_pod_of_highest_priority(
 
             for name in (*WAITING, "high"):
                 await api.create(claims_path, share_claim(name, "5Gi", "10"))
-                await api.create(pods, claimed_pod(name, LOW if name in WAITING else HIGH))
+                await api.create(pods, claimed_pod(name, name, LOW if name in WAITING else HIGH))
             for name in (*WAITING, "high"):
                 await wait_for(functools.partial(refused, name), 60, f"pod {name} refused: no room", 0.2)
             await asyncio.sleep(6)  # every waiting pod well into its back-off (up to 5 s between tries)

@@ -107,7 +107,7 @@ class ModeBPreemption:
             ask = await self._short(pod)
             if ask is not None:
                 host = host_refusal(pod, self.hosts, self.view)
-                log.info("preemption (mode B): %s of pod %s fits on no node", ask.ref.describe(), describe(pod))
+                log.debug("preemption (mode B): %s of pod %s fits on no node", ask.ref.describe(), describe(pod))
                 self.preempt(pod, ask, [n for n in sorted(self.view.entries) if not host(NodeName(n))])
         except GpuledgerError as err:
             log.warning("preemption (mode B): pod %s not looked at (%s)", describe(pod), err)

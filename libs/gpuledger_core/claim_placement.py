@@ -82,7 +82,7 @@ def place_claim(
             for name in preferred(pod, lambda n: n not in by_name or bool(host(NodeName(n)))):
                 with contextlib.suppress(Exhausted):
                     grants = plan(by_name[name], pod, policy, slots_per_card=slots_per_card,
-                                         mix_isolation=mix_isolation, chooser=chooser)  # fmt: skip
+                                  mix_isolation=mix_isolation, chooser=chooser)  # fmt: skip
                     return _claim_plan(ask, picked, by_name[name], grants, allocation_id, now)
         ranked: list[tuple[float, str, NodeLedger]] = []
         for ledger in ledgers:  # scored first (cheap on the caller's states), planned best first

@@ -324,9 +324,7 @@ class ClaimAllocator:
         self.claims.allocating.add(ref.uid)
         try:
             for _ in range(CHOICE_ROUNDS):  # claims placed at once fill a node the view still shows free
-                ledgers = self._held_room(ref, now) or [
-                    e.ledger for name, e in sorted(self.view.entries.items()) if not self.view.stale(name)
-                ]
+                ledgers = self._held_room(ref, now) or self.view.fresh_ledgers()
                 chosen = place_claim(
                     ledgers, ask, policy, AllocationId("c-planned"), now,
                     slots_per_card=self.view.slots_per_card, host=host, mix_isolation=self.view.mix_isolation,

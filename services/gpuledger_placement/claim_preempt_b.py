@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpuledger_core.claim_asks import ClaimAsk, claim_ask
-from gpuledger_core.claim_placement import place_claim
+from gpuledger_core.claim_placement import Host, place_claim
 from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import Exhausted, GpuledgerError, InvalidArgument, NotFound
 from gpuledger_core.ids import AllocationId, NodeName
@@ -104,9 +104,9 @@ class ModeBPreemption:
     async def _look(self, pod: Mapping[str, Any]) -> None:
         uid = str(pod["metadata"]["uid"])
         try:
-            ask = await self._short(pod)
+            host = host_refusal(pod, self.hosts, self.view)
+            ask = await self._short(pod, host)
             if ask is not None:
-                host = host_refusal(pod, self.hosts, self.view)
                 log.debug("preemption (mode B): %s of pod %s fits on no node", ask.ref.describe(), describe(pod))
                 self.preempt(pod, ask, [n for n in sorted(self.view.entries) if not host(NodeName(n))])
         except GpuledgerError as err:
@@ -114,7 +114,7 @@ class ModeBPreemption:
         finally:
             del self._busy[uid]
 
-    async def _short(self, pod: Mapping[str, Any]) -> ClaimAsk | None:
+    async def _short(self, pod: Mapping[str, Any], host: Host) -> ClaimAsk | None:
         """The first of the pod's unallocated claims of the driver that fits on no node its host
         takes; None where every one fits (or none is the driver's)."""
         names = claim_names(pod)
@@ -122,7 +122,7 @@ class ModeBPreemption:
             return None  # a template's claim is not made yet: kube-scheduler waits for it too
         namespace = str(pod["metadata"]["namespace"])
         classes = await self._classes.get()
-        host, asked, now = host_refusal(pod, self.hosts, self.view), pod_ask_from(pod), self.clock()
+        asked, now = pod_ask_from(pod), self.clock()
         for name in names:
             try:
                 raw = self.claims.cache.seen(namespace, name) or await self.api.get_object(
@@ -138,10 +138,9 @@ class ModeBPreemption:
                 continue  # nothing the ledger would place: kube-scheduler's alone
             if ask is None:
                 continue
-            ledgers = [e.ledger for n, e in sorted(self.view.entries.items()) if not self.view.stale(n)]
             try:
                 place_claim(
-                    ledgers, ask, self.policy(), AllocationId("b-planned"), now,
+                    self.view.fresh_ledgers(), ask, self.policy(), AllocationId("b-planned"), now,
                     slots_per_card=self.view.slots_per_card, host=host, mix_isolation=self.view.mix_isolation,
                     cpu_milli=asked.cpu_milli, memory_mib=asked.memory_mib,
                 )  # fmt: skip

@@ -264,8 +264,8 @@ class Preemptor:
             moved = raws.get(allocation.owner.id)
             return moved is not None and not host_refusal(moved, hosts, view)(node)
 
-        ledgers = [e.ledger for name, e in sorted(view.entries.items()) if not view.stale(name)]
-        found = repack(ledgers, pod, movable, fit, self.clock(), budget, host, {NodeName(n) for n in nodes})
+        targets = {NodeName(n) for n in nodes}
+        found = repack(view.fresh_ledgers(), pod, movable, fit, self.clock(), budget, host, targets)
         if found is None:
             return None
         for move in found.moves:

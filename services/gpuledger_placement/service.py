@@ -238,7 +238,7 @@ class PlacementService:
         self.assumed.expire()
         pod = self.resolve(pod)
         key, policy = self.policies.get(pod.policy or self.policy)
-        if policy.randomized or pod.main() is None or pod.mig:
+        if not _from_ranking(pod, policy):
             return scale(self._rates(pod, names, key, policy))
         return scale(self._ranked_rates(pod, names, key, policy))
 
@@ -251,7 +251,7 @@ class PlacementService:
         pod = self.resolve(pod)
         key, policy = self.policies.get(pod.policy or self.policy)
         self.policies.observe(pod)
-        if policy.randomized or pod.main() is None or pod.mig:
+        if not _from_ranking(pod, policy):
             ranked = self._ranked(pod, [name for name in self.view.entries if name not in exclude], key, policy)
         else:
             ranked = self._best(pod, key, policy, exclude)
@@ -272,9 +272,7 @@ class PlacementService:
         Empty where no ranking answers (a randomized policy, MIG, no container wanting cards)."""
         self.check()
         key, policy = self.policies.get(pod.policy or self.policy)
-        if policy.randomized or pod.main() is None or pod.mig:
-            return []
-        return self._best(pod, key, policy, (), skip)
+        return self._best(pod, key, policy, (), skip) if _from_ranking(pod, policy) else []
 
     def build_rankings(self, budget: int = BACKGROUND_STEP) -> bool:
         """Rate up to ``budget`` nodes of the rankings being built under a rebuilt policy; True
@@ -474,3 +472,9 @@ class PlacementService:
         more = len(reasons) - SHOWN_REASONS
         shown = "; ".join(reasons[:SHOWN_REASONS]) + (f"; and {more} more node(s)" if more > 0 else "")
         return f"{pod.owner.describe()} fits on no node: {shown}"
+
+
+def _from_ranking(pod: PodAsk, policy: Policy) -> bool:
+    """Whether the pod's nodes come from a question's ranking (``Rankings``): not for a randomized
+    policy, a pod with MIG asks or none that wants cards (each node rated on its own then)."""
+    return not policy.randomized and pod.main() is not None and not pod.mig

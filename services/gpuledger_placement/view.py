@@ -189,6 +189,10 @@ class FleetView:
         now = self.clock() if now is None else now
         return now - self.heartbeats.get(node, self.started_at or now) > self.stale_after_s
 
+    def fresh_ledgers(self) -> list[NodeLedger]:
+        """The ledgers of the nodes not stale, by node name."""
+        return [entry.ledger for name, entry in sorted(self.entries.items()) if not self.stale(name)]
+
     def card_memory(self) -> int:
         """The most common card memory size in the fleet (sizes memory shares for the workload)."""
         common = [size for size, n in self.memories.most_common(1) if n > 0]

@@ -17,6 +17,12 @@ prices ``pi >= 0``, let ``U_t`` bound ``value(p) - pi . a(p)`` over every patter
 LP dual, so ``sum_t N_t max(U_t, 0) + sum_i n_i pi_i`` bounds the LP relaxation, which bounds every
 integer placement (weak duality; this is Farley's bound). The smallest over the rounds is reported.
 See docs/placement.md.
+
+``keep`` asks a narrower question: the most GPU any placement allocates that still places every
+kept pod (anywhere), with any of the other pods. With pods already placed as ``keep``, this bounds
+what any rearrangement of them (defragmentation, however many moves) can reach. A kept kind's row
+gets a lower bound ``k_i``, its price may then be negative, and the dual term of the row is
+``n_i max(pi_i, 0) + k_i min(pi_i, 0)``; the argument is otherwise the same.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from random import Random
 import highspy
 import numpy as np
 
+from gpuledger_core.errors import InvalidArgument
 from gpuledger_sim.replay import Attempt, arrival_order
 from gpuledger_sim.trace import WHOLE, TraceNode, TracePod
 
@@ -134,16 +141,22 @@ def bound(
     pricing_s: float = 2.0,
     budget_s: float = 900.0,
     start: Sequence[tuple[TraceNode, Sequence[TracePod]]] = (),
+    keep: Sequence[TracePod] = (),
     progress: Callable[[int, float, float], None] | None = None,
 ) -> Bound:
     """Column generation until the proven bound is within ``gap_milli`` of the LP, or out of rounds
-    or time; the bound is valid either way. ``start``: feasible node contents as first columns."""
+    or time; the bound is valid either way. ``start``: feasible node contents as first columns.
+    ``keep``: pods (among ``pods``) every placement counted must place; ``start`` must place them
+    all, or the question has no feasible first answer and ``InvalidArgument`` says so."""
     started = time.perf_counter()
     node_kinds, pod_kinds = kinds_of(nodes, pods)
+    kept = kinds_of((), keep)[1]
+    if kept - pod_kinds:
+        raise InvalidArgument("keep", "every kept pod must be one of the pods")
     capacity = sum(n.gpus for n in nodes) * WHOLE
     arrived = sum(kind.value * n for kind, n in pod_kinds.items())
     nk, pk = sorted(node_kinds), sorted(pod_kinds)
-    master = Master(nk, pk, node_kinds, pod_kinds)
+    master = Master(nk, pk, node_kinds, pod_kinds, kept)
     index = {kind: i for i, kind in enumerate(pk)}
     for node, placed in start:  # feasible node contents (a policy's placement) as first columns
         held = Counter(index[_pod_kind(p)] for p in placed if p.num_gpu)
@@ -154,7 +167,7 @@ def bound(
     while rounds < max_rounds:
         rounds += 1
         lp, prices = master.solve()
-        proven = sum(n * p for n, p in zip((pod_kinds[k] for k in pk), prices, strict=True))
+        proven = sum(pod_kinds[k] * max(p, 0.0) + kept[k] * min(p, 0.0) for k, p in zip(pk, prices, strict=True))
         added = 0
         for t, pricer in enumerate(pricers):
             upper, pattern = pricer.solve(prices)
@@ -190,14 +203,23 @@ class Master:
     """The restricted master LP: rows are node kinds (<= N_t), then pod kinds (<= n_i)."""
 
     def __init__(
-        self, nk: list[NodeKind], pk: list[PodKind], node_kinds: Counter[NodeKind], pod_kinds: Counter[PodKind]
+        self,
+        nk: list[NodeKind],
+        pk: list[PodKind],
+        node_kinds: Counter[NodeKind],
+        pod_kinds: Counter[PodKind],
+        kept: Counter[PodKind],
     ) -> None:
         self.h = _silent()
         self.h.changeObjectiveSense(highspy.ObjSense.kMaximize)
         self.nodes, self.pods = len(nk), len(pk)
+        self.kept = [kept[kind] > 0 for kind in pk]
         inf = highspy.kHighsInf
-        for count in [node_kinds[kind] for kind in nk] + [pod_kinds[kind] for kind in pk]:
+        for count in [node_kinds[kind] for kind in nk]:
             self.h.addRow(-inf, float(count), 0, np.array([], np.int32), np.array([]))
+        for kind in pk:
+            low = float(kept[kind]) if kept[kind] else -inf
+            self.h.addRow(low, float(pod_kinds[kind]), 0, np.array([], np.int32), np.array([]))
         self.values = [kind.value for kind in pk]
         self.duals: list[float] = [0.0] * (self.nodes + self.pods)
         for t, node in enumerate(nk):
@@ -212,9 +234,15 @@ class Master:
         self.h.addCol(value, 0.0, highspy.kHighsInf, len(rows), np.array(rows, np.int32), np.array(coefs))
 
     def solve(self) -> tuple[float, list[float]]:
-        """The LP value and the pod prices (duals of the pod rows, made non-negative)."""
+        """The LP value and the pod prices: the duals of the pod rows, made non-negative where a
+        row has no lower bound (a kept kind's price keeps its sign: HiGHS gives a maximisation's
+        duals as the objective's gain per unit a row's bound rises)."""
         self.h.run()
-        self.duals = [abs(d) for d in self.h.getSolution().row_dual]
+        if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+            raise InvalidArgument("keep", "no first placement places every kept pod: give one in start")
+        duals = list(self.h.getSolution().row_dual)
+        kept = [False] * self.nodes + self.kept
+        self.duals = [d if k else abs(d) for d, k in zip(duals, kept, strict=True)]
         return float(self.h.getInfo().objective_function_value), self.duals[self.nodes :]
 
     def node_price(self, t: int) -> float:

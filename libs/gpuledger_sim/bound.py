@@ -213,7 +213,7 @@ class Master:
         self.h = _silent()
         self.h.changeObjectiveSense(highspy.ObjSense.kMaximize)
         self.nodes, self.pods = len(nk), len(pk)
-        self.kept = [kept[kind] > 0 for kind in pk]
+        self.signed = [False] * self.nodes + [kept[kind] > 0 for kind in pk]  # rows whose price keeps its sign
         inf = highspy.kHighsInf
         for count in [node_kinds[kind] for kind in nk]:
             self.h.addRow(-inf, float(count), 0, np.array([], np.int32), np.array([]))
@@ -240,9 +240,8 @@ class Master:
         self.h.run()
         if self.h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             raise InvalidArgument("keep", "no first placement places every kept pod: give one in start")
-        duals = list(self.h.getSolution().row_dual)
-        kept = [False] * self.nodes + self.kept
-        self.duals = [d if k else abs(d) for d, k in zip(duals, kept, strict=True)]
+        duals = self.h.getSolution().row_dual
+        self.duals = [d if signed else abs(d) for d, signed in zip(duals, self.signed, strict=True)]
         return float(self.h.getInfo().objective_function_value), self.duals[self.nodes :]
 
     def node_price(self, t: int) -> float:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from pathlib import Path
 from random import Random
 
@@ -21,6 +20,7 @@ from gpuledger_sim import cli
 from gpuledger_sim.bound import arrived_at_100, bound, start_from
 from gpuledger_sim.replay import Attempt, Config, replay
 from gpuledger_sim.trace import TraceNode, TracePod, read_nodes, read_pods
+from tests.unit.sim.conftest import NODES, PODS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -189,14 +189,12 @@ def test_cli_prints_the_bound_and_the_distance(tmp_path: Path, capsys: pytest.Ca
     )
 
 
-def test_the_defragmentation_bound_keeps_the_pods_placed_before_the_first_failure() -> None:
+def test_the_defragmentation_bound_keeps_the_pods_placed_before_the_first_failure(trace: Path) -> None:
     """``sim_bound --keep``'s pods on the slice of the real trace in the repo: ``prefix`` keeps
     exactly the pods ``default`` placed before its first failure (a real constraint there: pods
     fail before 100 % arrived), ``placed`` every pod it placed up to 100 %. (The bound with them
     kept takes a minute or more on the slice: the brute-force test above checks it.)"""
-    data = Path(os.environ.get("GPULEDGER_OPENB_DIR", Path(__file__).resolve().parents[2] / "data" / "openb"))
-    nodes = read_nodes(data / "openb_node_list_gpu_node.csv")
-    pods = read_pods(data / "openb_pod_list_default.csv")
+    nodes, pods = read_nodes(trace / NODES), read_pods(trace / PODS)
     seen: list[Attempt] = []
     replay(nodes, pods, Config("default", 42), seen.append)
     arrived = seen[: len(arrived_at_100(nodes, pods, 42, 1.3))]

@@ -25,7 +25,6 @@ in the same order.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from pathlib import Path
 
@@ -34,27 +33,16 @@ import pytest
 from gpuledger_sim import check, cli
 from gpuledger_sim.replay import Config, replay
 from gpuledger_sim.trace import read_nodes, read_pods
-from tests.requires import unavailable
+from tests.unit.sim.conftest import NODES, PODS
 
 pytestmark = pytest.mark.timeout(120)
 
-# tox sets GPULEDGER_OPENB_DIR to the slice in the repo; another directory of openb files may be named.
-DATA = Path(os.environ.get("GPULEDGER_OPENB_DIR", Path(__file__).resolve().parents[2] / "data" / "openb"))
-NODES = "openb_node_list_gpu_node.csv"
-PODS = "openb_pod_list_default.csv"
 SEEDS = range(42, 52)
 # default's median on the slice, measured at 6478217 (exact: placement is deterministic per seed).
 RECORDED_DEFAULT = 3.9765
 # About the spread of default's seeds on the slice (3.84-4.16): a change of the policy that moves its
 # median further has changed how it packs, and this figure and docs/placement.md need a new look.
 TOLERANCE = 0.3
-
-
-@pytest.fixture(scope="module")
-def trace() -> Path:
-    if not (DATA / NODES).is_file() or not (DATA / PODS).is_file():
-        unavailable(f"the openb trace slice ({DATA / NODES}, {DATA / PODS})", "it is in the repo: tests/data/openb")
-    return DATA
 
 
 def median_unallocated(trace: Path, policy: str) -> float:

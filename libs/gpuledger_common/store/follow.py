@@ -65,8 +65,22 @@ class _Pump(Generic[T]):
         self.queue.put_nowait((False, RECONNECTED))
 
     async def close(self) -> None:
+        """Cancel both tasks and wait until they have ended. Both are cancelled before any wait, and
+        the wait goes on shielded: a cancellation of the caller meanwhile (a stop repeats its
+        cancel) ends the caller's wait, not the closing, so neither task is left running."""
+        for task in self.tasks:
+            task.cancel()
+        ending = asyncio.ensure_future(self._ended())
+        _ENDING.add(ending)  # held until done: the loop keeps only weak references to tasks
+        ending.add_done_callback(_ENDING.discard)
+        await asyncio.shield(ending)
+
+    async def _ended(self) -> None:
         for task in self.tasks:
             await cancelled(task)  # a watch starting (NATS requests) can lose one cancellation
+
+
+_ENDING: set[asyncio.Future[None]] = set()  # pumps' closings still under way
 
 
 async def resilient(

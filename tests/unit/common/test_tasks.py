@@ -120,3 +120,31 @@ async def test_a_watch_that_loses_its_cancel_while_starting_is_still_closed() ->
     if not done:
         await cancelled(closing, "the pump's close")
     assert closing in done and all(ended), ended
+
+
+async def test_a_close_cancelled_itself_leaves_no_pump_task_running() -> None:
+    """A service that fails to start cancels its follower twice (its task group, then its stop):
+    the second cancel can reach the pump's close while it waits for a watch that takes a moment to
+    end. Neither of the pump's tasks may be left running then (a watchdog was, for ever)."""
+    started = asyncio.Event()
+
+    async def watch() -> AsyncIterator[int]:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+            yield 0
+        finally:
+            await asyncio.shield(asyncio.sleep(0.2))  # as a watch's clean-up: a NATS request
+
+    pump = _Pump(_Connection(), watch, check_s=10.0)  # type: ignore[arg-type]
+    await started.wait()
+    closing = asyncio.ensure_future(pump.close())
+    await asyncio.sleep(0.05)  # the close waits for the watch's clean-up
+    closing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await closing
+    await asyncio.sleep(0.5)
+    running = [task for task in pump.tasks if not task.done()]
+    for task in running:
+        await cancelled(task, "a pump task")
+    assert not running, running

@@ -7,6 +7,7 @@ interpreter's scripts; no system install is needed.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import random
 import shutil
@@ -37,10 +38,16 @@ EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")  # the ports the kern
 LOWEST_PORT = 10000
 
 
+RECENT_PORTS = 4000  # how many ports handed out lately free_port will not hand out again
+_handed: collections.deque[int] = collections.deque(maxlen=RECENT_PORTS)
+
+
 def free_port() -> int:
     """A loopback port nothing holds now, for a server started a moment later. It is taken below
     the kernel's range for outgoing connections: a port from that range, released here and bound
-    later, can meanwhile become the local end of some connection ("address already in use")."""
+    later, can meanwhile become the local end of some connection ("address already in use"). Nor
+    is it one handed out lately: two calls before either server binds (a service's gRPC and HTTP
+    ports) could otherwise both be given the same free port."""
     try:
         below = int(EPHEMERAL.read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -48,15 +55,19 @@ def free_port() -> int:
     if below > LOWEST_PORT + 1000:
         for _ in range(200):
             port = random.randrange(LOWEST_PORT, below)
+            if port in _handed:
+                continue
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))
                 except OSError:
                     continue
-                return port
+            _handed.append(port)
+            return port
     with socket.socket() as s:  # no such range known here: any port the kernel offers
         s.bind(("127.0.0.1", 0))
         found: int = s.getsockname()[1]
+        _handed.append(found)
         return found
 
 

@@ -5,7 +5,6 @@ do about it."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from gpuledger_common.kubeconfig import UserAccess, for_user
 from gpuledger_common.settings import SettingsError
 from gpuledger_core import codec_status
 from gpuledger_core.errors import GpuledgerError, InvalidArgument, NotFound, PermissionDenied, Unavailable
+from gpuledger_dev.natsserver import free_port
 from tests.unit.cli.test_kubectl_view import NODES
 
 PROXY = "/api/v1/namespaces/gpuledger/services/http:gpuledger-allocator:http/proxy/api/cluster"
@@ -227,12 +227,6 @@ async def test_kubeconfig_files_merge_as_in_kubectl(tmp_path: Path) -> None:
     access = await for_user(f"{tmp_path / 'missing'}:{config}", "bare")
     assert (access.context, access.namespace, access.configuration.host) == ("bare", "", "https://127.0.0.1:1")
     assert (await for_user(str(config))).namespace == "team-a"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_exit_codes_and_messages(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -174,7 +174,7 @@ class Preemptor:
     ) -> Victims | None:
         """Steps 1-6 above; the victims evicted and the room held, or None (nothing done). The
         victims are chosen for ``pod``, else for the first of ``alternatives`` (asks of the same
-        owner, in its order of preference) they can make room for; defragmentation, for ``pod``."""
+        owner, in its order of preference) they can make room for; moves, where no victims can, likewise."""
         meta = raw.get("metadata") or {}
         if not self._may_preempt(raw, pod):  # the scheduler's copy first: most pods stop here, unread
             return None
@@ -192,9 +192,12 @@ class Preemptor:
                 pod = ask
                 break
         moving = None
-        if victims is None and self.defrag is not None and not pod.mig:
-            moving = await self._repack(raw, pod, priority, nodes, fit, listings)
-            victims = _as_victims(moving) if moving is not None else None
+        if victims is None and self.defrag is not None:
+            asks = [a for a in (pod, *(self.service.resolve(a) for a in alternatives)) if not a.mig]
+            found = await self._repack(raw, asks, priority, nodes, fit, listings)
+            if found is not None:
+                pod, moving = found
+                victims = _as_victims(moving)
         if victims is None:
             log.debug("preemption for %s: no set of lower-priority (or movable) pods frees its cards",
                       pod.owner.describe())  # fmt: skip
@@ -237,18 +240,21 @@ class Preemptor:
     async def _repack(
         self,
         raw: Mapping[str, Any],
-        pod: PodAsk,
+        asks: Sequence[PodAsk],
         priority: int,
         nodes: Sequence[str],
         fit: Fit,
         listings: preemption_holders.Listings,
-    ) -> Repack | None:
+    ) -> tuple[PodAsk, Repack] | None:
         """Defragmentation (``repacker``), for a pod preemption cannot help: the fewest movable pods
-        to move (within the budget) so that it fits on one of ``nodes``, each fitting elsewhere."""
+        to move (within the budget) so that the first of ``asks`` (the pod's, then its claim's later
+        choices) that any can make room for fits on one of ``nodes``, each moved pod fitting elsewhere."""
         assert self.defrag is not None
+        if not asks:
+            return None
         budget = self.defrag.budget()
         if budget <= 0:
-            log.info("defragmentation for %s: the budget of moves is spent for now", pod.owner.describe())
+            log.info("defragmentation for %s: the budget of moves is spent for now", asks[0].owner.describe())
             return None
         listed = await self.api.list_objects("/api/v1/pods", {"labelSelector": f"{MOVABLE_LABEL}=true"})
         budgets = await listings.items(PDBS)
@@ -264,9 +270,10 @@ class Preemptor:
             moved = raws.get(allocation.owner.id)
             return moved is not None and not host_refusal(moved, hosts, view)(node)
 
-        targets = {NodeName(n) for n in nodes}
-        found = repack(view.fresh_ledgers(), pod, movable, fit, self.clock(), budget, host, targets)
-        if found is None:
+        targets, ledgers = {NodeName(n) for n in nodes}, view.fresh_ledgers()
+        chosen = ((a, repack(ledgers, a, movable, fit, self.clock(), budget, host, targets)) for a in asks)
+        ask, found = next(((a, r) for a, r in chosen if r is not None), (None, None))
+        if ask is None or found is None:
             return None
         for move in found.moves:
             moved = raws[move.allocation.owner.id]
@@ -276,7 +283,7 @@ class Preemptor:
             self._moving_pods[str(meta.get("uid"))] = moved
             if move.allocation.owner.kind is OwnerKind.CLAIM:  # the claim goes with its pod
                 self._consumers[move.allocation.owner.id] = (pod_ref(meta["namespace"], meta["name"], meta["uid"]),)
-        return found
+        return ask, found
 
     async def _claims_of(
         self, pods: Sequence[Mapping[str, Any]], listings: preemption_holders.Listings

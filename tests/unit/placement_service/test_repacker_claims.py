@@ -1,7 +1,8 @@
 """Defragmentation moves a movable pod with the claims made for it that the ledger allocated (DRA
 mode C): the claim's entry is released as moved (``preemption.preempted``: the claims controller
 does not hold it again while its pod ends) and the room held for the pod that needed it. A claim
-that is not the pod's own never moves. An API double and a store double over the view's ledger."""
+that is not the pod's own never moves. A claim's later ``firstAvailable`` choices are made room for
+when its first cannot be. An API double and a store double over the view's ledger."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from typing import Any, cast
 
 from gpuledger_common.store import LedgerStore
 from gpuledger_core import claims
+from gpuledger_core.claim_asks import ClaimAsk, RequestAsk
+from gpuledger_core.claim_placement import claim_as_pods
+from gpuledger_core.claims import ClaimRef
 from gpuledger_core.errors import PermissionDenied
 from gpuledger_core.ledger import NodeLedger
+from gpuledger_core.model import Request
 from gpuledger_core.preemption import preempted
 from gpuledger_placement.claims import DRIVER
 from gpuledger_placement.convert import pod_ask_from
@@ -135,3 +140,22 @@ async def test_one_attempt_reads_the_claims_and_budgets_once_when_preemption_fal
     moved = await preemptor.preempt(raw, pod_ask_from(raw), [str(NODE)])
     assert moved is not None and len(moved.evict) == 1  # moved, not preempted: nobody is of lower priority
     assert listed.count(CLAIMS) == 1 and listed.count(PDBS) == 1, listed
+
+
+async def test_a_claim_whose_first_choice_no_move_serves_is_made_room_for_at_its_next_choice() -> None:
+    api, preemptor = world(owned=True)
+    raw = pending(api)
+    too_big, five = Request(1, mem_mib=8192), Request(1, mem_mib=5120)  # p4-0's cards have 7611 MiB
+    ask = ClaimAsk(
+        ClaimRef(NS, "wants", "claim-wants"), (RequestAsk("gpu", (("gpu/big", too_big), ("gpu/five", five))),)
+    )
+    first, *others = claim_as_pods(ask)
+    assert await preemptor.preempt(raw, first, [str(NODE)]) is None  # no move makes 8 GiB on one card
+    assert api.calls == []
+    moved = await preemptor.preempt(raw, first, [str(NODE)], others)
+    assert moved is not None and len(moved.evict) == 1
+    assert api.calls == [f"evict {moved.evict[0].owner.id.removeprefix('claim-')}"]
+    hold = preemptor.service.view.entries[NODE].ledger.of_owner("claim:claim-wants")
+    assert hold is not None and [(s.index, s.mem_mib) for s in hold.shares()] == [
+        (s.index, 5120) for s in moved.evict[0].shares()
+    ]

@@ -158,7 +158,7 @@ async def test_a_restart_without_a_state_file_resumes_the_remediation_from_the_l
             await wait_for(lambda: _with(api, 2, remedy="retired"), what="card 2 retired")
         first = len(published)
         async with inventory(nats_server.url, fake, None):  # and a retired card stays retired
-            said = await wait_for(lambda: _asked(nc), what="the inventory started again")
+            said = await wait_for(lambda: _resumed(nc, 2), what="the inventory started again, card 2 resumed")
             assert said["node"]["cards"][2]["remedy"] == "retired"
             await wait_for(lambda: _published_after(published, first), what="its publication")
     # no publication ever said card 2 was healthy until it was repaired: the ledger kept its remedy

@@ -11,6 +11,10 @@ placed before it and never on the node being cleared. A set that leaves one hold
 place, or that needs more than ``max_moves`` moves, is no choice: nothing is moved for a pod that
 would still not fit, and nothing is moved that would not fit again.
 
+A MIG holder moves as any other: it is re-placed by the MIG fit (a free placement of its profile
+on a card in MIG mode elsewhere), and a MIG pod is made room for as preemption makes it (the
+holders whose placements overlap the one it would take; docs/mig.md).
+
 What the ledger does not hold (a moved pod's CPU and memory, its node affinity) the caller checks
 through ``host``; the replacement pod is placed by the scheduler, not here, so the destination is
 a proof that room exists, not a reservation.
@@ -54,12 +58,9 @@ class Repack:
 
 def ask_of(allocation: Allocation) -> PodAsk | None:
     """What a holder asks, read back from its ledger entry (one grant per container that wants cards,
-    ``requests`` in the same order); None for an entry that does not say (written before entries
-    recorded their requests), and for a MIG holder (docs/mig.md: defragmentation moves no MIG
-    holder): such a holder is never moved."""
+    ``requests`` in the same order; a MIG holder's, its profile); None for an entry that does not
+    say (written before entries recorded their requests): such a holder is never moved."""
     if not allocation.grants or len(allocation.requests) != len(allocation.grants):
-        return None
-    if any(r.mig for r in allocation.requests):
         return None
     containers = tuple(
         ContainerAsk(g.container, r, g.init) for g, r in zip(allocation.grants, allocation.requests, strict=True)

@@ -116,9 +116,9 @@ class Preemptor:
         """Filter found no node for ``pod`` (``raw`` as the scheduler sent it); ``refused``: the
         nodes it refused for want of cards. Preempt for it in the background, unless under way or
         tried less than ``retry_s`` ago (for the first of ``pod`` and its ``alternatives``, other
-        asks of the same owner, that victims can make room for). A pod with MIG asks preempts the holders of the
-        placements it needs (their instances, made on demand, are destroyed for it when it starts);
-        defragmentation does not act for it (docs/mig.md)."""
+        asks of the same owner, that victims can make room for). A pod with MIG asks preempts (or
+        moves) the holders of the placements it needs (their instances, made on demand, are
+        destroyed for it when it starts; docs/mig.md)."""
         uid = pod.owner.id
         nodes = tuple(refused)
         if not pod.wants_cards or not nodes or uid in self._busy:
@@ -193,7 +193,7 @@ class Preemptor:
                 break
         moving = None
         if victims is None and self.defrag is not None:
-            asks = [a for a in (pod, *(self.service.resolve(a) for a in alternatives)) if not a.mig]
+            asks = [pod, *(self.service.resolve(a) for a in alternatives)]
             found = await self._repack(raw, asks, priority, nodes, fit, listings)
             if found is not None:
                 pod, moving = found

@@ -13,13 +13,14 @@ from hypothesis import strategies as st
 from gpuledger_core.fit import ContainerAsk
 from gpuledger_core.ids import NodeName
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.model import Allocation, Grant, Node, Owner, OwnerKind, Request
+from gpuledger_core.model import Allocation, Card, CardMode, Grant, Node, Owner, OwnerKind, Request
 from gpuledger_core.packing import make_policy
 from gpuledger_core.pods import PodAsk
 from gpuledger_core.preemption import Fit, Holder
 from gpuledger_core.repack import ask_of, repack
 
 from .builders import allocation, card, share
+from .test_mig_ledger import A100, instance_share, mig_card
 
 FIT = Fit(make_policy("bestfit"), slots_per_card=8)
 GIB = 1024
@@ -148,3 +149,42 @@ def test_a_repack_makes_the_pod_fit_and_every_moved_holder_fit_elsewhere(
         assert ask is not None and FIT.grants(after[move.to], ask, ()) is not None
         placed = replace(move.allocation, node=move.to, grants=move.grants)
         after[move.to] = NodeLedger(after[move.to].node, (*after[move.to].allocations, placed))
+
+
+# --- MIG: a holder of an instance moves to a free placement of its profile on another node ---
+
+
+def mig_held(name: str, node: str, at: Card, profile: str, start: int) -> Allocation:
+    found = allocation(name, Grant("main", (instance_share(at, profile, start),)), name=NodeName(node))
+    return replace(found, requests=(Request(1, mig=profile),))
+
+
+def mig_node(name: str, *holders: tuple[str, str, int], mode: CardMode = CardMode.MIG) -> NodeLedger:
+    """One A100 40 GB card (in ``mode``) holding ``holders``: (name, profile, start)."""
+    at = replace(mig_card(0), mode=mode)
+    return NodeLedger(Node(NodeName(name), (at,)), tuple(mig_held(h, name, at, p, s) for h, p, s in holders))
+
+
+def mig_pod(profile: str) -> PodAsk:
+    return PodAsk(PENDING, (ContainerAsk("main", Request(1, mig=profile)),))
+
+
+def test_a_mig_holder_moves_to_a_free_placement_elsewhere_and_a_mig_pod_takes_the_card_it_left() -> None:
+    a = mig_node("a", ("small", "1g.5gb", 0))  # a 7g.40gb needs the whole card
+    b = mig_node("b", ("fixed", "3g.20gb", 4))  # room for the 1g.5gb at 0-3, not for a 7g.40gb
+    found = repack([a, b], mig_pod("7g.40gb"), movable(a, b, only={"small"}), FIT, now=10.0, max_moves=1)
+    assert found is not None and found.node == "a"
+    (move,) = found.moves
+    assert move.allocation.id == "small" and move.to == "b"
+    (moved,) = move.grants[0].cards
+    assert moved.mig is not None and moved.mig.profile == "1g.5gb" and moved.mig.start < 4
+    (taken,) = found.grants[0].cards
+    assert taken.mig is not None and (taken.mig.profile, taken.mig.start) == ("7g.40gb", 0)
+
+
+def test_a_mig_holder_goes_nowhere_but_a_card_in_mig_mode() -> None:
+    a = mig_node("a", ("small", "1g.5gb", 0))
+    whole = NodeLedger(Node(NodeName("b"), (card(0, 40960, model=A100),)))
+    assert repack([a, whole], mig_pod("7g.40gb"), movable(a, only={"small"}), FIT, now=10.0, max_moves=1) is None
+    full = mig_node("b", ("fixed", "7g.40gb", 0))
+    assert repack([a, full], mig_pod("7g.40gb"), movable(a, only={"small"}), FIT, now=10.0, max_moves=1) is None

@@ -60,11 +60,11 @@ def world(fixed: MigSlot) -> tuple[Parts, Listing, Preemptor]:
     """Card 0 of each node in MIG mode: a100-0's holds a movable pod's 1g.5gb at 0, a100-1's another
     pod's ``fixed``; the other cards whole."""
     built = build(PlacementSettings(kube="off", stale_after_s=0.0), None, NoPodApi(), None, None)
-    for revision, node in enumerate(parse_fleet(FLEET).nodes, start=1):
-        built.view.apply(NodeName(node.node.name), NodeLedger(node.node), revision)
+    for revision, listed in enumerate(parse_fleet(FLEET).nodes, start=1):
+        built.view.apply(NodeName(listed.node.name), NodeLedger(listed.node), revision)
     api = Listing()
-    for node in ("a100-0", "a100-1"):
-        with_mig(built, node, (0,))
+    for name in ("a100-0", "a100-1"):
+        with_mig(built, name, (0,))
     _held(api, built, "a100-0", "small", slot("1g.5gb", 0), movable=True)
     _held(api, built, "a100-1", "fixed", fixed, movable=False)
     preemptor = Preemptor(api, cast(LedgerStore, Store(built.view)), built.service, clock=lambda: NOW,

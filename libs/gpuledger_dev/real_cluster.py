@@ -245,8 +245,9 @@ class RealCluster:
         await asyncio.to_thread(self.control_plane.stop)
 
     async def devices_ready(self) -> bool:
-        """Every kubelet has the plugin registered and wrote its devices into the Node's status (in
-        DRA mode: the DRA plugin registered and the node's ResourceSlices published)."""
+        """Every kubelet has the plugin registered and wrote its devices into the Node's status (a
+        node whose cards are all in MIG mode has no gpuledger.io/gpu; in DRA mode: the DRA plugin
+        registered and the node's ResourceSlices published)."""
         assert self.api is not None
         if self.dra:
             if not all(k.dra is not None and DRIVER in k.dra.plugins for k in self.kubelets.values()):
@@ -256,11 +257,13 @@ class RealCluster:
                 return False
             if self.mode == "dra":
                 return True
-        if not all(k.registered and k.devices for k in self.kubelets.values()):
+        if not all(k.registered and any(e.devices for e in k.device_manager.endpoints.values())
+                   for k in self.kubelets.values()):  # fmt: skip
             return False
-        for node in self.nodes:
+        for node in self.nodes:  # whole cards as gpuledger.io/gpu, MIG cards as gpuledger.io/mig (and per profile)
             found = await self.api.get(f"/api/v1/nodes/{node}")
-            if int(found.get("status", {}).get("allocatable", {}).get("gpuledger.io/gpu", "0")) == 0:
+            allocatable = found.get("status", {}).get("allocatable", {})
+            if not any(int(allocatable.get(r, "0")) for r in ("gpuledger.io/gpu", "gpuledger.io/mig")):
                 return False
         return True
 

@@ -9,7 +9,7 @@ same way: the movable pods' instances are moved to another node's MIG card."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
 import aiohttp
@@ -53,43 +53,58 @@ async def _ready(stack: Stack) -> None:
     await wait_for(up, 60, "placement ready again", 0.2)
 
 
-def replica_set(ns: str) -> dict[str, Any]:
-    """Two 4 GiB shares that may run on p4-1 or p4-2, labelled movable."""
-    template = pod("x", ns, share(MOVABLE_MIB))
-    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [TARGET, SPARE]}]}
-    spec = template["spec"]
+def replica_set(ns: str, limits: dict[str, str], nodes: tuple[str, str]) -> dict[str, Any]:
+    """Two pods asking ``limits`` that may run on either of ``nodes``, labelled movable."""
+    spec = pod("x", ns, limits)["spec"]
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": list(nodes)}]}
     spec["affinity"] = {
         "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
     }
     return movable_replica_set(ns, spec)
 
 
+def idle(stack: Stack, node: str, mig_only: bool = False) -> Callable[[], Awaitable[bool]]:
+    """Whether nobody holds the node's cards (with ``mig_only``: its MIG instances)."""
+
+    async def check() -> bool:
+        found = (await ledger(stack)).get(node)
+        return found is not None and not any(not mig_only or s.mig for a in found.live() for s in a.shares())
+
+    return check
+
+
+def placed(api: KubeApi, ns: str, gone: Collection[str] = ()) -> Callable[[], Awaitable[list[dict[str, Any]] | None]]:
+    """The ReplicaSet's two pods, once both are Running and neither is one of ``gone``."""
+
+    async def check() -> list[dict[str, Any]] | None:
+        found = [p for p in await pods_in(api, ns) if p["metadata"]["name"].startswith("movable-")]
+        ok = len(found) == 2 and all(p["status"].get("phase") == "Running" for p in found)
+        return found if ok and not {p["metadata"]["name"] for p in found} & set(gone) else None
+
+    return check
+
+
+async def told(api: KubeApi, ns: str) -> tuple[list[dict[str, Any]], set[str]]:
+    """The namespace's events, and the pods moved (``GpuledgerMoved``); none of them preempted."""
+    events = (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]
+    assert not any(e.get("reason") == "Preempted" for e in events)
+    return events, {e["involvedObject"]["name"] for e in events if e.get("reason") == "GpuledgerMoved"}
+
+
 @pytest.mark.timeout(300)
 async def test_a_pod_that_fits_nowhere_gets_room_by_moving_one_movable_pod_to_another_node(
     stack: Stack, cluster: RealCluster, api: KubeApi
 ) -> None:
-    def idle(node: str) -> Callable[[], Awaitable[bool]]:
-        async def check() -> bool:
-            found = (await ledger(stack)).get(node)
-            return found is not None and not list(found.live())
-
-        return check
-
     for node in (TARGET, SPARE):
-        await wait_for(idle(node), 60, f"{node}'s cards held by nobody (an earlier test's pods gone)", POLL_S)
+        await wait_for(idle(stack, node), 60, f"{node}'s cards held by nobody (an earlier test's pods gone)", POLL_S)
     async with defragmenting(stack), namespace(api, "e2e-defrag", stack) as ns:
         pods = f"/api/v1/namespaces/{ns}/pods"
         for i in range(2):  # p4-2 full while the ReplicaSet's pods are placed: they land on p4-1
             await api.create(pods, pod(f"block-{i}", ns, share(BLOCK_MIB), node=SPARE))
             await running(api, ns, f"block-{i}")
-        await api.create(f"/apis/apps/v1/namespaces/{ns}/replicasets", replica_set(ns))
-
-        async def placed() -> list[dict[str, Any]] | None:
-            found = [p for p in await pods_in(api, ns) if p["metadata"]["name"].startswith("movable-")]
-            ok = len(found) == 2 and all(p["status"].get("phase") == "Running" for p in found)
-            return found if ok else None
-
-        first = await wait_for(placed, 90, "the ReplicaSet's two pods Running", POLL_S)
+        movable = replica_set(ns, share(MOVABLE_MIB), (TARGET, SPARE))
+        await api.create(f"/apis/apps/v1/namespaces/{ns}/replicasets", movable)
+        first = await wait_for(placed(api, ns), 90, "the ReplicaSet's two pods Running", POLL_S)
         assert {p["spec"]["nodeName"] for p in first} == {TARGET}
         bare = pod("bare", ns, share(1024), node=TARGET)  # a pod nothing recreates, labelled movable
         bare["metadata"]["labels"] = {"gpuledger.io/movable": "true"}
@@ -97,25 +112,18 @@ async def test_a_pod_that_fits_nowhere_gets_room_by_moving_one_movable_pod_to_an
         await running(api, ns, "bare")
         for i in range(2):
             await api.delete(f"{pods}/block-{i}", grace_s=0)
-        await wait_for(idle(SPARE), 60, f"{SPARE} free again", POLL_S)
+        await wait_for(idle(stack, SPARE), 60, f"{SPARE} free again", POLL_S)
 
         await api.create(pods, pod("big", ns, share(WANT_MIB), node=TARGET))
         big = await running(api, ns, "big", timeout=120)
         assert big["spec"]["nodeName"] == TARGET
 
-        events = (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]
-        moved = {e["involvedObject"]["name"] for e in events if e.get("reason") == "GpuledgerMoved"}
+        events, moved = await told(api, ns)
         assert len(moved) == 1 and moved <= {p["metadata"]["name"] for p in first}, moved
-        told = next(e["message"] for e in events if e.get("reason") == "GpuledgerDefragmenting")
-        assert TARGET in told and SPARE in told and next(iter(moved)) in told, told
-        assert not any(e.get("reason") == "Preempted" for e in events)
+        said = next(e["message"] for e in events if e.get("reason") == "GpuledgerDefragmenting")
+        assert TARGET in said and SPARE in said and next(iter(moved)) in said, said
 
-        async def recreated() -> list[dict[str, Any]] | None:
-            found = await placed()
-            names = {p["metadata"]["name"] for p in found or []}
-            return found if found is not None and not names & moved else None
-
-        after = await wait_for(recreated, 90, "the moved pod recreated and Running", POLL_S)
+        after = await wait_for(placed(api, ns, moved), 90, "the moved pod recreated and Running", POLL_S)
         assert sorted(p["spec"]["nodeName"] for p in after) == sorted([TARGET, SPARE])
         assert (await api.get(f"{pods}/bare"))["spec"]["nodeName"] == TARGET  # never moved
         found = (await ledger(stack))[TARGET]
@@ -143,57 +151,34 @@ async def test_a_mig_pod_that_fits_nowhere_gets_the_card_movable_pods_instances_
     room the pod needs that no moved pod holds is open to others until the hold is written
     (docs/preemption.md, "Limits")."""
 
-    def mig_idle(node: str) -> Callable[[], Awaitable[bool]]:
-        async def check() -> bool:
-            found = (await ledger(stack)).get(node)
-            return found is not None and not any(s.mig for a in found.live() for s in a.shares())
-
-        return check
-
     for node in (MIG_TARGET, MIG_SPARE):
-        await wait_for(mig_idle(node), 60, f"{node}'s MIG instances held by nobody (an earlier test's)", POLL_S)
+        await wait_for(
+            idle(stack, node, mig_only=True), 60, f"{node}'s MIG instances held by nobody (an earlier test's)", POLL_S
+        )
     async with defragmenting(stack), namespace(api, "e2e-defrag-mig", stack) as ns:
         pods = f"/api/v1/namespaces/{ns}/pods"
         for name, node, profile in (("block", MIG_SPARE, "7g.40gb"), ("keep", MIG_TARGET, "7g.40gb"),
                                     ("static", MIG_TARGET, "3g.20gb")):  # fmt: skip
             await api.create(pods, pod(name, ns, mig(profile), node=node))
             await running(api, ns, name)
-        template = pod("x", ns, mig("3g.20gb"))
-        term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
-                                      "values": [MIG_TARGET, MIG_SPARE]}]}  # fmt: skip
-        template["spec"]["affinity"] = {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
-        }
-        await api.create(f"/apis/apps/v1/namespaces/{ns}/replicasets", movable_replica_set(ns, template["spec"]))
-
-        async def placed() -> list[dict[str, Any]] | None:
-            found = [p for p in await pods_in(api, ns) if p["metadata"]["name"].startswith("movable-")]
-            ok = len(found) == 2 and all(p["status"].get("phase") == "Running" for p in found)
-            return found if ok else None
-
-        first = await wait_for(placed, 90, "the ReplicaSet's two pods Running", POLL_S)
+        movable = replica_set(ns, mig("3g.20gb"), (MIG_TARGET, MIG_SPARE))
+        await api.create(f"/apis/apps/v1/namespaces/{ns}/replicasets", movable)
+        first = await wait_for(placed(api, ns), 90, "the ReplicaSet's two pods Running", POLL_S)
         assert {p["spec"]["nodeName"] for p in first} == {MIG_TARGET}
         before = (await ledger(stack))[MIG_TARGET]
         uids = {p["metadata"]["uid"] for p in first}
         (their_card,) = {s.index for a in before.live() if a.owner.id in uids for s in a.shares()}
         await api.delete(f"{pods}/block", grace_s=0)
-        await wait_for(mig_idle(MIG_SPARE), 60, f"{MIG_SPARE} free again", POLL_S)
+        await wait_for(idle(stack, MIG_SPARE, mig_only=True), 60, f"{MIG_SPARE} free again", POLL_S)
 
         await api.create(pods, pod("big", ns, mig("7g.40gb"), node=MIG_TARGET))
         big = await running(api, ns, "big", timeout=120)
         assert big["spec"]["nodeName"] == MIG_TARGET
-        events = (await api.get(f"/api/v1/namespaces/{ns}/events"))["items"]
-        moved = {e["involvedObject"]["name"] for e in events if e.get("reason") == "GpuledgerMoved"}
+        events, moved = await told(api, ns)
         assert moved == {p["metadata"]["name"] for p in first}, moved
         assert any(e.get("reason") == "GpuledgerDefragmenting" for e in events)
-        assert not any(e.get("reason") == "Preempted" for e in events)
 
-        async def recreated() -> list[dict[str, Any]] | None:
-            found = await placed()
-            names = {p["metadata"]["name"] for p in found or []}
-            return found if found is not None and not names & moved else None
-
-        after = await wait_for(recreated, 90, "the moved pods recreated and Running", POLL_S)
+        after = await wait_for(placed(api, ns, moved), 90, "the moved pods recreated and Running", POLL_S)
         assert {p["spec"]["nodeName"] for p in after} == {MIG_SPARE}
         target = (await ledger(stack))[MIG_TARGET]
         (mine,) = [a for a in target.live() if a.owner.id == big["metadata"]["uid"]]

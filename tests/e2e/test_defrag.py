@@ -3,8 +3,7 @@ started with ``--defrag on``, a 5 GiB share pinned to p4-1, whose two cards each
 share of a movable ReplicaSet (and so 3.4 GiB free each), fits nowhere and has no one of lower
 priority to preempt. Placement moves exactly one of the ReplicaSet's pods (Eviction API); the
 ReplicaSet controller recreates it and it lands on p4-2, where it fits; the 5 GiB share binds on the
-card it left. A bare pod, labelled movable or not, is never moved. A 7g.40gb gets its MIG card the
-same way: the movable pods' instances are moved to another node's MIG card."""
+card it left. A bare pod, labelled movable or not, is never moved. (MIG: test_mig_defrag.py.)"""
 
 from __future__ import annotations
 
@@ -129,62 +128,5 @@ async def test_a_pod_that_fits_nowhere_gets_room_by_moving_one_movable_pod_to_an
         found = (await ledger(stack))[TARGET]
         mine = [a for a in found.live() if a.owner.id == big["metadata"]["uid"]]
         assert len(mine) == 1 and mine[0].shares()[0].mem_mib == WANT_MIB
-        await consistent(cluster, stack)
-        await api.delete(f"/apis/apps/v1/namespaces/{ns}/replicasets/movable")
-
-
-MIG_TARGET, MIG_SPARE = "a100-mig-0", "a100-mig-1"  # cards 0-1 in MIG mode (made on demand) / card 0
-
-
-def mig(profile: str) -> dict[str, str]:
-    return {f"gpuledger.io/mig-{profile}": "1"}
-
-
-@pytest.mark.timeout(300)
-async def test_a_mig_pod_that_fits_nowhere_gets_the_card_movable_pods_instances_leave(
-    stack: Stack, cluster: RealCluster, api: KubeApi
-) -> None:
-    """A 7g.40gb pinned to a100-mig-0: one on-demand card holds a bare 7g.40gb, the other the two
-    3g.20gb of a movable ReplicaSet (the static card's 3g.20gb is held by a bare pod, and that card
-    takes no 7g.40gb). Both are moved, their instances made again on a100-mig-1's MIG card, and the
-    7g.40gb takes the card they left, its instances destroyed for it. The ReplicaSet fills its card:
-    room the pod needs that no moved pod holds is open to others until the hold is written
-    (docs/preemption.md, "Limits")."""
-
-    for node in (MIG_TARGET, MIG_SPARE):
-        await wait_for(
-            idle(stack, node, mig_only=True), 60, f"{node}'s MIG instances held by nobody (an earlier test's)", POLL_S
-        )
-    async with defragmenting(stack), namespace(api, "e2e-defrag-mig", stack) as ns:
-        pods = f"/api/v1/namespaces/{ns}/pods"
-        for name, node, profile in (("block", MIG_SPARE, "7g.40gb"), ("keep", MIG_TARGET, "7g.40gb"),
-                                    ("static", MIG_TARGET, "3g.20gb")):  # fmt: skip
-            await api.create(pods, pod(name, ns, mig(profile), node=node))
-            await running(api, ns, name)
-        movable = replica_set(ns, mig("3g.20gb"), (MIG_TARGET, MIG_SPARE))
-        await api.create(f"/apis/apps/v1/namespaces/{ns}/replicasets", movable)
-        first = await wait_for(placed(api, ns), 90, "the ReplicaSet's two pods Running", POLL_S)
-        assert {p["spec"]["nodeName"] for p in first} == {MIG_TARGET}
-        before = (await ledger(stack))[MIG_TARGET]
-        uids = {p["metadata"]["uid"] for p in first}
-        (their_card,) = {s.index for a in before.live() if a.owner.id in uids for s in a.shares()}
-        await api.delete(f"{pods}/block", grace_s=0)
-        await wait_for(idle(stack, MIG_SPARE, mig_only=True), 60, f"{MIG_SPARE} free again", POLL_S)
-
-        await api.create(pods, pod("big", ns, mig("7g.40gb"), node=MIG_TARGET))
-        big = await running(api, ns, "big", timeout=120)
-        assert big["spec"]["nodeName"] == MIG_TARGET
-        events, moved = await told(api, ns)
-        assert moved == {p["metadata"]["name"] for p in first}, moved
-        assert any(e.get("reason") == "GpuledgerDefragmenting" for e in events)
-
-        after = await wait_for(placed(api, ns, moved), 90, "the moved pods recreated and Running", POLL_S)
-        assert {p["spec"]["nodeName"] for p in after} == {MIG_SPARE}
-        target = (await ledger(stack))[MIG_TARGET]
-        (mine,) = [a for a in target.live() if a.owner.id == big["metadata"]["uid"]]
-        (taken,) = mine.shares()
-        assert taken.index == their_card and taken.mig is not None and taken.mig.profile == "7g.40gb"
-        card = next(c for c in target.node.cards if c.index == their_card)
-        assert [i.slot.profile for i in card.instances] == ["7g.40gb"], card.instances  # the 3g.20gb destroyed
         await consistent(cluster, stack)
         await api.delete(f"/apis/apps/v1/namespaces/{ns}/replicasets/movable")

@@ -179,11 +179,11 @@ class Preemptor:
         if not self._may_preempt(raw, pod):  # the scheduler's copy first: most pods stop here, unread
             return None
         priority = priority_of(raw)
-        pod = self.service.resolve(pod)
-        fit = self._fit(pod)
+        asks = [self.service.resolve(a) for a in (pod, *alternatives)]
+        pod, fit = asks[0], self._fit(asks[0])
         victims: Victims | None = None
         listings = preemption_holders.Listings(self.api)  # read once in this attempt
-        for ask in (pod, *(self.service.resolve(a) for a in alternatives)) if self.preempting else ():
+        for ask in asks if self.preempting else ():
             ledgers = self._ledgers(nodes, ask, fit, priority)
             if ledgers:
                 holders = await preemption_holders.holders(self, [ledger.node.name for ledger in ledgers], listings)
@@ -193,7 +193,6 @@ class Preemptor:
                 break
         moving = None
         if victims is None and self.defrag is not None:
-            asks = [pod, *(self.service.resolve(a) for a in alternatives)]
             found = await self._repack(raw, asks, priority, nodes, fit, listings)
             if found is not None:
                 pod, moving = found
@@ -250,8 +249,6 @@ class Preemptor:
         to move (within the budget) so that the first of ``asks`` (the pod's, then its claim's later
         choices) that any can make room for fits on one of ``nodes``, each moved pod fitting elsewhere."""
         assert self.defrag is not None
-        if not asks:
-            return None
         budget = self.defrag.budget()
         if budget <= 0:
             log.info("defragmentation for %s: the budget of moves is spent for now", asks[0].owner.describe())
@@ -271,9 +268,11 @@ class Preemptor:
             return moved is not None and not host_refusal(moved, hosts, view)(node)
 
         targets, ledgers = {NodeName(n) for n in nodes}, view.fresh_ledgers()
-        chosen = ((a, repack(ledgers, a, movable, fit, self.clock(), budget, host, targets)) for a in asks)
-        ask, found = next(((a, r) for a, r in chosen if r is not None), (None, None))
-        if ask is None or found is None:
+        for ask in asks:
+            found = repack(ledgers, ask, movable, fit, self.clock(), budget, host, targets)
+            if found is not None:
+                break
+        else:
             return None
         for move in found.moves:
             moved = raws[move.allocation.owner.id]

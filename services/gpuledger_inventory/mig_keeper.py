@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 from gpuledger_common.inventory_api import MadeMig
@@ -78,6 +78,15 @@ class MigKeeper:
     @property
     def book(self) -> MigBook:
         return self.host.state.mig
+
+    @contextlib.asynccontextmanager
+    async def still(self) -> AsyncIterator[None]:
+        """No MIG change while the body runs: a scan of the node. A scan that read the cards before
+        an instance was made and were applied after it would forget the make's record (its instance
+        not seen), and the instance would be published static for good; one that read them before
+        a destroy would publish the gone instance."""
+        async with self._lock:
+            yield
 
     async def scanned(self) -> None:
         """A scan was applied: follow the ledger from the first card in MIG mode (or record) on;

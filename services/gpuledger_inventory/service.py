@@ -169,13 +169,14 @@ class Inventory:
 
     async def _start_nvml(self) -> None:
         await asyncio.to_thread(self.gpus.open)
-        scan = await asyncio.to_thread(self.gpus.scan)
-        now = self.clock()
+        async with self.mig.still():  # read and applied with no MIG change in between
+            scan = await asyncio.to_thread(self.gpus.scan)
+            now = self.clock()
+            transitions = self.state.apply_scan(scan, now) + self.state.nvml_up(now)
         metrics.SCAN_SECONDS.observe(scan.took_s)
         metrics.CARDS.set(len(scan.cards))
         log.info("scanned %d cards in %.3fs%s", len(scan.cards), scan.took_s, _problems(scan.problems))
         self._nvml_failed = ""
-        transitions = self.state.apply_scan(scan, now) + self.state.nvml_up(now)
         await self.mig.scanned()
         failed = await asyncio.to_thread(self.gpus.watch, self.state.scan or scan)
         for uuid, problem in failed.items():
@@ -426,7 +427,8 @@ class Inventory:
         return self._opened.is_set() and self.state.nvml_ok and not self._nvml_failed and not self._lent
 
     async def rescan(self) -> None:
-        """Scan again at once (a MIG instance made or destroyed), save and publish."""
+        """Scan again at once (a MIG instance made or destroyed, by the MIG keeper with its changes
+        held), save and publish."""
         if self.nvml_open():
             scan = await asyncio.to_thread(self.gpus.scan)
             await self._record(self.state.apply_scan(scan, self.clock()))

@@ -135,7 +135,9 @@ async def test_a_high_priority_mig_pod_evicts_only_the_holders_of_the_placement_
             uids[made["metadata"]["uid"]] = f"low-{i}"
         before = (await ledger(stack))[MIG_NODE]
         kept = {s.index for a in before.live() if a.owner.id == keep["metadata"]["uid"] for s in a.shares()}
-        (other,) = {c.index for c in before.node.cards if c.mig and not any(i.static for i in c.instances)} - kept
+        others = {c.index for c in before.node.cards if c.mig and not any(i.static for i in c.instances)} - kept
+        assert len(others) == 1, (kept, before.node.cards, [(a.owner.name, a.shares()) for a in before.live()])
+        (other,) = others
         expected = {uids[a.owner.id] for a in before.live() if a.owner.id in uids for s in a.shares()
                     if s.index == other and s.mig is not None and s.mig.start < 4}  # fmt: skip
         assert len(expected) == 2, (expected, [(a.owner.name, a.shares()) for a in before.live()])

@@ -2,12 +2,13 @@
 ledger: a card in MIG mode and its instances reach the ledger; ``mig.make`` makes an instance that
 the ledger then shows on demand; it is destroyed once no allocation has held it for
 ``mig_keep_s``; an XID inside one instance faults that instance only; a restart knows which
-instances it made."""
+instances it made; a scan never interleaves with a MIG change."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from gpuledger_dev.fleet import parse_fleet
 from gpuledger_dev.fleet_script import node_script
 from gpuledger_dev.natsserver import NatsServer
 from gpuledger_inventory.app import serve
+from gpuledger_inventory.inventory import Scan
 from gpuledger_inventory.mig_config import MigConfig
 from gpuledger_inventory.nvml import NvmlGpus
 from gpuledger_inventory.state import Host
@@ -59,9 +61,11 @@ def slot(profile: str, start: int) -> MigSlot:
 
 
 @contextlib.asynccontextmanager
-async def inventory(url: str, fake: FakeNvml, state_file: Path, **kw: Any) -> AsyncIterator[None]:
+async def inventory(
+    url: str, fake: FakeNvml, state_file: Path, gpus: NvmlGpus | None = None, **kw: Any
+) -> AsyncIterator[None]:
     stop = asyncio.Event()
-    gpus = NvmlGpus(fake, fake.numa_node, "fake")
+    gpus = gpus or NvmlGpus(fake, fake.numa_node, "fake")
     config = settings(url, state_file=str(state_file), **({"mig_keep_s": 1.0} | kw))
     task = asyncio.create_task(serve(config, gpus=gpus, host=Host(224000, 2097152), stop=stop))
     try:
@@ -222,6 +226,61 @@ async def test_a_placement_over_unheld_instances_made_on_demand_destroys_them_on
         static = await card(store, 0)
         with pytest.raises(FailedPrecondition, match=r"overlaps the static instance .* never destroyed"):
             await inventory_api.make_mig(nc, "gpu-a", static.uuid, slot("7g.40gb", 0), "alloc-3", 5.0)
+
+
+class HeldScan(NvmlGpus):
+    """NVML whose next scan, once armed, reads the cards and then waits for ``go`` before it answers:
+    a scan that read the node before a change and would be applied after it."""
+
+    def __init__(self, fake: FakeNvml) -> None:
+        super().__init__(fake, fake.numa_node, "fake")
+        self.armed, self.read, self.go = False, threading.Event(), threading.Event()
+
+    def scan(self) -> Scan:
+        found = super().scan()
+        if self.armed:
+            self.armed = False
+            self.read.set()
+            self.go.wait(10)
+        return found
+
+
+async def test_an_instance_made_while_the_node_is_scanned_stays_on_demand(
+    nats_server: NatsServer, allocator: RunningAllocator, nc: Client, tmp_path: Path
+) -> None:
+    """A scan of the node's NVML loop (after any MIG change NVML reports) that read the cards before
+    an instance was made must not be applied after the make: it would forget the make's record, and
+    the instance would be published as static, never reused by another profile nor destroyed. The
+    make waits for the scan."""
+    fake = fleet()
+    gpus = HeldScan(fake)
+    store = await LedgerStore.open(nc)
+    async with inventory(nats_server.url, fake, tmp_path / "state.json", gpus=gpus, mig_keep_s=1.0):
+        static, empty = await wait_for(lambda: card(store, 0), what="gpu-a in the ledger"), await card(store, 1)
+        gpus.armed = True
+        fake.nvmlInit()  # an operator's tool: an instance made by hand (static), so NVML reports a change
+        MigConfig(fake).create(static.uuid, 0, slot("1g.5gb", 3))
+        fake.nvmlShutdown()
+        assert await asyncio.to_thread(gpus.read.wait, 10), "the NVML loop scanned after the change"
+
+        make = asyncio.create_task(inventory_api.make_mig(nc, "gpu-a", empty.uuid, slot("1g.5gb", 6), "alloc-1", 10.0))
+        await asyncio.wait({make}, timeout=2.0)  # made at once where a scan does not hold the changes back
+        gpus.go.set()
+        made = await asyncio.wait_for(make, 10)
+
+        async def shown() -> Card | None:
+            found = await card(store, 1)
+            return found if found.instances else None
+
+        one = await wait_for(shown, what="the instance in the ledger")
+        assert [(i.slot, i.static, i.uuid) for i in one.instances] == [(slot("1g.5gb", 6), False, made.uuid)]
+        assert "alloc-1" in (tmp_path / "state.json").read_text()
+
+        async def gone() -> bool:
+            return (await card(store, 1)).instances == ()
+
+        await wait_for(gone, what="the unheld instance destroyed (on demand, not static)")
+        assert slot("1g.5gb", 3) in {i.slot for i in (await card(store, 0)).instances if i.static}
 
 
 def _known(ledger: NodeLedger | None) -> NodeLedger:

@@ -12,15 +12,19 @@ its own write, and it lapses by itself if placement dies before that.
 - **Per card of the pod's planned grants**: a card nobody holds gets the pod's whole want on it
   (a whole card, exclusively); a card held by others (victims among them) gets what of the pod's
   want is free on it now, or, where the pod wants the card whole, all that is free on it.
-- **MIG cards are not fenced**: the free slices of a placement that victims half hold are no
-  placement of their own (docs/preemption.md, "Limits").
+- **On a card in MIG mode**, the pod's planned placement's slices that nobody holds now are
+  fenced by the largest placements that lie wholly in them and that the card takes beside its
+  holders (``mig.takes``: its instance counts, its static instances), largest first, until none
+  is left: any placement another pod could take there would overlap one of them or a victim's.
+  A fence makes no instance: no container ever asks the node for one.
 """
 
 from __future__ import annotations
 
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, reservation
-from gpuledger_core.model import Allocation, CardShare, Grant, Owner, OwnerKind
+from gpuledger_core.mig import held_slots, model_of, share_of, takes
+from gpuledger_core.model import Allocation, Card, CardShare, Grant, MigSlot, Owner, OwnerKind
 from gpuledger_core.pods import PodAsk
 from gpuledger_core.usage import allocation_use, free_parts
 
@@ -35,10 +39,15 @@ def fence(
     ledger: NodeLedger, pod: PodAsk, grants: tuple[Grant, ...], allocation_id: AllocationId, now: float, lease_s: float
 ) -> Allocation | None:
     """The fence on ``ledger`` for ``pod``'s planned ``grants`` there, or None where none of their
-    room is free now (the victims hold all of it) or all of it is MIG."""
+    room is free now (the victims hold all of it)."""
     planned = Allocation(allocation_id, pod.owner, ledger.node.name, grants, isolation=pod.isolation)
     use = ledger.use()
-    shares = []
+    shares: list[CardShare] = []
+    fenced: dict[str, list[MigSlot]] = {}  # per card in MIG mode: the placements fenced so far
+    for share in planned.shares():
+        card = ledger.node.card(share.uuid)
+        if share.mig is not None and card is not None and card.mig:
+            shares += _mig_fence(ledger, card, share.mig, fenced.setdefault(card.uuid, []))
     for uuid, want in allocation_use(planned).items():
         card = ledger.node.card(uuid)
         if card is None or card.mig or any(s.mig is not None for s in planned.shares() if s.uuid == uuid):
@@ -64,3 +73,28 @@ def fence(
         now=now,
         lease_s=lease_s,
     )
+
+
+def _mig_fence(ledger: NodeLedger, card: Card, slot: MigSlot, fenced: list[MigSlot]) -> list[CardShare]:
+    """The placements that fence ``slot``'s slices nobody holds now on ``card`` (``fenced``: those
+    chosen for the pod's other placements there, extended with these)."""
+    model = model_of(card)
+    if model is None:
+        return []
+    held = held_slots(ledger.allocations, card)
+    inside = sorted(
+        (
+            (p, MigSlot(p.name, start, p.memory_slices))
+            for p in model.profiles
+            if not p.name.endswith("+me")
+            for start in p.starts
+            if slot.start <= start and start + p.memory_slices <= slot.start + slot.size
+        ),
+        key=lambda found: (-found[1].size, found[1].start),
+    )
+    shares = []
+    for profile, candidate in inside:
+        if not takes(card, model, candidate, held + fenced):
+            fenced.append(candidate)
+            shares.append(share_of(card, profile, candidate.start))
+    return shares

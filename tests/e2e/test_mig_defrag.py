@@ -28,11 +28,11 @@ async def test_a_mig_pod_that_fits_nowhere_gets_the_card_movable_pods_instances_
     stack: Stack, cluster: RealCluster, api: KubeApi
 ) -> None:
     """A 7g.40gb pinned to a100-mig-0: one on-demand card holds a bare 7g.40gb, the other the two
-    3g.20gb of a movable ReplicaSet (the static card's 3g.20gb is held by a bare pod, and that card
-    takes no 7g.40gb). Both are moved, their instances made again on a100-mig-1's MIG card, and the
-    7g.40gb takes the card they left, its instances destroyed for it. The ReplicaSet fills its card:
-    room the pod needs that no moved pod holds is open to others until the hold is written
-    (docs/preemption.md, "Limits")."""
+    1g.10gb of a movable ReplicaSet, half of it free (the static card's 3g.20gb is held by a bare
+    pod, and that card takes no 7g.40gb). Both are moved, their instances made again on
+    a100-mig-1's MIG card, and the 7g.40gb takes the card they left, its instances destroyed for
+    it. The free half is fenced from before the first eviction (docs/preemption.md, "The fence"):
+    without the fence, the moved pods' new pods took it before the hold was written."""
 
     for node in (MIG_TARGET, MIG_SPARE):
         await wait_for(
@@ -44,13 +44,15 @@ async def test_a_mig_pod_that_fits_nowhere_gets_the_card_movable_pods_instances_
                                     ("static", MIG_TARGET, "3g.20gb")):  # fmt: skip
             await api.create(pods, pod(name, ns, mig(profile), node=node))
             await running(api, ns, name)
-        movable = replica_set(ns, mig("3g.20gb"), (MIG_TARGET, MIG_SPARE))
+        movable = replica_set(ns, mig("1g.10gb"), (MIG_TARGET, MIG_SPARE))
         await api.create(f"/apis/apps/v1/namespaces/{ns}/replicasets", movable)
         first = await wait_for(placed(api, ns), 90, "the ReplicaSet's two pods Running", POLL_S)
         assert {p["spec"]["nodeName"] for p in first} == {MIG_TARGET}
         before = (await ledger(stack))[MIG_TARGET]
         uids = {p["metadata"]["uid"] for p in first}
-        (their_card,) = {s.index for a in before.live() if a.owner.id in uids for s in a.shares()}
+        held = [s for a in before.live() if a.owner.id in uids for s in a.shares()]
+        (their_card,) = {s.index for s in held}
+        assert sum(s.mig.size for s in held if s.mig is not None) == 4, held  # half of the card is free
         await api.delete(f"{pods}/block", grace_s=0)
         await wait_for(idle(stack, MIG_SPARE, mig_only=True), 60, f"{MIG_SPARE} free again", POLL_S)
 
@@ -68,6 +70,6 @@ async def test_a_mig_pod_that_fits_nowhere_gets_the_card_movable_pods_instances_
         (taken,) = mine.shares()
         assert taken.index == their_card and taken.mig is not None and taken.mig.profile == "7g.40gb"
         card = next(c for c in target.node.cards if c.index == their_card)
-        assert [i.slot.profile for i in card.instances] == ["7g.40gb"], card.instances  # the 3g.20gb destroyed
+        assert [i.slot.profile for i in card.instances] == ["7g.40gb"], card.instances  # the 1g.10gb destroyed
         await consistent(cluster, stack)
         await api.delete(f"/apis/apps/v1/namespaces/{ns}/replicasets/movable")

@@ -51,7 +51,24 @@ def test_a_free_card_is_fenced_as_the_pod_wants_it_and_a_card_only_victims_hold_
     assert (rest.mem_mib, rest.core_milli, rest.exclusive) == (2000, CORE_WHOLE - 400, False)
 
 
-def test_a_mig_card_is_not_fenced() -> None:
+def test_the_free_slices_of_a_mig_placement_are_fenced_by_placements_nobody_else_can_take_beside() -> None:
     c = mig_card()
-    ledger = reserve(mig_ledger(c), holding("victim", instance_share(c, "3g.20gb", 4)))
-    assert fenced(ledger, Grant("main", (instance_share(c, "7g.40gb", 0),))) is None
+    ledger = reserve(mig_ledger(c), holding("victim", instance_share(c, "1g.10gb", 4)))  # slices 4-5
+    wanted = Grant("main", (instance_share(c, "7g.40gb", 0),))  # slices 0-7: 0-3 and 6-7 free now
+    found = fenced(ledger, wanted) or []
+    slots = sorted((s.mig.start, s.mig.size) for s in found if s.mig is not None)
+    assert len(found) == len(slots) and slots == [(0, 4), (6, 2)]  # the largest first: 0-3, then 6-7
+    wall = fence(ledger, pod(), (wanted,), FENCE, 100.0, 60.0)
+    assert wall is not None
+    walled = reserve(ledger, wall, mix_isolation=True)
+    for profile, start in (("1g.5gb", 0), ("2g.10gb", 2), ("1g.5gb", 6), ("1g.10gb", 6)):
+        with pytest.raises(Exhausted, match="which is held"):
+            reserve(walled, holding("other", instance_share(c, profile, start)))
+    after = release(release(walled, FENCE, 101.0), holding("victim").id, 101.0)
+    assert reserve(after, holding("pod", instance_share(c, "7g.40gb", 0))).get(holding("pod").id) is not None
+
+
+def test_a_mig_placement_its_victims_hold_all_of_is_not_fenced() -> None:
+    c = mig_card()
+    ledger = reserve(mig_ledger(c), holding("victim", instance_share(c, "4g.20gb", 0)))
+    assert fenced(ledger, Grant("main", (instance_share(c, "3g.20gb", 0),))) is None

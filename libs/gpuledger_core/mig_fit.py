@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from gpuledger_core.errors import Exhausted
 from gpuledger_core.ids import CardUuid
 from gpuledger_core.ledger import NodeLedger
-from gpuledger_core.mig import held_slots, model_of, profile_for, reclaimed, share_of
+from gpuledger_core.mig import held_slots, model_of, profile_for, share_of, unheld
 from gpuledger_core.mig_place import CardView, MigChooser
 from gpuledger_core.mig_profiles import mig_model
 from gpuledger_core.model import CORE_WHOLE, MIG_SMALLEST, Card, CardShare, MigSlot, Request
@@ -93,11 +93,11 @@ def mig_score(
         if card is None or model is None:
             continue
         kept = tuple(held.get(uuid, ()))
-        _, busy, free, _ = CardView(card, kept).key()
-        gone = frozenset(g for s in slots for g in reclaimed(card, kept, s))  # destroyed to make them
-        after = (busy - gone) | frozenset(slots), free - gone - frozenset(slots)
+        busy, free = CardView(card, kept).state()  # instances made on demand that nobody holds left out
+        after = busy | frozenset(slots), free - frozenset(slots)
         cost += chooser.worth(model, busy, free) - chooser.worth(model, *after)
-        made = sum(1 for s in slots if s not in free)
+        existing = frozenset(unheld(card, kept))
+        made = sum(1 for s in slots if s not in existing)
         cost += MADE_COST * made + FREE_COST * (model.memory_slices - sum(s.size for s in busy))
     return -cost
 

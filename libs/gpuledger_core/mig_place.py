@@ -28,7 +28,6 @@ from gpuledger_core.mig import (
     occupied,
     placed,
     profile_for,
-    reclaimed,
     smallest,
     unheld,
 )
@@ -108,6 +107,16 @@ class CardView:
         fixed = frozenset(i.slot for i in self.card.instances if i.static)
         return (f"{self.card.model}/{self.card.memory_mib}", taken, free, fixed)
 
+    def state(self) -> tuple[frozenset[MigSlot], frozenset[MigSlot]]:
+        """The card as its worth counts it: what occupies it and its free instances, without the
+        instances made on demand that nobody holds. Any placement over one of those destroys it
+        (``reclaimed``), so it takes nothing the workload could have: a card holding only such
+        instances is worth an empty card's. Counted as occupying, an idle 7g.40gb made the card
+        worth nothing but that instance, and a small ask took a slice of it ahead of a card that
+        held a pod already."""
+        idle = frozenset(i.slot for i in self.card.instances if not i.static and i.slot not in self.held)
+        return frozenset(occupied(self.card, self.held)) - idle, frozenset(unheld(self.card, self.held)) - idle
+
 
 @dataclass(frozen=True, slots=True)
 class Option:
@@ -167,19 +176,17 @@ class MigChooser:
         profile = profile_for(model, request)
         if profile is None:
             return None
-        _, taken, free, _ = view.key()
+        taken, free = view.state()
         before = self.worth(model, taken, free)
         free_slices = model.memory_slices - sum(s.size for s in taken)
         options = [
-            Option(s, False, before - self.worth(model, taken, free - {s}), free_slices)
+            Option(s, False, before - self.worth(model, taken | {s}, free - {s}), free_slices)
             for s in free_instances(card, view.held, profile.name)
         ]
         if self.on_demand:
             for start in free_starts(card, model, profile, view.held):
                 slot = MigSlot(profile.name, start, profile.memory_slices)
-                gone = reclaimed(card, view.held, slot)  # unheld instances made on demand, destroyed for it
-                after = self.worth(model, (taken - gone) | {slot}, free - gone)
-                options.append(Option(slot, True, before - after, free_slices))
+                options.append(Option(slot, True, before - self.worth(model, taken | {slot}, free), free_slices))
         return min(options, key=Option.rank, default=None)
 
     def choose(self, views: Sequence[CardView], request: Request) -> tuple[int, Option] | None:

@@ -55,6 +55,30 @@ def test_a_free_instance_goes_before_making_one_on_a_tie() -> None:
     assert (at, option.slot, option.made) == (1, made.slot, False)
 
 
+def test_an_idle_instance_made_on_demand_counts_as_room_and_small_asks_share_a_card() -> None:
+    """Cards whose only instance is an idle 7g.40gb made on demand (kept for reuse) are chosen as
+    empty cards are: the second ask joins the card the first took. Counted as occupying, the idle
+    instance made each such card worth only itself, and the 1g.10gb went to the other card."""
+    idle = MigInstance(slot(A100_40GB, "7g.40gb", 0), static=False)
+    workload = MigWorkload.of(["1g.5gb", "4g.20gb", "1g.10gb", "7g.40gb"])
+    for cards in (
+        (mig_card(A100_40GB, 0), mig_card(A100_40GB, 1)),
+        (mig_card(A100_40GB, 0, idle), mig_card(A100_40GB, 1, idle)),
+    ):
+        chooser, views, got = MigChooser(workload), [CardView(c) for c in cards], []
+        for profile in ("4g.20gb", "1g.10gb"):
+            chosen = chooser.choose(views, Request(mig=profile))
+            assert chosen is not None
+            at, option = chosen
+            views[at] = CardView(views[at].card, (*views[at].held, option.slot))
+            got.append((at, option.slot.profile, option.slot.start))
+        assert got == [(0, "4g.20gb", 0), (0, "1g.10gb", 6)], cards
+    same = MigChooser(MigWorkload.of(["7g.40gb"])).choose(
+        [CardView(mig_card(A100_40GB, 0)), CardView(mig_card(A100_40GB, 1, idle))], Request(mig="7g.40gb")
+    )
+    assert same is not None and (same[0], same[1].made) == (1, False)  # the idle instance is taken as it is
+
+
 def test_without_on_demand_only_free_instances_are_taken() -> None:
     chooser = MigChooser(on_demand=False)
     assert chooser.choose([CardView(mig_card())], Request(mig="1g.5gb")) is None

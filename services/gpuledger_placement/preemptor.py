@@ -25,16 +25,16 @@ this preemptor (``consider``), which, once per pod at a time and at most every `
    no room);
 4. reads the pod afresh (the same checks again) and writes the annotation with the victims, with
    the pod's resourceVersion as precondition (of two placement replicas, one preempts);
-5. holds the part of the room that is free already with a fence (``room_fence``: a reservation of
-   a tool of its own, with the hold's lease), and gives up where the room is no longer there once
-   the victims go (taken since the choice: nobody is evicted for nothing); then
+5. holds the part of the room that is free already with a fence (``room_fence``: a reservation
+   of a tool of its own, with the hold's lease), and gives up where the room is no longer there
+   once the victims go or the fence cannot be written (nobody is evicted for nothing); then
    evicts each victim through the Eviction API, so that PodDisruptionBudgets are the API server's
    to enforce; an eviction refused (a budget, the API server busy) stops the preemption with an
    Event on the pod, and it is tried again later, never forced;
 6. in one compare-and-set on the node's ledger, releases the victims' entries and the fence, and
-   reserves the pod's cards there for ``hold_s`` (the room held: filter sees the node fit the pod that holds it,
-   and no one else fits there), and records the pod as the reservation's owner; then marks the
-   annotation held.
+   reserves the pod's cards there for ``hold_s`` (the room held: filter sees the node fit the pod
+   that holds it, and no one else fits there), and records the pod as the reservation's owner;
+   then marks the annotation held. A hold that fails releases the fence.
 
 The pod's bind then takes the held reservation, once every victim's pod is gone (``Binder``): no
 card is used by a victim in its grace period and the pod at once. kube-scheduler counts an
@@ -222,8 +222,8 @@ class Preemptor:
             return None
         try:
             fenced = await self._fence(pod, victims)
-        except Exhausted as err:  # taken since the choice: nobody is evicted for nothing
-            log.info("preemption for %s: %s; tried again later", pod.owner.describe(), err)
+        except GpuledgerError as err:  # taken since the choice, or the store away: nobody is evicted
+            log.info("preemption for %s: no fence: %s; tried again later", pod.owner.describe(), err)
             await claim_veto.restore(self.api, vetoed, DRIVER)
             await self._withdraw(fresh)
             return None
@@ -232,7 +232,11 @@ class Preemptor:
             await claim_veto.restore(self.api, vetoed, DRIVER)
             await self._withdraw(fresh)
             return None
-        await self._hold(fresh, pod, victims, (MOVED_FOR if moving is not None else PREEMPTED_BY).strip(), fenced)
+        try:
+            await self._hold(fresh, pod, victims, (MOVED_FOR if moving is not None else PREEMPTED_BY).strip(), fenced)
+        except GpuledgerError:
+            await self._unfence(victims.node, fenced)  # else it would keep the room from everyone until its lease
+            raise
         await self._held(fresh, victims)
         cards = ",".join(str(s.index) for g in victims.grants for s in g.cards)
         hold = f"card(s) {cards} held for the pod for {self._hold_for(victims):g}s"

@@ -4,11 +4,13 @@ before the fence, nobody is evicted. An API double and a store double over the v
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from gpuledger_core.errors import Exhausted
+from gpuledger_common.store import LedgerStore
+from gpuledger_common.store.writes import Transition, Written
+from gpuledger_core.errors import Exhausted, Unavailable
 from gpuledger_core.ids import AllocationId
 from gpuledger_core.ledger import NodeLedger, reserve
 from gpuledger_core.model import Allocation, CardShare, Grant, Owner, OwnerKind
@@ -16,7 +18,8 @@ from gpuledger_core.room_fence import FENCE_TOOL
 from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION
 from gpuledger_placement.preemptor import Preemptor
-from tests.unit.placement_service.test_preemptor_claims import NODE, Api, high, world
+from gpuledger_placement.view import FleetView
+from tests.unit.placement_service.test_preemptor_claims import FULL, NODE, Api, Store, high, world
 
 # card 0 (7611 MiB): a mode-C 4 GiB claim (the victim) and a mirrored 2 GiB one (never a victim),
 # 1467 MiB free; card 1 nearly full with a mirrored claim. A 5 GiB pod needs card 0's free part too.
@@ -83,3 +86,37 @@ async def test_room_taken_before_the_fence_evicts_nobody() -> None:
     assert ledger(preemptor).of_owner("claim:claim-c1") is not None and not fences(ledger(preemptor))
     annotations = api.items["/api/v1/namespaces/team/pods/high"]["metadata"].get("annotations") or {}
     assert annotations.get(PREEMPTION_ANNOTATION) is None  # withdrawn
+
+
+class Failing(Store):
+    """The store double, refusing the writes whose number (from 1) is in ``fail``."""
+
+    def __init__(self, view: FleetView, fail: set[int]) -> None:
+        super().__init__(view)
+        self.fail, self.writes = fail, 0
+
+    async def mutate(self, node: str, transition: Transition, attempts: int | None = None) -> Written:
+        self.writes += 1
+        if self.writes in self.fail:
+            raise Unavailable("the ledger's store is away")
+        return await super().mutate(node, transition, attempts)
+
+
+async def test_a_fence_that_cannot_be_written_evicts_nobody_and_writes_the_veto_back() -> None:
+    api, preemptor = world(FULL)
+    preemptor.store = cast(LedgerStore, Failing(preemptor.service.view, {1}))
+    raw = high(api)
+    assert await preemptor.preempt(raw, pod_ask_from(raw), [str(NODE)]) is None
+    assert api.calls == ["status b", "status b"]  # vetoed, then written back: no eviction
+    assert ledger(preemptor).of_owner("claim:claim-b") is not None
+
+
+async def test_a_hold_that_fails_releases_the_fence() -> None:
+    api, preemptor = world(HOLDERS)
+    preemptor.store = cast(LedgerStore, Failing(preemptor.service.view, {2}))  # the fence, then the hold
+    raw = high(api)
+    with pytest.raises(Unavailable):
+        await preemptor.preempt(raw, pod_ask_from(raw), [str(NODE)])
+    assert api.calls == ["evict c1"]
+    (wall,) = fences(ledger(preemptor))
+    assert not wall.live and wall.reason == "preemption given up"

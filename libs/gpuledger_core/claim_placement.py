@@ -29,6 +29,7 @@ import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from random import Random
 
 from gpuledger_core.claim_asks import ClaimAsk
 from gpuledger_core.errors import Exhausted
@@ -66,11 +67,14 @@ def place_claim(
     state: Callable[[NodeLedger], NodeState] | None = None,
     chooser: MigChooser | None = None,
     preferred: Preferred | None = None,
+    rng: Random | None = None,
 ) -> ClaimPlan:
     """The claim's allocation on the best node, or ``Exhausted`` naming why each node was not.
     ``preferred``: the best nodes for an ask, from a ranking kept by the caller (placement's, the
     one classic pods of the shape are placed by); they are planned first, and every node is
-    scored only where none of them takes the claim."""
+    scored only where none of them takes the claim. ``rng`` serves a randomized policy: any node
+    that takes the claim, uniformly, as classic pods get (``packing.pick``); without it, the
+    first by name."""
     chooser = chooser or MigChooser()
     reasons: dict[str, str] = {}
     by_name = {str(ledger.node.name): ledger for ledger in ledgers} if preferred is not None else {}
@@ -99,7 +103,10 @@ def place_claim(
             ranked.append((-((rate(scored, main, policy) if main is not None else None) or 0.0), name, ledger))
         best: tuple[NodeLedger, tuple[Grant, ...]] | None = None
         best_mig = float("-inf")
-        for _, name, ledger in sorted(ranked, key=lambda r: (r[0], r[1])):
+        order = sorted(ranked, key=lambda r: (r[0], r[1]))
+        if policy.randomized and rng is not None and not pod.mig:
+            rng.shuffle(order)  # the first that takes it, of a uniform order: any node that fits, alike
+        for _, name, ledger in order:
             try:
                 grants = plan(
                     ledger, pod, policy, slots_per_card=slots_per_card, mix_isolation=mix_isolation, chooser=chooser

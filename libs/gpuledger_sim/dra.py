@@ -29,7 +29,8 @@ Pods that want no card have no claim: kube-scheduler places them. The replay pla
 classic replay does (its ``NodeChooser``, over the nodes as the ledgers and the hosts leave them),
 so that the two paths differ only in the claims. A pod with model constraints (``gpu_spec``) would
 need a CEL selector in its claim, which mode C leaves to kube-scheduler: such a trace is refused.
-A randomized policy (``random``) takes the first best node here: ``place_claim`` draws nothing.
+A randomized policy (``random``) takes the first best node here: the replay gives ``place_claim``
+no ``rng`` to draw from (placement does).
 """
 
 from __future__ import annotations

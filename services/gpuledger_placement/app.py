@@ -252,6 +252,7 @@ async def _serve(
                 policies = parts.service.policies  # claims weigh in the workload and are placed by it, as pods
                 allocator.chooser, allocator.observe = policies.mig_chooser, policies.observe
                 allocator.preferred = parts.service.best_nodes  # ranked as classic pods, not scored per claim
+                allocator.rng = parts.service.rng  # and drawn as they are, under the random policy
                 allocator.preempt = preemptor.consider_claim if preemptor is not None else None
                 if mode_b is not None:  # one watch of unscheduled pods serves both
                     allocator.refused = mode_b.offer

@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from random import Random
 from typing import Any, Protocol
 
 from gpuledger_core import claims
@@ -116,6 +117,7 @@ class ClaimAllocator:
     observe: Callable[[PodAsk], None] = lambda _: None  # ``Policies.observe``: a claim counts in the workload
     refused: Callable[[Mapping[str, Any]], None] = lambda _: None  # ``ModeBPreemption.offer``: pods not gated
     preferred: Preferred | None = None  # ``PlacementService.best_nodes``: the classic pods' ranking
+    rng: Random | None = None  # ``PlacementService.rng``: a randomized policy draws its node from it
 
     def __post_init__(self) -> None:
         self._slots = asyncio.Semaphore(self.concurrency)
@@ -329,7 +331,7 @@ class ClaimAllocator:
                     ledgers, ask, policy, AllocationId("c-planned"), now,
                     slots_per_card=self.view.slots_per_card, host=host, mix_isolation=self.view.mix_isolation,
                     state=self._state, cpu_milli=asked.cpu_milli, memory_mib=asked.memory_mib, chooser=chooser,
-                    preferred=self.preferred,
+                    preferred=self.preferred, rng=self.rng,
                 )  # fmt: skip
                 node = chosen.allocation.node
                 try:

@@ -4,6 +4,7 @@ when none takes it."""
 
 from __future__ import annotations
 
+from random import Random
 from typing import Any
 
 import pytest
@@ -177,3 +178,21 @@ def test_a_one_request_claim_lands_where_the_classic_path_would_put_the_pod(
         return
     assert isinstance(classic, Decision)
     assert (found.node, tuple(s.index for s in found.shares())) == (classic.node, classic.cards)
+
+
+def test_the_random_policy_draws_any_node_that_takes_the_claim_from_the_callers_rng() -> None:
+    """As classic pods get any fitting node under ``random``: with the caller's ``rng``, every node
+    that takes the claim is drawn; a node that does not (full) never is. Without one, the first by
+    name, as any policy on a tie."""
+    full = held(NodeLedger(node_of("a-full", 16000)), 0, 16000)
+    free = [NodeLedger(node_of(name, 16000)) for name in ("b", "c", "d")]
+    policy, ask = make_policy("random"), one(Request(1, 4000, 250))
+    rng = Random(7)
+    drawn = {str(place_claim([full, *free], ask, policy, ID, 0.0, slots_per_card=8, rng=rng).allocation.node)
+             for _ in range(60)}  # fmt: skip
+    assert drawn == {"b", "c", "d"}
+    firsts = {str(place_claim([full, *free], ask, policy, ID, 0.0, slots_per_card=8).allocation.node) for _ in range(5)}
+    assert firsts == {"b"}
+    binpack = {str(place_claim(free, ask, make_policy("binpack"), ID, 0.0, slots_per_card=8, rng=rng).allocation.node)
+               for _ in range(10)}  # fmt: skip
+    assert binpack == {"b"}  # the rng serves a randomized policy only

@@ -25,9 +25,9 @@ this preemptor (``consider``), which, once per pod at a time and at most every `
    no room);
 4. reads the pod afresh (the same checks again) and writes the annotation with the victims, with
    the pod's resourceVersion as precondition (of two placement replicas, one preempts);
-5. holds the part of the room that is free already with a fence (``room_fence``: a reservation
-   of a tool of its own, with the hold's lease), and gives up where the room is no longer there
-   once the victims go or the fence cannot be written (nobody is evicted for nothing); then
+5. holds the part of the room that is free already with a fence (``preempt_room``), and gives
+   up where the room is no longer there once the victims go or the fence cannot be written
+   (nobody is evicted for nothing); then
    evicts each victim through the Eviction API, so that PodDisruptionBudgets are the API server's
    to enforce; an eviction refused (a budget, the API server busy) stops the preemption with an
    Event on the pod, and it is tried again later, never forced;
@@ -57,20 +57,20 @@ from typing import Any, Protocol
 from gpuledger_common.store import LedgerStore
 from gpuledger_core.claim_asks import ClaimAsk
 from gpuledger_core.claim_placement import claim_as_pods
-from gpuledger_core.errors import Conflict, Exhausted, GpuledgerError, NotFound
-from gpuledger_core.ids import AllocationId, NodeName
-from gpuledger_core.ledger import NodeLedger, release, reserve
+from gpuledger_core.errors import Conflict, GpuledgerError, NotFound
+from gpuledger_core.ids import NodeName
+from gpuledger_core.ledger import NodeLedger
 from gpuledger_core.model import Allocation, OwnerKind
-from gpuledger_core.pods import PodAsk, reserve_pod
+from gpuledger_core.pods import PodAsk
 from gpuledger_core.preemption import MOVED_FOR, PREEMPTED_BY, Fit, HostFree, Victims, choose
 from gpuledger_core.repack import Repack, repack
-from gpuledger_core.room_fence import fence
 from gpuledger_placement import claim_veto, preemption_holders
 from gpuledger_placement.claims import DRIVER
 from gpuledger_placement.convert import pod_ask_from
 from gpuledger_placement.host_fit import host_refusal
 from gpuledger_placement.metrics import DEFRAG_MOVES, PREEMPTIONS
 from gpuledger_placement.pod_events import pod_event
+from gpuledger_placement.preempt_room import release_fence, write_fence, write_hold
 from gpuledger_placement.preemption_holders import CLAIMS, DEFAULT_GRACE_S, PDBS, holder_of, pod_ref, priority_of
 from gpuledger_placement.preemption_note import PREEMPTION_ANNOTATION, Preemption, preemption_of
 from gpuledger_placement.repacker import MOVABLE_LABEL, Defrag
@@ -221,22 +221,22 @@ class Preemptor:
             await self._withdraw(fresh)  # a victim's claim changed since it was listed: tried again later
             return None
         try:
-            fenced = await self._fence(pod, victims)
+            fenced = await write_fence(self.store, self.service.view, self._fit(pod), pod, victims, self.clock(),
+                                       self._hold_for(victims))  # fmt: skip
         except GpuledgerError as err:  # taken since the choice, or the store away: nobody is evicted
             log.info("preemption for %s: no fence: %s; tried again later", pod.owner.describe(), err)
             await claim_veto.restore(self.api, vetoed, DRIVER)
             await self._withdraw(fresh)
             return None
         if not await self._evict(fresh, victims, moving):
-            await self._unfence(victims.node, fenced)
+            await release_fence(self.store, self.service.view, victims.node, fenced, self.clock())
             await claim_veto.restore(self.api, vetoed, DRIVER)
             await self._withdraw(fresh)
             return None
-        try:
-            await self._hold(fresh, pod, victims, (MOVED_FOR if moving is not None else PREEMPTED_BY).strip(), fenced)
-        except GpuledgerError:
-            await self._unfence(victims.node, fenced)  # else it would keep the room from everyone until its lease
-            raise
+        holder = f"{meta.get('namespace')}/{meta.get('name')}"
+        why = f"{MOVED_FOR if moving is not None else PREEMPTED_BY}pod {holder}"
+        await write_hold(self.store, self.service.view, self._fit(pod), pod, victims, holder, why, fenced,
+                         self.clock(), self._hold_for(victims))  # fmt: skip
         await self._held(fresh, victims)
         cards = ",".join(str(s.index) for g in victims.grants for s in g.cards)
         hold = f"card(s) {cards} held for the pod for {self._hold_for(victims):g}s"
@@ -431,87 +431,6 @@ class Preemptor:
                 await self._event(victim, "Preempted", f"by pod {meta['namespace']}/{meta['name']} on "
                                   f"{victims.node}, card(s) {cards}{held} (gpuledger)", kind="Normal")  # fmt: skip
         return True
-
-    async def _fence(self, pod: PodAsk, victims: Victims) -> AllocationId | None:
-        """The part of the room that is free now held by a fence (``room_fence``) before the first
-        eviction: its id, or None where the victims hold all of the room. ``Exhausted`` where the
-        room is no longer there once the victims are gone (taken since the choice)."""
-        now, node = self.clock(), victims.node
-        fence_id = AllocationId(f"f-{pod.owner.id[:24]}-{int(now)}")
-        fit, gone = self._fit(pod), [v.id for v in victims.evict]
-
-        def transition(ledger: NodeLedger | None) -> NodeLedger:
-            if ledger is None:
-                raise NotFound(f"node {node} is not in the ledger")
-            if ledger.get(fence_id) is not None:
-                return ledger  # written already (an answer lost on the way back)
-            grants = fit.grants(ledger, pod, gone)
-            if grants is None:
-                raise Exhausted(
-                    f"the room on {node} is taken: the pod no longer fits there once {victims.describe()} go"
-                )
-            found = fence(ledger, pod, grants, fence_id, now, self._hold_for(victims))
-            return ledger if found is None else reserve(ledger, found, mix_isolation=True)
-
-        written = await self.store.mutate(node, transition)
-        if written.new is not None:
-            self.service.view.apply(node, written.new, written.revision)
-        return fence_id if written.new is not None and written.new.get(fence_id) is not None else None
-
-    async def _unfence(self, node: NodeName, fence_id: AllocationId | None) -> None:
-        """The fence released: the victims were not all evicted (it lapses after its lease anyway)."""
-        if fence_id is None:
-            return
-
-        def transition(ledger: NodeLedger | None) -> NodeLedger:
-            if ledger is None:
-                raise NotFound(f"node {node} is not in the ledger")
-            found = ledger.get(fence_id) is not None
-            return release(ledger, fence_id, self.clock(), "preemption given up") if found else ledger
-
-        try:
-            written = await self.store.mutate(node, transition)
-        except GpuledgerError as err:
-            log.warning("preemption: the fence %s on %s not released (it lapses): %s", fence_id, node, err)
-            return
-        if written.new is not None:
-            self.service.view.apply(node, written.new, written.revision)
-
-    async def _hold(
-        self, raw: Mapping[str, Any], pod: PodAsk, victims: Victims, cause: str, fenced: AllocationId | None = None
-    ) -> None:
-        """The victims' entries and the fence (``fenced``) released (``cause``: preempted by, or
-        moved for, the pod) and the pod's cards reserved, in one compare-and-set."""
-        now, node = self.clock(), victims.node
-        allocation_id = AllocationId(f"p-{pod.owner.id[:24]}-{int(now)}")
-        fit, hold_s = self._fit(pod), self._hold_for(victims)
-        meta = raw["metadata"]
-        why = f"{cause} pod {meta['namespace']}/{meta['name']}"
-
-        def transition(ledger: NodeLedger | None) -> NodeLedger:
-            if ledger is None:
-                raise NotFound(f"node {node} is not in the ledger")
-            if ledger.get(allocation_id) is not None:
-                return ledger  # written already (an answer lost on the way back)
-            for victim in victims.evict:
-                if ledger.get(victim.id) is not None:
-                    ledger = release(ledger, victim.id, now, why)
-            if fenced is not None and ledger.get(fenced) is not None:
-                ledger = release(ledger, fenced, now, f"room held for pod {meta['namespace']}/{meta['name']}")
-            slots = self.service.view.slots_per_card
-            return reserve_pod(ledger, pod, fit.policy, allocation_id, now=now, lease_s=hold_s,
-                               slots_per_card=slots, mix_isolation=fit.mix_isolation)  # fmt: skip
-
-        try:
-            written = await self.store.mutate(node, transition)
-        except Exhausted as err:  # the room went to someone else meanwhile: the victims go anyway
-            raise Conflict(f"the room on {node} was taken before it could be held: {err}") from err
-        if written.new is not None:
-            self.service.view.apply(node, written.new, written.revision)
-        if pod.owner.kind is not OwnerKind.POD:
-            return  # a claim's hold is found by its owner in the ledger (``ClaimAllocator``)
-        if await self.store.claim_owner(pod.owner, allocation_id, node) is None:
-            log.warning("preemption for %s: the owner record names another allocation", pod.owner.describe())
 
     def _hold_for(self, victims: Victims) -> float:
         """``hold_s``, or longer where a victim's grace period (its pod may take that long to end)
